@@ -1,0 +1,112 @@
+"""Validation of host fields, shared by the hosts-file parser and the YAML template loader.
+
+Both front ends hand over raw values (strings from a hosts file, YAML scalars from a template)
+together with a ``file:line`` location; every error names that location and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from ddlctl.cluster.model import ROLES, Host
+from ddlctl.errors import ConfigError
+
+#: Keys a host accepts besides its name, with what each expects (used in error messages).
+HOST_KEYS: dict[str, str] = {
+    "user": "a login name",
+    "slots": "an integer >= 1 (worker tasks on this host; default: gpus, or 1)",
+    "gpus": "an integer >= 0",
+    "port": "an SSH port between 1 and 65535",
+    "roles": f"a comma-separated subset of {','.join(ROLES)}",
+    "python": "the Python interpreter to run tasks with on this host",
+    "workdir": "the directory tasks start in on this host",
+}
+
+_USER_RE = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_IPV6_RE = re.compile(r"^[0-9A-Fa-f:.]+$")
+
+
+def split_target(text: str, where: str) -> tuple[str | None, str]:
+    """Split ``[user@]host`` into its parts, validating both (``[::1]`` style IPv6 allowed)."""
+    user: str | None = None
+    host = text
+    if "@" in text:
+        user, _, host = text.rpartition("@")
+        if not _USER_RE.match(user):
+            raise ConfigError(f"{where}: invalid user name {user!r} in {text!r}",
+                              "a user name is letters, digits, '.', '_' or '-'")
+    if host.startswith("[") and host.endswith("]") and _IPV6_RE.match(host[1:-1]):
+        host = host[1:-1]
+    elif not _HOST_RE.match(host) and not _IPV6_RE.match(host):
+        raise ConfigError(f"{where}: invalid host name {host!r}",
+                          "expected a host name, an IPv4 address or an [IPv6] address")
+    return user, host
+
+
+def _int(value: object, key: str, where: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{where}: {key}={value!r} is not valid", f"{key} must be {HOST_KEYS[key]}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{where}: {key}={value!r} is not an integer",
+                          f"{key} must be {HOST_KEYS[key]}") from None
+    if number < low or (high is not None and number > high):
+        raise ConfigError(f"{where}: {key}={number} is out of range", f"{key} must be {HOST_KEYS[key]}")
+    return number
+
+
+def _roles(value: object, where: str) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    roles = tuple(str(r).strip() for r in items if str(r).strip())
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown or not roles:
+        raise ConfigError(f"{where}: roles={value!r} is not valid",
+                          f"roles must be {HOST_KEYS['roles']}")
+    return tuple(dict.fromkeys(roles))
+
+
+def _text(value: object, key: str, where: str) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or str(value) == "":
+        raise ConfigError(f"{where}: {key}= needs a value", f"{key} must be {HOST_KEYS[key]}")
+    return str(value)
+
+
+def make_host(name: str, user: str | None, fields: Mapping[str, object], where: str) -> Host:
+    """Build a validated :class:`Host` from raw ``fields`` (keys from :data:`HOST_KEYS`)."""
+    unknown = sorted(set(fields) - set(HOST_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}",
+                          "expected one of: " + ", ".join(HOST_KEYS))
+    if "user" in fields:
+        if user is not None:
+            raise ConfigError(f"{where}: user given twice (user@host and user=)")
+        user, _ = split_target(f"{_text(fields['user'], 'user', where)}@x", where)
+    gpus = _int(fields["gpus"], "gpus", where, 0) if "gpus" in fields else 0
+    slots = _int(fields["slots"], "slots", where, 1) if "slots" in fields else max(1, gpus)
+    return Host(
+        name=name,
+        user=user,
+        slots=slots,
+        gpus=gpus,
+        port=_int(fields["port"], "port", where, 1, 65535) if "port" in fields else 22,
+        roles=_roles(fields["roles"], where) if "roles" in fields else (),
+        python=_text(fields["python"], "python", where) if "python" in fields else None,
+        workdir=_text(fields["workdir"], "workdir", where) if "workdir" in fields else None,
+        source=where,
+    )
+
+
+def check_unique(hosts: list[Host]) -> None:
+    """Refuse the same host (name and SSH port) listed twice, naming both places."""
+    seen: dict[tuple[str, int], Host] = {}
+    for host in hosts:
+        key = (host.name, host.port)
+        if key in seen:
+            raise ConfigError(
+                f"{host.source}: host {host.label!r} is already listed at {seen[key].source}",
+                "list each machine once and give it slots=N for several tasks",
+            )
+        seen[key] = host

@@ -1,0 +1,71 @@
+"""The cluster description: plain, validated data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Task roles a host can be restricted to with ``roles=``.
+ROLES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
+
+#: Host names that run through the local transport (no SSH).
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the cluster.
+
+    ``slots`` is how many worker tasks the host takes; ``gpus`` how many GPUs it has (0: none or
+    unknown); ``roles`` restricts which task roles may be placed there (empty: any role).
+    ``source`` is ``file:line`` of the description it came from, for error messages.
+    """
+
+    name: str
+    user: str | None = None
+    slots: int = 1
+    gpus: int = 0
+    port: int = 22
+    roles: tuple[str, ...] = ()
+    python: str | None = None
+    workdir: str | None = None
+    source: str = ""
+
+    @property
+    def is_local(self) -> bool:
+        """True when tasks on this host run as local subprocesses rather than over SSH."""
+        return self.name in LOCAL_NAMES
+
+    @property
+    def label(self) -> str:
+        """Short name used in task prefixes and tables (``user@host:port`` only when needed)."""
+        base = f"{self.user}@{self.name}" if self.user else self.name
+        return base if self.port == 22 else f"{base}:{self.port}"
+
+    def accepts(self, role: str) -> bool:
+        """Whether a task of ``role`` may run here."""
+        return not self.roles or role in self.roles
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """An ordered list of hosts; the first host is where the chief goes by default."""
+
+    hosts: tuple[Host, ...]
+    source: str = ""
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def total_slots(self) -> int:
+        """Worker slots over all hosts that accept workers."""
+        return sum(h.slots for h in self.hosts if h.accepts("worker"))
+
+    @property
+    def is_local_only(self) -> bool:
+        """True when every host is this machine."""
+        return all(h.is_local for h in self.hosts)
+
+
+def local_cluster(slots: int = 1, gpus: int = 0) -> Cluster:
+    """The cluster used when neither ``--hosts`` nor ``--template`` is given: this machine."""
+    return Cluster(hosts=(Host(name="localhost", slots=max(1, slots), gpus=gpus, source="<local>"),),
+                   source="<this machine>")

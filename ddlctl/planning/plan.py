@@ -1,0 +1,360 @@
+"""Placement of tasks on hosts and the per-task launch specification (TF_CONFIG, env, argv).
+
+Placement rules (also in the README):
+
+* ``ps``: one chief on the first host that accepts it (a host with ``roles=chief`` is preferred);
+  ``--ps`` tasks (default 1) round-robin over hosts with ``roles=ps`` if any, else over every host;
+  ``--workers`` (default: every worker slot) fill hosts' slots in file order; the evaluator goes to a
+  host with ``roles=evaluator`` if any, else the last host.
+* ``mwms``: ``--workers`` (default: one per host) placed one per host in file order, then a second
+  per host while slots allow, and so on; worker 0 is the chief.
+* ``mirrored``, ``central_storage``, ``one_device``: one process on the only host.
+* GPUs: worker tasks sharing a host with ``gpus=N`` get disjoint ``CUDA_VISIBLE_DEVICES`` (a
+  contiguous split, or one GPU each round-robin when there are more tasks than GPUs); ``ps`` tasks
+  get no GPU.
+
+Everything here is pure: the same inputs give the same plan, so ``--dry-run`` shows exactly what
+``launch`` will start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from ddlctl.cluster.model import Cluster, Host
+from ddlctl.errors import PlanError
+
+SINGLE_HOST_STRATEGIES: tuple[str, ...] = ("mirrored", "central_storage", "one_device")
+MULTI_HOST_STRATEGIES: tuple[str, ...] = ("ps", "mwms")
+STRATEGIES: tuple[str, ...] = MULTI_HOST_STRATEGIES + SINGLE_HOST_STRATEGIES
+
+#: Env keys whose values are replaced by "***" in plan.json and --dry-run output.
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the user asked for, after option parsing and template defaults.
+
+    ``command`` is the user program's argv, or empty for the built-in workload (configured by
+    ``workload_args``). ``local_python`` is the interpreter for local hosts without ``python=``;
+    ``default_workdir`` is where tasks start on hosts without ``workdir=``.
+    """
+
+    strategy: str
+    workers: int | None = None
+    ps: int | None = None
+    evaluator: bool = False
+    command: tuple[str, ...] = ()
+    workload_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    legacy_keras: bool = True
+    local_python: str = "python3"
+    default_workdir: str = "."
+    run_id: str = "run"
+    run_dir: str = "runs/run"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A task's role, index, host and GPUs, before ports and commands are attached."""
+
+    role: str
+    index: int
+    host: Host
+    gpus: tuple[int, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything needed to start one process of the job.
+
+    ``kind`` is ``"program"`` (the user's command or the built-in workload) or ``"server"``
+    (a ``tf.distribute.Server`` that ddlctl runs for ps-strategy workers and ps tasks).
+    ``env`` holds only what ddlctl sets on top of the host's environment; ``unset_env`` what it
+    removes. ``port`` is 0 when not yet chosen (a dry run on remote hosts), None when unused.
+    """
+
+    name: str
+    role: str
+    index: int
+    host: Host
+    port: int | None
+    kind: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    unset_env: tuple[str, ...]
+    workdir: str
+    task_dir: str
+    gpus: tuple[int, ...] | None
+    tf_config: Mapping[str, object] | None
+
+    @property
+    def dir_name(self) -> str:
+        """Folder name under ``tasks/`` (``worker-1``)."""
+        return f"{self.role}-{self.index}"
+
+    @property
+    def address(self) -> str | None:
+        return None if self.port is None else f"{_address_host(self.host)}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole job: strategy, cluster and one :class:`TaskSpec` per process."""
+
+    run_id: str
+    run_dir: str
+    strategy: str
+    cluster: Cluster
+    tasks: tuple[TaskSpec, ...]
+    request: LaunchRequest
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        """Hosts that run at least one task, in cluster order."""
+        used = {t.host for t in self.tasks}
+        return tuple(h for h in self.cluster.hosts if h in used)
+
+    def task(self, name: str) -> TaskSpec:
+        return next(t for t in self.tasks if t.name == name)
+
+    def program_tasks(self) -> tuple[TaskSpec, ...]:
+        """Tasks that run the user's program (or the built-in workload)."""
+        return tuple(t for t in self.tasks if t.kind == "program")
+
+    def to_dict(self, redact: bool = True) -> dict[str, object]:
+        """JSON-ready form (``plan.json``, ``--dry-run --json``), secrets redacted."""
+        req = asdict(self.request)
+        req["env"] = redact_env(self.request.env) if redact else dict(self.request.env)
+        return {
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "strategy": self.strategy,
+            "cluster": {"source": self.cluster.source,
+                        "hosts": [_host_dict(h) for h in self.cluster.hosts]},
+            "request": req,
+            "tasks": [
+                {
+                    "name": t.name,
+                    "role": t.role,
+                    "index": t.index,
+                    "host": t.host.label,
+                    "port": t.port,
+                    "kind": t.kind,
+                    "argv": list(t.argv),
+                    "env": redact_env(t.env) if redact else dict(t.env),
+                    "unset_env": list(t.unset_env),
+                    "workdir": t.workdir,
+                    "task_dir": t.task_dir,
+                    "gpus": None if t.gpus is None else list(t.gpus),
+                    "tf_config": t.tf_config,
+                }
+                for t in self.tasks
+            ],
+        }
+
+
+def _host_dict(host: Host) -> dict[str, object]:
+    data = asdict(host)
+    data["roles"] = list(host.roles)
+    return data
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Copy of ``env`` with values of secret-looking keys replaced by ``***``."""
+    return {k: ("***" if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
+
+
+def _address_host(host: Host) -> str:
+    if host.is_local:
+        return "localhost"
+    return f"[{host.name}]" if ":" in host.name else host.name
+
+
+def _preferred(cluster: Cluster, role: str) -> list[Host]:
+    """Hosts that name ``role`` explicitly, else every host that accepts it."""
+    explicit = [h for h in cluster.hosts if role in h.roles]
+    return explicit or [h for h in cluster.hosts if h.accepts(role)]
+
+
+def _no_host(cluster: Cluster, role: str) -> PlanError:
+    return PlanError(f"no host in {cluster.source or 'the cluster'} accepts the {role} role",
+                     f"add {role} to some host's roles= (or drop roles= from a host)")
+
+
+def _slot_table(hosts: Sequence[Host]) -> str:
+    return ", ".join(f"{h.label}: {h.slots}" for h in hosts)
+
+
+def _gpu_split(count: int, gpus: int) -> list[tuple[int, ...] | None]:
+    """GPU ids for ``count`` tasks sharing a host with ``gpus`` GPUs."""
+    if gpus <= 0:
+        return [None] * count
+    if count <= gpus:
+        return [tuple(range(i * gpus // count, (i + 1) * gpus // count)) for i in range(count)]
+    return [(i % gpus,) for i in range(count)]
+
+
+def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
+    """Place the tasks of ``request.strategy`` on ``cluster`` (see the module docstring)."""
+    strategy = request.strategy
+    if strategy not in STRATEGIES:
+        raise PlanError(f"unknown strategy {strategy!r}", "expected one of: " + ", ".join(STRATEGIES))
+    if strategy in SINGLE_HOST_STRATEGIES:
+        return _layout_single(cluster, request)
+    if request.ps and strategy != "ps":
+        raise PlanError(f"--ps {request.ps} only applies to the ps strategy, not {strategy}")
+    if strategy == "ps" and request.ps is not None and request.ps < 1:
+        raise PlanError("the ps strategy needs at least one ps task (--ps 1 or more)")
+
+    worker_hosts = [h for h in cluster.hosts if h.accepts("worker")]
+    if not worker_hosts:
+        raise _no_host(cluster, "worker")
+    total = sum(h.slots for h in worker_hosts)
+    default_workers = total if strategy == "ps" else len(worker_hosts)
+    workers = default_workers if request.workers is None else request.workers
+    if workers < 1:
+        raise PlanError(f"--workers must be at least 1 (got {workers})")
+    if workers > total:
+        raise PlanError(
+            f"{workers} workers requested but the cluster has {total} worker slots "
+            f"({_slot_table(worker_hosts)})",
+            "lower --workers, or raise slots= on hosts in " + (cluster.source or "the hosts file"),
+        )
+    counts = dict.fromkeys(worker_hosts, 0)
+    if strategy == "ps":
+        remaining = workers
+        for host in worker_hosts:  # fill slots in file order
+            counts[host] = min(host.slots, remaining)
+            remaining -= counts[host]
+    else:
+        placed = 0
+        while placed < workers:  # one per host, then a second per host, ...
+            for host in worker_hosts:
+                if placed < workers and counts[host] < host.slots:
+                    counts[host] += 1
+                    placed += 1
+
+    placements: list[Placement] = []
+    if strategy == "ps":
+        chief_hosts = _preferred(cluster, "chief")
+        if not chief_hosts:
+            raise _no_host(cluster, "chief")
+        placements.append(Placement("chief", 0, chief_hosts[0]))
+    index = 0
+    for host in worker_hosts:
+        for gpus in _gpu_split(counts[host], host.gpus):
+            placements.append(Placement("worker", index, host, gpus))
+            index += 1
+    if strategy == "ps":
+        ps_hosts = _preferred(cluster, "ps")
+        if not ps_hosts:
+            raise _no_host(cluster, "ps")
+        n_ps = 1 if request.ps is None else request.ps
+        placements.extend(Placement("ps", i, ps_hosts[i % len(ps_hosts)], ()) for i in range(n_ps))
+    if request.evaluator:
+        eval_hosts = _preferred(cluster, "evaluator")
+        if not eval_hosts:
+            raise _no_host(cluster, "evaluator")
+        placements.append(Placement("evaluator", 0, eval_hosts[-1]))
+    return placements
+
+
+def _layout_single(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
+    strategy = request.strategy
+    if len(cluster.hosts) != 1:
+        raise PlanError(
+            f"the {strategy} strategy runs on one host, but {cluster.source or 'the cluster'} "
+            f"lists {len(cluster.hosts)} hosts",
+            "use --strategy mwms or ps for several hosts, or a hosts file with one host",
+        )
+    for flag, value in (("--workers", request.workers), ("--ps", request.ps)):
+        if value not in (None, 0) and not (flag == "--workers" and value == 1):
+            raise PlanError(f"{flag} {value} does not apply to the {strategy} strategy",
+                            f"{strategy} runs one process; drop {flag}")
+    if request.evaluator:
+        raise PlanError(f"--evaluator does not apply to the {strategy} strategy")
+    host = cluster.hosts[0]
+    gpus = tuple(range(host.gpus)) if host.gpus else None
+    if strategy == "one_device" and host.gpus:
+        gpus = (0,)
+    return [Placement("worker", 0, host, gpus)]
+
+
+def needs_port(placement: Placement, strategy: str) -> bool:
+    """Whether the task listens on a TensorFlow port (it is a member of the cluster spec)."""
+    return strategy in MULTI_HOST_STRATEGIES and placement.role != "evaluator"
+
+
+def tf_config_cluster(placements: Sequence[Placement], ports: Mapping[str, int]) -> dict[str, list[str]]:
+    """The ``cluster`` part of TF_CONFIG: role -> ["host:port", ...] in index order."""
+    cluster: dict[str, list[str]] = {}
+    for p in placements:
+        if p.role == "evaluator":
+            continue
+        cluster.setdefault(p.role, []).append(f"{_address_host(p.host)}:{ports.get(p.name, 0)}")
+    return cluster
+
+
+def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]) -> Plan:
+    """The full plan. ``ports`` maps task names to the free port chosen on their host (0: later)."""
+    placements = layout(cluster, request)
+    strategy = request.strategy
+    multi = strategy in MULTI_HOST_STRATEGIES
+    spec_cluster = tf_config_cluster(placements, ports) if multi else None
+    n_workers = sum(1 for p in placements if p.role == "worker")
+    tasks: list[TaskSpec] = []
+    for p in placements:
+        python = p.host.python or (request.local_python if p.host.is_local else "python3")
+        server = strategy == "ps" and p.role in ("worker", "ps")
+        if server:
+            argv: tuple[str, ...] = (python, "-m", "ddlctl.runtime.server")
+        elif request.command:
+            argv = tuple(request.command)
+        else:
+            argv = (python, "-m", "ddlctl.workloads", *request.workload_args)
+        tf_config = None
+        if spec_cluster is not None:
+            tf_config = {"cluster": spec_cluster, "task": {"type": p.role, "index": p.index}}
+        task_dir = f"{request.run_dir}/tasks/{p.role}-{p.index}"
+        env: dict[str, str] = {
+            "PYTHONUNBUFFERED": "1",
+            "DDLCTL_RUN_ID": request.run_id,
+            "DDLCTL_TASK": p.name,
+            "DDLCTL_TASK_DIR": task_dir,
+            "DDLCTL_STRATEGY": strategy,
+            "DDLCTL_NUM_WORKERS": str(n_workers),
+        }
+        if tf_config is not None:
+            env["TF_CONFIG"] = json.dumps(tf_config, sort_keys=True)
+        if p.role == "ps":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        elif p.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
+        if multi and request.command and request.legacy_keras:
+            env["TF_USE_LEGACY_KERAS"] = "1"
+        env.update(request.env)
+        tasks.append(TaskSpec(
+            name=p.name,
+            role=p.role,
+            index=p.index,
+            host=p.host,
+            port=ports.get(p.name, 0) if needs_port(p, strategy) else None,
+            kind="server" if server else "program",
+            argv=argv,
+            env=env,
+            unset_env=() if multi else ("TF_CONFIG",),
+            workdir=p.host.workdir or request.default_workdir,
+            task_dir=task_dir,
+            gpus=p.gpus,
+            tf_config=tf_config,
+        ))
+    return Plan(run_id=request.run_id, run_dir=request.run_dir, strategy=strategy,
+                cluster=cluster, tasks=tuple(tasks), request=request)

@@ -1,0 +1,53 @@
+"""Task-side helpers: read what ddlctl put in the environment, prepare TensorFlow for it."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Who this process is in the job, from ``TF_CONFIG`` and ``DDLCTL_*`` variables."""
+
+    strategy: str
+    role: str
+    index: int
+    num_workers: int
+    task_dir: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief task of ps, worker 0 of mwms, the only process otherwise."""
+        if self.strategy == "ps":
+            return self.role == "chief"
+        return self.role == "worker" and self.index == 0
+
+
+def task_context(default_strategy: str = "one_device") -> TaskContext:
+    """Read the context from the environment (usable outside ddlctl: one local process)."""
+    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task = tf_config.get("task", {})
+    cluster = tf_config.get("cluster", {})
+    return TaskContext(
+        strategy=os.environ.get("DDLCTL_STRATEGY", default_strategy),
+        role=task.get("type", "worker"),
+        index=int(task.get("index", 0)),
+        num_workers=int(os.environ.get("DDLCTL_NUM_WORKERS", len(cluster.get("worker", [])) or 1)),
+        task_dir=os.environ.get("DDLCTL_TASK_DIR"),
+    )
+
+
+def quiet_tensorflow_logs() -> None:
+    """Hide TensorFlow's C++ INFO lines unless the user chose a level."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+def min_inter_op_threads(num_workers: int) -> int:
+    """Inter-op threads a task needs: at least ``num_workers + 1`` (small hosts hang otherwise)."""
+    return max(os.cpu_count() or 1, num_workers + 1)

@@ -1,0 +1,66 @@
+"""Step timings: one JSON line per training step in ``$DDLCTL_TASK_DIR/steps.jsonl``.
+
+Record format (stable; read by the summary)::
+
+    {"task": "worker:1", "step": 12, "start_us": 1732270000123456, "duration_s": 0.0412,
+     "samples": 64}
+
+``start_us`` is wall-clock epoch microseconds, ``duration_s`` a monotonic-clock duration and
+``samples`` how many examples this task processed in the step (so summing ``samples`` over all
+tasks' files counts every example once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class StepRecorder:
+    """Appends step records to a JSON-lines file; flushes at least once a second and on close."""
+
+    def __init__(self, path: str | Path | None, task: str, flush_interval_s: float = 1.0) -> None:
+        self.task = task
+        self.path = Path(path) if path is not None else None
+        self._file = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        self._flush_interval = flush_interval_s
+        self._last_flush = time.monotonic()
+        self.count = 0
+
+    @classmethod
+    def from_env(cls) -> StepRecorder:
+        """Recorder for the task ddlctl launched (a no-op recorder outside ddlctl)."""
+        task_dir = os.environ.get("DDLCTL_TASK_DIR")
+        task = os.environ.get("DDLCTL_TASK", "local:0")
+        return cls(Path(task_dir) / "steps.jsonl" if task_dir else None, task)
+
+    def record(self, step: int, start_wall_s: float, duration_s: float, samples: int) -> None:
+        """Write one step that started at ``start_wall_s`` (epoch seconds) and lasted ``duration_s``."""
+        self.count += 1
+        if self._file is None:
+            return
+        line = {"task": self.task, "step": step, "start_us": int(start_wall_s * 1e6),
+                "duration_s": round(duration_s, 9), "samples": samples}
+        self._file.write(json.dumps(line) + "\n")
+        now = time.monotonic()
+        if now - self._last_flush >= self._flush_interval:
+            self._file.flush()
+            self._last_flush = now
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> StepRecorder:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

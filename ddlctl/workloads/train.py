@@ -1,0 +1,253 @@
+"""The built-in training program: a custom training loop that runs under every strategy.
+
+Keras 3 ``model.fit`` does not work under ParameterServerStrategy or MultiWorkerMirroredStrategy,
+so this is a custom loop: ``ClusterCoordinator.schedule`` for ps, ``strategy.run`` inside a
+``tf.function`` otherwise. Every step is written to ``steps.jsonl``; the final loss and accuracy
+on a held-out set are printed and written to ``result.json`` in the task directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+from ddlctl.runtime.tfenv import TaskContext, min_inter_op_threads, quiet_tensorflow_logs, task_context
+from ddlctl.steps import StepRecorder
+from ddlctl.workloads import WORKLOADS
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options of the built-in workload (``ddlctl launch`` passes --workload/--steps/--batch-size)."""
+    parser = argparse.ArgumentParser(prog="python -m ddlctl.workloads",
+                                     description="ddlctl's built-in training workload")
+    parser.add_argument("--workload", choices=WORKLOADS, default="cnn")
+    parser.add_argument("--steps", type=int, default=200, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="global batch per step (ps: batch of one scheduled step)")
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--log-every", type=int, default=0, help="progress line every N steps")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("DDLCTL_CHECKPOINT_DIR"),
+                        help="where the chief saves checkpoints (and the evaluator reads them)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1:
+        parser.error("--steps and --batch-size must be at least 1")
+    return args
+
+
+def make_strategy(ctx: TaskContext):
+    """The tf.distribute strategy named by ``ctx.strategy``."""
+    import tensorflow as tf
+
+    if ctx.strategy == "ps":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.ParameterServerStrategy(resolver)
+    if ctx.strategy == "mwms":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if ctx.strategy == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if ctx.strategy == "central_storage":
+        return tf.distribute.experimental.CentralStorageStrategy()
+    if ctx.strategy == "one_device":
+        device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+        return tf.distribute.OneDeviceStrategy(device)
+    raise SystemExit(f"unknown strategy {ctx.strategy!r}")
+
+
+class Trainer:
+    """Model, optimizer and step function for one strategy."""
+
+    def __init__(self, strategy, args: argparse.Namespace, per_step_batch: int) -> None:
+        import keras
+        import tensorflow as tf
+
+        from ddlctl.workloads import models
+
+        self.strategy = strategy
+        self.args = args
+        with strategy.scope():
+            keras.utils.set_random_seed(args.seed)
+            self.model = getattr(models, args.workload)()
+            self.optimizer = keras.optimizers.Adam(args.learning_rate)
+            self.optimizer.build(self.model.trainable_variables)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="none")
+        model, optimizer = self.model, self.optimizer
+
+        def step_fn(images, labels):
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
+                                                  global_batch_size=per_step_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def train_step(iterator):
+            images, labels = next(iterator)
+            losses = strategy.run(step_fn, args=(images, labels))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+        self.train_step = train_step
+
+    def evaluate(self) -> tuple[float, float]:
+        """Loss and accuracy on the held-out set."""
+        import keras
+        import tensorflow as tf
+
+        from ddlctl.workloads.synthetic import eval_batch
+
+        images, labels = eval_batch(self.args.seed)
+        logits = self.model(images, training=False)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
+        correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
+        return float(loss), float(tf.reduce_mean(tf.cast(correct, tf.float32)))
+
+
+def _dataset_fn(args: argparse.Namespace, per_worker_random_ids: bool = False):
+    import tensorflow as tf
+
+    from ddlctl.workloads.synthetic import ids_dataset, make_sample_fn
+
+    def dataset_fn(input_context: tf.distribute.InputContext | None = None):
+        sample = make_sample_fn(args.seed)
+        if per_worker_random_ids:
+            # ps: each worker builds its own dataset; random ids keep workers from
+            # all reading the same examples in the same order.
+            ids = tf.data.Dataset.random().map(lambda x: tf.math.floormod(x, 1 << 40))
+            batch = args.batch_size
+        else:
+            ids = ids_dataset(input_context.input_pipeline_id, input_context.num_input_pipelines)
+            batch = input_context.get_per_replica_batch_size(args.batch_size)
+        return ids.map(sample).batch(batch, drop_remainder=True).prefetch(2)
+
+    return dataset_fn
+
+
+def _log(ctx: TaskContext, message: str) -> None:
+    print(f"{message}", flush=True)
+
+
+def _progress(ctx: TaskContext, args: argparse.Namespace, step: int, loss: float,
+              samples_per_s: float) -> None:
+    every = args.log_every or max(1, args.steps // 10)
+    if step % every == 0 or step == args.steps:
+        _log(ctx, f"step {step}/{args.steps} loss {loss:.4f} ({samples_per_s:,.0f} samples/s)")
+
+
+def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
+             checkpoint=None) -> Trainer:
+    """Coordinator loop: schedule steps on workers, at most two in flight per worker.
+
+    A step's record runs from the previous step's completion to its own, as seen by the
+    coordinator, so the records tile the training time and throughput adds up.
+    """
+    import tensorflow as tf
+
+    strategy = make_strategy(ctx)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    trainer = Trainer(strategy, args, args.batch_size)
+    per_worker_ds = coordinator.create_per_worker_dataset(_dataset_fn(args, per_worker_random_ids=True))
+    iterator = iter(per_worker_ds)
+    window = 2 * max(1, ctx.num_workers)
+    pending: deque = deque()
+    last_wall, last_mono = time.time(), time.monotonic()
+    done = 0
+    scheduled = 0
+    while done < args.steps:
+        while scheduled < args.steps and len(pending) < window:
+            pending.append(coordinator.schedule(trainer.train_step, args=(iterator,)))
+            scheduled += 1
+        loss = float(pending.popleft().fetch())
+        now_mono = time.monotonic()
+        done += 1
+        duration = now_mono - last_mono
+        recorder.record(done, last_wall, duration, args.batch_size)
+        _progress(ctx, args, done, loss, args.batch_size / max(duration, 1e-9))
+        last_wall, last_mono = time.time(), now_mono
+        if checkpoint is not None and done % max(1, args.steps // 4) == 0:
+            checkpoint.save(done)
+    coordinator.join()
+    return trainer
+
+
+def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
+                      strategy) -> Trainer:
+    """mwms and single-host strategies: every step is ``strategy.run`` on all replicas."""
+    trainer = Trainer(strategy, args, args.batch_size)
+    dist = strategy.distribute_datasets_from_function(_dataset_fn(args))
+    iterator = iter(dist)
+    local_samples = args.batch_size // max(1, ctx.num_workers) if ctx.strategy == "mwms" \
+        else args.batch_size
+    for step in range(1, args.steps + 1):
+        start_wall, start = time.time(), time.monotonic()
+        loss = float(trainer.train_step(iterator))
+        duration = time.monotonic() - start
+        recorder.record(step, start_wall, duration, local_samples)
+        _progress(ctx, args, step, loss, args.batch_size / max(duration, 1e-9))
+    return trainer
+
+
+def run_evaluator(ctx: TaskContext, args: argparse.Namespace) -> int:
+    """Side-car evaluator: evaluate each new checkpoint the chief writes, until stopped."""
+    import tensorflow as tf
+
+    from ddlctl.workloads import models
+
+    if not args.checkpoint_dir:
+        _log(ctx, "evaluator: no --checkpoint-dir / DDLCTL_CHECKPOINT_DIR, nothing to evaluate")
+        return 0
+    args.checkpoint_dir = str(args.checkpoint_dir)
+    trainer_like = argparse.Namespace(model=getattr(models, args.workload)(), args=args)
+    checkpoint = tf.train.Checkpoint(model=trainer_like.model)
+    seen = None
+    while True:
+        latest = tf.train.latest_checkpoint(args.checkpoint_dir)
+        if latest and latest != seen:
+            checkpoint.restore(latest).expect_partial()
+            loss, accuracy = Trainer.evaluate(trainer_like)  # type: ignore[arg-type]
+            _log(ctx, f"evaluator: {Path(latest).name} loss {loss:.4f} accuracy {accuracy:.4f}")
+            seen = latest
+        time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: train under the strategy ddlctl chose, report loss and accuracy."""
+    args = parse_args(argv)
+    quiet_tensorflow_logs()
+    ctx = task_context()
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(min_inter_op_threads(ctx.num_workers))
+    if ctx.role == "evaluator":
+        return run_evaluator(ctx, args)
+    if ctx.strategy == "mwms" and args.batch_size % ctx.num_workers:
+        print(f"--batch-size {args.batch_size} must be divisible by the {ctx.num_workers} workers",
+              file=sys.stderr)
+        return 2
+    recorder = StepRecorder.from_env()
+    started = time.monotonic()
+    with recorder:
+        if ctx.strategy == "ps":
+            strategy = None
+            trainer = train_ps(ctx, args, recorder)
+        else:
+            strategy = make_strategy(ctx)
+            trainer = train_synchronous(ctx, args, recorder, strategy)
+    train_time = time.monotonic() - started
+    loss, accuracy = trainer.evaluate()
+    _log(ctx, f"final loss {loss:.4f} accuracy {accuracy:.4f} "
+              f"({args.steps} steps, {train_time:.1f}s)")
+    if ctx.task_dir:
+        result = {"task": ctx.name, "workload": args.workload, "steps": args.steps,
+                  "batch_size": args.batch_size, "loss": loss, "accuracy": accuracy,
+                  "train_time_s": train_time}
+        Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
+        (Path(ctx.task_dir) / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
