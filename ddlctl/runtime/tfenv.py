@@ -44,8 +44,11 @@ def task_context(default_strategy: str = "one_device") -> TaskContext:
 
 
 def quiet_tensorflow_logs() -> None:
-    """Hide TensorFlow's C++ INFO lines unless the user chose a level."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    """Hide TensorFlow's C++ INFO and WARNING lines unless the user chose a level.
+
+    Level 1 does not hide the INFO lines TF 2.21 prints before absl logging is initialised.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def min_inter_op_threads(num_workers: int) -> int:

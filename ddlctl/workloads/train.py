@@ -131,14 +131,27 @@ def _dataset_fn(args: argparse.Namespace, per_worker_random_ids: bool = False):
 
 
 def _log(ctx: TaskContext, message: str) -> None:
-    print(f"{message}", flush=True)
+    print(message, flush=True)
 
 
-def _progress(ctx: TaskContext, args: argparse.Namespace, step: int, loss: float,
-              samples_per_s: float) -> None:
-    every = args.log_every or max(1, args.steps // 10)
-    if step % every == 0 or step == args.steps:
-        _log(ctx, f"step {step}/{args.steps} loss {loss:.4f} ({samples_per_s:,.0f} samples/s)")
+class Progress:
+    """A progress line every ``--log-every`` steps, with the rate over that stretch."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.total = args.steps
+        self.every = args.log_every or max(1, args.steps // 10)
+        self.mark_time = time.monotonic()
+        self.mark_samples = 0
+        self.samples = 0
+
+    def step(self, step: int, loss: float, samples: int) -> None:
+        self.samples += samples
+        if step % self.every and step != self.total:
+            return
+        now = time.monotonic()
+        rate = (self.samples - self.mark_samples) / max(now - self.mark_time, 1e-9)
+        print(f"step {step}/{self.total} loss {loss:.4f} ({rate:,.0f} samples/s)", flush=True)
+        self.mark_time, self.mark_samples = now, self.samples
 
 
 def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
@@ -157,6 +170,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
     iterator = iter(per_worker_ds)
     window = 2 * max(1, ctx.num_workers)
     pending: deque = deque()
+    progress = Progress(args)
     last_wall, last_mono = time.time(), time.monotonic()
     done = 0
     scheduled = 0
@@ -169,7 +183,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
         done += 1
         duration = now_mono - last_mono
         recorder.record(done, last_wall, duration, args.batch_size)
-        _progress(ctx, args, done, loss, args.batch_size / max(duration, 1e-9))
+        progress.step(done, loss, args.batch_size)
         last_wall, last_mono = time.time(), now_mono
         if checkpoint is not None and done % max(1, args.steps // 4) == 0:
             checkpoint.save(done)
@@ -185,12 +199,13 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     iterator = iter(dist)
     local_samples = args.batch_size // max(1, ctx.num_workers) if ctx.strategy == "mwms" \
         else args.batch_size
+    progress = Progress(args)
     for step in range(1, args.steps + 1):
         start_wall, start = time.time(), time.monotonic()
         loss = float(trainer.train_step(iterator))
         duration = time.monotonic() - start
         recorder.record(step, start_wall, duration, local_samples)
-        _progress(ctx, args, step, loss, args.batch_size / max(duration, 1e-9))
+        progress.step(step, loss, args.batch_size)
     return trainer
 
 

@@ -1,0 +1,152 @@
+"""The ``ddlctl`` command line. It only parses options and calls the modules that do the work."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ddlctl import __version__
+from ddlctl.errors import UserError
+
+app = typer.Typer(
+    name="ddlctl",
+    help="Launch and profile TensorFlow distributed training on one or many machines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+STRATEGY_HELP = ("ps (chief + workers + parameter servers), mwms (multi-worker mirrored), or a "
+                 "single-host strategy: mirrored, central_storage, one_device. "
+                 "Default: the template's, else mwms.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ddlctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Launch and profile TensorFlow distributed training on one or many machines."""
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def launch(
+    command: Annotated[list[str] | None, typer.Argument(
+        help="The training program and its arguments, after '--'. Without it, ddlctl runs its "
+             "built-in workload (a CNN on synthetic images).", show_default=False)] = None,
+    hosts: Annotated[str | None, typer.Option(
+        "--hosts", help="Hosts file: one '[user@]host [slots=N] [gpus=N] [port=P] [roles=..] "
+                        "[python=PATH] [workdir=PATH]' per line.", show_default=False)] = None,
+    template: Annotated[str | None, typer.Option(
+        "--template", help="YAML cluster template (see cluster_templates/); alternative to "
+                           "--hosts. With neither, the cluster is this machine.",
+        show_default=False)] = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", "-s", help=STRATEGY_HELP, show_default=False)] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-w", help="Worker tasks. Default: ps fills every slot, mwms one per host "
+                                "(2 on this machine when no hosts are given).",
+        show_default=False)] = None,
+    ps: Annotated[int | None, typer.Option(
+        "--ps", help="Parameter-server tasks (ps strategy only). Default: 1.",
+        show_default=False)] = None,
+    evaluator: Annotated[bool | None, typer.Option(
+        "--evaluator/--no-evaluator", help="Add a side-car evaluator task (ps and mwms).",
+        show_default=False)] = None,
+    run_dir: Annotated[str, typer.Option(
+        "--run-dir", help="Where run directories are created (runs/<run-id>/).")] = "runs",
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", "-e", help="KEY=VALUE set for every task; repeatable.",
+        show_default=False)] = None,
+    startup_timeout: Annotated[float, typer.Option(
+        "--startup-timeout", min=0, help="Seconds for every task to start listening on its "
+                                         "port; the job fails naming the missing ones. 0: wait "
+                                         "forever.")] = 180.0,
+    grace: Annotated[float, typer.Option(
+        "--grace", min=0, help="Seconds between SIGTERM and SIGKILL when stopping tasks.")] = 5.0,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the plan (tasks, hosts, ports, TF_CONFIG, commands); start "
+                          "nothing.")] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="With --dry-run: the plan as JSON on stdout, nothing else.")] = False,
+    legacy_keras: Annotated[bool, typer.Option(
+        "--legacy-keras/--no-legacy-keras",
+        help="For a command under ps/mwms, set TF_USE_LEGACY_KERAS=1 so model.fit uses "
+             "tf-keras (Keras 3 model.fit does not work under ps/mwms).")] = True,
+    workload: Annotated[str | None, typer.Option(
+        "--workload", help="Built-in workload to run when no command is given: cnn.",
+        show_default=False)] = None,
+    steps: Annotated[int | None, typer.Option(
+        "--steps", min=1, help="Built-in workload: training steps (default 200).",
+        show_default=False)] = None,
+    batch_size: Annotated[int | None, typer.Option(
+        "--batch-size", min=1, help="Built-in workload: global batch per step (default 64).",
+        show_default=False)] = None,
+) -> None:
+    """Start a TensorFlow cluster, supervise every task, and print a summary.
+
+    Examples:
+
+      ddlctl launch --strategy ps                          # built-in workload on this machine
+
+      ddlctl launch --hosts hosts.txt -s mwms -- python train.py --epochs 3
+
+      ddlctl launch --template cluster_templates/localhost-ps.yaml --dry-run
+    """
+    from ddlctl.launch import LaunchOptions
+    from ddlctl.launch import launch as run_launch
+
+    if json_out and not dry_run:
+        _fail(UserError("--json is only available with --dry-run"))
+    opts = LaunchOptions(
+        hosts=hosts, template=template, strategy=strategy, workers=workers, ps=ps,
+        evaluator=evaluator, run_dir=run_dir, env=tuple(env or ()),
+        startup_timeout_s=startup_timeout, grace_s=grace, dry_run=dry_run, json_out=json_out,
+        legacy_keras=legacy_keras, workload=workload, steps=steps, batch_size=batch_size,
+        command=tuple(command or ()),
+    )
+    if strategy is not None:
+        from ddlctl.planning.plan import STRATEGIES
+
+        if strategy not in STRATEGIES:
+            _fail(UserError(f"unknown strategy {strategy!r}",
+                            "expected one of: " + ", ".join(STRATEGIES)))
+    if workload is not None:
+        from ddlctl.workloads import WORKLOADS
+
+        if workload not in WORKLOADS:
+            _fail(UserError(f"unknown workload {workload!r}",
+                            "expected one of: " + ", ".join(WORKLOADS)))
+    out, err = Console(), Console(stderr=True)
+    try:
+        code = run_launch(opts, out, err)
+    except UserError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+def _fail(exc: UserError) -> None:
+    err = Console(stderr=True, highlight=False)
+    err.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True)
+    if exc.hint:
+        err.print(f"  hint: {exc.hint}", markup=False, soft_wrap=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C outside the supervisor (e.g. while planning)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,204 @@
+"""``ddlctl launch``: from options to a supervised job. The CLI parses; this module does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from ddlctl.cluster.hostfile import load_hosts
+from ddlctl.cluster.model import Cluster, local_cluster
+from ddlctl.cluster.template import LaunchDefaults, load_template
+from ddlctl.errors import ConfigError, LaunchError
+from ddlctl.planning.plan import MULTI_HOST_STRATEGIES, LaunchRequest, Plan, layout, make_plan, needs_port
+from ddlctl.report.render import render_failure, render_plan, render_summary
+from ddlctl.report.summary import summarize
+from ddlctl.rundir import new_run_id, write_plan
+from ddlctl.supervise.output import PrefixedWriter
+from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
+from ddlctl.transport.base import Transport
+from ddlctl.transport.local import LocalTransport
+
+DEFAULT_LOCAL_WORKERS = 2
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Everything ``ddlctl launch`` was given (None: not given, template or default applies)."""
+
+    hosts: str | None = None
+    template: str | None = None
+    strategy: str | None = None
+    workers: int | None = None
+    ps: int | None = None
+    evaluator: bool | None = None
+    run_dir: str = "runs"
+    env: Sequence[str] = ()
+    startup_timeout_s: float = 180.0
+    grace_s: float = 5.0
+    dry_run: bool = False
+    json_out: bool = False
+    legacy_keras: bool = True
+    workload: str | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    command: Sequence[str] = field(default_factory=tuple)
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``["A=1", "B=x=y"]`` -> ``{"A": "1", "B": "x=y"}``; a bad item is a clear error."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY.match(key):
+            raise ConfigError(f"--env {item!r} is not KEY=VALUE",
+                              "KEY is letters, digits and '_', not starting with a digit")
+        env[key] = value
+    return env
+
+
+def load_cluster(opts: LaunchOptions) -> tuple[Cluster, LaunchDefaults, bool]:
+    """The cluster from --hosts or --template, or this machine; and whether it is implicit."""
+    if opts.hosts and opts.template:
+        raise ConfigError("give --hosts or --template, not both")
+    if opts.hosts:
+        return load_hosts(opts.hosts), LaunchDefaults(), False
+    if opts.template:
+        template = load_template(opts.template)
+        return template.cluster, template.defaults, False
+    return local_cluster(slots=opts.workers or DEFAULT_LOCAL_WORKERS), LaunchDefaults(), True
+
+
+def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
+                  legacy_keras: bool, run_id: str) -> LaunchRequest:
+    """Merge options over template defaults into a :class:`LaunchRequest`."""
+    strategy = opts.strategy or defaults.strategy or "mwms"
+    workers = opts.workers if opts.workers is not None else defaults.workers
+    if workers is None and implicit and strategy in MULTI_HOST_STRATEGIES:
+        workers = DEFAULT_LOCAL_WORKERS
+    workload_given = [f for f, v in (("--workload", opts.workload), ("--steps", opts.steps),
+                                     ("--batch-size", opts.batch_size)) if v is not None]
+    if opts.command and workload_given:
+        raise ConfigError(f"{', '.join(workload_given)} only apply to the built-in workload, "
+                          f"not to a command ({' '.join(opts.command)})",
+                          "pass them to your own program after '--' instead")
+    workload_args: tuple[str, ...] = ()
+    if not opts.command:
+        workload_args = ("--workload", opts.workload or "cnn", "--steps", str(opts.steps or 200),
+                         "--batch-size", str(opts.batch_size or 64))
+    env = {**defaults.env, **parse_env(opts.env)}
+    run_root = Path(opts.run_dir).expanduser().resolve()
+    evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
+    if evaluator and not opts.command:
+        env.setdefault("DDLCTL_CHECKPOINT_DIR", str(run_root / run_id / "checkpoints"))
+    return LaunchRequest(
+        strategy=strategy,
+        workers=workers,
+        ps=opts.ps if opts.ps is not None else defaults.ps,
+        evaluator=evaluator,
+        command=tuple(opts.command),
+        workload_args=workload_args,
+        env=env,
+        legacy_keras=legacy_keras,
+        local_python=sys.executable,
+        default_workdir=os.getcwd(),
+        run_id=run_id,
+        run_dir=str(run_root / run_id),
+    )
+
+
+def make_transports(cluster: Cluster) -> dict[str, Transport]:
+    """One transport per host (local hosts only, for now)."""
+    remote = [h for h in cluster.hosts if not h.is_local]
+    if remote:
+        names = ", ".join(f"{h.label} ({h.source})" for h in remote)
+        raise LaunchError(f"remote hosts are not supported yet: {names}",
+                          "use localhost / 127.0.0.1 until the SSH transport lands")
+    return {h.label: LocalTransport(h) for h in cluster.hosts}
+
+
+def choose_ports(cluster: Cluster, request: LaunchRequest,
+                 transports: dict[str, Transport]) -> dict[str, int]:
+    """A free port on its host for every task that listens (distinct per host)."""
+    by_host: dict[str, list[str]] = {}
+    for placement in layout(cluster, request):
+        if needs_port(placement, request.strategy):
+            by_host.setdefault(placement.host.label, []).append(placement.name)
+    ports: dict[str, int] = {}
+    for label, names in by_host.items():
+        ports.update(zip(names, transports[label].free_ports(len(names)), strict=True))
+    return ports
+
+
+def tf_keras_available() -> bool:
+    """Whether tf-keras (Keras 2, needed for model.fit under ps/mwms) is importable here."""
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Transport]]:
+    """Cluster, request, ports and plan: everything before processes start."""
+    cluster, defaults, implicit = load_cluster(opts)
+    strategy = opts.strategy or defaults.strategy or "mwms"
+    legacy = opts.legacy_keras
+    if opts.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
+        legacy = False
+        console.print(
+            "[yellow]note:[/] tf-keras is not installed: a program that calls model.fit under "
+            f"{strategy} will fail (Keras 3 does not support it, keras-team/keras#18624). "
+            "Custom training loops are fine. To use model.fit: pip install 'ddlctl[keras]'.")
+    run_id = new_run_id(strategy)
+    request = build_request(opts, defaults, implicit, legacy, run_id)
+    layout(cluster, request)  # refuse impossible requests before touching any host
+    transports = make_transports(cluster)
+    ports = choose_ports(cluster, request, transports)
+    return make_plan(cluster, request, ports), transports
+
+
+def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
+    """Run ``ddlctl launch``; returns the exit code."""
+    plan, transports = prepare(opts, err)
+    if opts.dry_run:
+        if opts.json_out:
+            sys.stdout.write(json.dumps(plan.to_dict(), indent=1) + "\n")
+        else:
+            render_plan(plan, out)
+        return 0
+    write_plan(plan)
+    err.print(f"[bold]ddlctl[/] run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
+              f"→ {plan.run_dir}")
+    writer = PrefixedWriter(sys.stdout.buffer)
+    options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s)
+    supervisor = Supervisor(plan, transports, writer, options,
+                            notify=lambda msg: err.print(f"[dim]ddlctl:[/] {msg}", highlight=False))
+    try:
+        result = supervisor.run()
+    finally:
+        for transport in transports.values():
+            transport.close()
+    finish(plan, result, out, err)
+    return result.exit_code
+
+
+def finish(plan: Plan, result: JobResult, out: Console, err: Console) -> None:
+    """After the job: root cause (if failed) and the short summary."""
+    summary = summarize(plan.run_dir)
+    (Path(plan.run_dir) / "outcome.json").write_text(json.dumps({
+        "ok": result.ok, "exit_code": result.exit_code, "wall_time_s": result.wall_time_s,
+        "tasks": [{"name": t.name, "host": t.host, "state": t.state.value,
+                   "exit": t.status.describe() if t.status else None} for t in result.tasks],
+        "failure": None if result.failure is None else result.failure.message,
+    }, indent=1) + "\n")
+    if result.failure is not None:
+        render_failure(result.failure, err)
+    render_summary(summary, result, out)
+    if not result.ok:
+        err.print(f"[red]ddlctl: job failed[/] (exit code {result.exit_code}); "
+                  f"logs in {plan.run_dir}/tasks/")

@@ -1,0 +1,1 @@
+"""Reporting: summaries computed from a run directory alone, and their rendering."""

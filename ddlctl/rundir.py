@@ -1,0 +1,31 @@
+"""The run directory: ``runs/<run-id>/`` with plan.json, tasks/<task>/..., summary.json."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+
+from ddlctl.planning.plan import Plan
+
+
+def new_run_id(strategy: str, now: float | None = None) -> str:
+    """``20261122-103000-ps-3fa2``: sortable by time, unique across concurrent launches."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{strategy}-{secrets.token_hex(3)}"
+
+
+def write_plan(plan: Plan) -> Path:
+    """Write ``plan.json`` (secrets redacted) before anything starts."""
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "plan.json"
+    path.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+    return path
+
+
+def task_dirs(run_dir: str | Path) -> list[Path]:
+    """``tasks/<role>-<i>`` folders of a run, sorted."""
+    root = Path(run_dir) / "tasks"
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

@@ -1,0 +1,94 @@
+"""Turning several tasks' byte streams into whole, prefixed lines on one terminal."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import BinaryIO
+
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r(?!\Z))")
+
+
+class LineSplitter:
+    """Cuts a byte stream into whole lines, holding back an unfinished tail.
+
+    A line ends with ``\\n``, ``\\r\\n`` or ``\\r`` (progress-bar updates stay whole, one per
+    segment). A tail without terminator is released by :meth:`flush_stale` once it has waited
+    ``stale_s`` (a prompt, a progress bar without newline) or grown past ``max_partial`` bytes.
+    """
+
+    def __init__(self, max_partial: int = 65536) -> None:
+        self.pending = b""
+        self.pending_since: float | None = None
+        self.max_partial = max_partial
+
+    def feed(self, data: bytes, now: float) -> list[bytes]:
+        """Add ``data``; return the complete lines it finished."""
+        buffer = self.pending + data
+        lines = []
+        end = 0
+        for match in _LINE.finditer(buffer):
+            if match.end() == match.start():
+                break
+            lines.append(match.group())
+            end = match.end()
+        self.pending = buffer[end:]
+        if not self.pending:
+            self.pending_since = None
+        elif self.pending_since is None or end:
+            self.pending_since = now
+        if len(self.pending) >= self.max_partial:
+            lines.append(self.pending)
+            self.pending, self.pending_since = b"", None
+        return lines
+
+    def flush_stale(self, now: float, stale_s: float = 0.5) -> list[bytes]:
+        """Release the unfinished tail if it has waited ``stale_s`` seconds."""
+        if self.pending and self.pending_since is not None and now - self.pending_since >= stale_s:
+            return self.flush()
+        return []
+
+    def flush(self) -> list[bytes]:
+        """Release whatever is held (end of output)."""
+        lines = [self.pending] if self.pending else []
+        self.pending, self.pending_since = b"", None
+        return lines
+
+
+_COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)
+
+
+class PrefixedWriter:
+    """Writes tasks' lines to ``stream`` as ``[worker:1@host] line``; colours on a terminal."""
+
+    def __init__(self, stream: BinaryIO, color: bool | None = None) -> None:
+        self.stream = stream
+        if color is None:
+            isatty = getattr(stream, "isatty", lambda: False)
+            color = bool(isatty()) and "NO_COLOR" not in os.environ
+        self.color = color
+        self._prefixes: dict[str, bytes] = {}
+
+    def prefix(self, task: str, host: str) -> bytes:
+        key = f"{task}@{host}"
+        if key not in self._prefixes:
+            text = f"[{key}]"
+            if self.color:
+                code = _COLORS[len(self._prefixes) % len(_COLORS)]
+                text = f"\x1b[{code}m{text}\x1b[0m"
+            self._prefixes[key] = text.encode() + b" "
+        return self._prefixes[key]
+
+    def write(self, task: str, host: str, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        prefix = self.prefix(task, host)
+        out = bytearray()
+        for line in lines:
+            body = line.rstrip(b"\r\n")
+            out += prefix + body + b"\n"
+        try:
+            self.stream.write(bytes(out))
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # reader of our stdout went away; the log files still have everything

@@ -1,0 +1,42 @@
+"""Finding the root cause of a failed task in its output: the last Python traceback, or the tail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+def read_tail(path: str | Path, max_bytes: int = 256 * 1024) -> str:
+    """The last ``max_bytes`` of a log file as text (undecodable bytes replaced)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def last_traceback(text: str, max_lines: int = 60) -> list[str]:
+    """The last Python traceback in ``text``: from its header to the exception line."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    starts = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEAD]
+    if not starts:
+        return []
+    start = starts[-1]
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        block.append(line)
+        if line and not line[0].isspace():  # the exception line ends the traceback
+            break
+    if len(block) > max_lines:
+        block = block[:5] + ["  ..."] + block[-(max_lines - 6):]
+    return block
+
+
+def tail_lines(text: str, count: int = 20) -> list[str]:
+    """The last ``count`` non-empty lines of ``text``."""
+    lines = [line for line in text.replace("\r", "\n").split("\n") if line.strip()]
+    return lines[-count:]
