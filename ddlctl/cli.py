@@ -127,7 +127,7 @@ def launch(
         if workload not in WORKLOADS:
             _fail(UserError(f"unknown workload {workload!r}",
                             "expected one of: " + ", ".join(WORKLOADS)))
-    out, err = Console(), Console(stderr=True)
+    out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     try:
         code = run_launch(opts, out, err)
     except UserError as exc:

@@ -196,9 +196,9 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console) -> None:
                    "exit": t.status.describe() if t.status else None} for t in result.tasks],
         "failure": None if result.failure is None else result.failure.message,
     }, indent=1) + "\n")
-    if result.failure is not None:
-        render_failure(result.failure, err)
     render_summary(summary, result, out)
+    if result.failure is not None:  # last, so it is what the person sees
+        render_failure(result.failure, err)
     if not result.ok:
         err.print(f"[red]ddlctl: job failed[/] (exit code {result.exit_code}); "
                   f"logs in {plan.run_dir}/tasks/")

@@ -123,7 +123,11 @@ class Plan:
         return tuple(h for h in self.cluster.hosts if h in used)
 
     def task(self, name: str) -> TaskSpec:
-        return next(t for t in self.tasks if t.name == name)
+        """The task called ``name`` (``KeyError`` if the plan has none)."""
+        for task in self.tasks:
+            if task.name == name:
+                return task
+        raise KeyError(f"no task {name!r} in the plan")
 
     def program_tasks(self) -> tuple[TaskSpec, ...]:
         """Tasks that run the user's program (or the built-in workload)."""

@@ -1,0 +1,184 @@
+"""Placement rules and per-task specs, checked on the pure planning functions."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from ddlctl.cluster.hostfile import parse_hosts
+from ddlctl.cluster.model import local_cluster
+from ddlctl.cluster.template import load_template
+from ddlctl.errors import PlanError
+from ddlctl.planning.plan import LaunchRequest, layout, make_plan, needs_port
+from tests.conftest import ROOT
+
+
+def request(strategy: str, **kw) -> LaunchRequest:
+    return LaunchRequest(strategy=strategy, run_id="r1", run_dir="/runs/r1", local_python="/py",
+                         default_workdir="/work", **kw)
+
+
+def placed(cluster, req):
+    return [(p.name, p.host.name) for p in layout(cluster, req)]
+
+
+def fake_ports(cluster, req):
+    return {p.name: 20000 + i for i, p in enumerate(layout(cluster, req)) if needs_port(p, req.strategy)}
+
+
+FOUR = parse_hosts("a slots=2\nb slots=2\nc slots=1\nd slots=1\n", "h.txt")
+
+
+def test_ps_chief_first_host_workers_fill_slots_ps_round_robin():
+    assert placed(FOUR, request("ps", ps=2)) == [
+        ("chief:0", "a"),
+        ("worker:0", "a"), ("worker:1", "a"), ("worker:2", "b"), ("worker:3", "b"),
+        ("worker:4", "c"), ("worker:5", "d"),
+        ("ps:0", "a"), ("ps:1", "b"),
+    ]
+
+
+def test_ps_fewer_workers_fill_in_file_order():
+    assert [n for n, h in placed(FOUR, request("ps", workers=3)) if n.startswith("worker")] == \
+        ["worker:0", "worker:1", "worker:2"]
+    assert placed(FOUR, request("ps", workers=3))[3] == ("worker:2", "b")
+
+
+def test_roles_steer_chief_ps_and_evaluator():
+    cluster = parse_hosts("w1 slots=2 roles=worker\nboss roles=chief\npsbox roles=ps\n"
+                          "w2 roles=worker,evaluator\n", "h")
+    names = dict(placed(cluster, request("ps", ps=2, evaluator=True)))
+    assert names["chief:0"] == "boss"
+    assert names["ps:0"] == names["ps:1"] == "psbox"
+    assert names["evaluator:0"] == "w2"
+    assert {names[f"worker:{i}"] for i in range(3)} == {"w1", "w2"}
+
+
+def test_mwms_one_worker_per_host_by_default_then_layers():
+    assert placed(FOUR, request("mwms")) == [("worker:0", "a"), ("worker:1", "b"),
+                                             ("worker:2", "c"), ("worker:3", "d")]
+    hosts = Counter(h for _, h in placed(FOUR, request("mwms", workers=6)))
+    assert hosts == {"a": 2, "b": 2, "c": 1, "d": 1}
+    # layered: the fifth worker goes to a second slot on a, not to c or d (ranks stay contiguous)
+    assert Counter(h for _, h in placed(FOUR, request("mwms", workers=5))) == \
+        {"a": 2, "b": 1, "c": 1, "d": 1}
+    assert placed(FOUR, request("mwms", workers=5))[:2] == [("worker:0", "a"), ("worker:1", "a")]
+
+
+def test_single_host_strategies_one_process():
+    for strategy in ("mirrored", "central_storage", "one_device"):
+        assert placed(local_cluster(), request(strategy)) == [("worker:0", "localhost")]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "req", "fragments"),
+    [
+        (FOUR, request("ps", workers=7), ["7 workers requested", "6 worker slots", "a: 2, b: 2",
+                                          "h.txt"]),
+        (FOUR, request("mwms", workers=9), ["9 workers requested"]),
+        (FOUR, request("ps", ps=0), ["at least one ps"]),
+        (FOUR, request("mwms", ps=1), ["--ps 1 only applies to the ps strategy"]),
+        (FOUR, request("mirrored"), ["runs on one host", "lists 4 hosts"]),
+        (local_cluster(), request("one_device", workers=2), ["--workers 2 does not apply"]),
+        (local_cluster(), request("mirrored", evaluator=True), ["--evaluator does not apply"]),
+        (parse_hosts("a roles=worker\n", "h"), request("ps"), ["accepts the chief role"]),
+        (parse_hosts("a roles=ps\n", "h"), request("mwms"), ["accepts the worker role"]),
+        (FOUR, request("horovod"), ["unknown strategy"]),
+        (FOUR, request("ps", workers=0), ["at least 1"]),
+    ],
+)
+def test_impossible_requests_are_refused(cluster, req, fragments):
+    with pytest.raises(PlanError) as info:
+        layout(cluster, req)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_tf_config_is_one_cluster_seen_by_every_task():
+    req = request("ps", ps=2, evaluator=True)
+    plan = make_plan(FOUR, req, fake_ports(FOUR, req))
+    clusters = {json.dumps(t.tf_config["cluster"], sort_keys=True) for t in plan.tasks}
+    assert len(clusters) == 1
+    cluster = json.loads(clusters.pop())
+    assert set(cluster) == {"chief", "worker", "ps"}, "the evaluator is not in the cluster"
+    assert len(cluster["worker"]) == 6 and len(cluster["ps"]) == 2
+    for task in plan.tasks:
+        assert task.tf_config["task"] == {"type": task.role, "index": task.index}
+        assert json.loads(task.env["TF_CONFIG"]) == task.tf_config
+        if task.role != "evaluator":
+            assert cluster[task.role][task.index] == task.address
+    assert plan.task("evaluator:0").port is None
+    addresses = [t.address for t in plan.tasks if t.address]
+    assert len(set(addresses)) == len(addresses)
+
+
+def test_ps_strategy_runs_servers_and_the_program_on_the_chief():
+    req = request("ps", command=("python", "train.py"))
+    plan = make_plan(FOUR, req, fake_ports(FOUR, req))
+    assert plan.task("chief:0").argv == ("python", "train.py")
+    assert plan.task("worker:0").argv == ("python3", "-m", "ddlctl.runtime.server")
+    assert plan.task("ps:0").kind == "server"
+    assert [t.name for t in plan.program_tasks()] == ["chief:0"]
+
+
+def test_builtin_workload_uses_the_hosts_python():
+    cluster = parse_hosts("localhost slots=2\n", "h")
+    req = request("mwms", workers=2, workload_args=("--steps", "5"))
+    plan = make_plan(cluster, req, fake_ports(cluster, req))
+    assert plan.task("worker:1").argv == ("/py", "-m", "ddlctl.workloads", "--steps", "5")
+    remote = parse_hosts("node python=/opt/venv/bin/python\n", "h")
+    plan = make_plan(remote, request("mwms"), {"worker:0": 0})
+    assert plan.task("worker:0").argv[0] == "/opt/venv/bin/python"
+
+
+def test_legacy_keras_only_for_commands_under_ps_and_mwms():
+    cmd = ("python", "fit.py")
+    for strategy, expected in (("ps", "1"), ("mwms", "1"), ("mirrored", None)):
+        cluster = local_cluster(2)
+        req = request(strategy, command=cmd)
+        plan = make_plan(cluster, req, fake_ports(cluster, req))
+        assert {t.env.get("TF_USE_LEGACY_KERAS") for t in plan.program_tasks()} == {expected}
+    req = request("mwms", command=cmd, legacy_keras=False, workers=2)
+    plan = make_plan(local_cluster(2), req, fake_ports(local_cluster(2), req))
+    assert all("TF_USE_LEGACY_KERAS" not in t.env for t in plan.tasks)
+    req = request("mwms", workers=2)  # built-in workload is Keras 3
+    assert all("TF_USE_LEGACY_KERAS" not in t.env
+               for t in make_plan(local_cluster(2), req, fake_ports(local_cluster(2), req)).tasks)
+
+
+def test_single_host_strategy_removes_tf_config_and_sets_no_port():
+    plan = make_plan(local_cluster(), request("mirrored"), {})
+    task = plan.tasks[0]
+    assert task.unset_env == ("TF_CONFIG",) and "TF_CONFIG" not in task.env
+    assert task.port is None and task.tf_config is None
+
+
+def test_gpu_split_and_ps_without_gpus():
+    cluster = parse_hosts("g4 gpus=4\ng2 gpus=2 slots=4\n", "h")
+    req = request("ps")
+    plan = make_plan(cluster, req, fake_ports(cluster, req))
+    gpus = {t.name: t.env.get("CUDA_VISIBLE_DEVICES") for t in plan.tasks}
+    assert [gpus[f"worker:{i}"] for i in range(4)] == ["0", "1", "2", "3"]
+    assert [gpus[f"worker:{i}"] for i in range(4, 8)] == ["0", "1", "0", "1"]
+    assert gpus["ps:0"] == ""
+    mw = make_plan(cluster, request("mwms", workers=3), {})
+    assert [t.env.get("CUDA_VISIBLE_DEVICES") for t in mw.tasks] == ["0,1", "2,3", "0,1"]
+
+
+def test_user_env_overrides_and_secrets_are_redacted_in_plan_json():
+    req = request("mwms", env={"API_TOKEN": "s3cret", "PYTHONUNBUFFERED": "0"}, workers=1)
+    plan = make_plan(local_cluster(), req, {"worker:0": 1234})
+    assert plan.tasks[0].env["PYTHONUNBUFFERED"] == "0"
+    text = json.dumps(plan.to_dict())
+    assert "s3cret" not in text and '"API_TOKEN": "***"' in text
+
+
+def test_heterogeneous_template_layout():
+    cluster = load_template(ROOT / "cluster_templates" / "heterogeneous.yaml").cluster
+    names = placed(cluster, request("ps", ps=2))
+    assert ("chief:0", "big-node") in names
+    assert [h for n, h in names if n.startswith("ps")] == ["cpu-node", "cpu-node"]
+    assert Counter(h for n, h in names if n.startswith("worker")) == \
+        {"big-node": 4, "mid-node": 2, "small-node": 1}
