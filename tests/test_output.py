@@ -1,0 +1,57 @@
+"""Line splitting and prefixing of task output."""
+
+from __future__ import annotations
+
+import io
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddlctl.supervise.output import LineSplitter, PrefixedWriter
+
+
+def test_partial_lines_are_held_until_complete():
+    s = LineSplitter()
+    assert s.feed(b"hel", 0.0) == []
+    assert s.feed(b"lo\nwor", 0.1) == [b"hello\n"]
+    assert s.feed(b"ld\n", 0.2) == [b"world\n"]
+
+
+def test_carriage_return_progress_updates_stay_whole():
+    s = LineSplitter()
+    assert s.feed(b"10%\r20%\r30", 0.0) == [b"10%\r", b"20%\r"]
+    assert s.flush() == [b"30"]
+
+
+def test_crlf_split_across_chunks_is_one_terminator():
+    s = LineSplitter()
+    assert s.feed(b"a\r", 0.0) == []
+    assert s.feed(b"\nb\n", 0.0) == [b"a\r\n", b"b\n"]
+
+
+def test_stale_partial_line_is_released_and_huge_one_cut():
+    s = LineSplitter(max_partial=10)
+    s.feed(b"prompt> ", 1.0)
+    assert s.flush_stale(1.2) == []
+    assert s.flush_stale(1.6) == [b"prompt> "]
+    assert s.feed(b"x" * 12, 2.0) == [b"x" * 12]
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(1, 50), max_size=20))
+def test_any_chunking_gives_back_every_byte_in_order(data, cuts):
+    s = LineSplitter()
+    out = []
+    pos = 0
+    for cut in cuts:
+        out += s.feed(data[pos:pos + cut], 0.0)
+        pos += cut
+    out += s.feed(data[pos:], 0.0)
+    out += s.flush()
+    assert b"".join(out) == data
+
+
+def test_prefix_names_task_and_host_without_colour_off_terminal():
+    stream = io.BytesIO()
+    writer = PrefixedWriter(stream)
+    writer.write("worker:1", "node3", [b"step 1\n", b"50%\r"])
+    assert stream.getvalue() == b"[worker:1@node3] step 1\n[worker:1@node3] 50%\n"
