@@ -17,7 +17,14 @@ from ddlctl.cluster.hostfile import load_hosts
 from ddlctl.cluster.model import Cluster, local_cluster
 from ddlctl.cluster.template import LaunchDefaults, load_template
 from ddlctl.errors import ConfigError, LaunchError
-from ddlctl.planning.plan import MULTI_HOST_STRATEGIES, LaunchRequest, Plan, layout, make_plan, needs_port
+from ddlctl.planning.plan import (
+    MULTI_HOST_STRATEGIES,
+    LaunchRequest,
+    Plan,
+    layout,
+    make_plan,
+    needs_port,
+)
 from ddlctl.report.render import render_failure, render_plan, render_summary
 from ddlctl.report.summary import summarize
 from ddlctl.rundir import new_run_id, write_plan

@@ -43,10 +43,8 @@ def render_plan(plan: Plan, console: Console) -> None:
 
 def render_failure(failure: Failure, console: Console) -> None:
     """The root cause: which task, where, how it ended, and its traceback or last lines."""
-    if failure.task:
-        head = f"✗ {failure.task} on {failure.host} failed: {failure.message}"
-    else:
-        head = f"✗ {failure.message}"
+    where = f"{failure.task} on {failure.host} failed: " if failure.task else ""
+    head = f"✗ {where}{failure.message}"
     console.print(Text(head, style="bold red"))
     lines = failure.traceback or failure.tail
     if lines:

@@ -14,6 +14,7 @@ Standard library only, so the same file can run on a host where ddlctl is not in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -46,10 +47,8 @@ class Watchdog:
         self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
 
     def signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` to the task's group now, SIGKILL after the grace period."""
@@ -111,10 +110,8 @@ def parse(argv: list[str]) -> tuple[float, str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     grace, pidfile, cmd = parse(sys.argv[1:] if argv is None else argv)
-    try:
+    with contextlib.suppress(OSError):  # already a session leader (start_new_session, sshd)
         os.setsid()
-    except OSError:
-        pass  # already a session leader (start_new_session, or sshd's session)
     try:
         watchdog = Watchdog(cmd, grace)
     except OSError as exc:

@@ -16,7 +16,12 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ddlctl.runtime.tfenv import TaskContext, min_inter_op_threads, quiet_tensorflow_logs, task_context
+from ddlctl.runtime.tfenv import (
+    TaskContext,
+    min_inter_op_threads,
+    quiet_tensorflow_logs,
+    task_context,
+)
 from ddlctl.steps import StepRecorder
 from ddlctl.workloads import WORKLOADS
 
@@ -85,7 +90,7 @@ class Trainer:
                 loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
                                                   global_batch_size=per_step_batch)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
             return loss
 
         @tf.function
@@ -98,16 +103,40 @@ class Trainer:
 
     def evaluate(self) -> tuple[float, float]:
         """Loss and accuracy on the held-out set."""
-        import keras
+        return evaluate(self.model, self.args.seed)
+
+
+def evaluate(model, seed: int) -> tuple[float, float]:
+    """Loss and accuracy of ``model`` on the held-out set of ``seed``."""
+    import keras
+    import tensorflow as tf
+
+    from ddlctl.workloads.synthetic import eval_batch
+
+    images, labels = eval_batch(seed)
+    logits = model(images, training=False)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
+    correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
+    return float(loss), float(tf.reduce_mean(tf.cast(correct, tf.float32)))
+
+
+class Checkpointer:
+    """Saves the model every quarter of the run for a side-car evaluator (``--checkpoint-dir``).
+
+    Under mwms every worker must take part in a save; only the chief writes to the shared
+    directory, the others to a scratch folder in their task directory.
+    """
+
+    def __init__(self, ctx: TaskContext, args: argparse.Namespace, model) -> None:
         import tensorflow as tf
 
-        from ddlctl.workloads.synthetic import eval_batch
+        directory = args.checkpoint_dir if ctx.is_chief else str(Path(ctx.task_dir or ".") / "ckpt-scratch")
+        self.manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), directory, max_to_keep=2)
+        self.every = max(1, args.steps // 4)
 
-        images, labels = eval_batch(self.args.seed)
-        logits = self.model(images, training=False)
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
-        correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
-        return float(loss), float(tf.reduce_mean(tf.cast(correct, tf.float32)))
+    def maybe_save(self, step: int) -> None:
+        if step % self.every == 0:
+            self.manager.save(checkpoint_number=step)
 
 
 def _dataset_fn(args: argparse.Namespace, per_worker_random_ids: bool = False):
@@ -154,8 +183,7 @@ class Progress:
         self.mark_time, self.mark_samples = now, self.samples
 
 
-def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
-             checkpoint=None) -> Trainer:
+def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> Trainer:
     """Coordinator loop: schedule steps on workers, at most two in flight per worker.
 
     A step's record runs from the previous step's completion to its own, as seen by the
@@ -166,6 +194,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
     strategy = make_strategy(ctx)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     trainer = Trainer(strategy, args, args.batch_size)
+    checkpointer = Checkpointer(ctx, args, trainer.model) if args.checkpoint_dir else None
     per_worker_ds = coordinator.create_per_worker_dataset(_dataset_fn(args, per_worker_random_ids=True))
     iterator = iter(per_worker_ds)
     window = 2 * max(1, ctx.num_workers)
@@ -185,8 +214,8 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
         recorder.record(done, last_wall, duration, args.batch_size)
         progress.step(done, loss, args.batch_size)
         last_wall, last_mono = time.time(), now_mono
-        if checkpoint is not None and done % max(1, args.steps // 4) == 0:
-            checkpoint.save(done)
+        if checkpointer is not None:
+            checkpointer.maybe_save(done)
     coordinator.join()
     return trainer
 
@@ -195,6 +224,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
                       strategy) -> Trainer:
     """mwms and single-host strategies: every step is ``strategy.run`` on all replicas."""
     trainer = Trainer(strategy, args, args.batch_size)
+    checkpointer = Checkpointer(ctx, args, trainer.model) if args.checkpoint_dir else None
     dist = strategy.distribute_datasets_from_function(_dataset_fn(args))
     iterator = iter(dist)
     local_samples = args.batch_size // max(1, ctx.num_workers) if ctx.strategy == "mwms" \
@@ -206,6 +236,8 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         duration = time.monotonic() - start
         recorder.record(step, start_wall, duration, local_samples)
         progress.step(step, loss, args.batch_size)
+        if checkpointer is not None:
+            checkpointer.maybe_save(step)
     return trainer
 
 
@@ -218,18 +250,18 @@ def run_evaluator(ctx: TaskContext, args: argparse.Namespace) -> int:
     if not args.checkpoint_dir:
         _log(ctx, "evaluator: no --checkpoint-dir / DDLCTL_CHECKPOINT_DIR, nothing to evaluate")
         return 0
-    args.checkpoint_dir = str(args.checkpoint_dir)
-    trainer_like = argparse.Namespace(model=getattr(models, args.workload)(), args=args)
-    checkpoint = tf.train.Checkpoint(model=trainer_like.model)
+    model = getattr(models, args.workload)()
+    checkpoint = tf.train.Checkpoint(model=model)
+    _log(ctx, f"evaluator: watching {args.checkpoint_dir}")
     seen = None
     while True:
         latest = tf.train.latest_checkpoint(args.checkpoint_dir)
         if latest and latest != seen:
             checkpoint.restore(latest).expect_partial()
-            loss, accuracy = Trainer.evaluate(trainer_like)  # type: ignore[arg-type]
+            loss, accuracy = evaluate(model, args.seed)
             _log(ctx, f"evaluator: {Path(latest).name} loss {loss:.4f} accuracy {accuracy:.4f}")
             seen = latest
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:

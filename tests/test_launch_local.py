@@ -1,0 +1,167 @@
+"""Real TensorFlow clusters on localhost, launched and supervised by the real ddlctl command."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROGRAMS, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
+
+pytestmark = pytest.mark.cluster
+STEPS = "40"
+
+
+def read_steps(task_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (task_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def assert_nothing_left(run_dir: Path) -> None:
+    assert processes_of_run(run_dir.name) == [], "processes of the run are still alive"
+
+
+def check_trained(run_dir: Path, tasks: list[str]) -> None:
+    for name in tasks:
+        folder = run_dir / "tasks" / name.replace(":", "-")
+        steps = read_steps(folder)
+        assert [s["step"] for s in steps] == list(range(1, int(STEPS) + 1))
+        assert {s["task"] for s in steps} == {name}
+        result = json.loads((folder / "result.json").read_text())
+        assert result["accuracy"] > 0.5, "chance is 1/8: the model must have learned"
+        assert "final loss" in (folder / "output.log").read_text()
+
+
+def test_ps_chief_two_workers_one_ps_trains(runs):
+    result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--ps", "1",
+                        "--steps", STEPS, "--run-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [t["name"] for t in plan["tasks"]] == ["chief:0", "worker:0", "worker:1", "ps:0"]
+    check_trained(run_dir, ["chief:0"])
+    # workers and ps ran ddlctl's server and were stopped when the chief finished
+    for name in ("worker-0", "worker-1", "ps-0"):
+        assert "ddlctl server:" in (run_dir / "tasks" / name / "output.log").read_text()
+    assert "[chief:0@localhost] final loss" in result.stdout
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert {t["name"]: t["state"] for t in outcome["tasks"]} == {
+        "chief:0": "succeeded", "worker:0": "stopped", "worker:1": "stopped", "ps:0": "stopped"}
+    assert "samples/s overall" in result.stdout
+    assert_nothing_left(run_dir)
+
+
+def test_mwms_two_workers_train_in_lockstep(runs):
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--steps", STEPS,
+                        "--run-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    check_trained(run_dir, ["worker:0", "worker:1"])
+    results = [json.loads((run_dir / "tasks" / f"worker-{i}" / "result.json").read_text())
+               for i in (0, 1)]
+    assert results[0]["loss"] == pytest.approx(results[1]["loss"]), "synchronous replicas agree"
+    assert read_steps(run_dir / "tasks" / "worker-0")[0]["samples"] == 32, "64 split over 2"
+    assert_nothing_left(run_dir)
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "one_device", "central_storage"])
+def test_single_host_strategies_train(runs, strategy):
+    result = run_ddlctl("launch", "--strategy", strategy, "--steps", STEPS, "--run-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    check_trained(run_dir, ["worker:0"])
+    assert json.loads((run_dir / "plan.json").read_text())["tasks"][0]["tf_config"] is None
+
+
+@pytest.mark.parametrize("strategy", ["ps", "mwms"])
+def test_model_fit_program_works_with_tf_keras(runs, strategy):
+    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--run-dir", str(runs),
+                        "--", sys.executable, str(PROGRAMS / "fit_program.py"))
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    done = [line for line in result.stdout.splitlines() if "FIT_DONE" in line]
+    assert len(done) == (1 if strategy == "ps" else 2)
+    report = json.loads(done[0].split("FIT_DONE ", 1)[1])
+    assert report["keras"].startswith("tf_keras") and report["strategy"] == strategy
+    assert report["loss"][-1] < report["loss"][0]
+    assert_nothing_left(only_run_dir(runs))
+
+
+def test_crashing_task_is_the_root_cause_and_everything_stops(runs):
+    started = time.monotonic()
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "3", "--grace", "2",
+                        "--run-dir", str(runs), "--", sys.executable,
+                        str(PROGRAMS / "crash_program.py"), timeout=120)
+    assert result.returncode == 7
+    assert time.monotonic() - started < 60
+    assert "worker:1 on localhost failed: exit code 7" in result.stderr
+    assert "RuntimeError: disk full on purpose" in result.stderr
+    run_dir = only_run_dir(runs)
+    error = json.loads((run_dir / "tasks" / "worker-1" / "error.json").read_text())
+    assert error["exit_code"] == 7 and error["traceback"][-1] == "RuntimeError: disk full on purpose"
+    assert not (run_dir / "tasks" / "worker-0" / "error.json").exists()
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    states = {t["name"]: t["state"] for t in outcome["tasks"]}
+    assert states == {"worker:0": "stopped", "worker:1": "failed", "worker:2": "stopped"}
+    assert_nothing_left(run_dir)
+
+
+def test_sigint_stops_every_task_within_10s(runs):
+    proc = subprocess.Popen(
+        ddlctl_cmd("launch", "--strategy", "ps", "--workers", "2", "--steps", "100000",
+                   "--run-dir", str(runs)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # wait until training is under way
+            if "cluster up" in line:
+                break
+        run_dir = only_run_dir(runs)
+        deadline = time.monotonic() + 60
+        while not (run_dir / "tasks" / "chief-0" / "steps.jsonl").exists():
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.2)
+        assert len(processes_of_run(run_dir.name)) >= 8, "4 tasks and their watchdogs"
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        rest = proc.communicate(timeout=30)[0]
+        gone = time.monotonic()
+        while processes_of_run(run_dir.name) and time.monotonic() - sent < 10:
+            time.sleep(0.1)
+        assert processes_of_run(run_dir.name) == []
+        assert gone - sent < 10
+        assert proc.returncode == 130
+        assert "interrupted by SIGINT" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_startup_timeout_names_the_task_that_never_joined(runs):
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--startup-timeout",
+                        "20", "--grace", "1", "--run-dir", str(runs), "--", sys.executable,
+                        str(PROGRAMS / "never_joins.py"), timeout=120)
+    assert result.returncode == 1
+    assert "startup timeout" in result.stderr
+    assert "worker:1 on localhost" in result.stderr
+    assert "worker:0 on localhost" not in result.stderr, "worker:0 did start listening"
+    assert_nothing_left(only_run_dir(runs))
+
+
+def test_two_launches_at_once_both_succeed(tmp_path):
+    procs = []
+    for i in range(2):
+        run_root = tmp_path / f"runs{i}"
+        procs.append((run_root, subprocess.Popen(
+            ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "2", "--steps", "20",
+                       "--run-dir", str(run_root)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    ports = []
+    for run_root, proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        plan = json.loads((only_run_dir(run_root) / "plan.json").read_text())
+        ports += [t["port"] for t in plan["tasks"]]
+    assert len(set(ports)) == 4
