@@ -165,3 +165,37 @@ def test_two_launches_at_once_both_succeed(tmp_path):
         plan = json.loads((only_run_dir(run_root) / "plan.json").read_text())
         ports += [t["port"] for t in plan["tasks"]]
     assert len(set(ports)) == 4
+
+
+def test_evaluator_evaluates_checkpoints_and_is_stopped_after_training(runs):
+    result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--evaluator",
+                        "--steps", "120", "--run-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    evaluator = next(t for t in plan["tasks"] if t["name"] == "evaluator:0")
+    assert evaluator["tf_config"]["task"] == {"type": "evaluator", "index": 0}
+    assert "evaluator" not in evaluator["tf_config"]["cluster"]
+    assert list((run_dir / "checkpoints").glob("ckpt-*.index")), "the chief saved checkpoints"
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert {t["name"]: t["state"] for t in outcome["tasks"]}["evaluator:0"] == "stopped"
+    assert_nothing_left(run_dir)
+
+
+def test_sigterm_to_ddlctl_stops_everything(runs):
+    proc = subprocess.Popen(
+        ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "2", "--steps", "100000",
+                   "--grace", "2", "--run-dir", str(runs)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "cluster up" in line:
+                break
+        run_id = only_run_dir(runs).name
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=30)[0]
+        assert proc.returncode == 143 and "interrupted by SIGTERM" in rest
+        assert processes_of_run(run_id) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
