@@ -83,6 +83,17 @@ def launch(
         "--legacy-keras/--no-legacy-keras",
         help="For a command under ps/mwms, set TF_USE_LEGACY_KERAS=1 so model.fit uses "
              "tf-keras (Keras 3 model.fit does not work under ps/mwms).")] = True,
+    ssh_key: Annotated[str | None, typer.Option(
+        "--ssh-key", help="Private key file for SSH hosts (default: ~/.ssh/config, ssh-agent, "
+                          "~/.ssh/id_*).", show_default=False)] = None,
+    ssh_user: Annotated[str | None, typer.Option(
+        "--ssh-user", help="Login name for SSH hosts without user@ (default: ~/.ssh/config, "
+                           "else yours).", show_default=False)] = None,
+    connect_timeout: Annotated[float, typer.Option(
+        "--connect-timeout", min=0.1, help="Seconds to wait for each SSH connection.")] = 10.0,
+    accept_new_host_keys: Annotated[bool, typer.Option(
+        "--accept-new-host-keys", help="Accept and record unknown SSH host keys in "
+                                       "~/.ssh/known_hosts (a changed key is always refused).")] = False,
     workload: Annotated[str | None, typer.Option(
         "--workload", help="Built-in workload to run when no command is given: cnn.",
         show_default=False)] = None,
@@ -105,6 +116,7 @@ def launch(
     """
     from ddlctl.launch import LaunchOptions
     from ddlctl.launch import launch as run_launch
+    from ddlctl.transport.ssh import SshOptions
 
     if json_out and not dry_run:
         _fail(UserError("--json is only available with --dry-run"))
@@ -112,7 +124,9 @@ def launch(
         hosts=hosts, template=template, strategy=strategy, workers=workers, ps=ps,
         evaluator=evaluator, run_dir=run_dir, env=tuple(env or ()),
         startup_timeout_s=startup_timeout, grace_s=grace, dry_run=dry_run, json_out=json_out,
-        legacy_keras=legacy_keras, workload=workload, steps=steps, batch_size=batch_size,
+        legacy_keras=legacy_keras, workload=workload,
+        ssh=SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
+                       accept_new_host_keys=accept_new_host_keys), steps=steps, batch_size=batch_size,
         command=tuple(command or ()),
     )
     if strategy is not None:

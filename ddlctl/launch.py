@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -10,13 +11,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from ddlctl.cluster.hostfile import load_hosts
 from ddlctl.cluster.model import Cluster, local_cluster
 from ddlctl.cluster.template import LaunchDefaults, load_template
-from ddlctl.errors import ConfigError, LaunchError
+from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
     LaunchRequest,
@@ -32,6 +34,9 @@ from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
 from ddlctl.transport.base import Transport
 from ddlctl.transport.local import LocalTransport
+
+if TYPE_CHECKING:
+    from ddlctl.transport.ssh import SshOptions
 
 DEFAULT_LOCAL_WORKERS = 2
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -54,6 +59,7 @@ class LaunchOptions:
     dry_run: bool = False
     json_out: bool = False
     legacy_keras: bool = True
+    ssh: SshOptions | None = None
     workload: str | None = None
     steps: int | None = None
     batch_size: int | None = None
@@ -122,14 +128,34 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
     )
 
 
-def make_transports(cluster: Cluster) -> dict[str, Transport]:
-    """One transport per host (local hosts only, for now)."""
+def fit_batch_to_workers(opts: LaunchOptions, request: LaunchRequest, workers: int) -> LaunchRequest:
+    """mwms splits each step's batch evenly over workers: round the default batch up to a multiple,
+    refuse a given one that does not divide (before anything starts)."""
+    if opts.command or request.strategy != "mwms" or workers <= 1:
+        return request
+    if opts.batch_size is not None:
+        if opts.batch_size % workers:
+            fitted = -(-opts.batch_size // workers) * workers
+            raise ConfigError(f"--batch-size {opts.batch_size} cannot be split evenly over {workers} mwms workers",
+                              f"use a multiple of {workers}, e.g. --batch-size {fitted}")
+        return request
+    args = list(request.workload_args)
+    index = args.index("--batch-size") + 1
+    args[index] = str(-(-int(args[index]) // workers) * workers)
+    return dataclasses.replace(request, workload_args=tuple(args))
+
+
+def make_transports(cluster: Cluster, ssh: SshOptions | None) -> dict[str, Transport]:
+    """One transport per host: local subprocesses, or one SSH connection per remote host
+    (opened in parallel; one error message names every host that could not be reached)."""
+    transports: dict[str, Transport] = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
     remote = [h for h in cluster.hosts if not h.is_local]
     if remote:
-        names = ", ".join(f"{h.label} ({h.source})" for h in remote)
-        raise LaunchError(f"remote hosts are not supported yet: {names}",
-                          "use localhost / 127.0.0.1 until the SSH transport lands")
-    return {h.label: LocalTransport(h) for h in cluster.hosts}
+        from ddlctl.transport.ssh import SshOptions, SshTransport, connect_all
+
+        connections = connect_all(remote, ssh or SshOptions())
+        transports.update({label: SshTransport(conn) for label, conn in connections.items()})
+    return transports
 
 
 def choose_ports(cluster: Cluster, request: LaunchRequest,
@@ -141,7 +167,8 @@ def choose_ports(cluster: Cluster, request: LaunchRequest,
             by_host.setdefault(placement.host.label, []).append(placement.name)
     ports: dict[str, int] = {}
     for label, names in by_host.items():
-        ports.update(zip(names, transports[label].free_ports(len(names)), strict=True))
+        if label in transports:
+            ports.update(zip(names, transports[label].free_ports(len(names)), strict=True))
     return ports
 
 
@@ -163,9 +190,19 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
             "Custom training loops are fine. To use model.fit: pip install 'ddlctl[keras]'.")
     run_id = new_run_id(strategy)
     request = build_request(opts, defaults, implicit, legacy, run_id)
-    layout(cluster, request)  # refuse impossible requests before touching any host
-    transports = make_transports(cluster)
-    ports = choose_ports(cluster, request, transports)
+    placements = layout(cluster, request)  # refuse impossible requests before touching any host
+    request = fit_batch_to_workers(opts, request, sum(p.role == "worker" for p in placements))
+    if opts.dry_run:  # touch no host: local ports are real, remote ones shown as "auto"
+        local = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
+        ports = choose_ports(cluster, request, local)
+        return make_plan(cluster, request, ports), dict(local)
+    transports = make_transports(cluster, opts.ssh)
+    try:
+        ports = choose_ports(cluster, request, transports)
+    except BaseException:
+        for transport in transports.values():
+            transport.close()
+        raise
     return make_plan(cluster, request, ports), transports
 
 
@@ -187,11 +224,21 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
                             notify=lambda msg: err.print(f"[dim]ddlctl:[/] {msg}", highlight=False))
     try:
         result = supervisor.run()
+        collect_remote_files(plan, transports)
     finally:
         for transport in transports.values():
             transport.close()
     finish(plan, result, out, err)
     return result.exit_code
+
+
+def collect_remote_files(plan: Plan, transports: dict[str, Transport]) -> None:
+    """Bring remote tasks' step, result, error and pid files into the local run directory."""
+    for task in plan.tasks:
+        transport = transports[task.host.label]
+        collect = getattr(transport, "collect", None)
+        if collect is not None:
+            collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console) -> None:

@@ -30,6 +30,9 @@ SINGLE_HOST_STRATEGIES: tuple[str, ...] = ("mirrored", "central_storage", "one_d
 MULTI_HOST_STRATEGIES: tuple[str, ...] = ("ps", "mwms")
 STRATEGIES: tuple[str, ...] = MULTI_HOST_STRATEGIES + SINGLE_HOST_STRATEGIES
 
+#: Where ddlctl keeps its files on remote hosts (``~`` is expanded on the host by the watchdog).
+REMOTE_ROOT = "~/.ddlctl"
+
 #: Env keys whose values are replaced by "***" in plan.json and --dry-run output.
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
 
@@ -327,7 +330,8 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
         tf_config = None
         if spec_cluster is not None:
             tf_config = {"cluster": spec_cluster, "task": {"type": p.role, "index": p.index}}
-        task_dir = f"{request.run_dir}/tasks/{p.role}-{p.index}"
+        task_dir = f"{request.run_dir}/tasks/{p.role}-{p.index}" if p.host.is_local \
+            else f"{REMOTE_ROOT}/runs/{request.run_id}/tasks/{p.role}-{p.index}"
         env: dict[str, str] = {
             "PYTHONUNBUFFERED": "1",
             "DDLCTL_RUN_ID": request.run_id,

@@ -10,10 +10,17 @@ Standard library only, so the same file can run on a host where ddlctl is not in
 * SIGTERM, SIGINT or SIGHUP to the watchdog itself also terminate the task (TERM, grace, KILL).
 * When the task exits, anything left in its process group is killed, and the watchdog exits with
   the task's status: the same exit code, or killed by the same signal.
+
+Remote form: ``python -c SOURCE --spec BASE64_JSON`` where the JSON carries ``argv``, ``env``,
+``unset``, ``cwd``, ``pidfile``, ``status_file`` and ``grace``. Arguments and environment travel
+base64-encoded, so nothing in them is ever seen, split or expanded by a shell. ``~`` in paths is
+expanded here, on the task's host. The status file records the exit code or signal, because SSH
+reports a signal death as a bare exit status.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -40,11 +47,13 @@ def _child_setup() -> None:
 
 
 class Watchdog:
-    def __init__(self, argv: list[str], grace: float) -> None:
+    def __init__(self, argv: list[str], grace: float, env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> None:
         self.grace = grace
         self.lock = threading.Lock()
         self.kill_timer: threading.Timer | None = None
-        self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+        self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_child_setup,
+                                      env=env, cwd=cwd)
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -88,6 +97,26 @@ class Watchdog:
         return status
 
 
+def _expand(path: str | None) -> str | None:
+    return None if path is None else os.path.expanduser(path)
+
+
+def parse_spec(encoded: str) -> dict:
+    """Decode ``--spec``: paths expanded on this host, environment merged over ours."""
+    spec = json.loads(base64.urlsafe_b64decode(encoded.encode()).decode("utf-8"))
+    env = dict(os.environ)
+    for key in spec.get("unset", []):
+        env.pop(key, None)
+    for key, value in spec.get("env", {}).items():
+        env[key] = os.path.expanduser(value) if key in ("DDLCTL_TASK_DIR", "DDLCTL_CHECKPOINT_DIR") else value
+    if spec.get("pythonpath"):
+        path = os.path.expanduser(spec["pythonpath"])
+        env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return {"argv": spec["argv"], "env": env, "cwd": _expand(spec.get("cwd")),
+            "pidfile": _expand(spec.get("pidfile")), "status_file": _expand(spec.get("status_file")),
+            "grace": float(spec.get("grace", 5.0)), "mkdirs": [_expand(d) for d in spec.get("mkdirs", [])]}
+
+
 def parse(argv: list[str]) -> tuple[float, str | None, list[str]]:
     grace, pidfile = 5.0, None
     if "--" not in argv:
@@ -108,23 +137,41 @@ def parse(argv: list[str]) -> tuple[float, str | None, list[str]]:
     return grace, pidfile, cmd
 
 
+def _write_json(path: str, record: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(record, handle)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> None:
-    grace, pidfile, cmd = parse(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    env = cwd = status_file = None
+    if args[:1] == ["--spec"] and len(args) == 2:
+        spec = parse_spec(args[1])
+        grace, pidfile, cmd = spec["grace"], spec["pidfile"], spec["argv"]
+        env, cwd, status_file = spec["env"], spec["cwd"], spec["status_file"]
+        for folder in spec["mkdirs"]:
+            os.makedirs(folder, exist_ok=True)
+    else:
+        grace, pidfile, cmd = parse(args)
     with contextlib.suppress(OSError):  # already a session leader (start_new_session, sshd)
         os.setsid()
     try:
-        watchdog = Watchdog(cmd, grace)
+        watchdog = Watchdog(cmd, grace, env, cwd)
     except OSError as exc:
-        print(f"ddlctl: cannot start {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        what = f"cannot start {cmd[0]!r}" if not (cwd and not os.path.isdir(cwd)) \
+            else f"working directory {cwd!r} does not exist"
+        print(f"ddlctl: {what}: {exc.strerror or exc}", file=sys.stderr, flush=True)
         sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
     if pidfile:
-        record = {"watchdog_pid": os.getpid(), "watchdog_pgid": os.getpgid(0),
-                  "task_pid": watchdog.child.pid, "task_pgid": watchdog.child.pid}
-        tmp = f"{pidfile}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump(record, handle)
-        os.replace(tmp, pidfile)
+        _write_json(pidfile, {"watchdog_pid": os.getpid(), "watchdog_pgid": os.getpgid(0),
+                              "task_pid": watchdog.child.pid, "task_pgid": watchdog.child.pid,
+                              "ssh_connection": os.environ.get("SSH_CONNECTION")})
     status = watchdog.run()
+    if status_file:
+        _write_json(status_file, {"code": status if status >= 0 else None,
+                                  "signal": -status if status < 0 else None})
     sys.stdout.flush()
     sys.stderr.flush()
     if status < 0:  # die of the same signal, so the parent sees what the task saw

@@ -1,0 +1,399 @@
+"""SSH transport (paramiko): one connection per host, opened in parallel, reused for its tasks.
+
+Connections honour ``~/.ssh/config`` (Host aliases, HostName, User, Port, IdentityFile), the
+ssh-agent and ``--ssh-key``. Host keys are checked against ``~/.ssh/known_hosts``; unknown keys
+are refused unless ``accept_new_host_keys`` (like ``StrictHostKeyChecking=accept-new``), and a
+changed key is always refused. Every failure names the host and a reason a person can act on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from ddlctl.cluster.model import Host
+from ddlctl.errors import LaunchError
+from ddlctl.planning.plan import TaskSpec
+from ddlctl.transport.base import ExitStatus
+from ddlctl.transport.remote import (
+    FREE_PORTS_SNIPPET,
+    bundle_path,
+    code_bundle,
+    shell_command,
+    watchdog_command,
+)
+
+DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+
+# paramiko logs every refused port probe as a warning; ddlctl reports failures itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+_known_hosts_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to connect: ``--ssh-key``, ``--ssh-user``, ``--connect-timeout``, host-key policy."""
+
+    key_file: str | None = None
+    user: str | None = None
+    connect_timeout_s: float = 10.0
+    accept_new_host_keys: bool = False
+    known_hosts: str = "~/.ssh/known_hosts"
+    ssh_config: str = "~/.ssh/config"
+    max_parallel: int = 32
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a host really is after ``~/.ssh/config``: address, port, user, identity files."""
+
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]
+
+
+def resolve_target(host: Host, options: SshOptions) -> Target:
+    """Apply ``~/.ssh/config`` to a host (explicit hosts-file values win)."""
+    config: dict[str, object] = {}
+    path = Path(options.ssh_config).expanduser()
+    if path.is_file():
+        config = paramiko.SSHConfig.from_path(str(path)).lookup(host.name)
+    port = host.port if host.port != 22 else int(str(config.get("port", 22)))
+    user = host.user or options.user or str(config.get("user") or getpass.getuser())
+    keys: tuple[str, ...] = ()
+    if options.key_file:
+        keys = (str(Path(options.key_file).expanduser()),)
+    elif config.get("identityfile"):
+        keys = tuple(str(Path(k).expanduser()) for k in config["identityfile"])  # type: ignore[union-attr]
+    return Target(hostname=str(config.get("hostname", host.name)), port=port, user=user, key_files=keys)
+
+
+def _known_hosts_entry(hostname: str, port: int) -> str:
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Accept and record an unknown key (a changed key still fails: paramiko raises before)."""
+
+    def __init__(self, known_hosts: Path, port: int) -> None:
+        self.known_hosts = known_hosts
+        self.port = port
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        entry = hostname if hostname.startswith("[") else _known_hosts_entry(hostname, self.port)
+        client.get_host_keys().add(entry, key.get_name(), key)
+        with _known_hosts_lock:
+            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self.known_hosts.open("a") as handle:
+                handle.write(f"{entry} {key.get_name()} {key.get_base64()}\n")
+
+
+def _tried_keys(target: Target) -> str:
+    keys = list(target.key_files) or [str(Path("~/.ssh").expanduser() / k) for k in DEFAULT_KEYS
+                                      if (Path("~/.ssh").expanduser() / k).exists()]
+    agent = "ssh-agent" if os.environ.get("SSH_AUTH_SOCK") else "no ssh-agent"
+    return (", ".join(keys) or "no key files") + f"; {agent}"
+
+
+def describe_connect_error(host: Host, target: Target, exc: BaseException, timeout: float) -> str:
+    """A reason a person can act on, for an exception raised while connecting."""
+    where = f"{target.user}@{target.hostname}:{target.port}"
+    if isinstance(exc, socket.gaierror):
+        return f"host name {target.hostname!r} could not be resolved ({exc.strerror})"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (f"host key for {where} has CHANGED (got {exc.key.get_name()} "
+                f"{exc.key.get_fingerprint().hex()}); refusing to connect. If the host was "
+                f"reinstalled, remove the old key: ssh-keygen -R "
+                f"'{_known_hosts_entry(target.hostname, target.port)}'")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"authentication failed for user {target.user!r} at {where} (tried: {_tried_keys(target)})"
+    if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
+        return (f"host key of {where} is unknown (not in known_hosts); verify it and connect once "
+                f"with ssh, or pass --accept-new-host-keys")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"connection refused at {where} (is sshd running on port {target.port}?)"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused at {where} (is sshd running on port {target.port}?)"
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return f"timed out after {timeout:g}s connecting to {where} (host down or port filtered?)"
+    if isinstance(exc, OSError):
+        return f"cannot connect to {where}: {exc.strerror or exc}"
+    return f"SSH error with {where}: {exc}"
+
+
+class SshConnection:
+    """An open SSH connection to one host, with helpers to run short commands and copy files."""
+
+    def __init__(self, host: Host, target: Target, client: paramiko.SSHClient) -> None:
+        self.host = host
+        self.target = target
+        self.client = client
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise LaunchError(f"{self.host.label}: the SSH connection was lost")
+        return transport
+
+    def sftp(self) -> paramiko.SFTPClient:
+        with self._lock:
+            if self._sftp is None:
+                self._sftp = self.client.open_sftp()
+            return self._sftp
+
+    def run(self, argv: Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
+        """Run a short command; (exit status, stdout, stderr)."""
+        channel = self.transport.open_session(timeout=timeout)
+        channel.settimeout(timeout)
+        channel.exec_command(shell_command(argv))
+        out = channel.makefile("rb").read().decode("utf-8", "replace")
+        err = channel.makefile_stderr("rb").read().decode("utf-8", "replace")
+        return channel.recv_exit_status(), out, err
+
+    def home(self) -> str:
+        return self.sftp().normalize(".")
+
+    def expand(self, path: str) -> str:
+        """``~/x`` -> absolute path on the host (SFTP paths are not shell-expanded)."""
+        if path == "~" or path.startswith("~/"):
+            return self.home() + path[1:]
+        return path
+
+    def makedirs(self, path: str) -> None:
+        sftp = self.sftp()
+        current = ""
+        for part in self.expand(path).split("/"):
+            current = f"{current}/{part}" if current or part else ""
+            if not part:
+                continue
+            try:
+                sftp.stat(current)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):  # a concurrent launch may have made it
+                    sftp.mkdir(current)
+
+    def ensure_bundle(self) -> str:
+        """Upload ddlctl's code zip if this exact version is not on the host yet; its path."""
+        remote = self.expand(bundle_path())
+        sftp = self.sftp()
+        try:
+            sftp.stat(remote)
+            return remote
+        except FileNotFoundError:
+            pass
+        self.makedirs(remote.rsplit("/", 1)[0])
+        _, data = code_bundle()
+        tmp = f"{remote}.{os.getpid()}.tmp"
+        with sftp.open(tmp, "wb") as handle:
+            handle.write(data)
+        sftp.posix_rename(tmp, remote)
+        return remote
+
+    def read_json(self, path: str) -> dict | None:
+        try:
+            with self.sftp().open(self.expand(path), "rb") as handle:
+                return json.loads(handle.read().decode("utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def fetch_dir(self, remote_dir: str, local_dir: Path) -> list[str]:
+        """Copy the plain files of ``remote_dir`` into ``local_dir`` (never overwriting output.log)."""
+        sftp = self.sftp()
+        fetched = []
+        try:
+            entries = sftp.listdir(self.expand(remote_dir))
+        except OSError:
+            return fetched
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for name in entries:
+            if name == "output.log" or name.endswith(".tmp"):
+                continue
+            with contextlib.suppress(OSError):
+                sftp.get(f"{self.expand(remote_dir)}/{name}", str(local_dir / name))
+                fetched.append(name)
+        return fetched
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._sftp is not None:
+                self._sftp.close()
+        self.client.close()
+
+
+def connect(host: Host, options: SshOptions) -> SshConnection:
+    """Open one connection; raises :class:`LaunchError` naming the host and the reason."""
+    target = resolve_target(host, options)
+    client = paramiko.SSHClient()
+    known_hosts = Path(options.known_hosts).expanduser()
+    if known_hosts.is_file():
+        client.load_host_keys(str(known_hosts))
+    if options.accept_new_host_keys:
+        client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts, target.port))
+    else:
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    timeout = options.connect_timeout_s
+    try:
+        client.connect(target.hostname, port=target.port, username=target.user,
+                       key_filename=list(target.key_files) or None, timeout=timeout,
+                       banner_timeout=timeout, auth_timeout=timeout, allow_agent=True,
+                       look_for_keys=not target.key_files)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a message for a person
+        client.close()
+        raise LaunchError(f"{host.label} ({host.source}): "
+                          f"{describe_connect_error(host, target, exc, timeout)}") from None
+    client.get_transport().set_keepalive(5)  # type: ignore[union-attr]
+    return SshConnection(host, target, client)
+
+
+def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConnection]:
+    """Connect to every host in parallel (bounded). If any fails, close the rest and raise one
+    :class:`LaunchError` that names every failing host and why."""
+    results: dict[str, SshConnection] = {}
+    failures: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(options.max_parallel, len(hosts)))) as pool:
+        futures = {host.label: pool.submit(connect, host, options) for host in hosts}
+        for label, future in futures.items():
+            try:
+                results[label] = future.result()
+            except LaunchError as exc:
+                failures.append(exc.message)
+    if failures:
+        for conn in results.values():
+            conn.close()
+        noun = "host" if len(failures) == 1 else "hosts"
+        raise LaunchError(f"cannot reach {len(failures)} {noun}:\n  " + "\n  ".join(failures))
+    return results
+
+
+class SshProcess:
+    """A task running behind its watchdog in an SSH session (stdin: the watchdog's control)."""
+
+    def __init__(self, spec: TaskSpec, conn: SshConnection, channel: paramiko.Channel,
+                 pidfile: str, status_file: str) -> None:
+        self.spec = spec
+        self.conn = conn
+        self.channel = channel
+        self.pidfile = pidfile
+        self.status_file = status_file
+        self._status: ExitStatus | None = None
+        self._pids: dict[str, object] | None = None
+
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
+    def read(self) -> bytes | None:
+        try:
+            return self.channel.recv(65536)
+        except TimeoutError:
+            return None
+
+    def poll(self) -> ExitStatus | None:
+        if self._status is None and self.channel.exit_status_ready():
+            code = self.channel.recv_exit_status()
+            record = self.conn.read_json(self.status_file) if self.conn.client.get_transport() else None
+            if record and record.get("signal"):
+                self._status = ExitStatus(signal=int(record["signal"]))
+            elif record and record.get("code") is not None:
+                self._status = ExitStatus(code=int(record["code"]))
+            else:
+                # No status file: the watchdog itself was killed, or the connection dropped.
+                self._status = ExitStatus(code=code if code >= 0 else 255)
+        return self._status
+
+    def send(self, sig: str) -> None:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            self.channel.sendall(sig.encode() + b"\n")
+
+    def force_kill(self) -> None:
+        pids = self.pids()
+        groups = [str(pids[k]) for k in ("task_pgid", "watchdog_pgid") if pids.get(k)]
+        if groups:
+            with contextlib.suppress(Exception):
+                self.conn.run(["kill", "-KILL", "--", *[f"-{g}" for g in groups]], timeout=10)
+        with contextlib.suppress(Exception):
+            self.channel.close()
+
+    def pids(self) -> dict[str, object]:
+        if self._pids is None:
+            record = self.conn.read_json(self.pidfile)
+            if record is None:
+                return {"pidfile": self.pidfile}
+            self._pids = {**record, "pidfile": self.pidfile}
+        return self._pids
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.close()
+
+
+class SshTransport:
+    """Runs tasks on one remote host through its :class:`SshConnection`."""
+
+    def __init__(self, conn: SshConnection) -> None:
+        self.conn = conn
+        self.host = conn.host
+        self._bundle: str | None = None
+
+    @property
+    def python(self) -> str:
+        return self.host.python or "python3"
+
+    def free_ports(self, count: int) -> list[int]:
+        status, out, err = self.conn.run([self.python, "-c", FREE_PORTS_SNIPPET, str(count)])
+        if status != 0:
+            raise LaunchError(f"{self.host.label}: cannot run {self.python!r} to choose ports "
+                              f"(exit {status}): {err.strip()[-300:]}",
+                              f"install Python 3 there or set python= for this host ({self.host.source})")
+        return [int(p) for p in json.loads(out)]
+
+    def start(self, spec: TaskSpec, grace_s: float) -> SshProcess:
+        if self._bundle is None:
+            self._bundle = self.conn.ensure_bundle()
+        pidfile = f"{spec.task_dir}/pid.json"
+        status_file = f"{spec.task_dir}/exit.json"
+        command = watchdog_command(self.python, {
+            "argv": list(spec.argv), "env": dict(spec.env), "unset": list(spec.unset_env),
+            "cwd": spec.workdir, "pidfile": pidfile, "status_file": status_file, "grace": grace_s,
+            "pythonpath": self._bundle, "mkdirs": [spec.task_dir],
+        })
+        try:
+            channel = self.conn.transport.open_session(timeout=30)
+            channel.set_combine_stderr(True)
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError) as exc:
+            raise LaunchError(f"{spec.name} on {self.host.label}: cannot start over SSH: {exc}") from None
+        channel.settimeout(0.0)
+        return SshProcess(spec, self.conn, channel, pidfile, status_file)
+
+    def port_open(self, port: int) -> bool:
+        try:
+            channel = self.conn.transport.open_channel("direct-tcpip", ("localhost", port),
+                                                       ("127.0.0.1", 0), timeout=5)
+        except (paramiko.SSHException, OSError):
+            return False
+        channel.close()
+        return True
+
+    def collect(self, spec: TaskSpec, local_dir: Path) -> list[str]:
+        """Copy the task's files (steps, results, error/exit/pid records) into the run directory."""
+        return self.conn.fetch_dir(spec.task_dir, local_dir)
+
+    def close(self) -> None:
+        self.conn.close()
+
