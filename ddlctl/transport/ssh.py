@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -108,9 +109,14 @@ def _tried_keys(target: Target) -> str:
     return (", ".join(keys) or "no key files") + f"; {agent}"
 
 
-def describe_connect_error(host: Host, target: Target, exc: BaseException, timeout: float) -> str:
+def describe_connect_error(host: Host, target: Target, exc: BaseException, timeout: float,
+                           elapsed: float = 0.0) -> str:
     """A reason a person can act on, for an exception raised while connecting."""
     where = f"{target.user}@{target.hostname}:{target.port}"
+    silent = "banner" in str(exc) or "No existing session" in str(exc) or isinstance(exc, EOFError)
+    if silent and elapsed >= 0.9 * timeout:
+        return (f"timed out after {timeout:g}s waiting for an SSH answer from {where} (something "
+                f"listens there but does not speak SSH, or the host is overloaded)")
     if isinstance(exc, socket.gaierror):
         return f"host name {target.hostname!r} could not be resolved ({exc.strerror})"
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -248,6 +254,7 @@ def connect(host: Host, options: SshOptions) -> SshConnection:
     else:
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
     timeout = options.connect_timeout_s
+    started = time.monotonic()
     try:
         client.connect(target.hostname, port=target.port, username=target.user,
                        key_filename=list(target.key_files) or None, timeout=timeout,
@@ -256,7 +263,8 @@ def connect(host: Host, options: SshOptions) -> SshConnection:
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message for a person
         client.close()
         raise LaunchError(f"{host.label} ({host.source}): "
-                          f"{describe_connect_error(host, target, exc, timeout)}") from None
+                          f"{describe_connect_error(host, target, exc, timeout, time.monotonic() - started)}"
+                          ) from None
     client.get_transport().set_keepalive(5)  # type: ignore[union-attr]
     return SshConnection(host, target, client)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 IMAGE_SIZE = 24
 CHANNELS = 3
 CLASSES = 8
-SIGNAL = 0.2  # template amplitude relative to unit noise
+SIGNAL = 0.3  # template amplitude relative to unit noise
 EVAL_OFFSET = 1 << 40  # sample ids of the held-out set start here
 
 

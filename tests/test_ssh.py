@@ -1,0 +1,199 @@
+"""Launching over SSH against real OpenSSH servers on loopback addresses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
+from tests.sshd import SshTestCluster, _keygen, free_port, sshd_available
+
+pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs root and openssh-server")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    hosts = SshTestCluster(tmp_path_factory.mktemp("ssh"), 3)
+    yield hosts
+    hosts.stop()
+
+
+@pytest.fixture
+def hosts_file(cluster, tmp_path):
+    return cluster.hosts_file(tmp_path / "hosts.txt")
+
+
+def ssh_launch(cluster, *args, timeout=300, home=None):
+    env = cluster.env
+    if home is not None:
+        env["HOME"] = str(home)
+    return run_ddlctl("launch", *args, timeout=timeout, env=env)
+
+
+def server_address(pid_json: Path) -> str:
+    """``127.0.0.3 2222`` part of SSH_CONNECTION recorded by the task's watchdog."""
+    client_ip, client_port, server_ip, server_port = json.loads(pid_json.read_text())["ssh_connection"].split()
+    return f"{server_ip}:{server_port}"
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", ["mwms", "ps"])
+def test_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs, strategy):
+    result = ssh_launch(cluster, "--hosts", str(hosts_file), "--strategy", strategy, "--steps", "30",
+                        "--run-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    expected = {h.address for h in cluster.hosts}
+    seen = set()
+    for task in plan["tasks"]:
+        folder = run_dir / "tasks" / task["name"].replace(":", "-")
+        # each task came in through the sshd of the host it was planned on
+        assert server_address(folder / "pid.json") == task["host"]
+        seen.add(task["host"].split(":")[0])
+        assert (folder / "output.log").stat().st_size > 0
+    assert seen == expected
+    trainer = "chief-0" if strategy == "ps" else "worker-2"
+    steps = (run_dir / "tasks" / trainer / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == 30, "step files come back from the remote host"
+    assert json.loads((run_dir / "tasks" / trainer / "result.json").read_text())["accuracy"] > 0.2
+    assert processes_of_run(run_dir.name) == []
+
+
+HOSTILE = ["two words", "it's", 'say "hi"', "$(touch {marker})", "`touch {marker}`",
+           "; touch {marker}", "line1\nline2", "ünïcødé ✓", "", "$HOME", "*", "\\", "-", "--x=y"]
+
+
+def test_hostile_arguments_arrive_byte_identical_and_nothing_runs(cluster, tmp_path, runs):
+    marker = tmp_path / "pwned"
+    args = [a.format(marker=marker) for a in HOSTILE]
+    hosts = cluster.hosts_file(tmp_path / "one.txt", cluster.hosts[:1])
+    program = "import json, os, sys; print('ARGS' + json.dumps([sys.argv[1:], os.environ['HOSTILE']]))"
+    result = ssh_launch(cluster, "--hosts", str(hosts), "--strategy", "one_device", "--run-dir", str(runs),
+                        "--env", f"HOSTILE={args[3]} {args[6]} {args[1]}",
+                        "--", sys.executable, "-c", program, *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = next(line for line in result.stdout.splitlines() if "ARGS" in line)
+    received, env_value = json.loads(line.split("ARGS", 1)[1])
+    assert received == args
+    assert env_value == f"{args[3]} {args[6]} {args[1]}"
+    assert not marker.exists()
+
+
+def _fails_fast(result, started, fragments, limit):
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - started < limit
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_unknown_host_key_refused_then_accepted_and_recorded(cluster, tmp_path, runs):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_bytes(cluster.user_key.read_bytes())
+    (home / ".ssh" / "id_ed25519").chmod(0o600)
+    host = cluster.hosts[0]
+    hosts = cluster.hosts_file(tmp_path / "one.txt", [host])
+    started = time.monotonic()
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+                        "--", "true", home=home)
+    _fails_fast(result, started, [f"{host.address}", "unknown", "--accept-new-host-keys"], 30)
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+                        "--accept-new-host-keys", "--", "true", home=home)
+    assert result.returncode == 0, result.stderr
+    recorded = (home / ".ssh" / "known_hosts").read_text()
+    assert host.known_hosts_entry.rsplit(" ", 1)[1] in recorded
+    assert f"[{host.address}]:{host.port}" in recorded
+
+
+def test_changed_host_key_is_always_refused(cluster, tmp_path, runs):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_bytes(cluster.user_key.read_bytes())
+    (home / ".ssh" / "id_ed25519").chmod(0o600)
+    other = _keygen(tmp_path / "impostor").split()
+    host = cluster.hosts[0]
+    (home / ".ssh" / "known_hosts").write_text(f"[{host.address}]:{host.port} {other[0]} {other[1]}\n")
+    hosts = cluster.hosts_file(tmp_path / "one.txt", [host])
+    started = time.monotonic()
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+                        "--accept-new-host-keys", "--", "true", home=home)
+    _fails_fast(result, started, ["CHANGED", "ssh-keygen -R"], 30)
+
+
+def test_wrong_user_key_names_user_and_keys(cluster, tmp_path, runs):
+    wrong = tmp_path / "wrong_key"
+    _keygen(wrong)
+    hosts = cluster.hosts_file(tmp_path / "one.txt", cluster.hosts[:1])
+    started = time.monotonic()
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+                        "--ssh-key", str(wrong), "--", "true")
+    _fails_fast(result, started, ["authentication failed for user 'root'", str(wrong)], 30)
+
+
+def test_closed_port_silent_server_and_unknown_name_each_say_why(cluster, tmp_path, runs):
+    closed = free_port("127.0.0.2")
+    silent = socket.socket()
+    silent.bind(("127.0.0.5", 0))
+    silent.listen(8)  # accepts, never speaks SSH: the banner never comes
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True).start()
+    hosts = tmp_path / "bad.txt"
+    hosts.write_text(f"127.0.0.2 port={closed}\n127.0.0.5 port={silent.getsockname()[1]}\n"
+                     "no-such-host.invalid\n")
+    started = time.monotonic()
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "mwms", "--connect-timeout", "3",
+                        "--run-dir", str(runs), "--", "true")
+    _fails_fast(result, started, ["cannot reach 3 hosts", f"connection refused at root@127.0.0.2:{closed}",
+                                  "timed out after 3s", "'no-such-host.invalid' could not be resolved",
+                                  f"{hosts}:1", f"{hosts}:2", f"{hosts}:3"], 20)
+    silent.close()
+
+
+@pytest.mark.cluster
+def test_sigkill_to_ddlctl_leaves_nothing_on_any_host(cluster, hosts_file, runs):
+    proc = subprocess.Popen(
+        ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "1000000",
+                   "--run-dir", str(runs)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
+    try:
+        for line in proc.stdout:
+            if "cluster up" in line:
+                break
+        run_id = only_run_dir(runs).name
+        assert len(processes_of_run(run_id)) >= 3
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed = time.monotonic()
+        while processes_of_run(run_id) and time.monotonic() - killed < 15:
+            time.sleep(0.2)
+        assert processes_of_run(run_id) == [], "tasks survived the controller's death"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.cluster
+def test_two_runs_on_the_same_hosts_do_not_disturb_each_other(cluster, hosts_file, tmp_path):
+    procs = []
+    for i in range(2):
+        procs.append((tmp_path / f"r{i}", subprocess.Popen(
+            ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "20",
+                       "--run-dir", str(tmp_path / f"r{i}")),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)))
+    ports = set()
+    for root, proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        plan = json.loads((only_run_dir(root) / "plan.json").read_text())
+        ports |= {(t["host"], t["port"]) for t in plan["tasks"]}
+    assert len(ports) == 6
