@@ -164,3 +164,56 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C outside the supervisor (e.g. while planning)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+@app.command()
+def check(
+    hosts: Annotated[str | None, typer.Option("--hosts", help="Hosts file to check.", show_default=False)] = None,
+    template: Annotated[str | None, typer.Option("--template", help="YAML cluster template to check.",
+                                                 show_default=False)] = None,
+    ssh_key: Annotated[str | None, typer.Option("--ssh-key", help="Private key file for SSH hosts.",
+                                                show_default=False)] = None,
+    ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="Login name for SSH hosts without user@.",
+                                                 show_default=False)] = None,
+    connect_timeout: Annotated[float, typer.Option("--connect-timeout", min=0.1,
+                                                   help="Seconds to wait for each SSH connection.")] = 10.0,
+    accept_new_host_keys: Annotated[bool, typer.Option(
+        "--accept-new-host-keys", help="Accept and record unknown SSH host keys.")] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print the reports as JSON on stdout, nothing else.")] = False,
+) -> None:
+    """Pre-flight every host in parallel: reachable (or why not), Python, ddlctl, TensorFlow,
+    tf-keras, GPUs (NVML) and free ports. Exits 1 when any host is unusable."""
+    from ddlctl.check import check as run_check
+    from ddlctl.transport.ssh import SshOptions
+
+    ssh = SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
+                     accept_new_host_keys=accept_new_host_keys)
+    try:
+        code = run_check(hosts, template, ssh, json_out, Console(soft_wrap=False))
+    except UserError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+@app.command()
+def stop(
+    run_dir: Annotated[str, typer.Argument(help="The run directory (runs/<run-id>) whose processes to kill.")],
+    ssh_key: Annotated[str | None, typer.Option("--ssh-key", help="Private key file for SSH hosts.",
+                                                show_default=False)] = None,
+    ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="Login name for SSH hosts without user@.",
+                                                 show_default=False)] = None,
+    connect_timeout: Annotated[float, typer.Option("--connect-timeout", min=0.1,
+                                                   help="Seconds to wait for each SSH connection.")] = 10.0,
+) -> None:
+    """Kill whatever of a run is still alive on every host of its plan (e.g. after the controller
+    was killed). Processes are found by the run id in their environment, never by name."""
+    from ddlctl.stop import stop as run_stop
+    from ddlctl.transport.ssh import SshOptions
+
+    ssh = SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout)
+    try:
+        code = run_stop(run_dir, ssh, Console())
+    except UserError as exc:
+        _fail(exc)
+    raise typer.Exit(code)

@@ -27,6 +27,7 @@ from ddlctl.planning.plan import (
     make_plan,
     needs_port,
 )
+from ddlctl.preflight import probe_transports, require_usable
 from ddlctl.report.render import render_failure, render_plan, render_summary
 from ddlctl.report.summary import summarize
 from ddlctl.rundir import new_run_id, write_plan
@@ -78,16 +79,17 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def load_cluster(opts: LaunchOptions) -> tuple[Cluster, LaunchDefaults, bool]:
+def load_cluster(hosts: str | None, template: str | None,
+                 local_slots: int = DEFAULT_LOCAL_WORKERS) -> tuple[Cluster, LaunchDefaults, bool]:
     """The cluster from --hosts or --template, or this machine; and whether it is implicit."""
-    if opts.hosts and opts.template:
+    if hosts and template:
         raise ConfigError("give --hosts or --template, not both")
-    if opts.hosts:
-        return load_hosts(opts.hosts), LaunchDefaults(), False
-    if opts.template:
-        template = load_template(opts.template)
-        return template.cluster, template.defaults, False
-    return local_cluster(slots=opts.workers or DEFAULT_LOCAL_WORKERS), LaunchDefaults(), True
+    if hosts:
+        return load_hosts(hosts), LaunchDefaults(), False
+    if template:
+        loaded = load_template(template)
+        return loaded.cluster, loaded.defaults, False
+    return local_cluster(slots=local_slots), LaunchDefaults(), True
 
 
 def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
@@ -179,7 +181,7 @@ def tf_keras_available() -> bool:
 
 def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Transport]]:
     """Cluster, request, ports and plan: everything before processes start."""
-    cluster, defaults, implicit = load_cluster(opts)
+    cluster, defaults, implicit = load_cluster(opts.hosts, opts.template, opts.workers or DEFAULT_LOCAL_WORKERS)
     strategy = opts.strategy or defaults.strategy or "mwms"
     legacy = opts.legacy_keras
     if opts.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
@@ -198,6 +200,8 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
         return make_plan(cluster, request, ports), dict(local)
     transports = make_transports(cluster, opts.ssh)
     try:
+        probed = [h for h in cluster.hosts if not h.is_local or h.python]
+        require_usable(probe_transports(transports, probed))
         ports = choose_ports(cluster, request, transports)
     except BaseException:
         for transport in transports.values():

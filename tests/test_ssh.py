@@ -197,3 +197,58 @@ def test_two_runs_on_the_same_hosts_do_not_disturb_each_other(cluster, hosts_fil
         plan = json.loads((only_run_dir(root) / "plan.json").read_text())
         ports |= {(t["host"], t["port"]) for t in plan["tasks"]}
     assert len(ports) == 6
+
+
+def test_check_reports_every_host_and_fails_on_unusable_ones(cluster, tmp_path):
+    system_python = Path("/usr/bin/python3")
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt", cluster.hosts[:1])
+    closed = free_port("127.0.0.2")
+    extra = [f"127.0.0.2 port={closed}", f"root@{cluster.hosts[1].address} port={cluster.hosts[1].port} "
+             "python=/no/such/python"]
+    hosts.write_text(hosts.read_text() + "localhost\n" + "\n".join(extra) + "\n")
+    result = run_ddlctl("check", "--hosts", str(hosts), "--json", env=cluster.env, timeout=120)
+    assert result.returncode == 1, result.stderr
+    reports = {r["host"]: r for r in json.loads(result.stdout)}
+    good = reports[f"{cluster.hosts[0].address}:{cluster.hosts[0].port}"]
+    assert good["usable"] and good["tensorflow"] and good["python"].startswith("3.")
+    assert good["gpus"] == [] and "no NVIDIA GPU" in good["gpu_note"]
+    assert good["ddlctl_installed"] == good["controller_ddlctl"]
+    assert reports["localhost"]["usable"]
+    assert "connection refused" in reports[f"127.0.0.2:{closed}"]["problems"][0]
+    missing = reports[f"root@{cluster.hosts[1].address}:{cluster.hosts[1].port}"]
+    assert "'/no/such/python' not found on the host" in missing["problems"][0]
+    if system_python.exists() and subprocess.run([str(system_python), "-c", "import tensorflow"],
+                                                 capture_output=True).returncode != 0:
+        hosts.write_text(f"root@{cluster.hosts[2].address} port={cluster.hosts[2].port} python={system_python}\n")
+        result = run_ddlctl("launch", "--hosts", str(hosts), "-s", "one_device", env=cluster.env, timeout=120)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert f"TensorFlow is not installed for {system_python}" in result.stderr
+
+
+@pytest.mark.cluster
+def test_stop_kills_a_run_whose_controller_is_frozen(cluster, hosts_file, runs):
+    proc = subprocess.Popen(
+        ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "1000000",
+                   "--run-dir", str(runs)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
+    try:
+        for line in proc.stdout:
+            if "cluster up" in line:
+                break
+        run_dir = only_run_dir(runs)
+        proc.send_signal(signal.SIGSTOP)  # connections stay open: the watchdogs keep their tasks
+        time.sleep(1.0)
+        assert len(processes_of_run(run_dir.name)) >= 3
+        unrelated = subprocess.Popen(["sleep", "300"], env={"DDLCTL_RUN_ID": "some-other-run"})
+        result = run_ddlctl("stop", str(run_dir), env=cluster.env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.count("killed") == 3
+        deadline = time.monotonic() + 10
+        while processes_of_run(run_dir.name) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_of_run(run_dir.name) == []
+        assert unrelated.poll() is None, "another run's process was touched"
+        unrelated.kill()
+    finally:
+        proc.kill()
+        proc.wait()

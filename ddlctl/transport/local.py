@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -110,6 +111,22 @@ class LocalTransport:
             raise LaunchError(f"{spec.name} on {self.host.label}: cannot start the watchdog "
                               f"({self.python}): {exc}") from None
         return LocalProcess(spec, popen)
+
+    def probe(self) -> dict[str, object]:
+        """Facts from ``ddlctl.runtime.probe`` run by the host's Python (this ddlctl on its path)."""
+        python = self.host.python or self.python
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": package_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        try:
+            done = subprocess.run([python, "-m", "ddlctl.runtime.probe"], capture_output=True, text=True,
+                                  timeout=60, env=env)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LaunchError(f"{self.host.label}: cannot run {python!r}: {exc}",
+                              f"fix python= for this host ({self.host.source})") from None
+        if done.returncode != 0:
+            raise LaunchError(f"{self.host.label}: {python!r} failed to run the host probe: "
+                              f"{done.stderr.strip()[-300:]}")
+        return json.loads(done.stdout)
 
     def port_open(self, port: int) -> bool:
         try:

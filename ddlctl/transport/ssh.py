@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -205,10 +206,19 @@ class SshConnection:
             pass
         self.makedirs(remote.rsplit("/", 1)[0])
         _, data = code_bundle()
-        tmp = f"{remote}.{os.getpid()}.tmp"
-        with sftp.open(tmp, "wb") as handle:
-            handle.write(data)
-        sftp.posix_rename(tmp, remote)
+        tmp = f"{remote}.{uuid.uuid4().hex}.tmp"  # unique: hosts may share a file system
+        try:
+            with sftp.open(tmp, "wb") as handle:
+                handle.write(data)
+            sftp.posix_rename(tmp, remote)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                sftp.remove(tmp)
+            try:
+                sftp.stat(remote)  # another launch put the same bundle there first
+            except OSError:
+                raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {remote}: {exc}",
+                                  "check the disk and permissions of ~/.ddlctl on that host") from None
         return remote
 
     def read_json(self, path: str) -> dict | None:
@@ -269,24 +279,31 @@ def connect(host: Host, options: SshOptions) -> SshConnection:
     return SshConnection(host, target, client)
 
 
-def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConnection]:
-    """Connect to every host in parallel (bounded). If any fails, close the rest and raise one
-    :class:`LaunchError` that names every failing host and why."""
-    results: dict[str, SshConnection] = {}
-    failures: list[str] = []
+def connect_each(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConnection | LaunchError]:
+    """Connect to every host in parallel (bounded); each host gets its connection or its error."""
+    results: dict[str, SshConnection | LaunchError] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(options.max_parallel, len(hosts)))) as pool:
         futures = {host.label: pool.submit(connect, host, options) for host in hosts}
         for label, future in futures.items():
             try:
                 results[label] = future.result()
             except LaunchError as exc:
-                failures.append(exc.message)
+                results[label] = exc
+    return results
+
+
+def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConnection]:
+    """Connect to every host; if any fails, close the rest and raise one :class:`LaunchError`
+    that names every failing host and why (one bad host never hides the others)."""
+    results = connect_each(hosts, options)
+    failures = [r.message for r in results.values() if isinstance(r, LaunchError)]
+    connections = {label: r for label, r in results.items() if isinstance(r, SshConnection)}
     if failures:
-        for conn in results.values():
+        for conn in connections.values():
             conn.close()
         noun = "host" if len(failures) == 1 else "hosts"
         raise LaunchError(f"cannot reach {len(failures)} {noun}:\n  " + "\n  ".join(failures))
-    return results
+    return connections
 
 
 class SshProcess:
@@ -388,6 +405,20 @@ class SshTransport:
             raise LaunchError(f"{spec.name} on {self.host.label}: cannot start over SSH: {exc}") from None
         channel.settimeout(0.0)
         return SshProcess(spec, self.conn, channel, pidfile, status_file)
+
+    def probe(self) -> dict[str, object]:
+        """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle."""
+        if self._bundle is None:
+            self._bundle = self.conn.ensure_bundle()
+        status, out, err = self.conn.run(["env", f"PYTHONPATH={self._bundle}", self.python, "-m",
+                                          "ddlctl.runtime.probe"], timeout=60)
+        if status == 127 or "No such file" in err:
+            raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on the host",
+                              f"install Python 3.10+ there, or set python= for this host ({self.host.source})")
+        if status != 0:
+            raise LaunchError(f"{self.host.label}: the host probe failed with {self.python!r} (exit {status}): "
+                              f"{err.strip()[-300:]}")
+        return json.loads(out)
 
     def port_open(self, port: int) -> bool:
         try:

@@ -1,0 +1,77 @@
+"""``ddlctl check``: pre-flight every host in parallel and show what each can run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+import ddlctl
+from ddlctl.launch import load_cluster
+from ddlctl.preflight import HostReport, probe_transports
+from ddlctl.transport.base import Transport
+from ddlctl.transport.local import LocalTransport
+
+
+def gather(hosts: str | None, template: str | None, ssh: object | None) -> list[HostReport]:
+    """Reports for every host of the cluster (unreachable hosts included, with their reason)."""
+    from ddlctl.transport.ssh import SshOptions, SshTransport, connect_each
+
+    cluster, _, _ = load_cluster(hosts, template, 1)
+    transports: dict[str, Transport] = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
+    errors: dict[str, str] = {}
+    remote = [h for h in cluster.hosts if not h.is_local]
+    if remote:
+        for label, result in connect_each(remote, ssh if isinstance(ssh, SshOptions) else SshOptions()).items():
+            if isinstance(result, Exception):
+                errors[label] = result.message  # type: ignore[attr-defined]
+            else:
+                transports[label] = SshTransport(result)
+    try:
+        reachable = [h for h in cluster.hosts if h.label in transports]
+        probed = {r.host: r for r in probe_transports(transports, reachable)}
+    finally:
+        for transport in transports.values():
+            transport.close()
+    return [probed.get(h.label) or HostReport(h.label, h.source, error=errors[h.label]) for h in cluster.hosts]
+
+
+def _gpus(report: HostReport) -> str:
+    gpus = report.facts.get("gpus") or []
+    if not gpus:
+        return str(report.facts.get("gpu_note") or "no GPU")
+    names = sorted({g["name"] for g in gpus})  # type: ignore[index]
+    memory = gpus[0].get("memory_total_bytes")  # type: ignore[union-attr]
+    size = f" {memory / 2**30:.0f} GiB" if memory else ""
+    return f"{len(gpus)} x {', '.join(names)}{size} (driver {report.facts.get('driver')})"
+
+
+def render(reports: list[HostReport], console: Console) -> None:
+    table = Table(title=f"ddlctl check (controller ddlctl {ddlctl.__version__})", title_justify="left")
+    for column in ("host", "status", "python", "tensorflow", "tf-keras", "ddlctl on host", "GPUs", "problems"):
+        table.add_column(column, overflow="fold")
+    for r in reports:
+        f = r.facts
+        installed = f.get("ddlctl_installed")
+        ddl = "-" if not r.reachable else (str(installed) if installed else "not installed")
+        if installed and installed != ddlctl.__version__:
+            ddl += f" (≠ {ddlctl.__version__}; tasks use the controller's, shipped)"
+        status = "[green]ok[/]" if r.usable else ("[red]unreachable[/]" if not r.reachable else "[red]unusable[/]")
+        table.add_row(r.host, status, str(f.get("python", "-")), str(f.get("tensorflow") or "-"),
+                      str(f.get("tf_keras") or "-"), ddl, _gpus(r) if r.reachable else "-",
+                      "; ".join(r.problems) or "-")
+    console.print(table)
+    bad = sum(not r.usable for r in reports)
+    console.print(f"{len(reports) - bad} of {len(reports)} host(s) usable")
+
+
+def check(hosts: str | None, template: str | None, ssh: object | None, json_out: bool, out: Console) -> int:
+    """Run ``ddlctl check``; 0 when every host is usable, 1 otherwise."""
+    reports = gather(hosts, template, ssh)
+    if json_out:
+        sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
+    else:
+        render(reports, out)
+    return 0 if all(r.usable for r in reports) else 1

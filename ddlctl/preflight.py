@@ -1,0 +1,82 @@
+"""Pre-flight checks: can each host run a task? Used by ``ddlctl check`` and before ``launch``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import ddlctl
+from ddlctl.cluster.model import Host
+from ddlctl.errors import LaunchError
+from ddlctl.transport.base import Transport
+
+MIN_PYTHON = (3, 10)
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """One host's pre-flight result: reachable or why not, and the probe's facts."""
+
+    host: str
+    source: str
+    error: str | None = None
+    facts: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes the host unusable, each with what to do."""
+        if self.error:
+            return [self.error]
+        return host_problems(self.facts)
+
+    @property
+    def usable(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, object]:
+        return {"host": self.host, "source": self.source, "reachable": self.reachable,
+                "usable": self.usable, "problems": self.problems, "error": self.error,
+                "controller_ddlctl": ddlctl.__version__, **self.facts}
+
+
+def host_problems(facts: Mapping[str, object]) -> list[str]:
+    """Problems found in a probe's facts (pure)."""
+    problems = []
+    python = str(facts.get("python", "0"))
+    executable = facts.get("executable", "python3")
+    if tuple(int(p) for p in python.split(".")[:2] if p.isdigit()) < MIN_PYTHON:
+        problems.append(f"Python {python} at {executable} is too old: ddlctl needs 3.10 or newer")
+    if not facts.get("tensorflow"):
+        problems.append(f"TensorFlow is not installed for {executable}: run "
+                        f"'{executable} -m pip install tensorflow' there, or set python= to one that has it")
+    if facts.get("ports_ok") is False:
+        problems.append("cannot bind free TCP ports")
+    return problems
+
+
+def probe_transports(transports: Mapping[str, Transport], hosts: Sequence[Host]) -> list[HostReport]:
+    """Probe every host in parallel; a host whose probe fails gets a report with its error."""
+    def one(host: Host) -> HostReport:
+        try:
+            return HostReport(host.label, host.source, facts=transports[host.label].probe())  # type: ignore[attr-defined]
+        except LaunchError as exc:
+            return HostReport(host.label, host.source, error=exc.message)
+        except Exception as exc:  # noqa: BLE001 - a broken host is a report line, not a traceback
+            return HostReport(host.label, host.source, error=f"{host.label}: probe failed: {exc}")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        return list(pool.map(one, hosts))
+
+
+def require_usable(reports: Sequence[HostReport]) -> None:
+    """Raise one :class:`LaunchError` naming every unusable host and why."""
+    bad = [r for r in reports if not r.usable]
+    if bad:
+        lines = [f"{r.host} ({r.source}): {'; '.join(r.problems)}" for r in bad]
+        raise LaunchError(f"{len(bad)} host(s) cannot run tasks:\n  " + "\n  ".join(lines),
+                          "'ddlctl check' shows every host's Python, TensorFlow and GPUs")

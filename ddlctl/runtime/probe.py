@@ -1,0 +1,65 @@
+"""Host probe: ``python -m ddlctl.runtime.probe`` prints one JSON object about this host.
+
+Run by ``ddlctl check`` and before ``ddlctl launch`` on every host, with the host's own Python:
+Python version, installed TensorFlow / tf-keras / ddlctl versions (from package metadata, without
+importing TensorFlow), CPUs, GPUs via NVML, and whether free TCP ports can be bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+from dataclasses import asdict
+from importlib import metadata
+
+
+def installed(*names: str) -> str | None:
+    """Version of the first installed distribution among ``names``."""
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def can_bind_ports(count: int = 2) -> bool:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("", 0))
+            sockets.append(sock)
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def probe() -> dict[str, object]:
+    """Facts about this host, as plain JSON-ready data."""
+    from ddlctl.telemetry.nvml import inventory
+
+    gpus = inventory()
+    return {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "tensorflow": installed("tensorflow", "tensorflow-cpu", "tf-nightly", "tensorflow-macos"),
+        "tf_keras": installed("tf-keras", "tf_keras"),
+        "ddlctl_installed": installed("ddlctl"),
+        "cpus": os.cpu_count(),
+        "gpus": [asdict(g) for g in gpus.gpus],
+        "driver": gpus.driver,
+        "gpu_note": gpus.note,
+        "ports_ok": can_bind_ports(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe()))

@@ -1,0 +1,67 @@
+"""``ddlctl stop RUN_DIR``: kill whatever of a run is still alive, on every host of its plan."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+
+from ddlctl.cluster.model import Host
+from ddlctl.errors import ConfigError, LaunchError
+from ddlctl.runtime.killrun import kill_run
+
+
+def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
+    """Run id and the hosts that ran tasks, from ``plan.json``."""
+    path = run_dir / "plan.json"
+    try:
+        plan = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{run_dir} is not a run directory (no plan.json)",
+                          "pass a folder like runs/<run-id>") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    used = {t["host"] for t in plan["tasks"]}
+    hosts = []
+    for fields in plan["cluster"]["hosts"]:
+        host = Host(**{**fields, "roles": tuple(fields.get("roles", ()))})
+        if host.label in used:
+            hosts.append(host)
+    return plan["run_id"], hosts
+
+
+def stop(run_dir: str, ssh: object | None, console: Console) -> int:
+    """Kill the run's processes everywhere; 0 when every host was reached, else 1."""
+    from ddlctl.transport.ssh import SshOptions, connect_each
+
+    run_id, hosts = plan_hosts(Path(run_dir))
+    results: dict[str, str] = {}
+    for host in (h for h in hosts if h.is_local):
+        results[host.label] = f"killed {len(kill_run(run_id))} process(es)"
+    remote = [h for h in hosts if not h.is_local]
+    unreachable = 0
+    if remote:
+        source = (Path(__file__).parent / "runtime" / "killrun.py").read_text()
+        connections = connect_each(remote, ssh if isinstance(ssh, SshOptions) else SshOptions())
+
+        def kill_remote(host: Host) -> str:
+            conn = connections[host.label]
+            if isinstance(conn, LaunchError):
+                return f"UNREACHABLE: {conn.message}"
+            try:
+                status, out, err = conn.run([host.python or "python3", "-c", source, run_id])
+                if status != 0:
+                    return f"FAILED: {err.strip()[-200:]}"
+                return f"killed {len(json.loads(out))} process(es)"
+            finally:
+                conn.close()
+
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(remote)))) as pool:
+            for host, text in zip(remote, pool.map(kill_remote, remote), strict=True):
+                results[host.label] = text
+                unreachable += not text.startswith("killed")
+    for label, text in results.items():
+        console.print(f"{label}: {text}", highlight=False)
+    return 1 if unreachable else 0

@@ -1,0 +1,1 @@
+"""Telemetry: GPU figures through NVML, host figures through psutil."""

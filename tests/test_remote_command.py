@@ -1,0 +1,49 @@
+"""The one function that builds remote command lines, and the shipped code bundle."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddlctl.transport.remote import code_bundle, encode_spec, shell_command, watchdog_command
+
+ECHO = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
+args_strategy = st.lists(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"),
+                                 max_size=20), max_size=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(args_strategy)
+def test_shell_command_round_trips_any_arguments_through_sh(args):
+    out = subprocess.run(["sh", "-c", shell_command([*ECHO, *args])], capture_output=True, timeout=30)
+    assert json.loads(out.stdout) == args
+
+
+def test_spec_reaches_the_shell_as_base64_only():
+    spec = {"argv": ["$(reboot)", "`id`", "a;b"], "env": {"X": "'\"$HOME"}}
+    encoded = encode_spec(spec)
+    assert set(encoded) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
+    command = watchdog_command("python3", spec)
+    assert "$(reboot)" not in command and "`id`" not in command
+
+
+def test_bundle_is_importable_zip_of_the_package():
+    digest, data = code_bundle()
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert "ddlctl/runtime/watchdog.py" in names and "ddlctl/workloads/train.py" in names
+    assert len(digest) == 16 and code_bundle()[0] == digest, "content-addressed, stable"
+
+
+def test_tasks_import_ddlctl_from_the_bundle_first(tmp_path):
+    _, data = code_bundle()
+    bundle = tmp_path / "ddlctl.zip"
+    bundle.write_bytes(data)
+    out = subprocess.run([sys.executable, "-c", "import ddlctl.runtime.watchdog as w; print(w.__file__)"],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(bundle)}, timeout=30)
+    assert out.stdout.strip().startswith(str(bundle))
