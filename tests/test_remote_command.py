@@ -45,5 +45,6 @@ def test_tasks_import_ddlctl_from_the_bundle_first(tmp_path):
     bundle = tmp_path / "ddlctl.zip"
     bundle.write_bytes(data)
     out = subprocess.run([sys.executable, "-c", "import ddlctl.runtime.watchdog as w; print(w.__file__)"],
-                         capture_output=True, text=True, env={"PYTHONPATH": str(bundle)}, timeout=30)
+                         capture_output=True, text=True, env={"PYTHONPATH": str(bundle)}, timeout=30,
+                         cwd=tmp_path)
     assert out.stdout.strip().startswith(str(bundle))
