@@ -160,17 +160,26 @@ def make_transports(cluster: Cluster, ssh: SshOptions | None) -> dict[str, Trans
     return transports
 
 
-def choose_ports(cluster: Cluster, request: LaunchRequest,
-                 transports: dict[str, Transport]) -> dict[str, int]:
-    """A free port on its host for every task that listens (distinct per host)."""
+def tasks_needing_ports(cluster: Cluster, request: LaunchRequest) -> dict[str, list[str]]:
+    """Host label -> names of its tasks that listen on a port (members of the cluster spec)."""
     by_host: dict[str, list[str]] = {}
     for placement in layout(cluster, request):
         if needs_port(placement, request.strategy):
             by_host.setdefault(placement.host.label, []).append(placement.name)
+    return by_host
+
+
+def choose_ports(cluster: Cluster, request: LaunchRequest, transports: dict[str, Transport],
+                 chosen: dict[str, list[int]] | None = None) -> dict[str, int]:
+    """A free port on its host for every task that listens (distinct per host). ``chosen``:
+    ports a host probe already picked there; other hosts are asked now."""
     ports: dict[str, int] = {}
-    for label, names in by_host.items():
-        if label in transports:
-            ports.update(zip(names, transports[label].free_ports(len(names)), strict=True))
+    for label, names in tasks_needing_ports(cluster, request).items():
+        free = (chosen or {}).get(label)
+        if free is None and label in transports:
+            free = transports[label].free_ports(len(names))
+        if free is not None:
+            ports.update(zip(names, free, strict=True))
     return ports
 
 
@@ -200,9 +209,13 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
         return make_plan(cluster, request, ports), dict(local)
     transports = make_transports(cluster, opts.ssh)
     try:
+        # One cheap probe per host (Python, TensorFlow, free ports): one process start each.
+        counts = {label: len(names) for label, names in tasks_needing_ports(cluster, request).items()}
         probed = [h for h in cluster.hosts if not h.is_local or h.python]
-        require_usable(probe_transports(transports, probed))
-        ports = choose_ports(cluster, request, transports)
+        reports = probe_transports(transports, probed, quick_ports=counts)
+        require_usable(reports)
+        chosen = {r.host: list(r.facts.get("ports", [])) for r in reports if r.host in counts}
+        ports = choose_ports(cluster, request, transports, chosen)
     except BaseException:
         for transport in transports.values():
             transport.close()

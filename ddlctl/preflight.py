@@ -59,11 +59,14 @@ def host_problems(facts: Mapping[str, object]) -> list[str]:
     return problems
 
 
-def probe_transports(transports: Mapping[str, Transport], hosts: Sequence[Host]) -> list[HostReport]:
-    """Probe every host in parallel; a host whose probe fails gets a report with its error."""
+def probe_transports(transports: Mapping[str, Transport], hosts: Sequence[Host],
+                     quick_ports: Mapping[str, int] | None = None) -> list[HostReport]:
+    """Probe every host in parallel; a host whose probe fails gets a report with its error.
+    With ``quick_ports`` (host label -> port count), the launch-time probe, which also picks ports."""
     def one(host: Host) -> HostReport:
+        count = None if quick_ports is None else quick_ports.get(host.label, 0)
         try:
-            return HostReport(host.label, host.source, facts=transports[host.label].probe())  # type: ignore[attr-defined]
+            return HostReport(host.label, host.source, facts=transports[host.label].probe(count))
         except LaunchError as exc:
             return HostReport(host.label, host.source, error=exc.message)
         except Exception as exc:  # noqa: BLE001 - a broken host is a report line, not a traceback

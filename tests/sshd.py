@@ -76,7 +76,7 @@ class SshHost:
 class SshTestCluster:
     """Several sshd test hosts plus a private controller HOME that trusts them."""
 
-    def __init__(self, root: Path, count: int) -> None:
+    def __init__(self, root: Path, count: int, same_port: bool = False) -> None:
         self.root = root
         self.home = root / "home"
         ssh_dir = self.home / ".ssh"
@@ -87,13 +87,15 @@ class SshTestCluster:
         self.authorized_keys.write_text(user_pub + "\n")
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege-separation directory
         self.hosts: list[SshHost] = []
+        # same_port: one port on every address (what pdsh needs: it cannot vary the port per host)
+        shared = free_port("127.0.0.1") if same_port else None
         for i in range(count):
             address = f"127.0.0.{i + 2}"
             folder = root / f"host{i}"
             folder.mkdir()
             host_key = folder / "ssh_host_ed25519_key"
             _keygen(host_key)
-            host = SshHost(address, free_port(address), host_key, folder / "sshd_config",
+            host = SshHost(address, shared or free_port(address), host_key, folder / "sshd_config",
                            folder / "sshd.log")
             host.config.write_text(self._config(host, folder))
             self.hosts.append(host)

@@ -41,6 +41,39 @@ def can_bind_ports(count: int = 2) -> bool:
             sock.close()
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports (all held open until chosen)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def quick_probe(ports: int) -> dict[str, object]:
+    """What ``launch`` needs, as cheaply as possible (one process start per host): Python,
+    whether TensorFlow is importable (without importing it), and free ports for the tasks."""
+    import importlib.util
+
+    try:
+        chosen = free_ports(ports)
+        ports_ok = True
+    except OSError:
+        chosen, ports_ok = [], False
+    return {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "tensorflow": "present" if importlib.util.find_spec("tensorflow") else None,
+        "ports": chosen,
+        "ports_ok": ports_ok,
+    }
+
+
 def probe() -> dict[str, object]:
     """Facts about this host, as plain JSON-ready data."""
     from ddlctl.telemetry.nvml import inventory
@@ -61,5 +94,13 @@ def probe() -> dict[str, object]:
     }
 
 
+def main(argv: list[str]) -> None:
+    """``probe`` (full, for ``ddlctl check``) or ``probe --quick N`` (launch: N free ports)."""
+    if argv[:1] == ["--quick"]:
+        print(json.dumps(quick_probe(int(argv[1]))))
+    else:
+        print(json.dumps(probe()))
+
+
 if __name__ == "__main__":
-    print(json.dumps(probe()))
+    main(sys.argv[1:])

@@ -80,6 +80,9 @@ class Transport(Protocol):
     def start(self, spec: TaskSpec, grace_s: float) -> TaskProcess:
         """Start ``spec`` under a watchdog that kills it ``grace_s`` after TERM."""
 
+    def probe(self, quick_ports: int | None = None) -> dict[str, object]:
+        """Facts about the host (``ddlctl.runtime.probe``); ``quick_ports``: launch-time form."""
+
     def port_open(self, port: int) -> bool:
         """Whether something on the host accepts connections on ``port``."""
 

@@ -112,13 +112,15 @@ class LocalTransport:
                               f"({self.python}): {exc}") from None
         return LocalProcess(spec, popen)
 
-    def probe(self) -> dict[str, object]:
-        """Facts from ``ddlctl.runtime.probe`` run by the host's Python (this ddlctl on its path)."""
+    def probe(self, quick_ports: int | None = None) -> dict[str, object]:
+        """Facts from ``ddlctl.runtime.probe`` run by the host's Python (this ddlctl on its path);
+        with ``quick_ports``, the cheap launch-time probe that also picks that many free ports."""
         python = self.host.python or self.python
+        extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": package_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         try:
-            done = subprocess.run([python, "-m", "ddlctl.runtime.probe"], capture_output=True, text=True,
+            done = subprocess.run([python, "-m", "ddlctl.runtime.probe", *extra], capture_output=True, text=True,
                                   timeout=60, env=env)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LaunchError(f"{self.host.label}: cannot run {python!r}: {exc}",

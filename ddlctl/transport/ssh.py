@@ -406,12 +406,14 @@ class SshTransport:
         channel.settimeout(0.0)
         return SshProcess(spec, self.conn, channel, pidfile, status_file)
 
-    def probe(self) -> dict[str, object]:
-        """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle."""
+    def probe(self, quick_ports: int | None = None) -> dict[str, object]:
+        """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle;
+        with ``quick_ports``, the cheap launch-time probe that also picks that many free ports."""
         if self._bundle is None:
             self._bundle = self.conn.ensure_bundle()
+        extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
         status, out, err = self.conn.run(["env", f"PYTHONPATH={self._bundle}", self.python, "-m",
-                                          "ddlctl.runtime.probe"], timeout=60)
+                                          "ddlctl.runtime.probe", *extra], timeout=60)
         if status == 127 or "No such file" in err:
             raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on the host",
                               f"install Python 3.10+ there, or set python= for this host ({self.host.source})")
