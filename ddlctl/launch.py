@@ -160,6 +160,17 @@ def make_transports(cluster: Cluster, ssh: SshOptions | None) -> dict[str, Trans
     return transports
 
 
+def with_ssh_addresses(cluster: Cluster, transports: dict[str, Transport]) -> Cluster:
+    """Record each SSH host's real address (``HostName`` from ~/.ssh/config) for TF_CONFIG."""
+    hosts = []
+    for host in cluster.hosts:
+        target = getattr(getattr(transports.get(host.label), "conn", None), "target", None)
+        if target is not None and target.hostname != host.name:
+            host = dataclasses.replace(host, address=target.hostname)
+        hosts.append(host)
+    return dataclasses.replace(cluster, hosts=tuple(hosts))
+
+
 def tasks_needing_ports(cluster: Cluster, request: LaunchRequest) -> dict[str, list[str]]:
     """Host label -> names of its tasks that listen on a port (members of the cluster spec)."""
     by_host: dict[str, list[str]] = {}
@@ -208,6 +219,7 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), dict(local)
     transports = make_transports(cluster, opts.ssh)
+    cluster = with_ssh_addresses(cluster, transports)
     try:
         # One cheap probe per host (Python, TensorFlow, free ports): one process start each.
         counts = {label: len(names) for label, names in tasks_needing_ports(cluster, request).items()}

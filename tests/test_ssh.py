@@ -252,3 +252,26 @@ def test_stop_kills_a_run_whose_controller_is_frozen(cluster, hosts_file, runs):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.cluster
+def test_ssh_config_alias_hostname_port_user_and_identity(cluster, tmp_path, runs):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text((cluster.home / ".ssh" / "known_hosts").read_text())
+    key = tmp_path / "my_key"  # not a default key name: only IdentityFile can find it
+    key.write_bytes(cluster.user_key.read_bytes())
+    key.chmod(0o600)
+    a, b = cluster.hosts[:2]
+    (home / ".ssh" / "config").write_text(
+        f"Host alpha\n  HostName {a.address}\n  Port {a.port}\n  User root\n  IdentityFile {key}\n"
+        f"Host beta\n  HostName {b.address}\n  Port {b.port}\n  User root\n  IdentityFile {key}\n")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f"alpha python={sys.executable}\nbeta python={sys.executable}\n")
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "mwms", "--steps", "10", "--run-dir", str(runs),
+                        home=home)
+    assert result.returncode == 0, result.stderr[-3000:]
+    plan = json.loads((only_run_dir(runs) / "plan.json").read_text())
+    workers = plan["tasks"][0]["tf_config"]["cluster"]["worker"]
+    assert [w.rsplit(":", 1)[0] for w in workers] == [a.address, b.address], "TF_CONFIG uses HostName"
+    assert [t["host"] for t in plan["tasks"]] == ["alpha", "beta"]

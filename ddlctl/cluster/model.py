@@ -29,6 +29,7 @@ class Host:
     python: str | None = None
     workdir: str | None = None
     source: str = ""
+    address: str | None = None  # network address when ``name`` is an ~/.ssh/config alias
 
     @property
     def is_local(self) -> bool:

@@ -180,9 +180,11 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _address_host(host: Host) -> str:
+    """How other tasks reach this host in TF_CONFIG."""
     if host.is_local:
         return "localhost"
-    return f"[{host.name}]" if ":" in host.name else host.name
+    address = host.address or host.name
+    return f"[{address}]" if ":" in address else address
 
 
 def _preferred(cluster: Cluster, role: str) -> list[Host]:
