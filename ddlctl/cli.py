@@ -83,6 +83,11 @@ def launch(
         "--legacy-keras/--no-legacy-keras",
         help="For a command under ps/mwms, set TF_USE_LEGACY_KERAS=1 so model.fit uses "
              "tf-keras (Keras 3 model.fit does not work under ps/mwms).")] = True,
+    telemetry: Annotated[bool, typer.Option(
+        "--telemetry/--no-telemetry", help="Run a telemetry agent per host (GPU via NVML, CPU, memory, "
+                                           "network, per-task CPU/RSS) into runs/<id>/telemetry/.")] = True,
+    sample_interval: Annotated[float, typer.Option(
+        "--sample-interval", min=0.05, help="Seconds between telemetry samples.")] = 1.0,
     ssh_key: Annotated[str | None, typer.Option(
         "--ssh-key", help="Private key file for SSH hosts (default: ~/.ssh/config, ssh-agent, "
                           "~/.ssh/id_*).", show_default=False)] = None,
@@ -124,7 +129,7 @@ def launch(
         hosts=hosts, template=template, strategy=strategy, workers=workers, ps=ps,
         evaluator=evaluator, run_dir=run_dir, env=tuple(env or ()),
         startup_timeout_s=startup_timeout, grace_s=grace, dry_run=dry_run, json_out=json_out,
-        legacy_keras=legacy_keras, workload=workload,
+        legacy_keras=legacy_keras, workload=workload, telemetry=telemetry, sample_interval_s=sample_interval,
         ssh=SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
                        accept_new_host_keys=accept_new_host_keys), steps=steps, batch_size=batch_size,
         command=tuple(command or ()),

@@ -28,8 +28,9 @@ from ddlctl.planning.plan import (
     needs_port,
 )
 from ddlctl.preflight import probe_transports, require_usable
-from ddlctl.report.render import render_failure, render_plan, render_summary
+from ddlctl.report.render import render_failure, render_plan, render_report, render_summary
 from ddlctl.report.summary import summarize
+from ddlctl.report.trace import write_trace
 from ddlctl.rundir import new_run_id, write_plan
 from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
@@ -60,6 +61,8 @@ class LaunchOptions:
     dry_run: bool = False
     json_out: bool = False
     legacy_keras: bool = True
+    telemetry: bool = True
+    sample_interval_s: float = 1.0
     ssh: SshOptions | None = None
     workload: str | None = None
     steps: int | None = None
@@ -127,6 +130,8 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
         default_workdir=os.getcwd(),
         run_id=run_id,
         run_dir=str(run_root / run_id),
+        telemetry=opts.telemetry,
+        sample_interval_s=opts.sample_interval_s,
     )
 
 
@@ -270,16 +275,26 @@ def collect_remote_files(plan: Plan, transports: dict[str, Transport]) -> None:
             collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)
 
 
-def finish(plan: Plan, result: JobResult, out: Console, err: Console) -> None:
-    """After the job: root cause (if failed) and the short summary."""
-    summary = summarize(plan.run_dir)
-    (Path(plan.run_dir) / "outcome.json").write_text(json.dumps({
+def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False) -> None:
+    """After the job: outcome.json, summary.json and trace.json; the summary (or full report)
+    and, last, the root cause if it failed."""
+    run_dir = Path(plan.run_dir)
+    (run_dir / "outcome.json").write_text(json.dumps({
         "ok": result.ok, "exit_code": result.exit_code, "wall_time_s": result.wall_time_s,
         "tasks": [{"name": t.name, "host": t.host, "state": t.state.value,
                    "exit": t.status.describe() if t.status else None} for t in result.tasks],
         "failure": None if result.failure is None else result.failure.message,
+        "agents": [{"name": t.name, "host": t.host, "state": t.state.value,
+                    "exit": t.status.describe() if t.status else None} for t in result.agents],
+        "telemetry_gaps": list(result.telemetry_gaps),
     }, indent=1) + "\n")
-    render_summary(summary, result, out)
+    summary = summarize(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1) + "\n")
+    write_trace(run_dir, run_dir / "trace.json")
+    if full_report:
+        render_report(summary, out)
+    else:
+        render_summary(summary, result, out)
     if result.failure is not None:  # last, so it is what the person sees
         render_failure(result.failure, err)
     if not result.ok:

@@ -3,11 +3,15 @@
 Record format (stable; read by the summary)::
 
     {"task": "worker:1", "step": 12, "start_us": 1732270000123456, "duration_s": 0.0412,
-     "samples": 64}
+     "samples": 64, "input_s": 0.003, "sync_s": 0.021, "steps": 1}
 
 ``start_us`` is wall-clock epoch microseconds, ``duration_s`` a monotonic-clock duration and
 ``samples`` how many examples this task processed in the step (so summing ``samples`` over all
-tasks' files counts every example once).
+tasks' files counts every example once; null when unknown). Optional: ``input_s``, the part of the
+step spent waiting for input; ``sync_s``, seconds from the step's start until this task's gradients
+were ready to be synchronised (start + sync_s is when it "arrived" at the all-reduce: in
+synchronous training a straggler arrives last); ``steps``, how many training steps the record
+covers (``steps_per_execution`` > 1).
 """
 
 from __future__ import annotations
@@ -40,13 +44,20 @@ class StepRecorder:
         task = os.environ.get("DDLCTL_TASK", "local:0")
         return cls(Path(task_dir) / "steps.jsonl" if task_dir else None, task)
 
-    def record(self, step: int, start_wall_s: float, duration_s: float, samples: int) -> None:
+    def record(self, step: int, start_wall_s: float, duration_s: float, samples: int | None,
+               input_s: float | None = None, sync_s: float | None = None, steps: int = 1) -> None:
         """Write one step that started at ``start_wall_s`` (epoch seconds) and lasted ``duration_s``."""
         self.count += 1
         if self._file is None:
             return
-        line = {"task": self.task, "step": step, "start_us": int(start_wall_s * 1e6),
-                "duration_s": round(duration_s, 9), "samples": samples}
+        line: dict[str, object] = {"task": self.task, "step": step, "start_us": int(start_wall_s * 1e6),
+                                   "duration_s": round(duration_s, 9), "samples": samples}
+        if input_s is not None:
+            line["input_s"] = round(input_s, 9)
+        if sync_s is not None:
+            line["sync_s"] = round(sync_s, 9)
+        if steps != 1:
+            line["steps"] = steps
         self._file.write(json.dumps(line) + "\n")
         now = time.monotonic()
         if now - self._last_flush >= self._flush_interval:

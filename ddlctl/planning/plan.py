@@ -58,6 +58,8 @@ class LaunchRequest:
     default_workdir: str = "."
     run_id: str = "run"
     run_dir: str = "runs/run"
+    telemetry: bool = True
+    sample_interval_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,9 @@ class Placement:
 class TaskSpec:
     """Everything needed to start one process of the job.
 
-    ``kind`` is ``"program"`` (the user's command or the built-in workload) or ``"server"``
-    (a ``tf.distribute.Server`` that ddlctl runs for ps-strategy workers and ps tasks).
+    ``kind`` is ``"program"`` (the user's command or the built-in workload), ``"server"``
+    (a ``tf.distribute.Server`` that ddlctl runs for ps-strategy workers and ps tasks) or
+    ``"agent"`` (the per-host telemetry agent; agents live in :attr:`Plan.agents`).
     ``env`` holds only what ddlctl sets on top of the host's environment; ``unset_env`` what it
     removes. ``port`` is 0 when not yet chosen (a dry run on remote hosts), None when unused.
     """
@@ -118,6 +121,7 @@ class Plan:
     cluster: Cluster
     tasks: tuple[TaskSpec, ...]
     request: LaunchRequest
+    agents: tuple[TaskSpec, ...] = ()
 
     @property
     def hosts(self) -> tuple[Host, ...]:
@@ -140,6 +144,24 @@ class Plan:
         """JSON-ready form (``plan.json``, ``--dry-run --json``), secrets redacted."""
         req = asdict(self.request)
         req["env"] = redact_env(self.request.env) if redact else dict(self.request.env)
+
+        def task_dict(t: TaskSpec) -> dict[str, object]:
+            return {
+                "name": t.name,
+                "role": t.role,
+                "index": t.index,
+                "host": t.host.label,
+                "port": t.port,
+                "kind": t.kind,
+                "argv": list(t.argv),
+                "env": redact_env(t.env) if redact else dict(t.env),
+                "unset_env": list(t.unset_env),
+                "workdir": t.workdir,
+                "task_dir": t.task_dir,
+                "gpus": None if t.gpus is None else list(t.gpus),
+                "tf_config": t.tf_config,
+            }
+
         return {
             "run_id": self.run_id,
             "run_dir": self.run_dir,
@@ -147,24 +169,8 @@ class Plan:
             "cluster": {"source": self.cluster.source,
                         "hosts": [_host_dict(h) for h in self.cluster.hosts]},
             "request": req,
-            "tasks": [
-                {
-                    "name": t.name,
-                    "role": t.role,
-                    "index": t.index,
-                    "host": t.host.label,
-                    "port": t.port,
-                    "kind": t.kind,
-                    "argv": list(t.argv),
-                    "env": redact_env(t.env) if redact else dict(t.env),
-                    "unset_env": list(t.unset_env),
-                    "workdir": t.workdir,
-                    "task_dir": t.task_dir,
-                    "gpus": None if t.gpus is None else list(t.gpus),
-                    "tf_config": t.tf_config,
-                }
-                for t in self.tasks
-            ],
+            "tasks": [task_dict(t) for t in self.tasks],
+            "agents": [task_dict(t) for t in self.agents],
         }
 
 
@@ -366,5 +372,29 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             gpus=p.gpus,
             tf_config=tf_config,
         ))
+    agents = make_agents(tasks, request) if request.telemetry else ()
     return Plan(run_id=request.run_id, run_dir=request.run_dir, strategy=strategy,
-                cluster=cluster, tasks=tuple(tasks), request=request)
+                cluster=cluster, tasks=tuple(tasks), request=request, agents=agents)
+
+
+def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[TaskSpec, ...]:
+    """One telemetry agent per host that runs tasks, watching its program tasks' step files."""
+    hosts: list[Host] = []
+    for task in tasks:
+        if task.host not in hosts:
+            hosts.append(task.host)
+    agents = []
+    for index, host in enumerate(hosts):
+        python = host.python or (request.local_python if host.is_local else "python3")
+        watch = [f"--watch={t.name}={t.task_dir}" for t in tasks if t.host == host and t.kind == "program"]
+        argv = (python, "-m", "ddlctl.runtime.agent", "--host", host.label, "--run-id", request.run_id,
+                "--interval", f"{request.sample_interval_s:g}", *watch)
+        task_dir = f"{request.run_dir}/telemetry/agent-{index}" if host.is_local \
+            else f"{REMOTE_ROOT}/runs/{request.run_id}/telemetry/agent-{index}"
+        agents.append(TaskSpec(
+            name=f"agent:{index}", role="agent", index=index, host=host, port=None, kind="agent",
+            argv=argv, env={"PYTHONUNBUFFERED": "1", "DDLCTL_RUN_ID": request.run_id,
+                            "DDLCTL_TASK": f"agent:{index}"},
+            unset_env=(), workdir=host.workdir or request.default_workdir, task_dir=task_dir,
+            gpus=None, tf_config=None))
+    return tuple(agents)

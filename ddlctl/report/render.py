@@ -56,31 +56,97 @@ def render_failure(failure: Failure, console: Console) -> None:
         console.print(Text(f"  full log: {failure.log}"))
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _bytes(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def _header(summary: RunSummary) -> str:
+    parts = [f"strategy {summary.strategy}", f"{summary.hosts_count} host(s) x {summary.gpus_count} GPU(s)",
+             f"{summary.tasks_count} task(s)"]
+    if summary.global_batch:
+        parts.append(f"global batch {summary.global_batch}")
+    if summary.wall_time_s is not None:
+        parts.append(f"wall {summary.wall_time_s:.1f}s")
+    parts.append(f"first {summary.warmup_steps} steps of each task excluded as warm-up")
+    return " · ".join(parts)
+
+
+def _throughput_line(summary: RunSummary) -> str:
+    line = f"{summary.total_steps} step records"
+    if summary.throughput_samples_per_s is not None:
+        line += f" · throughput {summary.throughput_samples_per_s:,.0f} samples/s"
+    if summary.throughput_steps_per_s is not None:
+        line += f" · {summary.throughput_steps_per_s:,.1f} steps/s"
+    blocks = {t.steps_per_record for t in summary.tasks if t.steps_per_record > 1}
+    if blocks:
+        line += f" · steps recorded in blocks of {', '.join(map(str, sorted(blocks)))} (steps_per_execution)"
+    if summary.skipped_lines:
+        line += f" · {summary.skipped_lines} unreadable line(s) skipped"
+    return line
+
+
 def render_summary(summary: RunSummary, result: JobResult, console: Console) -> None:
-    """Short end-of-run table: tasks, steps, samples/s, loss, accuracy; then totals."""
-    states = {t.name: t for t in result.tasks}
-    table = Table(title=f"run {summary.run_id} ({summary.strategy})", title_justify="left")
+    """Short end-of-run table: tasks, steps, step time, samples/s, loss, accuracy; then totals."""
+    table = Table(title=f"run {summary.run_id}: {_header(summary)}", title_justify="left")
     for column, justify in (("task", "left"), ("host", "left"), ("ended", "left"),
-                            ("steps", "right"), ("samples/s", "right"), ("loss", "right"),
+                            ("steps", "right"), ("p50 ms", "right"), ("samples/s", "right"), ("loss", "right"),
                             ("accuracy", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     summarized = {t.name: t for t in summary.tasks}
     for outcome in result.tasks:
         s = summarized.get(outcome.name)
         ended = outcome.state.value
-        if outcome.status is not None and outcome.state in (TaskState.FAILED,):
+        if outcome.status is not None and outcome.state is TaskState.FAILED:
             ended = f"failed ({outcome.status.describe()})"
         table.add_row(outcome.name, outcome.host, ended,
-                      str(s.steps) if s else "-", _fmt(s.samples_per_s if s else None, ",.0f"),
+                      str(s.steps) if s else "-", _ms(s.step_time_p50_s if s else None),
+                      _fmt(s.samples_per_s if s else None, ",.0f"),
                       _fmt(s.loss if s else None, ".4f"), _fmt(s.accuracy if s else None, ".4f"))
-    del states
     console.print(table)
-    rate = summary.throughput_samples_per_s
-    line = f"wall time {result.wall_time_s:.1f}s · {len(result.tasks)} tasks · " \
-           f"{summary.total_steps} steps recorded"
-    if rate is not None:
-        line += f" · {rate:,.0f} samples/s overall (first {summary.warmup_steps} steps of each " \
-                f"task excluded as warm-up)"
-    console.print(line)
-    if summary.skipped_lines:
-        console.print(f"{summary.skipped_lines} unreadable step line(s) skipped")
+    console.print(_throughput_line(summary))
+    for line in summary.diagnosis:
+        console.print(Text(f"• {line}", style="yellow"))
+
+
+def render_report(summary: RunSummary, console: Console) -> None:
+    """The full report: header, per-task step statistics, per-host and per-GPU figures, diagnosis."""
+    console.print(Text(f"run {summary.run_id}", style="bold"))
+    console.print(_header(summary))
+    console.print(_throughput_line(summary))
+    tasks = Table(title="tasks", title_justify="left")
+    for column in ("task", "host", "ended", "steps", "p50 ms", "p90 ms", "p99 ms", "samples/s", "input %",
+                   "late ms", "CPU %", "RSS", "straggler"):
+        tasks.add_column(column, justify="left" if column in ("task", "host", "ended", "straggler") else "right")
+    for t in summary.tasks:
+        tasks.add_row(t.name, t.host or "-", t.state or "-", str(t.steps), _ms(t.step_time_p50_s),
+                      _ms(t.step_time_p90_s), _ms(t.step_time_p99_s), _fmt(t.samples_per_s, ",.0f"),
+                      _fmt(None if t.input_fraction is None else t.input_fraction * 100, ".0f"),
+                      _ms(t.arrival_lateness_p50_s), _fmt(t.cpu_mean, ".0f"), _bytes(t.rss_peak_bytes),
+                      "[red]yes[/]" if t.straggler else "no")
+    console.print(tasks)
+    hosts = Table(title="hosts and GPUs", title_justify="left")
+    for column in ("host", "GPU", "util mean %", "util p5 %", "SM active %", "memory peak / total",
+                   "power mean / peak W", "CPU %", "host memory peak", "net out/in MB/s", "samples"):
+        hosts.add_column(column, justify="left" if column in ("host", "GPU") else "right")
+    for h in summary.hosts:
+        net = "-" if h.net_sent_bytes_per_s is None else \
+            f"{h.net_sent_bytes_per_s / 1e6:.1f} / {h.net_recv_bytes_per_s / 1e6:.1f}"
+        common = (_fmt(h.cpu_util_mean, ".0f"), _bytes(h.mem_peak_bytes), net, str(h.samples))
+        if not h.gpus:
+            hosts.add_row(h.host, h.gpu_note or "no GPU", "-", "-", "-", "-", "-", *common)
+        for g in h.gpus:
+            hosts.add_row(h.host, f"{g.index} {g.name or ''}".strip(), _fmt(g.util_mean, ".0f"),
+                          _fmt(g.util_p5, ".0f"), _fmt(g.sm_active_mean, ".0f"),
+                          f"{_bytes(g.mem_peak_bytes)} / {_bytes(g.mem_total_bytes)}",
+                          f"{_fmt(g.power_mean_w, '.0f')} / {_fmt(g.power_peak_w, '.0f')}", *common)
+    console.print(hosts)
+    if summary.diagnosis:
+        console.print(Text("diagnosis", style="bold"))
+        for line in summary.diagnosis:
+            console.print(Text(f"• {line}", style="yellow"))
+    else:
+        console.print("diagnosis: nothing stands out")

@@ -8,6 +8,10 @@ ports of tasks not yet connected, watches exits and decides:
 * the startup timeout passed with tasks not listening -> fail, naming them;
 * SIGINT / SIGTERM / SIGHUP to ddlctl -> stop everything (a second Ctrl-C kills at once).
 
+Telemetry agents (one per host) are supervised the same way, but their output goes to
+``telemetry/<host>.jsonl`` (each sample also to ``on_sample`` for a live view), and an agent that
+dies only leaves a gap in the telemetry: the job goes on.
+
 Stopping is TERM to every task's process group, then KILL after the grace period (MWMS ignores
 SIGTERM). The loop returns only when every task has exited.
 
@@ -88,6 +92,8 @@ class JobResult:
     wall_time_s: float
     tasks: tuple[TaskOutcome, ...]
     failure: Failure | None = None
+    agents: tuple[TaskOutcome, ...] = ()
+    telemetry_gaps: tuple[str, ...] = ()
 
 
 @dataclass
@@ -111,13 +117,32 @@ class _Task:
     def host(self) -> str:
         return self.spec.host.label
 
+    @property
+    def is_agent(self) -> bool:
+        return self.spec.kind == "agent"
+
+
+def telemetry_file(run_dir: Path, host_label: str) -> Path:
+    """``telemetry/<host>.jsonl`` for a host label (``/`` cannot appear in a file name)."""
+    return run_dir / "telemetry" / f"{host_label.replace('/', '_')}.jsonl"
+
+
+def log_file(run_dir: Path, spec: TaskSpec) -> Path:
+    """Where a task's raw output goes: its output.log, or an agent's telemetry file."""
+    if spec.kind == "agent":
+        return telemetry_file(run_dir, spec.host.label)
+    return run_dir / "tasks" / spec.dir_name / "output.log"
+
 
 class Supervisor:
     """Starts the plan's tasks through their host's transport and supervises them to the end."""
 
     def __init__(self, plan: Plan, transports: Mapping[str, Transport], writer: PrefixedWriter,
-                 options: SupervisorOptions, notify: Callable[[str], None] = lambda _msg: None) -> None:
+                 options: SupervisorOptions, notify: Callable[[str], None] = lambda _msg: None,
+                 on_sample: Callable[[str, dict], None] | None = None) -> None:
         self.plan = plan
+        self.on_sample = on_sample
+        self.telemetry_gaps: list[str] = []
         self.transports = transports
         self.writer = writer
         self.options = options
@@ -158,11 +183,11 @@ class Supervisor:
 
     def _start_all(self) -> None:
         pids: dict[str, object] = {}
-        # Servers first so that programs find them listening sooner.
-        order = sorted(self.plan.tasks, key=lambda t: t.kind != "server")
+        # Agents first (telemetry covers the whole run), then servers so programs find them sooner.
+        order = [*self.plan.agents, *sorted(self.plan.tasks, key=lambda t: t.kind != "server")]
         for spec in order:
             transport = self.transports[spec.host.label]
-            log_path = self.run_dir / "tasks" / spec.dir_name / "output.log"
+            log_path = log_file(self.run_dir, spec)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log = open(log_path, "ab")  # noqa: SIM115 - closed in run()
             try:
@@ -177,7 +202,7 @@ class Supervisor:
             self.selector.register(proc.fileno(), selectors.EVENT_READ, task)
             pids[spec.name] = {"host": spec.host.label, **proc.pids()}
             (self.run_dir / "pids.json").write_text(json.dumps(pids, indent=1) + "\n")
-        self.notify(f"started {len(self.tasks)} task(s) on {len(self.plan.hosts)} host(s)")
+        self.notify(f"started {len(self.plan.tasks)} task(s) on {len(self.plan.hosts)} host(s)")
 
     # -- one tick ----------------------------------------------------------------------------
 
@@ -187,7 +212,8 @@ class Supervisor:
             self._read(key.data, time.monotonic())
         now = time.monotonic()
         for task in self.tasks:
-            self.writer.write(task.spec.name, task.host, task.splitter.flush_stale(now))
+            if not task.is_agent:
+                self.writer.write(task.spec.name, task.host, task.splitter.flush_stale(now))
         self._poll_exits(now)
         if self.signal_received is not None and self.stopping_since is None:
             name = signal_name(self.signal_received)
@@ -211,7 +237,23 @@ class Supervisor:
             return
         task.log.write(chunk)
         task.log.flush()
-        self.writer.write(task.spec.name, task.host, task.splitter.feed(chunk, now))
+        self._emit(task, task.splitter.feed(chunk, now))
+
+    def _emit(self, task: _Task, lines: list[bytes]) -> None:
+        """Task lines go to the terminal; agent lines are samples (anything else is shown)."""
+        if not task.is_agent:
+            self.writer.write(task.spec.name, task.host, lines)
+            return
+        others = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                others.append(line)
+                continue
+            if self.on_sample is not None and isinstance(record, dict):
+                self.on_sample(task.host, record)
+        self.writer.write(task.spec.name, task.host, others)
 
     def _end_output(self, task: _Task) -> None:
         if task.eof:
@@ -219,7 +261,7 @@ class Supervisor:
         task.eof = True
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(task.proc.fileno())
-        self.writer.write(task.spec.name, task.host, task.splitter.flush())
+        self._emit(task, task.splitter.flush())
 
     def _poll_exits(self, now: float) -> None:
         for task in self.tasks:
@@ -237,6 +279,12 @@ class Supervisor:
         assert status is not None
         if self.stopping_since is not None:  # ended because ddlctl is stopping the job
             task.state = TaskState.SUCCEEDED if status.ok else TaskState.STOPPED
+            return
+        if task.is_agent:  # telemetry has a gap from here on; training goes on
+            task.state = TaskState.FAILED
+            gap = f"telemetry agent on {task.host} stopped ({status.describe()}): no telemetry from it after this"
+            self.telemetry_gaps.append(gap)
+            self.notify(gap)
             return
         if status.ok and task.spec.kind == "program":
             task.state = TaskState.SUCCEEDED
@@ -261,7 +309,7 @@ class Supervisor:
                 self._end_output(task)
                 break
             task.log.write(chunk)
-            self.writer.write(task.spec.name, task.host, task.splitter.feed(chunk, time.monotonic()))
+            self._emit(task, task.splitter.feed(chunk, time.monotonic()))
         task.log.flush()
 
     def _describe_failure(self, task: _Task) -> Failure:
@@ -376,14 +424,20 @@ class Supervisor:
     # -- result ------------------------------------------------------------------------------
 
     def _result(self, wall: float) -> JobResult:
-        order = {spec.name: i for i, spec in enumerate(self.plan.tasks)}
-        outcomes = tuple(
-            TaskOutcome(name=t.spec.name, host=t.host, state=t.state, status=t.status,
-                        started_s=t.started, ended_s=t.ended)
-            for t in sorted(self.tasks, key=lambda t: order[t.spec.name]))
+        order = {spec.name: i for i, spec in enumerate((*self.plan.tasks, *self.plan.agents))}
+
+        def outcome(t: _Task) -> TaskOutcome:
+            return TaskOutcome(name=t.spec.name, host=t.host, state=t.state, status=t.status,
+                               started_s=t.started, ended_s=t.ended)
+
+        ordered = sorted(self.tasks, key=lambda t: order[t.spec.name])
+        outcomes = tuple(outcome(t) for t in ordered if not t.is_agent)
+        agents = tuple(outcome(t) for t in ordered if t.is_agent)
+        gaps = tuple(self.telemetry_gaps)
         failure = self.failure
         if failure is None:
-            return JobResult(ok=True, exit_code=0, wall_time_s=wall, tasks=outcomes)
+            return JobResult(ok=True, exit_code=0, wall_time_s=wall, tasks=outcomes, agents=agents,
+                             telemetry_gaps=gaps)
         if failure.reason == "interrupted" and self.signal_received is not None:
             code = 128 + self.signal_received
         elif failure.status is not None and not failure.status.ok:
@@ -391,4 +445,4 @@ class Supervisor:
         else:
             code = 1
         return JobResult(ok=False, exit_code=code, wall_time_s=wall, tasks=outcomes,
-                         failure=failure)
+                         failure=failure, agents=agents, telemetry_gaps=gaps)

@@ -43,7 +43,9 @@ def ids_dataset(shard: int, num_shards: int, start: int = 0):
     """Infinite stream of sample ids ``start + shard, start + shard + num_shards, ...``."""
     import tensorflow as tf
 
-    return tf.data.Dataset.range(start + shard, 1 << 62, num_shards)
+    # Infinite cardinality on purpose: with a finite dataset, MWMS makes every next() an
+    # all-reduce of "has data" across workers (a hidden barrier per step).
+    return tf.data.Dataset.range(start + shard, 1 << 62, num_shards).repeat()
 
 
 def eval_batch(seed: int, size: int = 1024):

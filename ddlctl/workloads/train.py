@@ -37,6 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--log-every", type=int, default=0, help="progress line every N steps")
+    parser.add_argument("--slow-task", default=None, metavar="TASK",
+                        help="make this task (e.g. worker:1) slow on purpose: a straggler for testing")
+    parser.add_argument("--slow-ms", type=float, default=0.0,
+                        help="extra milliseconds of input time per step for --slow-task")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("DDLCTL_CHECKPOINT_DIR"),
                         help="where the chief saves checkpoints (and the evaluator reads them)")
     args = parser.parse_args(argv)
@@ -84,14 +88,28 @@ class Trainer:
             from_logits=True, reduction="none")
         model, optimizer = self.model, self.optimizer
 
-        def step_fn(images, labels):
+        def gradients(images, labels):
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
                 loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
                                                   global_batch_size=per_step_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
+            return loss, tape.gradient(loss, model.trainable_variables)
+
+        def step_fn(images, labels):
+            loss, grads = gradients(images, labels)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
+
+        def timed_step_fn(images, labels):
+            # tf.timestamp() runs when the graph gets there: when the batch was in hand, and
+            # when this replica's gradients were ready to be synchronised with the others.
+            with tf.control_dependencies([images, labels]):
+                ready = tf.timestamp()
+            loss, grads = gradients(images, labels)
+            with tf.control_dependencies([g for g in grads if g is not None]):
+                synced = tf.timestamp()
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss, ready, synced
 
         @tf.function
         def train_step(iterator):
@@ -99,7 +117,16 @@ class Trainer:
             losses = strategy.run(step_fn, args=(images, labels))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
-        self.train_step = train_step
+        @tf.function
+        def timed_train_step(iterator):
+            images, labels = next(iterator)
+            losses, ready, synced = strategy.run(timed_step_fn, args=(images, labels))
+            local = strategy.experimental_local_results
+            return (strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None),
+                    tf.reduce_max(tf.stack(local(ready))), tf.reduce_max(tf.stack(local(synced))))
+
+        self.train_step = train_step  # ps: scheduled on workers
+        self.timed_train_step = timed_train_step  # synchronous strategies: with arrival times
 
     def evaluate(self) -> tuple[float, float]:
         """Loss and accuracy on the held-out set."""
@@ -230,11 +257,17 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     local_samples = args.batch_size // max(1, ctx.num_workers) if ctx.strategy == "mwms" \
         else args.batch_size
     progress = Progress(args)
+    slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
     for step in range(1, args.steps + 1):
         start_wall, start = time.time(), time.monotonic()
-        loss = float(trainer.train_step(iterator))
+        if slow_s:
+            time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
+        loss_t, ready_t, synced_t = trainer.timed_train_step(iterator)
+        loss = float(loss_t)
         duration = time.monotonic() - start
-        recorder.record(step, start_wall, duration, local_samples)
+        recorder.record(step, start_wall, duration, local_samples,
+                        input_s=max(0.0, float(ready_t) - start_wall),
+                        sync_s=max(0.0, float(synced_t) - start_wall))
         progress.step(step, loss, args.batch_size)
         if checkpointer is not None:
             checkpointer.maybe_save(step)

@@ -1,0 +1,78 @@
+"""``trace.json`` in Chrome Trace Event Format (opens in Perfetto / chrome://tracing).
+
+A process per host, a thread per task, a complete ("X") event per step record, and counter ("C")
+events for each GPU's utilisation and memory and for host CPU. Built from the run directory alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddlctl.report.summary import read_steps, read_telemetry
+from ddlctl.rundir import task_dirs
+
+
+def build_trace(run_dir: str | Path) -> dict[str, object]:
+    """The trace as a JSON-ready dict ``{"traceEvents": [...], "displayTimeUnit": "ms"}``."""
+    run_dir = Path(run_dir)
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        plan = {}
+    host_of = {t["name"]: t["host"] for t in plan.get("tasks", [])}
+    pids: dict[str, int] = {}
+    events: list[dict[str, object]] = []
+
+    def pid_for(host: str) -> int:
+        if host not in pids:
+            pids[host] = len(pids) + 1
+            events.append({"ph": "M", "name": "process_name", "pid": pids[host], "tid": 0,
+                           "args": {"name": host}})
+        return pids[host]
+
+    for tid, folder in enumerate(task_dirs(run_dir), start=1):
+        steps = read_steps(folder / "steps.jsonl", folder.name.replace("-", ":", 1))
+        if not steps.step:
+            continue
+        pid = pid_for(host_of.get(steps.name, "unknown host"))
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": steps.name}})
+        for step, start, duration, samples, input_s in zip(steps.step, steps.start_us, steps.duration,
+                                                           steps.samples, steps.input_s, strict=True):
+            args: dict[str, object] = {"step": step}
+            if samples >= 0:
+                args["samples"] = samples
+            if input_s >= 0:
+                args["input_ms"] = round(input_s * 1e3, 3)
+            events.append({"ph": "X", "name": "step", "cat": "step", "pid": pid, "tid": tid, "ts": start,
+                           "dur": round(duration * 1e6, 1), "args": args})
+    for path in sorted((run_dir / "telemetry").glob("*.jsonl")):
+        series = read_telemetry(path)
+        pid = pid_for(series.host)
+        with path.open("rb") as handle:  # counters need per-sample timestamps: one more pass
+            for line in handle:
+                try:
+                    raw = json.loads(line)
+                except ValueError:
+                    continue
+                if raw.get("type") != "sample":
+                    continue
+                ts = int(float(raw["t"]) * 1e6)
+                if raw.get("cpu") is not None:
+                    events.append({"ph": "C", "name": "CPU %", "pid": pid, "ts": ts, "args": {"cpu": raw["cpu"]}})
+                for gpu in raw.get("gpus", ()):
+                    if gpu.get("util") is not None:
+                        events.append({"ph": "C", "name": f"GPU {gpu['index']} util %", "pid": pid, "ts": ts,
+                                       "args": {"util": gpu["util"]}})
+                    if gpu.get("mem_used") is not None:
+                        events.append({"ph": "C", "name": f"GPU {gpu['index']} memory GiB", "pid": pid,
+                                       "ts": ts, "args": {"used": round(gpu["mem_used"] / 2**30, 3)}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(run_dir: str | Path, path: str | Path) -> Path:
+    """Build and write the trace; the path written."""
+    path = Path(path)
+    with path.open("w") as handle:
+        json.dump(build_trace(run_dir), handle, separators=(",", ":"))
+    return path

@@ -1,0 +1,165 @@
+"""Per-host telemetry agent: ``python -m ddlctl.runtime.agent --host LABEL --run-id ID ...``.
+
+One per host, started by ddlctl over the same transport as the tasks and supervised like them.
+It prints JSON lines on stdout (ddlctl streams them into ``telemetry/<host>.jsonl``):
+
+* first ``{"type": "hello", ...}``: host, interval, GPU inventory or why there is none, whether
+  psutil is available;
+* then every ``--interval`` seconds ``{"type": "sample", "t": epoch_s, ...}`` with host CPU %,
+  memory, network byte counters, per-task CPU % and RSS (processes found by the run id in their
+  environment), every GPU's reading (see :class:`ddlctl.telemetry.nvml.GpuSampler`) and the
+  number of steps each task on this host has recorded so far (for the live view).
+
+A missing library (psutil, nvidia-ml-py) or no GPU is reported once in ``hello`` and the agent
+goes on with what it has. It exits 0 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+
+from ddlctl.telemetry.nvml import GpuSampler
+
+WATCHDOG_MARK = "ddlctl.runtime.watchdog"
+RESCAN_S = 5.0
+
+
+class StepCounter:
+    """Counts lines appended to a task's steps.jsonl, reading only what is new."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.expanduser(path)
+        self.offset = 0
+        self.count = 0
+
+    def poll(self) -> int:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:
+            return self.count
+        complete = chunk.rfind(b"\n") + 1
+        self.count += chunk[:complete].count(b"\n")
+        self.offset += complete
+        return self.count
+
+
+class HostSampler:
+    """psutil figures for the host and the run's task processes (None-filled without psutil)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        try:
+            import psutil
+        except ImportError:
+            self.psutil = None
+            return
+        self.psutil = psutil
+        self.procs: dict[int, tuple[str, object]] = {}
+        self.next_scan = 0.0
+        psutil.cpu_percent(None)  # start the CPU-time baseline
+
+    def _scan(self) -> None:
+        psutil = self.psutil
+        found: dict[int, tuple[str, object]] = {}
+        me = os.getpid()
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if proc.pid == me:
+                    continue
+                env = proc.environ()
+                task = env.get("DDLCTL_TASK")
+                if env.get("DDLCTL_RUN_ID") != self.run_id or not task or task.startswith("agent"):
+                    continue
+                if any(WATCHDOG_MARK in part for part in proc.info["cmdline"] or ()):
+                    continue
+                previous = self.procs.get(proc.pid)
+                if previous is None:
+                    proc.cpu_percent(None)
+                found[proc.pid] = (task, previous[1] if previous else proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        self.procs = found
+
+    def sample(self, now: float) -> dict[str, object]:
+        psutil = self.psutil
+        if psutil is None:
+            return {}
+        if now >= self.next_scan:
+            self._scan()
+            self.next_scan = now + RESCAN_S
+        tasks: dict[str, dict[str, float]] = {}
+        for pid, (task, proc) in list(self.procs.items()):
+            try:
+                with proc.oneshot():  # type: ignore[attr-defined]
+                    cpu = proc.cpu_percent(None)  # type: ignore[attr-defined]
+                    rss = proc.memory_info().rss  # type: ignore[attr-defined]
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                self.procs.pop(pid, None)
+                continue
+            entry = tasks.setdefault(task, {"cpu": 0.0, "rss": 0})
+            entry["cpu"] += cpu
+            entry["rss"] += rss
+        memory = psutil.virtual_memory()
+        net = psutil.net_io_counters()
+        return {"cpu": psutil.cpu_percent(None), "mem_used": memory.total - memory.available,
+                "mem_total": memory.total, "net_sent": net.bytes_sent, "net_recv": net.bytes_recv,
+                "procs": tasks}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ddlctl.runtime.agent")
+    parser.add_argument("--host", required=True, help="host label used in the run")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument("--watch", action="append", default=[], metavar="TASK=DIR",
+                        help="a task on this host and its task directory (for live step counts)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sample until SIGTERM; one JSON line per sample on stdout."""
+    args = parse_args(argv)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    gpus = GpuSampler()
+    host = HostSampler(args.run_id)
+    counters = {}
+    for item in args.watch:
+        task, _, folder = item.partition("=")
+        counters[task] = StepCounter(os.path.join(folder, "steps.jsonl"))
+    hello = {"type": "hello", "t": time.time(), "host": args.host, "interval": args.interval,
+             "pid": os.getpid(), "gpus": [asdict(g) for g in gpus.gpus], "driver": gpus.inventory.driver,
+             "gpu_note": gpus.note, "psutil": host.psutil is not None}
+    print(json.dumps(hello), flush=True)
+    deadline = time.monotonic()
+    try:
+        while not stop:
+            now = time.time()
+            record = {"type": "sample", "t": round(now, 3), **host.sample(time.monotonic()),
+                      "gpus": gpus.sample(), "steps": {t: c.poll() for t, c in counters.items()}}
+            sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+            sys.stdout.flush()
+            deadline += args.interval  # fixed schedule: no drift
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                deadline = time.monotonic()
+    except BrokenPipeError:
+        pass
+    finally:
+        gpus.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
