@@ -4,3 +4,19 @@ Kept import-light on purpose: ``ddlctl --help`` must not pull in TensorFlow or N
 """
 
 __version__ = "0.1.0"
+
+
+def step(samples: int | None = None, input_s: float | None = None):  # noqa: ANN201 - a context manager
+    """Time one step of a custom training loop: ``with ddlctl.step(samples=n): ...`` (see
+    :func:`ddlctl.steps.step`)."""
+    from ddlctl.steps import step as _step
+
+    return _step(samples=samples, input_s=input_s)
+
+
+def keras_callback(batch_size: int | None = None, keras_module: object = None):  # noqa: ANN201
+    """A Keras callback that records every training step (``model.fit(..., callbacks=[...])``);
+    for Keras 3 or tf-keras, whichever ``tf.keras`` is (see :mod:`ddlctl.instrument.keras`)."""
+    from ddlctl.instrument.keras import step_timer
+
+    return step_timer(batch_size=batch_size, keras_module=keras_module)

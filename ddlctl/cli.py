@@ -39,8 +39,21 @@ def _root(
     """Launch and profile TensorFlow distributed training on one or many machines."""
 
 
+PROFILE_HELP = """Run like launch, with a live view (per-task step rate, per-host GPU and CPU), then the
+full report: step-time percentiles, throughput, stragglers, GPU utilisation / SM activity / memory /
+power, host CPU, diagnosis. Writes summary.json and trace.json into the run directory.
+
+Examples:
+
+  ddlctl profile --strategy mwms                       # built-in workload on this machine
+
+  ddlctl profile --hosts hosts.txt -s ps -- python train.py
+"""
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def launch(
+    ctx: typer.Context,
     command: Annotated[list[str] | None, typer.Argument(
         help="The training program and its arguments, after '--'. Without it, ddlctl runs its "
              "built-in workload (a CNN on synthetic images).", show_default=False)] = None,
@@ -88,6 +101,9 @@ def launch(
                                            "network, per-task CPU/RSS) into runs/<id>/telemetry/.")] = True,
     sample_interval: Annotated[float, typer.Option(
         "--sample-interval", min=0.05, help="Seconds between telemetry samples.")] = 1.0,
+    auto_steps: Annotated[bool, typer.Option(
+        "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
+                                             "code changes (a callback ddlctl adds to every fit call).")] = True,
     ssh_key: Annotated[str | None, typer.Option(
         "--ssh-key", help="Private key file for SSH hosts (default: ~/.ssh/config, ssh-agent, "
                           "~/.ssh/id_*).", show_default=False)] = None,
@@ -119,9 +135,30 @@ def launch(
 
       ddlctl launch --template cluster_templates/localhost-ps.yaml --dry-run
     """
+    params = dict(locals())
+    params.pop("ctx")
+    _launch(profile=ctx.info_name == "profile", **params)
+
+
+# ``profile`` takes exactly launch's options: the same function, registered under a second name.
+app.command("profile", help=PROFILE_HELP, context_settings={"allow_interspersed_args": False})(launch)
+
+
+def _launch(profile: bool = False, **params: object) -> None:
+    """Shared body of ``launch`` and ``profile`` (same options)."""
     from ddlctl.launch import LaunchOptions
     from ddlctl.launch import launch as run_launch
     from ddlctl.transport.ssh import SshOptions
+
+    p = params
+    command, hosts, template, strategy = p["command"], p["hosts"], p["template"], p["strategy"]
+    workers, ps, evaluator, run_dir, env = p["workers"], p["ps"], p["evaluator"], p["run_dir"], p["env"]
+    startup_timeout, grace, dry_run, json_out = p["startup_timeout"], p["grace"], p["dry_run"], p["json_out"]
+    legacy_keras, telemetry, sample_interval = p["legacy_keras"], p["telemetry"], p["sample_interval"]
+    ssh_key, ssh_user, connect_timeout = p["ssh_key"], p["ssh_user"], p["connect_timeout"]
+    accept_new_host_keys, workload, steps, batch_size = (p["accept_new_host_keys"], p["workload"], p["steps"],
+                                                         p["batch_size"])
+    auto_steps = p.get("auto_steps", True)
 
     if json_out and not dry_run:
         _fail(UserError("--json is only available with --dry-run"))
@@ -130,6 +167,7 @@ def launch(
         evaluator=evaluator, run_dir=run_dir, env=tuple(env or ()),
         startup_timeout_s=startup_timeout, grace_s=grace, dry_run=dry_run, json_out=json_out,
         legacy_keras=legacy_keras, workload=workload, telemetry=telemetry, sample_interval_s=sample_interval,
+        auto_steps=bool(auto_steps), profile=profile,
         ssh=SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
                        accept_new_host_keys=accept_new_host_keys), steps=steps, batch_size=batch_size,
         command=tuple(command or ()),
@@ -146,12 +184,38 @@ def launch(
         if workload not in WORKLOADS:
             _fail(UserError(f"unknown workload {workload!r}",
                             "expected one of: " + ", ".join(WORKLOADS)))
-    out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
+    out, err = people_console(), Console(stderr=True, soft_wrap=True)
     try:
         code = run_launch(opts, out, err)
     except UserError as exc:
         _fail(exc)
     raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[str, typer.Argument(help="A run directory (runs/<run-id>), possibly copied from elsewhere.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout, nothing else.")] = False,
+    csv_dir: Annotated[str | None, typer.Option("--csv", help="Also write tasks.csv, hosts.csv, gpus.csv here.",
+                                                show_default=False)] = None,
+    trace: Annotated[str | None, typer.Option("--trace", help="Also write a Chrome/Perfetto trace to this file.",
+                                              show_default=False)] = None,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", min=0,
+                                              help="Steps of each task left out of the statistics.")] = 5,
+) -> None:
+    """Render the full report of a run from its run directory alone."""
+    from ddlctl.report.reporting import report as run_report
+
+    try:
+        code = run_report(run_dir, json_out, csv_dir, trace, warmup_steps, people_console())
+    except UserError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+def people_console() -> Console:
+    """Console for people on stdout: wide when piped (tables are not cut to 80 columns)."""
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 
 def _fail(exc: UserError) -> None:
@@ -195,7 +259,7 @@ def check(
     ssh = SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
                      accept_new_host_keys=accept_new_host_keys)
     try:
-        code = run_check(hosts, template, ssh, json_out, Console(soft_wrap=False))
+        code = run_check(hosts, template, ssh, json_out, people_console())
     except UserError as exc:
         _fail(exc)
     raise typer.Exit(code)

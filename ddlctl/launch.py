@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -28,6 +29,7 @@ from ddlctl.planning.plan import (
     needs_port,
 )
 from ddlctl.preflight import probe_transports, require_usable
+from ddlctl.report.live import ConsoleLineWriter, LiveView
 from ddlctl.report.render import render_failure, render_plan, render_report, render_summary
 from ddlctl.report.summary import summarize
 from ddlctl.report.trace import write_trace
@@ -63,6 +65,8 @@ class LaunchOptions:
     legacy_keras: bool = True
     telemetry: bool = True
     sample_interval_s: float = 1.0
+    auto_steps: bool = True
+    profile: bool = False
     ssh: SshOptions | None = None
     workload: str | None = None
     steps: int | None = None
@@ -132,6 +136,7 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
         run_dir=str(run_root / run_id),
         telemetry=opts.telemetry,
         sample_interval_s=opts.sample_interval_s,
+        auto_steps=opts.auto_steps,
     )
 
 
@@ -252,17 +257,22 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
     write_plan(plan)
     err.print(f"[bold]ddlctl[/] run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
               f"→ {plan.run_dir}")
-    writer = PrefixedWriter(sys.stdout.buffer)
     options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s)
-    supervisor = Supervisor(plan, transports, writer, options,
-                            notify=lambda msg: err.print(f"[dim]ddlctl:[/] {msg}", highlight=False))
+    live = LiveView(out) if opts.profile else None
+    # Under a live view, task output must go through its console to scroll above the table.
+    writer = ConsoleLineWriter(out) if live is not None and live.live is not None \
+        else PrefixedWriter(sys.stdout.buffer)
+    supervisor = Supervisor(plan, transports, writer, options,  # type: ignore[arg-type]
+                            notify=lambda msg: err.print(f"[dim]ddlctl:[/] {msg}", highlight=False),
+                            on_sample=live.on_sample if live is not None else None)
     try:
-        result = supervisor.run()
+        with live if live is not None else contextlib.nullcontext():
+            result = supervisor.run()
         collect_remote_files(plan, transports)
     finally:
         for transport in transports.values():
             transport.close()
-    finish(plan, result, out, err)
+    finish(plan, result, out, err, full_report=opts.profile)
     return result.exit_code
 
 

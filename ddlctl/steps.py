@@ -16,9 +16,13 @@ covers (``steps_per_execution`` > 1).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -64,6 +68,11 @@ class StepRecorder:
             self._file.flush()
             self._last_flush = now
 
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            self._last_flush = time.monotonic()
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -75,3 +84,40 @@ class StepRecorder:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+_shared: StepRecorder | None = None
+_shared_lock = threading.Lock()
+_step_counter = 0
+
+
+def shared_recorder() -> StepRecorder:
+    """The process's recorder (``$DDLCTL_TASK_DIR/steps.jsonl``; a no-op outside ddlctl), closed at exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = StepRecorder.from_env()
+            atexit.register(_shared.close)
+        return _shared
+
+
+@contextmanager
+def step(samples: int | None = None, input_s: float | None = None) -> Iterator[None]:
+    """Time one training step of a custom loop::
+
+        for images, labels in dataset:
+            with ddlctl.step(samples=len(images)):
+                train_step(images, labels)
+
+    Writes one record to the task's ``steps.jsonl`` when run under ddlctl; does nothing otherwise.
+    A step that raises is not recorded.
+    """
+    global _step_counter
+    recorder = shared_recorder()
+    wall, start = time.time(), time.monotonic()
+    yield
+    duration = time.monotonic() - start
+    with _shared_lock:
+        _step_counter += 1
+        number = _step_counter
+    recorder.record(number, wall, duration, samples, input_s=input_s)

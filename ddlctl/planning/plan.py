@@ -60,6 +60,7 @@ class LaunchRequest:
     run_dir: str = "runs/run"
     telemetry: bool = True
     sample_interval_s: float = 1.0
+    auto_steps: bool = True
 
 
 @dataclass(frozen=True)
@@ -356,6 +357,8 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
         if multi and request.command and request.legacy_keras:
             env["TF_USE_LEGACY_KERAS"] = "1"
+        if request.command and request.auto_steps and not server:
+            env["DDLCTL_AUTO_STEPS"] = "1"  # transports put the model.fit hook on PYTHONPATH
         env.update(request.env)
         tasks.append(TaskSpec(
             name=p.name,

@@ -112,38 +112,48 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
         console.print(Text(f"• {line}", style="yellow"))
 
 
+def _triple(a: float | None, b: float | None, c: float | None) -> str:
+    return " / ".join(_ms(v) for v in (a, b, c))
+
+
 def render_report(summary: RunSummary, console: Console) -> None:
     """The full report: header, per-task step statistics, per-host and per-GPU figures, diagnosis."""
     console.print(Text(f"run {summary.run_id}", style="bold"))
     console.print(_header(summary))
     console.print(_throughput_line(summary))
     tasks = Table(title="tasks", title_justify="left")
-    for column in ("task", "host", "ended", "steps", "p50 ms", "p90 ms", "p99 ms", "samples/s", "input %",
-                   "late ms", "CPU %", "RSS", "straggler"):
-        tasks.add_column(column, justify="left" if column in ("task", "host", "ended", "straggler") else "right")
+    for column in ("task", "host", "steps", "step ms p50 / p90 / p99", "samples/s", "input %", "late ms",
+                   "CPU %", "RSS", "straggler"):
+        tasks.add_column(column, justify="left" if column in ("task", "host", "straggler") else "right")
     for t in summary.tasks:
-        tasks.add_row(t.name, t.host or "-", t.state or "-", str(t.steps), _ms(t.step_time_p50_s),
-                      _ms(t.step_time_p90_s), _ms(t.step_time_p99_s), _fmt(t.samples_per_s, ",.0f"),
+        tasks.add_row(t.name, t.host or "-", str(t.steps),
+                      _triple(t.step_time_p50_s, t.step_time_p90_s, t.step_time_p99_s),
+                      _fmt(t.samples_per_s, ",.0f"),
                       _fmt(None if t.input_fraction is None else t.input_fraction * 100, ".0f"),
                       _ms(t.arrival_lateness_p50_s), _fmt(t.cpu_mean, ".0f"), _bytes(t.rss_peak_bytes),
                       "[red]yes[/]" if t.straggler else "no")
     console.print(tasks)
-    hosts = Table(title="hosts and GPUs", title_justify="left")
-    for column in ("host", "GPU", "util mean %", "util p5 %", "SM active %", "memory peak / total",
-                   "power mean / peak W", "CPU %", "host memory peak", "net out/in MB/s", "samples"):
-        hosts.add_column(column, justify="left" if column in ("host", "GPU") else "right")
+    hosts = Table(title="hosts", title_justify="left")
+    for column in ("host", "CPU % mean", "memory peak / total", "net MB/s out / in", "samples", "GPUs"):
+        hosts.add_column(column, justify="left" if column in ("host", "GPUs") else "right", overflow="fold")
     for h in summary.hosts:
         net = "-" if h.net_sent_bytes_per_s is None else \
             f"{h.net_sent_bytes_per_s / 1e6:.1f} / {h.net_recv_bytes_per_s / 1e6:.1f}"
-        common = (_fmt(h.cpu_util_mean, ".0f"), _bytes(h.mem_peak_bytes), net, str(h.samples))
-        if not h.gpus:
-            hosts.add_row(h.host, h.gpu_note or "no GPU", "-", "-", "-", "-", "-", *common)
-        for g in h.gpus:
-            hosts.add_row(h.host, f"{g.index} {g.name or ''}".strip(), _fmt(g.util_mean, ".0f"),
-                          _fmt(g.util_p5, ".0f"), _fmt(g.sm_active_mean, ".0f"),
-                          f"{_bytes(g.mem_peak_bytes)} / {_bytes(g.mem_total_bytes)}",
-                          f"{_fmt(g.power_mean_w, '.0f')} / {_fmt(g.power_peak_w, '.0f')}", *common)
+        gaps = f" ({len(h.gaps)} gap(s))" if h.gaps else ""
+        hosts.add_row(h.host, _fmt(h.cpu_util_mean, ".0f"), f"{_bytes(h.mem_peak_bytes)} / {_bytes(h.mem_total_bytes)}",
+                      net, f"{h.samples}{gaps}", str(len(h.gpus)) if h.gpus else (h.gpu_note or "no GPU"))
     console.print(hosts)
+    if any(h.gpus for h in summary.hosts):
+        gpus = Table(title="GPUs", title_justify="left")
+        for column in ("host", "GPU", "util % mean / p5", "SM active %", "memory peak / total", "power W mean / peak"):
+            gpus.add_column(column, justify="left" if column in ("host", "GPU") else "right")
+        for h in summary.hosts:
+            for g in h.gpus:
+                gpus.add_row(h.host, f"{g.index} {g.name or ''}".strip(),
+                             f"{_fmt(g.util_mean, '.0f')} / {_fmt(g.util_p5, '.0f')}", _fmt(g.sm_active_mean, ".0f"),
+                             f"{_bytes(g.mem_peak_bytes)} / {_bytes(g.mem_total_bytes)}",
+                             f"{_fmt(g.power_mean_w, '.0f')} / {_fmt(g.power_peak_w, '.0f')}")
+        console.print(gpus)
     if summary.diagnosis:
         console.print(Text("diagnosis", style="bold"))
         for line in summary.diagnosis:

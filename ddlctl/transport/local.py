@@ -16,6 +16,9 @@ from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.transport.base import ExitStatus
 
+#: Folder with the sitecustomize that installs the model.fit hook (``--auto-steps``).
+AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "instrument" / "autoload"
+
 
 def watchdog_argv(python: str, grace_s: float, pidfile: str | None, argv: tuple[str, ...]) -> list[str]:
     """The command line that runs ``argv`` under ddlctl's watchdog."""
@@ -102,6 +105,8 @@ class LocalTransport:
         for key in spec.unset_env:
             env.pop(key, None)
         env.update(spec.env)
+        if spec.env.get("DDLCTL_AUTO_STEPS") == "1":
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AUTOLOAD_DIR), env.get("PYTHONPATH")) if p)
         argv = watchdog_argv(self.python, grace_s, str(task_dir / "pid.json"), spec.argv)
         try:
             popen = subprocess.Popen(

@@ -395,7 +395,9 @@ class SshTransport:
         command = watchdog_command(self.python, {
             "argv": list(spec.argv), "env": dict(spec.env), "unset": list(spec.unset_env),
             "cwd": spec.workdir, "pidfile": pidfile, "status_file": status_file, "grace": grace_s,
-            "pythonpath": self._bundle, "mkdirs": [spec.task_dir],
+            "pythonpath": self._bundle if spec.env.get("DDLCTL_AUTO_STEPS") != "1"
+            else f"{self._bundle}/ddlctl/instrument/autoload:{self._bundle}",
+            "mkdirs": [spec.task_dir],
         })
         try:
             channel = self.conn.transport.open_session(timeout=30)

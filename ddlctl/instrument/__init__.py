@@ -1,0 +1,1 @@
+"""Step-timing instrumentation for programs launched by ddlctl (Keras callback, model.fit hook)."""

@@ -1,0 +1,31 @@
+"""Loaded at interpreter start-up when ddlctl puts this folder on PYTHONPATH (``--auto-steps``).
+
+Installs ddlctl's model.fit hook, then runs the ``sitecustomize`` this one shadows, if any.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _ddlctl_autoload() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.environ.get("DDLCTL_AUTO_STEPS") == "1":
+        try:
+            import ddlctl.instrument.hook as hook
+        except ImportError:  # this interpreter does not have ddlctl: use the copy we came from
+            sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(here))))
+            import ddlctl.instrument.hook as hook
+        hook.install()
+    others = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+try:
+    _ddlctl_autoload()
+except Exception as exc:  # noqa: BLE001 - never stop the user's program from starting
+    print(f"ddlctl: auto-instrumentation disabled: {exc}", file=sys.stderr)

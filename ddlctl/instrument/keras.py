@@ -1,0 +1,119 @@
+"""A Keras callback that records step timings, for Keras 3 (``keras``) or Keras 2 (``tf_keras``).
+
+With ``steps_per_execution`` > 1, Keras calls batch hooks once per block of steps: one record then
+covers the block (``"steps": k``), and the summary says so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import lru_cache
+
+from ddlctl.steps import StepRecorder, shared_recorder
+
+MARK = "_ddlctl_step_timer"
+
+
+@lru_cache(maxsize=4)
+def step_timer_class(base: type) -> type:
+    """A StepTimer subclass of the given Keras ``Callback`` class."""
+
+    class StepTimer(base):  # type: ignore[misc, valid-type]
+        _ddlctl_step_timer = True
+
+        def __init__(self, batch_size: int | None = None, recorder: StepRecorder | None = None) -> None:
+            super().__init__()
+            self.batch_size = batch_size
+            self.recorder = recorder or shared_recorder()
+            self.global_step = 0
+            self._begin: int | None = None
+            self._start = 0.0
+            self._wall = 0.0
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            self._begin, self._start, self._wall = batch, time.monotonic(), time.time()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            if self._begin is None:
+                return
+            steps = max(1, batch - self._begin + 1)
+            self.global_step += steps
+            samples = self.batch_size * steps if self.batch_size else None
+            self.recorder.record(self.global_step, self._wall, time.monotonic() - self._start, samples,
+                                 steps=steps)
+            self._begin = None
+
+        def on_train_end(self, logs: dict | None = None) -> None:
+            self.recorder.flush()
+
+    StepTimer.__name__ = StepTimer.__qualname__ = "StepTimer"
+    return StepTimer
+
+
+def _default_keras() -> object:
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+def step_timer(batch_size: int | None = None, keras_module: object = None) -> object:
+    """A StepTimer callback for ``keras_module`` (default: tf_keras under TF_USE_LEGACY_KERAS=1,
+    else Keras 3)."""
+    module = keras_module or _default_keras()
+    return step_timer_class(module.callbacks.Callback)(batch_size=batch_size)  # type: ignore[attr-defined]
+
+
+def guess_batch_size(args: tuple, kwargs: dict) -> int | None:
+    """Samples per step of a ``fit`` call, when it can be told: ``batch_size``, the static batch
+    dimension of a tf.data dataset, or Keras' default of 32 for arrays. None when unknown."""
+    if kwargs.get("batch_size"):
+        return int(kwargs["batch_size"])
+    x = args[0] if args else kwargs.get("x")
+    if x is None:
+        return None
+    spec = getattr(x, "element_spec", None)
+    if spec is not None:
+        first = spec[0] if isinstance(spec, (tuple, list)) else spec
+        if isinstance(first, dict):
+            first = next(iter(first.values()), None)
+        dims = getattr(getattr(first, "shape", None), "as_list", lambda: None)()
+        if dims and dims[0]:
+            return int(dims[0])
+        size = getattr(x, "_batch_size", None)
+        try:
+            return int(size) if size is not None else None
+        except (TypeError, ValueError):
+            return None
+    if hasattr(x, "shape") and len(args) < 3:
+        return 32  # Keras' default batch size for arrays
+    return None
+
+
+def patch_fit(module: object) -> bool:
+    """Make ``module.Model.fit`` add a StepTimer to every call (once); True if patched."""
+    model = getattr(module, "Model", None)
+    fit = getattr(model, "fit", None)
+    if model is None or fit is None or getattr(fit, MARK, False):
+        return False
+
+    def fit_with_step_timer(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        positional = len(args) > 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+        callbacks = list((args[5] if positional else kwargs.get("callbacks")) or [])
+        if not any(getattr(cb, MARK, False) for cb in callbacks):
+            timer = step_timer_class(module.callbacks.Callback)(batch_size=guess_batch_size(args, kwargs))
+            callbacks.append(timer)
+        if positional:
+            args = (*args[:5], callbacks, *args[6:])
+        else:
+            kwargs["callbacks"] = callbacks
+        return fit(self, *args, **kwargs)
+
+    setattr(fit_with_step_timer, MARK, True)
+    fit_with_step_timer.__doc__ = fit.__doc__
+    model.fit = fit_with_step_timer
+    return True

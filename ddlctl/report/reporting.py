@@ -1,0 +1,36 @@
+"""``ddlctl report RUN_DIR``: the full report from a run directory alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from ddlctl.errors import ConfigError
+from ddlctl.report.export import write_csv
+from ddlctl.report.render import render_report
+from ddlctl.report.summary import summarize
+from ddlctl.report.trace import write_trace
+
+
+def report(run_dir: str, json_out: bool, csv_dir: str | None, trace: str | None, warmup_steps: int,
+           console: Console) -> int:
+    """Render (or print as JSON) the summary of ``run_dir``; optional CSV and trace files."""
+    folder = Path(run_dir)
+    if not (folder / "plan.json").is_file() and not (folder / "tasks").is_dir():
+        raise ConfigError(f"{run_dir} is not a run directory (no plan.json or tasks/)",
+                          "pass a folder like runs/<run-id>")
+    summary = summarize(folder, warmup_steps=warmup_steps)
+    if json_out:
+        sys.stdout.write(json.dumps(summary.to_dict(), indent=1) + "\n")
+    else:
+        render_report(summary, console)
+    err = Console(stderr=True)
+    if csv_dir:
+        for path in write_csv(summary, csv_dir):
+            err.print(f"wrote {path}", highlight=False)
+    if trace:
+        err.print(f"wrote {write_trace(folder, trace)}", highlight=False)
+    return 0
