@@ -1,46 +1,193 @@
-"""Run summaries from run directories written here with known values."""
+"""Summaries of run directories written here with known values (no processes)."""
 
 from __future__ import annotations
 
+import csv
 import json
+from pathlib import Path
 
 import pytest
 
-from ddlctl.report.summary import summarize
+from ddlctl.report.export import write_csv
+from ddlctl.report.summary import percentile, summarize
+from ddlctl.report.trace import build_trace
+
+T0 = 1_700_000_000.0
 
 
-def write_steps(folder, task, durations, samples, start_us=1_000_000_000):
-    folder.mkdir(parents=True)
-    t = start_us
+def write_steps(run: Path, task: str, durations, samples=100, start=T0, sync=None, host="h1"):
+    folder = run / "tasks" / task.replace(":", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    t = start
     with open(folder / "steps.jsonl", "w") as f:
         for i, d in enumerate(durations, start=1):
-            f.write(json.dumps({"task": task, "step": i, "start_us": t, "duration_s": d,
-                                "samples": samples}) + "\n")
-            t += int(d * 1e6)
+            record = {"task": task, "step": i, "start_us": int(round(t * 1e6)), "duration_s": d, "samples": samples}
+            if sync is not None:
+                record["sync_s"] = sync
+                record["input_s"] = sync / 2
+            f.write(json.dumps(record) + "\n")
+            t += d
 
 
-def test_throughput_excludes_warmup_and_is_samples_over_window(tmp_path):
+def write_plan(run: Path, strategy: str, tasks: dict[str, str], hosts=()):
+    run.mkdir(parents=True, exist_ok=True)
+    plan = {"run_id": "r1", "strategy": strategy,
+            "cluster": {"hosts": [{"name": h, "gpus": 0} for h in hosts]},
+            "request": {"workload_args": ["--batch-size", "64"], "command": []},
+            "tasks": [{"name": n, "host": h, "role": n.split(":")[0]} for n, h in tasks.items()]}
+    (run / "plan.json").write_text(json.dumps(plan))
+
+
+def write_telemetry(run: Path, host: str, utils, mem_used, mem_total=80 * 2**30, interval=1.0, times=None,
+                    cpu=50.0):
+    folder = run / "telemetry"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [{"type": "hello", "host": host, "interval": interval, "gpu_note": None,
+              "gpus": [{"index": 0, "name": "H100", "memory_total_bytes": mem_total}]}]
+    times = times or [T0 + i * interval for i in range(len(utils))]
+    for i, (t, util) in enumerate(zip(times, utils, strict=True)):
+        lines.append({"type": "sample", "t": t, "cpu": cpu, "mem_used": 2**30, "mem_total": 2**34,
+                      "net_sent": 1000 * i, "net_recv": 2000 * i,
+                      "procs": {"worker:0": {"cpu": 90.0, "rss": 5 * 2**20}},
+                      "gpus": [{"index": 0, "util": util, "sm_active": util / 2, "mem_used": mem_used[i],
+                                "mem_total": mem_total, "power_w": 100.0 + i}]})
+    (folder / f"{host}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_percentiles_interpolate_linearly():
+    values = [0.1 * i for i in range(1, 11)]
+    assert percentile(values, 50) == pytest.approx(0.55)
+    assert percentile(values, 90) == pytest.approx(0.91)
+    assert percentile(values, 99) == pytest.approx(0.991)
+    assert percentile([3.0], 99) == 3.0 and percentile([], 50) is None
+
+
+def test_step_statistics_warmup_and_throughput(tmp_path):
     run = tmp_path / "run"
-    # 2 warm-up steps of 1 s, then 8 steps of 0.5 s with 100 samples each per task
-    write_steps(run / "tasks" / "worker-0", "worker:0", [1, 1] + [0.5] * 8, 100)
-    write_steps(run / "tasks" / "worker-1", "worker:1", [1, 1] + [0.5] * 8, 100)
-    (run / "tasks" / "worker-0" / "result.json").write_text(json.dumps({"loss": 0.25,
-                                                                       "accuracy": 0.9}))
-    (run / "plan.json").write_text(json.dumps({"run_id": "r", "strategy": "mwms"}))
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h1"})
+    # 2 warm-up steps of 1 s are excluded; then 0.1 .. 1.0 s
+    durations = [1.0, 1.0] + [0.1 * i for i in range(1, 11)]
+    write_steps(run, "worker:0", durations)
+    write_steps(run, "worker:1", durations)
     summary = summarize(run, warmup_steps=2)
-    assert summary.total_steps == 20
-    by_name = {t.name: t for t in summary.tasks}
-    assert by_name["worker:0"].kept_steps == 8
-    assert by_name["worker:0"].samples_per_s == pytest.approx(800 / 4.0)
-    assert by_name["worker:0"].loss == 0.25 and by_name["worker:1"].accuracy is None
-    assert summary.throughput_samples_per_s == pytest.approx(1600 / 4.0)
-    assert summary.strategy == "mwms"
+    w0 = next(t for t in summary.tasks if t.name == "worker:0")
+    assert (w0.steps, w0.kept_steps) == (12, 10)
+    assert w0.step_time_p50_s == pytest.approx(0.55)
+    assert w0.step_time_p90_s == pytest.approx(0.91)
+    assert w0.step_time_p99_s == pytest.approx(0.991)
+    window = sum(0.1 * i for i in range(1, 11))  # 5.5 s
+    assert w0.samples_per_s == pytest.approx(1000 / window)
+    assert summary.throughput_samples_per_s == pytest.approx(2000 / window), "samples over the window"
+    assert summary.throughput_steps_per_s == pytest.approx(10 / window), "a synchronous step counts once"
+    assert summary.global_batch == 64 and summary.warmup_steps == 2
+    assert not any(t.straggler for t in summary.tasks)
 
 
-def test_truncated_line_is_counted_not_fatal(tmp_path):
+def test_straggler_by_median_step_time(tmp_path):
     run = tmp_path / "run"
-    write_steps(run / "tasks" / "chief-0", "chief:0", [0.1] * 3, 10)
+    write_plan(run, "ps", {"a:0": "h1", "b:0": "h1", "c:0": "h2"})
+    write_steps(run, "a:0", [0.100] * 20)
+    write_steps(run, "b:0", [0.105] * 20)
+    write_steps(run, "c:0", [0.120] * 20)
+    summary = summarize(run, warmup_steps=0)
+    assert {t.name: t.straggler for t in summary.tasks} == {"a:0": False, "b:0": False, "c:0": True}
+    assert any(line.startswith("straggler: c:0 on h2") for line in summary.diagnosis)
+
+
+def test_straggler_by_late_arrival_in_synchronous_training(tmp_path):
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h2"})
+    # lockstep: same step times, but worker:1 reaches the all-reduce 30 ms after worker:0
+    write_steps(run, "worker:0", [0.1] * 20, sync=0.010)
+    write_steps(run, "worker:1", [0.1] * 20, sync=0.040)
+    summary = summarize(run, warmup_steps=0)
+    tasks = {t.name: t for t in summary.tasks}
+    assert tasks["worker:1"].straggler and not tasks["worker:0"].straggler
+    assert tasks["worker:1"].arrival_lateness_p50_s == pytest.approx(0.030, abs=1e-6)
+    assert tasks["worker:0"].input_fraction == pytest.approx(0.05)
+
+
+def test_telemetry_statistics_gaps_and_diagnosis(tmp_path):
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1"}, hosts=["h1"])
+    write_steps(run, "worker:0", [1.0] * 10)
+    utils = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    mem = [10 * 2**30, 20 * 2**30, 79 * 2**30, 30 * 2**30, 30 * 2**30, 30 * 2**30]
+    times = [T0 + t for t in (0, 1, 2, 3, 8, 9)]  # 5 s without a sample: a gap
+    write_telemetry(run, "h1", utils, mem, times=times)
+    summary = summarize(run, warmup_steps=0)
+    (host,) = summary.hosts
+    gpu = host.gpus[0]
+    assert gpu.util_mean == pytest.approx(35.0)
+    assert gpu.util_p5 == pytest.approx(12.5)
+    assert gpu.sm_active_mean == pytest.approx(17.5)
+    assert gpu.mem_peak_bytes == 79 * 2**30 and gpu.mem_total_bytes == 80 * 2**30
+    assert gpu.power_mean_w == pytest.approx(102.5) and gpu.power_peak_w == 105.0
+    assert host.cpu_util_mean == 50.0 and host.samples == 6
+    assert host.gaps == ((T0 + 3, T0 + 8),)
+    assert host.net_sent_bytes_per_s == pytest.approx(5000 / 9)
+    assert summary.gpus_count == 1
+    text = "\n".join(summary.diagnosis)
+    assert "GPU 0 on h1 mostly idle: busy 35%" in text
+    assert "memory near full" in text
+    assert "telemetry gap on h1: no samples for 5.0s" in text
+    task = summary.tasks[0]
+    assert task.cpu_mean == 90.0 and task.rss_peak_bytes == 5 * 2**20
+
+
+def test_summary_json_keys_are_the_documented_ones(tmp_path):
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1"}, hosts=["h1"])
+    write_steps(run, "worker:0", [0.1] * 10)
+    write_telemetry(run, "h1", [90.0] * 3, [2**30] * 3)
+    data = json.loads(json.dumps(summarize(run).to_dict()))
+    for key in ("run_id", "strategy", "wall_time_s", "warmup_steps", "throughput_samples_per_s", "tasks",
+                "hosts", "diagnosis"):
+        assert key in data
+    for key in ("name", "host", "exit_code", "steps", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s",
+                "samples_per_s", "straggler"):
+        assert key in data["tasks"][0]
+    for key in ("host", "cpu_util_mean", "mem_peak_bytes", "gpus"):
+        assert key in data["hosts"][0]
+    for key in ("index", "name", "util_mean", "util_p5", "mem_peak_bytes", "mem_total_bytes", "power_mean_w"):
+        assert key in data["hosts"][0]["gpus"][0]
+
+
+def test_truncated_lines_are_counted_not_fatal(tmp_path):
+    run = tmp_path / "run"
+    write_steps(run, "chief:0", [0.1] * 3)
     with open(run / "tasks" / "chief-0" / "steps.jsonl", "a") as f:
         f.write('{"task": "chief:0", "st')
     summary = summarize(run, warmup_steps=0)
     assert summary.skipped_lines == 1 and summary.total_steps == 3
+
+
+def test_trace_has_a_process_per_host_a_thread_per_task_and_counters(tmp_path):
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h2"})
+    write_steps(run, "worker:0", [0.1] * 4)
+    write_steps(run, "worker:1", [0.2] * 3)
+    write_telemetry(run, "h1", [50.0, 60.0], [2**30, 2**30])
+    events = build_trace(run)["traceEvents"]
+    processes = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    threads = {e["args"]["name"]: (e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
+    assert set(processes) == {"h1", "h2"}
+    assert threads["worker:0"][0] == processes["h1"] and threads["worker:1"][0] == processes["h2"]
+    steps = [e for e in events if e["ph"] == "X"]
+    assert len(steps) == 7
+    first = min((e for e in steps if e["tid"] == threads["worker:0"][1]), key=lambda e: e["ts"])
+    assert first["ts"] == int(T0 * 1e6) and first["dur"] == pytest.approx(1e5)
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert counters == {"CPU %", "GPU 0 util %", "GPU 0 memory GiB"}
+
+
+def test_csv_export(tmp_path):
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1"}, hosts=["h1"])
+    write_steps(run, "worker:0", [0.1] * 10)
+    write_telemetry(run, "h1", [90.0] * 3, [2**30] * 3)
+    paths = write_csv(summarize(run), tmp_path / "csv")
+    assert [p.name for p in paths] == ["tasks.csv", "hosts.csv", "gpus.csv"]
+    with open(tmp_path / "csv" / "gpus.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows[0]["host"] == "h1" and float(rows[0]["util_mean"]) == 90.0

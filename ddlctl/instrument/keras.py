@@ -1,7 +1,8 @@
 """A Keras callback that records step timings, for Keras 3 (``keras``) or Keras 2 (``tf_keras``).
 
 With ``steps_per_execution`` > 1, Keras calls batch hooks once per block of steps: one record then
-covers the block (``"steps": k``), and the summary says so.
+covers the block (``"steps": k``), and the summary says so. Under ParameterServerStrategy tf-keras
+refuses batch-level callbacks, so there the timer records one block per epoch instead.
 """
 
 from __future__ import annotations
@@ -49,6 +50,40 @@ def step_timer_class(base: type) -> type:
 
     StepTimer.__name__ = StepTimer.__qualname__ = "StepTimer"
     return StepTimer
+
+
+@lru_cache(maxsize=4)
+def epoch_timer_class(base: type) -> type:
+    """An epoch-level timer (batch hooks are refused under ParameterServerStrategy)."""
+
+    class EpochStepTimer(base):  # type: ignore[misc, valid-type]
+        _ddlctl_step_timer = True
+
+        def __init__(self, batch_size: int | None = None, recorder: StepRecorder | None = None) -> None:
+            super().__init__()
+            self.batch_size = batch_size
+            self.recorder = recorder or shared_recorder()
+            self.global_step = 0
+            self._start = self._wall = 0.0
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self._start, self._wall = time.monotonic(), time.time()
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            steps = int((self.params or {}).get("steps") or 1)
+            self.global_step += steps
+            samples = self.batch_size * steps if self.batch_size else None
+            self.recorder.record(self.global_step, self._wall, time.monotonic() - self._start, samples,
+                                 steps=steps)
+            self.recorder.flush()
+
+    EpochStepTimer.__name__ = EpochStepTimer.__qualname__ = "EpochStepTimer"
+    return EpochStepTimer
+
+
+def _uses_parameter_servers(model: object) -> bool:
+    strategy = getattr(model, "distribute_strategy", None)
+    return "ParameterServer" in type(strategy).__name__ or os.environ.get("DDLCTL_STRATEGY") == "ps"
 
 
 def _default_keras() -> object:
@@ -105,8 +140,8 @@ def patch_fit(module: object) -> bool:
         positional = len(args) > 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
         callbacks = list((args[5] if positional else kwargs.get("callbacks")) or [])
         if not any(getattr(cb, MARK, False) for cb in callbacks):
-            timer = step_timer_class(module.callbacks.Callback)(batch_size=guess_batch_size(args, kwargs))
-            callbacks.append(timer)
+            make = epoch_timer_class if _uses_parameter_servers(self) else step_timer_class
+            callbacks.append(make(module.callbacks.Callback)(batch_size=guess_batch_size(args, kwargs)))
         if positional:
             args = (*args[:5], callbacks, *args[6:])
         else:

@@ -1,0 +1,118 @@
+"""Profiling real runs: steps, telemetry, stragglers, instrumentation, the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PROGRAMS, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
+
+pytestmark = pytest.mark.cluster
+
+
+def steps_of(run_dir, task):
+    path = run_dir / "tasks" / task.replace(":", "-") / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_profile_flags_exactly_the_slowed_worker(runs):
+    result = run_ddlctl("profile", "--strategy", "mwms", "--workers", "3", "--sample-interval", "0.5",
+                        "--run-dir", str(runs), "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "60",
+                        "--batch-size", "48", "--slow-task", "worker:1", "--slow-ms", "40")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    flags = {t["name"]: t["straggler"] for t in summary["tasks"]}
+    assert flags == {"worker:0": False, "worker:1": True, "worker:2": False}
+    assert "straggler: worker:1 on localhost" in result.stdout
+    assert "tasks" in result.stdout and "hosts" in result.stdout, "the full report is printed"
+    host = summary["hosts"][0]
+    assert host["samples"] >= 4 and host["cpu_util_mean"] > 0
+    assert (run_dir / "trace.json").stat().st_size > 0
+
+
+def test_report_from_a_copied_run_directory_gives_the_same_answer(runs, tmp_path):
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--steps", "30", "--run-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    live = json.loads((run_dir / "summary.json").read_text())
+    assert (run_dir / "telemetry" / "localhost.jsonl").stat().st_size > 0, "launch collects telemetry too"
+    copy = tmp_path / "elsewhere" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(run_dir)
+    again = run_ddlctl("report", str(copy), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == live
+    text = run_ddlctl("report", str(copy), "--csv", str(tmp_path / "csv"), "--trace", str(tmp_path / "t.json"))
+    assert text.returncode == 0 and "worker:0" in text.stdout
+    assert (tmp_path / "csv" / "tasks.csv").exists()
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+@pytest.mark.parametrize("strategy", ["mwms", "ps"])
+def test_model_fit_gets_step_timings_without_code_changes(runs, strategy):
+    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--run-dir", str(runs), "--",
+                        sys.executable, str(PROGRAMS / "fit_program.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    trainer = "chief:0" if strategy == "ps" else "worker:1"
+    records = steps_of(run_dir, trainer)
+    if strategy == "ps":  # tf-keras refuses batch callbacks under ps: one record per epoch
+        assert [(r["step"], r["steps"]) for r in records] == [(20, 20), (40, 20), (60, 20)]
+    else:
+        assert len(records) == 60, "3 epochs x 20 steps"
+        assert records[-1]["step"] == 60
+    assert all(r["duration_s"] > 0 for r in records)
+
+
+def test_no_auto_steps_turns_the_hook_off(runs):
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--no-auto-steps", "--no-telemetry",
+                        "--run-dir", str(runs), "--", sys.executable, str(PROGRAMS / "fit_program.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert steps_of(only_run_dir(runs), "worker:0") == []
+
+
+def test_custom_loop_with_ddlctl_step(runs):
+    result = run_ddlctl("launch", "--strategy", "one_device", "--run-dir", str(runs), "--",
+                        sys.executable, str(PROGRAMS / "custom_loop.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = steps_of(only_run_dir(runs), "worker:0")
+    assert [r["step"] for r in records] == list(range(1, 26))
+    assert {r["samples"] for r in records} == {8}
+
+
+def test_agent_death_leaves_a_gap_and_the_job_goes_on(runs):
+    proc = subprocess.Popen(
+        ddlctl_cmd("launch", "--strategy", "one_device", "--steps", "1500", "--sample-interval", "0.3",
+                   "--run-dir", str(runs)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            dirs = list(runs.iterdir())
+            if dirs and (dirs[0] / "tasks" / "worker-0" / "steps.jsonl").exists():
+                break
+            time.sleep(0.2)
+        run_id = only_run_dir(runs).name
+        agents = [p for p in processes_of_run(run_id)
+                  if any("ddlctl.runtime.agent" in part for part in p.cmdline())
+                  and not any("watchdog" in part for part in p.cmdline())]
+        assert len(agents) == 1
+        agents[0].send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    run_dir = only_run_dir(runs)
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["ok"] and "telemetry agent on localhost stopped (killed by SIGKILL)" in outcome["telemetry_gaps"][0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert any("telemetry" in line for line in summary["diagnosis"])
+    assert "telemetry agent on localhost stopped" in out
