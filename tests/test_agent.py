@@ -48,13 +48,14 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
         while time.monotonic() < deadline:
             record = json.loads(agent.stdout.readline())
             samples.append(record)
-            if len(samples) > 4 and "worker:0" in record["procs"] and record["procs"]["worker:0"]["cpu"] > 0:
+            if len(samples) > 4 and "worker:0" in record["procs"] and record["procs"]["worker:0"][0] > 0:
                 break
         last = samples[-1]
         assert last["type"] == "sample" and 0 <= last["cpu"] <= 100
         assert last["mem_total"] > last["mem_used"] > 0
-        assert last["procs"]["worker:0"]["rss"] > 50_000_000
-        assert last["procs"]["worker:0"]["cpu"] > 0
+        cpu, rss = last["procs"]["worker:0"]
+        assert rss > 50_000_000 and cpu > 0
+        assert hello["gpu_fields"][:2] == ["index", "util"]
         assert last["steps"] == {"worker:0": 2}, "only complete lines count"
         gaps = [b["t"] - a["t"] for a, b in zip(samples, samples[1:], strict=False)]
         assert all(0.1 < g < 1.0 for g in gaps)

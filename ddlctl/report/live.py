@@ -16,6 +16,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
+
 
 @dataclass
 class _TaskRate:
@@ -30,10 +32,15 @@ class LiveState:
 
     tasks: dict[str, _TaskRate] = field(default_factory=dict)
     hosts: dict[str, dict] = field(default_factory=dict)
+    fields: dict[str, list[str]] = field(default_factory=dict)
 
     def update(self, host: str, record: dict) -> None:
+        if record.get("type") == "hello":
+            self.fields[host] = list(record.get("gpu_fields") or GPU_FIELDS)
         if record.get("type") != "sample":
             return
+        record = {**record, "gpus": [gpu_reading(g, self.fields.get(host, GPU_FIELDS))
+                                     for g in record.get("gpus") or ()]}
         t = float(record.get("t", time.time()))
         self.hosts[host] = record
         for task, count in (record.get("steps") or {}).items():

@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import operator
+import os
 from array import array
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 from ddlctl.rundir import task_dirs
+from ddlctl.telemetry.nvml import GPU_FIELDS
 
 DEFAULT_WARMUP_STEPS = 5
 STRAGGLER_RATIO = 1.10
@@ -73,31 +79,66 @@ class TaskSteps:
     bad_lines: int = 0
 
 
+def parse_json_lines(data: bytes) -> tuple[list, int]:
+    """Objects of a JSON-lines text and the number of unreadable lines. One ``json.loads`` over
+    the whole file when every line is sound (fast), line by line otherwise."""
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    if not lines:
+        return [], 0
+    try:
+        return json.loads(b"[" + b",".join(lines) + b"]"), 0
+    except ValueError:
+        pass
+    records, bad = [], 0
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            bad += 1
+    return records, bad
+
+
 def read_steps(path: Path, name: str) -> TaskSteps:
     """Parse one ``steps.jsonl``; unreadable lines (e.g. a task killed mid-write) are counted."""
     steps = TaskSteps(name)
     if not path.is_file():
         return steps
-    loads = json.loads
-    with path.open("rb") as handle:
-        for line in handle:
-            try:
-                raw = loads(line)
-                steps.step.append(int(raw["step"]))
-                steps.start_us.append(int(raw["start_us"]))
-                steps.duration.append(float(raw["duration_s"]))
-                samples = raw.get("samples")
-                steps.samples.append(-1 if samples is None else int(samples))
-                value = raw.get("input_s")
-                steps.input_s.append(-1.0 if value is None else float(value))
-                value = raw.get("sync_s")
-                steps.sync_s.append(-1.0 if value is None else float(value))
-                steps.block = max(steps.block, int(raw.get("steps", 1)))
-                if raw.get("task"):
-                    steps.name = str(raw["task"])
-            except (ValueError, KeyError, TypeError):
-                steps.bad_lines += 1
+    records, steps.bad_lines = parse_json_lines(path.read_bytes())
+    try:  # fast path: every record well formed
+        steps.step = array("q", [int(r["step"]) for r in records])
+        steps.start_us = array("q", [int(r["start_us"]) for r in records])
+        steps.duration = array("d", [float(r["duration_s"]) for r in records])
+        steps.samples = array("q", [-1 if r.get("samples") is None else int(r["samples"]) for r in records])
+        steps.input_s = array("d", [-1.0 if r.get("input_s") is None else float(r["input_s"]) for r in records])
+        steps.sync_s = array("d", [-1.0 if r.get("sync_s") is None else float(r["sync_s"]) for r in records])
+        steps.block = max([int(r.get("steps", 1)) for r in records], default=1)
+        if records and records[-1].get("task"):
+            steps.name = str(records[-1]["task"])
+        return steps
+    except (KeyError, TypeError, ValueError, AttributeError):
+        pass
+    steps = TaskSteps(name, bad_lines=steps.bad_lines)
+    for raw in records:
+        try:
+            row = (int(raw["step"]), int(raw["start_us"]), float(raw["duration_s"]),
+                   -1 if raw.get("samples") is None else int(raw["samples"]),
+                   -1.0 if raw.get("input_s") is None else float(raw["input_s"]),
+                   -1.0 if raw.get("sync_s") is None else float(raw["sync_s"]), int(raw.get("steps", 1)))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            steps.bad_lines += 1
+            continue
+        for column, value in zip((steps.step, steps.start_us, steps.duration, steps.samples, steps.input_s,
+                                  steps.sync_s), row, strict=False):
+            column.append(value)
+        steps.block = max(steps.block, row[6])
+        if raw.get("task"):
+            steps.name = str(raw["task"])
     return steps
+
+
+def last_end_us(starts: Sequence[int], durations: Sequence[float]) -> float:
+    """Latest ``start + duration`` in microseconds (C-level iteration: millions of records)."""
+    return max(map(operator.add, starts, map(operator.mul, durations, repeat(1e6))))
 
 
 @dataclass(frozen=True)
@@ -206,53 +247,64 @@ class _HostSeries:
     bad_lines: int = 0
 
 
+def _column(items: list[dict], key: str) -> array:
+    return array("d", [float(v) for v in (item.get(key) for item in items) if v is not None])
+
+
+def _values(rows: list[list], position: int | None) -> array:
+    if position is None:
+        return array("d")
+    return array("d", [float(v) for v in (row[position] if len(row) > position else None for row in rows)
+                       if v is not None])
+
+
 def read_telemetry(path: Path) -> _HostSeries:
-    """Parse one ``telemetry/<host>.jsonl``."""
+    """Parse one ``telemetry/<host>.jsonl`` (column by column: hours of samples stay fast)."""
     series = _HostSeries(path.stem)
-    loads = json.loads
-    with path.open("rb") as handle:
-        for line in handle:
-            try:
-                raw = loads(line)
-            except ValueError:
-                series.bad_lines += 1
-                continue
-            kind = raw.get("type")
-            if kind == "hello":
-                series.host = raw.get("host", series.host)
-                series.interval = float(raw.get("interval", 1.0))
-                series.gpu_note = raw.get("gpu_note")
-                for gpu in raw.get("gpus", []):
-                    entry = series.gpus.setdefault(int(gpu["index"]), _GpuSeries())
-                    entry.name = gpu.get("name")
-                    entry.mem_total = gpu.get("memory_total_bytes")
-                continue
-            if kind != "sample":
-                continue
-            series.t.append(float(raw["t"]))
-            if raw.get("cpu") is not None:
-                series.cpu.append(float(raw["cpu"]))
-            if raw.get("mem_used") is not None:
-                series.mem.append(float(raw["mem_used"]))
-                series.mem_total = raw.get("mem_total")
-            if raw.get("net_sent") is not None:
-                series.net.append((float(raw["t"]), float(raw["net_sent"]), float(raw["net_recv"])))
-            for gpu in raw.get("gpus", ()):
+    records, series.bad_lines = parse_json_lines(path.read_bytes())
+    samples = []
+    fields = list(GPU_FIELDS)
+    for raw in records:
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if kind == "sample" and isinstance(raw.get("t"), (int, float)):
+            samples.append(raw)
+        elif kind == "hello":
+            series.host = str(raw.get("host", series.host))
+            series.interval = float(raw.get("interval", 1.0))
+            series.gpu_note = raw.get("gpu_note")
+            fields = list(raw.get("gpu_fields") or fields)
+            for gpu in raw.get("gpus") or []:
                 entry = series.gpus.setdefault(int(gpu["index"]), _GpuSeries())
-                if gpu.get("util") is not None:
-                    entry.util.append(gpu["util"])
-                if gpu.get("sm_active") is not None:
-                    entry.sm.append(gpu["sm_active"])
-                if gpu.get("mem_used") is not None:
-                    entry.mem.append(gpu["mem_used"])
-                if gpu.get("mem_total"):
-                    entry.mem_total = gpu["mem_total"]
-                if gpu.get("power_w") is not None:
-                    entry.power.append(gpu["power_w"])
-            for task, figures in (raw.get("procs") or {}).items():
-                cpu, rss = series.procs.setdefault(task, (array("d"), array("d")))
-                cpu.append(figures.get("cpu", 0.0))
-                rss.append(figures.get("rss", 0))
+                entry.name = gpu.get("name")
+                entry.mem_total = gpu.get("memory_total_bytes")
+        elif kind != "error":  # agents report problems as {"type": "error"}; anything else is unreadable
+            series.bad_lines += 1
+    series.t = _column(samples, "t")
+    series.cpu = _column(samples, "cpu")
+    series.mem = _column(samples, "mem_used")
+    totals = [r["mem_total"] for r in samples if r.get("mem_total")]
+    series.mem_total = totals[-1] if totals else None
+    series.net = [(float(r["t"]), float(r["net_sent"]), float(r["net_recv"])) for r in (samples[0], samples[-1])
+                  if r.get("net_sent") is not None and r.get("net_recv") is not None] if samples else []
+    # GPU readings are arrays in the order of hello's gpu_fields (older agents: dicts)
+    position = {name: i for i, name in enumerate(fields)}
+    by_gpu: dict[int, list[list]] = {}
+    for gpus in [r.get("gpus") or () for r in samples]:
+        for gpu in gpus:
+            row = gpu if isinstance(gpu, list) else [gpu.get(f) for f in fields]
+            by_gpu.setdefault(row[position["index"]], []).append(row)
+    for index, rows in by_gpu.items():
+        entry = series.gpus.setdefault(int(index), _GpuSeries())
+        entry.util, entry.sm = _values(rows, position.get("util")), _values(rows, position.get("sm_active"))
+        entry.mem, entry.power = _values(rows, position.get("mem_used")), _values(rows, position.get("power_w"))
+        totals = _values(rows, position.get("mem_total"))
+        entry.mem_total = totals[-1] if totals else entry.mem_total
+    by_task: dict[str, list[list]] = {}
+    for procs in [r.get("procs") or {} for r in samples]:
+        for task, figures in procs.items():
+            by_task.setdefault(task, []).append(figures if isinstance(figures, list)
+                                                else [figures.get("cpu"), figures.get("rss")])
+    series.procs = {task: (_values(rows, 0), _values(rows, 1)) for task, rows in by_task.items()}
     return series
 
 
@@ -301,27 +353,36 @@ def _kept(steps: TaskSteps, warmup: int) -> slice:
     return slice(warmup, None) if len(steps.step) > warmup else slice(0, 0)
 
 
-def _window_rate(columns: Sequence[tuple[TaskSteps, slice]]) -> tuple[float | None, float | None, int]:
-    """(samples/s, records/s, records) over the union time window of the kept records."""
-    start = end = None
-    samples = records = 0
-    known = True
-    for steps, kept in columns:
-        starts, durations = steps.start_us[kept], steps.duration[kept]
-        if not starts:
-            continue
-        first = min(starts)
-        last = max(s + d * 1e6 for s, d in zip(starts, durations, strict=True))
-        start = first if start is None else min(start, first)
-        end = last if end is None else max(end, last)
-        counts = steps.samples[kept]
-        known = known and min(counts) >= 0
-        samples += sum(counts)
-        records += len(starts)
-    if start is None or end is None or end <= start:
-        return None, None, records
-    span = (end - start) / 1e6
-    return (samples / span if known else None), records / span, records
+@dataclass(frozen=True)
+class _Window:
+    """A task's kept records: their time span (µs), sample and record counts."""
+
+    first_us: float
+    last_us: float
+    samples: int
+    records: int
+    samples_known: bool
+
+
+def _window(steps: TaskSteps, kept: slice) -> _Window | None:
+    starts = steps.start_us[kept]
+    if not starts:
+        return None
+    counts = steps.samples[kept]
+    return _Window(min(starts), last_end_us(starts, steps.duration[kept]), sum(counts), len(starts),
+                   min(counts) >= 0)
+
+
+def _rates(windows: Sequence[_Window | None]) -> tuple[float | None, float | None]:
+    """(samples/s, records/s) over the union time window of the given windows."""
+    present = [w for w in windows if w is not None]
+    if not present:
+        return None, None
+    span = (max(w.last_us for w in present) - min(w.first_us for w in present)) / 1e6
+    if span <= 0:
+        return None, None
+    known = all(w.samples_known for w in present)
+    return (sum(w.samples for w in present) / span if known else None), sum(w.records for w in present) / span
 
 
 def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, float]:
@@ -334,6 +395,13 @@ def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, 
             return {}
         arrivals[steps.name] = {s: st / 1e6 + sync for s, st, sync in
                                 zip(steps.step[kept], steps.start_us[kept], steps.sync_s[kept], strict=True)}
+    names = list(arrivals)
+    columns = [list(arrivals[name].values()) for name in names]
+    keys = [list(arrivals[name]) for name in names]
+    if len(names) >= 2 and all(k == keys[0] for k in keys):  # same steps everywhere: C-level path
+        firsts = list(map(min, *columns))
+        return {name: _median(map(operator.sub, column, firsts)) or 0.0
+                for name, column in zip(names, columns, strict=True)}
     common = set.intersection(*(set(a) for a in arrivals.values())) if arrivals else set()
     if len(arrivals) < 2 or not common:
         return {}
@@ -343,6 +411,28 @@ def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, 
         for name, a in arrivals.items():
             late[name].append(a[step] - first)
     return {name: _median(values) or 0.0 for name, values in late.items()}
+
+
+PARALLEL_BYTES = 32 * 2**20
+
+
+def _read_task(folder: Path) -> TaskSteps:
+    return read_steps(folder / "steps.jsonl", folder.name.replace("-", ":", 1))
+
+
+def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[TaskSteps], list[_HostSeries]]:
+    """Parse every steps and telemetry file; in worker processes when there is a lot to parse
+    (JSON decoding is the cost: spread it over the cores)."""
+    files = [f / "steps.jsonl" for f in folders] + telemetry_files
+    size = sum(p.stat().st_size for p in files if p.is_file())
+    workers = min(os.cpu_count() or 1, 8)
+    if size < PARALLEL_BYTES or workers < 2:
+        return [_read_task(f) for f in folders], [read_telemetry(p) for p in telemetry_files]
+    context = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        telemetry = pool.map(read_telemetry, telemetry_files)
+        steps = pool.map(_read_task, folders, chunksize=max(1, len(folders) // (4 * workers)))
+        return list(steps), list(telemetry)
 
 
 def _load_json(path: Path) -> dict:
@@ -360,32 +450,31 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     planned = {t["name"]: t for t in plan.get("tasks", [])}
     ended = {t["name"]: t for t in outcome.get("tasks", [])}
 
+    folders = task_dirs(run_dir)
+    telemetry_files = sorted((run_dir / "telemetry").glob("*.jsonl"))
+    parsed_steps, telemetry = _parse_all(folders, telemetry_files)
     all_steps: list[TaskSteps] = []
     results: dict[str, dict] = {}
-    for folder in task_dirs(run_dir):
-        name = folder.name.replace("-", ":", 1)
-        steps = read_steps(folder / "steps.jsonl", name)
+    for folder, steps in zip(folders, parsed_steps, strict=True):
         result = _load_json(folder / "result.json")
         if steps.step or result:
             all_steps.append(steps)
             results[steps.name] = result
-    telemetry = [read_telemetry(p) for p in sorted((run_dir / "telemetry").glob("*.jsonl"))]
 
     synchronous = plan.get("strategy") != "ps"
-    medians: dict[str, float] = {}
-    for steps in all_steps:
-        kept = sorted(steps.duration[_kept(steps, warmup_steps)])
-        if kept:
-            medians[steps.name] = percentile(kept, 50) or 0.0
+    kept_of = {s.name: _kept(s, warmup_steps) for s in all_steps}
+    sorted_durations = {s.name: sorted(s.duration[kept_of[s.name]]) for s in all_steps}
+    windows = {s.name: _window(s, kept_of[s.name]) for s in all_steps}
+    medians = {name: percentile(d, 50) or 0.0 for name, d in sorted_durations.items() if d}
     fleet = _median(medians.values())
     lateness = _arrival_lateness(all_steps, warmup_steps) if synchronous else {}
     procs = {task: figures for series in telemetry for task, figures in series.procs.items()}
 
     tasks = []
     for steps in all_steps:
-        kept = _kept(steps, warmup_steps)
-        durations = sorted(steps.duration[kept])
-        rate, _, _ = _window_rate([(steps, kept)])
+        kept = kept_of[steps.name]
+        durations = sorted_durations[steps.name]
+        rate, _ = _rates([windows[steps.name]])
         reason = None
         median = medians.get(steps.name)
         if fleet and median is not None and len(medians) > 1 and median > STRAGGLER_RATIO * fleet:
@@ -410,16 +499,16 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
             loss=results.get(steps.name, {}).get("loss"), accuracy=results.get(steps.name, {}).get("accuracy"),
             cpu_mean=mean(cpu) if cpu else None, rss_peak_bytes=int(max(rss)) if rss else None))
 
-    columns = [(s, _kept(s, warmup_steps)) for s in all_steps]
-    throughput, record_rate, _ = _window_rate(columns)
+    throughput, record_rate = _rates(list(windows.values()))
     step_rate = None
     if record_rate is not None and all_steps:
         # synchronous tasks record the same steps: count a global step once
         per_step_records = len(all_steps) if synchronous else 1
         step_rate = record_rate * max(s.block for s in all_steps) / per_step_records
 
-    starts = [s.start_us[0] / 1e6 for s in all_steps if s.start_us]
-    ends = [max(st / 1e6 + d for st, d in zip(s.start_us, s.duration, strict=True)) for s in all_steps if s.start_us]
+    starts = [min(s.start_us) / 1e6 for s in all_steps if s.start_us]
+    ends = [(w.last_us if (w := windows[s.name]) is not None else last_end_us(s.start_us, s.duration)) / 1e6
+            for s in all_steps if s.start_us]
     run_start = min(starts) if starts else None
     run_end = max(ends) if ends else None
     hosts = tuple(_host_summary(series, run_start, run_end) for series in telemetry)

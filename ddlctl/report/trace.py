@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ddlctl.report.summary import read_steps, read_telemetry
 from ddlctl.rundir import task_dirs
+from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
 
 
 def build_trace(run_dir: str | Path) -> dict[str, object]:
@@ -49,18 +50,21 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
     for path in sorted((run_dir / "telemetry").glob("*.jsonl")):
         series = read_telemetry(path)
         pid = pid_for(series.host)
+        fields = list(GPU_FIELDS)
         with path.open("rb") as handle:  # counters need per-sample timestamps: one more pass
             for line in handle:
                 try:
                     raw = json.loads(line)
                 except ValueError:
                     continue
+                if raw.get("type") == "hello":
+                    fields = list(raw.get("gpu_fields") or fields)
                 if raw.get("type") != "sample":
                     continue
                 ts = int(float(raw["t"]) * 1e6)
                 if raw.get("cpu") is not None:
                     events.append({"ph": "C", "name": "CPU %", "pid": pid, "ts": ts, "args": {"cpu": raw["cpu"]}})
-                for gpu in raw.get("gpus", ()):
+                for gpu in (gpu_reading(g, fields) for g in raw.get("gpus", ())):
                     if gpu.get("util") is not None:
                         events.append({"ph": "C", "name": f"GPU {gpu['index']} util %", "pid": pid, "ts": ts,
                                        "args": {"util": gpu["util"]}})

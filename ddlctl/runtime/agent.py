@@ -6,9 +6,10 @@ It prints JSON lines on stdout (ddlctl streams them into ``telemetry/<host>.json
 * first ``{"type": "hello", ...}``: host, interval, GPU inventory or why there is none, whether
   psutil is available;
 * then every ``--interval`` seconds ``{"type": "sample", "t": epoch_s, ...}`` with host CPU %,
-  memory, network byte counters, per-task CPU % and RSS (processes found by the run id in their
-  environment), every GPU's reading (see :class:`ddlctl.telemetry.nvml.GpuSampler`) and the
-  number of steps each task on this host has recorded so far (for the live view).
+  memory, network byte counters, per-task ``[cpu %, rss bytes]`` (processes found by the run id in
+  their environment), every GPU's reading as an array in the order of ``hello``'s ``gpu_fields``
+  (see :class:`ddlctl.telemetry.nvml.GpuSampler`; arrays keep hours of samples small and fast to
+  read) and the number of steps each task on this host has recorded so far (for the live view).
 
 A missing library (psutil, nvidia-ml-py) or no GPU is reported once in ``hello`` and the agent
 goes on with what it has. It exits 0 on SIGTERM.
@@ -24,7 +25,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from ddlctl.telemetry.nvml import GpuSampler
+from ddlctl.telemetry.nvml import GPU_FIELDS, GpuSampler
 
 WATCHDOG_MARK = "ddlctl.runtime.watchdog"
 RESCAN_S = 5.0
@@ -95,7 +96,7 @@ class HostSampler:
         if now >= self.next_scan:
             self._scan()
             self.next_scan = now + RESCAN_S
-        tasks: dict[str, dict[str, float]] = {}
+        tasks: dict[str, list[float]] = {}
         for pid, (task, proc) in list(self.procs.items()):
             try:
                 with proc.oneshot():  # type: ignore[attr-defined]
@@ -104,9 +105,9 @@ class HostSampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 self.procs.pop(pid, None)
                 continue
-            entry = tasks.setdefault(task, {"cpu": 0.0, "rss": 0})
-            entry["cpu"] += cpu
-            entry["rss"] += rss
+            entry = tasks.setdefault(task, [0.0, 0])
+            entry[0] += cpu
+            entry[1] += rss
         memory = psutil.virtual_memory()
         net = psutil.net_io_counters()
         return {"cpu": psutil.cpu_percent(None), "mem_used": memory.total - memory.available,
@@ -138,14 +139,15 @@ def main(argv: list[str] | None = None) -> int:
         counters[task] = StepCounter(os.path.join(folder, "steps.jsonl"))
     hello = {"type": "hello", "t": time.time(), "host": args.host, "interval": args.interval,
              "pid": os.getpid(), "gpus": [asdict(g) for g in gpus.gpus], "driver": gpus.inventory.driver,
-             "gpu_note": gpus.note, "psutil": host.psutil is not None}
+             "gpu_note": gpus.note, "psutil": host.psutil is not None, "gpu_fields": list(GPU_FIELDS)}
     print(json.dumps(hello), flush=True)
     deadline = time.monotonic()
     try:
         while not stop:
             now = time.time()
             record = {"type": "sample", "t": round(now, 3), **host.sample(time.monotonic()),
-                      "gpus": gpus.sample(), "steps": {t: c.poll() for t, c in counters.items()}}
+                      "gpus": [[g.get(f) for f in GPU_FIELDS] for g in gpus.sample()],
+                      "steps": {t: c.poll() for t, c in counters.items()}}
             sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
             sys.stdout.flush()
             deadline += args.interval  # fixed schedule: no drift
