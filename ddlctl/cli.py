@@ -20,6 +20,18 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+SshKeyOption = Annotated[str | None, typer.Option(
+    "--ssh-key", help="Private key file for SSH hosts (default: ~/.ssh/config, ssh-agent, ~/.ssh/id_*).",
+    show_default=False)]
+SshUserOption = Annotated[str | None, typer.Option(
+    "--ssh-user", help="Login name for SSH hosts without user@ (default: ~/.ssh/config, else yours).",
+    show_default=False)]
+ConnectTimeoutOption = Annotated[float, typer.Option(
+    "--connect-timeout", min=0.1, help="Seconds to wait for each SSH connection.")]
+AcceptNewOption = Annotated[bool, typer.Option(
+    "--accept-new-host-keys", help="Accept and record unknown SSH host keys in ~/.ssh/known_hosts "
+                                   "(a changed key is always refused).")]
+
 STRATEGY_HELP = ("ps (chief + workers + parameter servers), mwms (multi-worker mirrored), or a "
                  "single-host strategy: mirrored, central_storage, one_device. "
                  "Default: the template's, else mwms.")
@@ -104,17 +116,10 @@ def launch(
     auto_steps: Annotated[bool, typer.Option(
         "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
                                              "code changes (a callback ddlctl adds to every fit call).")] = True,
-    ssh_key: Annotated[str | None, typer.Option(
-        "--ssh-key", help="Private key file for SSH hosts (default: ~/.ssh/config, ssh-agent, "
-                          "~/.ssh/id_*).", show_default=False)] = None,
-    ssh_user: Annotated[str | None, typer.Option(
-        "--ssh-user", help="Login name for SSH hosts without user@ (default: ~/.ssh/config, "
-                           "else yours).", show_default=False)] = None,
-    connect_timeout: Annotated[float, typer.Option(
-        "--connect-timeout", min=0.1, help="Seconds to wait for each SSH connection.")] = 10.0,
-    accept_new_host_keys: Annotated[bool, typer.Option(
-        "--accept-new-host-keys", help="Accept and record unknown SSH host keys in "
-                                       "~/.ssh/known_hosts (a changed key is always refused).")] = False,
+    ssh_key: SshKeyOption = None,
+    ssh_user: SshUserOption = None,
+    connect_timeout: ConnectTimeoutOption = 10.0,
+    accept_new_host_keys: AcceptNewOption = False,
     workload: Annotated[str | None, typer.Option(
         "--workload", help="Built-in workload to run when no command is given: cnn.",
         show_default=False)] = None,
@@ -240,14 +245,10 @@ def check(
     hosts: Annotated[str | None, typer.Option("--hosts", help="Hosts file to check.", show_default=False)] = None,
     template: Annotated[str | None, typer.Option("--template", help="YAML cluster template to check.",
                                                  show_default=False)] = None,
-    ssh_key: Annotated[str | None, typer.Option("--ssh-key", help="Private key file for SSH hosts.",
-                                                show_default=False)] = None,
-    ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="Login name for SSH hosts without user@.",
-                                                 show_default=False)] = None,
-    connect_timeout: Annotated[float, typer.Option("--connect-timeout", min=0.1,
-                                                   help="Seconds to wait for each SSH connection.")] = 10.0,
-    accept_new_host_keys: Annotated[bool, typer.Option(
-        "--accept-new-host-keys", help="Accept and record unknown SSH host keys.")] = False,
+    ssh_key: SshKeyOption = None,
+    ssh_user: SshUserOption = None,
+    connect_timeout: ConnectTimeoutOption = 10.0,
+    accept_new_host_keys: AcceptNewOption = False,
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print the reports as JSON on stdout, nothing else.")] = False,
 ) -> None:
@@ -268,12 +269,9 @@ def check(
 @app.command()
 def stop(
     run_dir: Annotated[str, typer.Argument(help="The run directory (runs/<run-id>) whose processes to kill.")],
-    ssh_key: Annotated[str | None, typer.Option("--ssh-key", help="Private key file for SSH hosts.",
-                                                show_default=False)] = None,
-    ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="Login name for SSH hosts without user@.",
-                                                 show_default=False)] = None,
-    connect_timeout: Annotated[float, typer.Option("--connect-timeout", min=0.1,
-                                                   help="Seconds to wait for each SSH connection.")] = 10.0,
+    ssh_key: SshKeyOption = None,
+    ssh_user: SshUserOption = None,
+    connect_timeout: ConnectTimeoutOption = 10.0,
 ) -> None:
     """Kill whatever of a run is still alive on every host of its plan (e.g. after the controller
     was killed). Processes are found by the run id in their environment, never by name."""

@@ -96,11 +96,18 @@ def _fails_fast(result, started, fragments, limit):
         assert fragment in result.stderr, result.stderr
 
 
-def test_unknown_host_key_refused_then_accepted_and_recorded(cluster, tmp_path, runs):
+def home_with_key(cluster, tmp_path, key_name="id_ed25519"):
+    """A fresh HOME whose ~/.ssh holds only the test user key (no known_hosts)."""
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "id_ed25519").write_bytes(cluster.user_key.read_bytes())
-    (home / ".ssh" / "id_ed25519").chmod(0o600)
+    key = home / ".ssh" / key_name
+    key.write_bytes(cluster.user_key.read_bytes())
+    key.chmod(0o600)
+    return home
+
+
+def test_unknown_host_key_refused_then_accepted_and_recorded(cluster, tmp_path, runs):
+    home = home_with_key(cluster, tmp_path)
     host = cluster.hosts[0]
     hosts = cluster.hosts_file(tmp_path / "one.txt", [host])
     started = time.monotonic()
@@ -116,10 +123,7 @@ def test_unknown_host_key_refused_then_accepted_and_recorded(cluster, tmp_path, 
 
 
 def test_changed_host_key_is_always_refused(cluster, tmp_path, runs):
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "id_ed25519").write_bytes(cluster.user_key.read_bytes())
-    (home / ".ssh" / "id_ed25519").chmod(0o600)
+    home = home_with_key(cluster, tmp_path)
     other = _keygen(tmp_path / "impostor").split()
     host = cluster.hosts[0]
     (home / ".ssh" / "known_hosts").write_text(f"[{host.address}]:{host.port} {other[0]} {other[1]}\n")
@@ -159,16 +163,22 @@ def test_closed_port_silent_server_and_unknown_name_each_say_why(cluster, tmp_pa
     silent.close()
 
 
-@pytest.mark.cluster
-def test_sigkill_to_ddlctl_leaves_nothing_on_any_host(cluster, hosts_file, runs):
+def start_endless_run(cluster, hosts_file, runs) -> subprocess.Popen:
+    """An mwms run over the SSH hosts that will not end by itself, returned once the cluster is up."""
     proc = subprocess.Popen(
         ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "1000000",
                    "--run-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
+    for line in proc.stdout:
+        if "cluster up" in line:
+            break
+    return proc
+
+
+@pytest.mark.cluster
+def test_sigkill_to_ddlctl_leaves_nothing_on_any_host(cluster, hosts_file, runs):
+    proc = start_endless_run(cluster, hosts_file, runs)
     try:
-        for line in proc.stdout:
-            if "cluster up" in line:
-                break
         run_id = only_run_dir(runs).name
         assert len(processes_of_run(run_id)) >= 3
         proc.send_signal(signal.SIGKILL)
@@ -227,14 +237,8 @@ def test_check_reports_every_host_and_fails_on_unusable_ones(cluster, tmp_path):
 
 @pytest.mark.cluster
 def test_stop_kills_a_run_whose_controller_is_frozen(cluster, hosts_file, runs):
-    proc = subprocess.Popen(
-        ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "1000000",
-                   "--run-dir", str(runs)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
+    proc = start_endless_run(cluster, hosts_file, runs)
     try:
-        for line in proc.stdout:
-            if "cluster up" in line:
-                break
         run_dir = only_run_dir(runs)
         proc.send_signal(signal.SIGSTOP)  # connections stay open: the watchdogs keep their tasks
         time.sleep(1.0)

@@ -16,22 +16,25 @@ from ddlctl.steps import StepRecorder, shared_recorder
 MARK = "_ddlctl_step_timer"
 
 
+class _TimerState:
+    """What both timers keep: where records go, the batch size, the running step count."""
+
+    _ddlctl_step_timer = True
+
+    def __init__(self, batch_size: int | None = None, recorder: StepRecorder | None = None) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.recorder = recorder or shared_recorder()
+        self.global_step = 0
+        self._begin: int | None = None
+        self._start = self._wall = 0.0
+
+
 @lru_cache(maxsize=4)
 def step_timer_class(base: type) -> type:
     """A StepTimer subclass of the given Keras ``Callback`` class."""
 
-    class StepTimer(base):  # type: ignore[misc, valid-type]
-        _ddlctl_step_timer = True
-
-        def __init__(self, batch_size: int | None = None, recorder: StepRecorder | None = None) -> None:
-            super().__init__()
-            self.batch_size = batch_size
-            self.recorder = recorder or shared_recorder()
-            self.global_step = 0
-            self._begin: int | None = None
-            self._start = 0.0
-            self._wall = 0.0
-
+    class StepTimer(_TimerState, base):  # type: ignore[misc, valid-type]
         def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
             self._begin, self._start, self._wall = batch, time.monotonic(), time.time()
 
@@ -56,16 +59,7 @@ def step_timer_class(base: type) -> type:
 def epoch_timer_class(base: type) -> type:
     """An epoch-level timer (batch hooks are refused under ParameterServerStrategy)."""
 
-    class EpochStepTimer(base):  # type: ignore[misc, valid-type]
-        _ddlctl_step_timer = True
-
-        def __init__(self, batch_size: int | None = None, recorder: StepRecorder | None = None) -> None:
-            super().__init__()
-            self.batch_size = batch_size
-            self.recorder = recorder or shared_recorder()
-            self.global_step = 0
-            self._start = self._wall = 0.0
-
+    class EpochStepTimer(_TimerState, base):  # type: ignore[misc, valid-type]
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
             self._start, self._wall = time.monotonic(), time.time()
 

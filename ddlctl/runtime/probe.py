@@ -26,21 +26,6 @@ def installed(*names: str) -> str | None:
     return None
 
 
-def can_bind_ports(count: int = 2) -> bool:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("", 0))
-            sockets.append(sock)
-        return True
-    except OSError:
-        return False
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def free_ports(count: int) -> list[int]:
     """``count`` distinct free TCP ports (all held open until chosen)."""
     sockets = []
@@ -53,6 +38,14 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def can_bind_ports(count: int = 2) -> bool:
+    try:
+        free_ports(count)
+        return True
+    except OSError:
+        return False
 
 
 def quick_probe(ports: int) -> dict[str, object]:
