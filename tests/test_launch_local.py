@@ -51,7 +51,9 @@ def test_ps_chief_two_workers_one_ps_trains(runs):
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert {t["name"]: t["state"] for t in outcome["tasks"]} == {
         "chief:0": "succeeded", "worker:0": "stopped", "worker:1": "stopped", "ps:0": "stopped"}
-    assert "samples/s overall" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["throughput_samples_per_s"] > 0
+    assert f"throughput {summary['throughput_samples_per_s']:,.0f} samples/s" in result.stdout
     assert_nothing_left(run_dir)
 
 
