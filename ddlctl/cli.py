@@ -129,6 +129,10 @@ def launch(
     batch_size: Annotated[int | None, typer.Option(
         "--batch-size", min=1, help="Built-in workload: global batch per step (default 64).",
         show_default=False)] = None,
+    pipeline: Annotated[bool | None, typer.Option(
+        "--pipeline/--no-pipeline", help="Built-in workload: pipelined execution (tf.data parallel map + prefetch, "
+                                         "several steps per call; default) or linear (batches fed step by step from "
+                                         "Python).", show_default=False)] = None,
 ) -> None:
     """Start a TensorFlow cluster, supervise every task, and print a summary.
 
@@ -163,6 +167,7 @@ def _launch(profile: bool = False, **params: object) -> None:
     ssh_key, ssh_user, connect_timeout = p["ssh_key"], p["ssh_user"], p["connect_timeout"]
     accept_new_host_keys, workload, steps, batch_size = (p["accept_new_host_keys"], p["workload"], p["steps"],
                                                          p["batch_size"])
+    pipeline = p["pipeline"]
     auto_steps = p.get("auto_steps", True)
 
     if json_out and not dry_run:
@@ -172,7 +177,7 @@ def _launch(profile: bool = False, **params: object) -> None:
         evaluator=evaluator, run_dir=run_dir, env=tuple(env or ()),
         startup_timeout_s=startup_timeout, grace_s=grace, dry_run=dry_run, json_out=json_out,
         legacy_keras=legacy_keras, workload=workload, telemetry=telemetry, sample_interval_s=sample_interval,
-        auto_steps=bool(auto_steps), profile=profile,
+        auto_steps=bool(auto_steps), profile=profile, pipeline=pipeline,
         ssh=SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
                        accept_new_host_keys=accept_new_host_keys), steps=steps, batch_size=batch_size,
         command=tuple(command or ()),
@@ -192,6 +197,69 @@ def _launch(profile: bool = False, **params: object) -> None:
     out, err = people_console(), Console(stderr=True, soft_wrap=True)
     try:
         code = run_launch(opts, out, err)
+    except UserError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+@app.command()
+def compare(
+    strategies: Annotated[str, typer.Option(
+        "--strategies", help="Comma-separated strategies to run, e.g. one_device,mirrored,central_storage,mwms,ps.")
+    ] = "one_device,mirrored,central_storage,mwms,ps",
+    hosts: Annotated[str | None, typer.Option("--hosts", help="Hosts file (default: this machine).",
+                                              show_default=False)] = None,
+    template: Annotated[str | None, typer.Option("--template", help="YAML cluster template.",
+                                                 show_default=False)] = None,
+    workload: Annotated[str, typer.Option("--workload", help="Built-in workload: cnn or mlp.")] = "cnn",
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps of every run.")] = 200,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Global batch per step.")] = 64,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-w", help="Workers for ps and mwms (default: 2 on this machine, else the placement "
+                                "defaults).", show_default=False)] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per strategy; the table shows the "
+                                                                  "median and the spread.")] = 1,
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Execution mode: on (pipelined), off (linear) or "
+                                                             "both (a row each, and the pipelined/linear ratio).")]
+    = "on",
+    plot_file: Annotated[str | None, typer.Option("--plot", help="Also draw the throughput chart into this PNG "
+                                                                 "(needs ddlctl[plot]).", show_default=False)] = None,
+    run_dir: Annotated[str, typer.Option("--run-dir", help="Where the compare-<stamp>/ folder goes.")] = "runs",
+    json_out: Annotated[bool, typer.Option("--json", help="Print compare.json on stdout instead of the table.")]
+    = False,
+    startup_timeout: Annotated[float, typer.Option("--startup-timeout", min=0,
+                                                   help="Per run, as for launch.")] = 180.0,
+    ssh_key: SshKeyOption = None,
+    ssh_user: SshUserOption = None,
+    connect_timeout: ConnectTimeoutOption = 10.0,
+    accept_new_host_keys: AcceptNewOption = False,
+) -> None:
+    """Run the same workload, same seed, under each strategy on the same machines, then show one
+    table: throughput (median of repeats, with spread), step time p50/p95, speedup over one_device,
+    scaling efficiency, GPU utilisation, final loss and accuracy; plus a bar chart. A strategy that
+    fails gets a row that says why. Saves compare.json.
+
+    Example: ddlctl compare --strategies one_device,mwms,ps --pipeline both --steps 300
+    """
+    from ddlctl.compare import CompareOptions, parse_strategies
+    from ddlctl.compare import compare as run_compare
+    from ddlctl.launch import LaunchOptions
+    from ddlctl.transport.ssh import SshOptions
+
+    try:
+        from ddlctl.workloads import WORKLOADS
+
+        if workload not in WORKLOADS:
+            raise UserError(f"unknown workload {workload!r}", "expected one of: " + ", ".join(WORKLOADS))
+        opts = CompareOptions(
+            strategies=parse_strategies(strategies), pipeline=pipeline, repeats=repeats, plot=plot_file,
+            json_out=json_out,
+            launch=LaunchOptions(hosts=hosts, template=template, workers=workers, run_dir=run_dir,
+                                 startup_timeout_s=startup_timeout, workload=workload, steps=steps,
+                                 batch_size=batch_size,
+                                 ssh=SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
+                                                accept_new_host_keys=accept_new_host_keys)))
+        code = run_compare(opts, people_console(), Console(stderr=True, soft_wrap=True))
     except UserError as exc:
         _fail(exc)
     raise typer.Exit(code)

@@ -71,6 +71,8 @@ class LaunchOptions:
     workload: str | None = None
     steps: int | None = None
     batch_size: int | None = None
+    pipeline: bool | None = None
+    quiet: bool = False
     command: Sequence[str] = field(default_factory=tuple)
 
 
@@ -107,7 +109,8 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
     if workers is None and implicit and strategy in MULTI_HOST_STRATEGIES:
         workers = DEFAULT_LOCAL_WORKERS
     workload_given = [f for f, v in (("--workload", opts.workload), ("--steps", opts.steps),
-                                     ("--batch-size", opts.batch_size)) if v is not None]
+                                     ("--batch-size", opts.batch_size), ("--pipeline", opts.pipeline))
+                      if v is not None]
     if opts.command and workload_given:
         raise ConfigError(f"{', '.join(workload_given)} only apply to the built-in workload, "
                           f"not to a command ({' '.join(opts.command)})",
@@ -115,7 +118,8 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
     workload_args: tuple[str, ...] = ()
     if not opts.command:
         workload_args = ("--workload", opts.workload or "cnn", "--steps", str(opts.steps or 200),
-                         "--batch-size", str(opts.batch_size or 64))
+                         "--batch-size", str(opts.batch_size or 64),
+                         "--pipeline" if opts.pipeline in (None, True) else "--no-pipeline")
     env = {**defaults.env, **parse_env(opts.env)}
     run_root = Path(opts.run_dir).expanduser().resolve()
     evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
@@ -255,15 +259,29 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
             render_plan(plan, out)
         return 0
     write_plan(plan)
-    err.print(f"[bold]ddlctl[/] run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
-              f"→ {plan.run_dir}")
+    if not opts.quiet:
+        err.print(f"[bold]ddlctl[/] run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
+                  f"→ {plan.run_dir}")
+    result = supervise(plan, transports, opts, out, err)
+    finish(plan, result, out, err, full_report=opts.profile, render=not opts.quiet)
+    return result.exit_code
+
+
+def supervise(plan: Plan, transports: dict[str, Transport], opts: LaunchOptions, out: Console,
+              err: Console) -> JobResult:
+    """Run the plan under one supervisor; the transports are closed afterwards. Task output goes to
+    the terminal (through the live view's console under ``profile``), or only to the logs (quiet)."""
     options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s)
-    live = LiveView(out) if opts.profile else None
-    # Under a live view, task output must go through its console to scroll above the table.
-    writer = ConsoleLineWriter(out) if live is not None and live.live is not None \
-        else PrefixedWriter(sys.stdout.buffer)
-    supervisor = Supervisor(plan, transports, writer, options,  # type: ignore[arg-type]
-                            notify=lambda msg: err.print(f"[dim]ddlctl:[/] {msg}", highlight=False),
+    live = LiveView(out) if opts.profile and not opts.quiet else None
+    if opts.quiet:
+        writer = PrefixedWriter(open(os.devnull, "wb"))  # noqa: SIM115 - closed with the process
+    elif live is not None and live.live is not None:
+        writer = ConsoleLineWriter(out)  # scrolls above the live table
+    else:
+        writer = PrefixedWriter(sys.stdout.buffer)
+    notify = (lambda _msg: None) if opts.quiet else \
+        (lambda msg: err.print(f"[dim]ddlctl:[/] {msg}", highlight=False))
+    supervisor = Supervisor(plan, transports, writer, options, notify=notify,  # type: ignore[arg-type]
                             on_sample=live.on_sample if live is not None else None)
     try:
         with live if live is not None else contextlib.nullcontext():
@@ -272,8 +290,7 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
     finally:
         for transport in transports.values():
             transport.close()
-    finish(plan, result, out, err, full_report=opts.profile)
-    return result.exit_code
+    return result
 
 
 def collect_remote_files(plan: Plan, transports: dict[str, Transport]) -> None:
@@ -285,7 +302,8 @@ def collect_remote_files(plan: Plan, transports: dict[str, Transport]) -> None:
             collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)
 
 
-def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False) -> None:
+def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,
+           render: bool = True) -> None:
     """After the job: outcome.json, summary.json and trace.json; the summary (or full report)
     and, last, the root cause if it failed."""
     run_dir = Path(plan.run_dir)
@@ -301,6 +319,8 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     summary = summarize(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1) + "\n")
     write_trace(run_dir, run_dir / "trace.json")
+    if not render:
+        return
     if full_report:
         render_report(summary, out)
     else:

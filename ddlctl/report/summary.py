@@ -153,6 +153,7 @@ class TaskSummary:
     steps_per_record: int
     step_time_p50_s: float | None
     step_time_p90_s: float | None
+    step_time_p95_s: float | None
     step_time_p99_s: float | None
     samples_per_s: float | None
     input_fraction: float | None
@@ -494,7 +495,8 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
             exit_code=int(exit_text.rsplit(" ", 1)[1]) if exit_text.startswith("exit code") else None,
             steps=len(steps.step), kept_steps=len(durations), steps_per_record=steps.block,
             step_time_p50_s=percentile(durations, 50), step_time_p90_s=percentile(durations, 90),
-            step_time_p99_s=percentile(durations, 99), samples_per_s=rate, input_fraction=input_fraction,
+            step_time_p95_s=percentile(durations, 95), step_time_p99_s=percentile(durations, 99),
+            samples_per_s=rate, input_fraction=input_fraction,
             arrival_lateness_p50_s=late, straggler=reason is not None, straggler_reason=reason,
             loss=results.get(steps.name, {}).get("loss"), accuracy=results.get(steps.name, {}).get("accuracy"),
             cpu_mean=mean(cpu) if cpu else None, rss_peak_bytes=int(max(rss)) if rss else None))

@@ -18,3 +18,16 @@ def cnn():
         keras.layers.Flatten(),
         keras.layers.Dense(CLASSES),
     ])
+
+
+def mlp():
+    """A wide multi-layer perceptron: light compute, many parameters (~2.8 M): communication-heavy."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((IMAGE_SIZE, IMAGE_SIZE, CHANNELS)),
+        keras.layers.Flatten(),
+        keras.layers.Dense(1024, activation="relu"),
+        keras.layers.Dense(1024, activation="relu"),
+        keras.layers.Dense(CLASSES),
+    ])

@@ -1,8 +1,13 @@
 """Deterministic synthetic image classification data, generated inside TensorFlow.
 
 Sample ``i`` of seed ``s`` is a pure function of ``(s, i)``: its label is drawn with a stateless
-RNG and its image is that class's fixed smooth template plus Gaussian noise. The class signal is
+RNG and its image is that class's fixed smooth template plus Gaussian noise; with ``augment`` it
+also gets a random crop (after padding), flip, and brightness/contrast jitter, all stateless and
+keyed by the sample id (the input-heavy part of the ``cnn`` workload). The class signal is
 learnable (accuracy rises far above the 1/``CLASSES`` chance level) and nothing is downloaded.
+
+Which ids a step reads is fixed by the strategy (:func:`step_ids`), the same in pipelined and
+linear execution, so both train on exactly the same data.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ CHANNELS = 3
 CLASSES = 8
 SIGNAL = 0.3  # template amplitude relative to unit noise
 EVAL_OFFSET = 1 << 40  # sample ids of the held-out set start here
+PAD = 4
 
 
 def templates(seed: int):  # -> tf.Tensor [CLASSES, H, W, C]
@@ -22,8 +28,8 @@ def templates(seed: int):  # -> tf.Tensor [CLASSES, H, W, C]
     return tf.image.resize(coarse, [IMAGE_SIZE, IMAGE_SIZE], method="bilinear")
 
 
-def make_sample_fn(seed: int):
-    """A TF function mapping a sample id (int64 scalar) to ``(image, label)``."""
+def make_sample_fn(seed: int, augment: bool = False):
+    """A TF function mapping a sample id (int64 scalar) to ``(image, label, id)``."""
     import tensorflow as tf
 
     patterns = templates(seed)
@@ -34,24 +40,70 @@ def make_sample_fn(seed: int):
         label = tf.random.stateless_uniform([], seed=key, maxval=CLASSES, dtype=tf.int32)
         noise = tf.random.stateless_normal([IMAGE_SIZE, IMAGE_SIZE, CHANNELS], seed=key + [0, 1 << 41])
         image = SIGNAL * tf.gather(patterns, label) + noise
-        return image, label
+        if augment:
+            padded = tf.pad(image, [[PAD, PAD], [PAD, PAD], [0, 0]], mode="REFLECT")
+            image = tf.image.stateless_random_crop(padded, [IMAGE_SIZE, IMAGE_SIZE, CHANNELS], seed=key + [0, 2])
+            image = tf.image.stateless_random_flip_left_right(image, seed=key + [0, 3])
+            image = tf.image.stateless_random_brightness(image, 0.2, seed=key + [0, 4])
+            image = tf.image.stateless_random_contrast(image, 0.8, 1.2, seed=key + [0, 5])
+        return image, label, index
 
     return sample
 
 
-def ids_dataset(shard: int, num_shards: int, start: int = 0):
-    """Infinite stream of sample ids ``start + shard, start + shard + num_shards, ...``."""
+def make_batch_fn(seed: int, augment: bool = False):
+    """Linear execution's input: a batch built in Python, one sample at a time (as a Python
+    generator or a ``feed_dict`` loop produces data), with the same ops as the pipelined map, so
+    both modes see identical data: ids -> ``(images, labels, ids)``."""
     import tensorflow as tf
 
-    # Infinite cardinality on purpose: with a finite dataset, MWMS makes every next() an
-    # all-reduce of "has data" across workers (a hidden barrier per step).
-    return tf.data.Dataset.range(start + shard, 1 << 62, num_shards).repeat()
+    sample = make_sample_fn(seed, augment)
+
+    def batch(ids):
+        images, labels, _ = zip(*(sample(tf.constant(int(i), tf.int64)) for i in ids), strict=True)
+        return tf.stack(images), tf.stack(labels), tf.constant(ids, tf.int64)
+
+    return batch
+
+
+def step_ids(step: int, batch: int, shard: int = 0, num_shards: int = 1):
+    """Ids a shard reads at 0-based ``step`` when shard ``shard`` of ``num_shards`` reads ids
+    ``shard, shard + num_shards, ...`` in batches of ``batch`` (numpy int64 vector)."""
+    import numpy as np
+
+    return (np.arange(step * batch, (step + 1) * batch, dtype=np.int64) * num_shards) + shard
+
+
+def shard_dataset(seed: int, augment: bool, batch: int, shard: int = 0, num_shards: int = 1,
+                  epoch_size: int | None = None, parallel: bool = True):
+    """Shard ``shard`` of the id stream, as (images, labels, ids) batches: pipelined input."""
+    import tensorflow as tf
+
+    end = epoch_size if epoch_size else 1 << 62
+    ids = tf.data.Dataset.range(shard, end, num_shards)
+    if not epoch_size:
+        # Infinite cardinality on purpose: with a finite dataset, MWMS makes every next() an
+        # all-reduce of "has data" across workers (a hidden barrier per step).
+        ids = ids.repeat()
+    calls = tf.data.AUTOTUNE if parallel else None
+    dataset = ids.map(make_sample_fn(seed, augment), num_parallel_calls=calls, deterministic=True)
+    return dataset.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE if parallel else 0)
+
+
+def range_dataset(seed: int, augment: bool, batch: int, first_id, count):
+    """Ids ``[first_id, first_id + count)`` as batches (ps: a closure's own id range)."""
+    import tensorflow as tf
+
+    ids = tf.data.Dataset.range(first_id, first_id + count)
+    dataset = ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def eval_batch(seed: int, size: int = 1024):
-    """A fixed held-out set as ``(images, labels)`` tensors."""
+    """A fixed held-out set as ``(images, labels)`` tensors (never augmented)."""
     import tensorflow as tf
 
     sample = make_sample_fn(seed)
     ds = tf.data.Dataset.range(EVAL_OFFSET, EVAL_OFFSET + size).map(sample).batch(size)
-    return next(iter(ds))
+    images, labels, _ = next(iter(ds))
+    return images, labels

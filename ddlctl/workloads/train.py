@@ -1,9 +1,24 @@
-"""The built-in training program: a custom training loop that runs under every strategy.
+"""The built-in training program: custom training loops that run under every strategy.
 
 Keras 3 ``model.fit`` does not work under ParameterServerStrategy or MultiWorkerMirroredStrategy,
-so this is a custom loop: ``ClusterCoordinator.schedule`` for ps, ``strategy.run`` inside a
-``tf.function`` otherwise. Every step is written to ``steps.jsonl``; the final loss and accuracy
-on a held-out set are printed and written to ``result.json`` in the task directory.
+so these are custom loops: ``ClusterCoordinator.schedule`` for ps, ``strategy.run`` otherwise.
+
+Two execution modes (the research result ddlctl reproduces: pipelined beats linear):
+
+* **linear** (``--no-pipeline``): each step's batch is produced in Python, sample by sample (as a
+  Python generator or ``feed_dict`` loop does), then one training step runs: input and compute
+  never overlap, one step per call, no prefetch, no parallel map (ps: the coordinator produces the
+  batch and ships it with a one-step closure).
+* **pipelined** (``--pipeline``, default): tf.data with parallel map and prefetch (AUTOTUNE)
+  feeds ``--steps-per-call`` steps per traced call, so input overlaps with compute (ps: each
+  scheduled closure runs that many steps over its own id range with its own tf.data pipeline).
+
+Both modes read exactly the same sample ids at each step (see ``synthetic.step_ids``), so they
+train on the same data. Every step is recorded in ``steps.jsonl`` with timestamps taken inside the
+graph (``tf.timestamp()``); the final loss and accuracy on a held-out set are printed and written
+to ``result.json``. Sharding: under mwms each worker reads its own shard of the id stream; under ps
+the coordinator gives every step its own id range, so whichever worker runs it reads ids nobody
+else reads (``--record-ids`` prints them from the worker that consumed them).
 """
 
 from __future__ import annotations
@@ -16,14 +31,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ddlctl.runtime.tfenv import (
-    TaskContext,
-    min_inter_op_threads,
-    quiet_tensorflow_logs,
-    task_context,
-)
+from ddlctl.runtime.tfenv import TaskContext, min_inter_op_threads, quiet_tensorflow_logs, task_context
 from ddlctl.steps import StepRecorder
-from ddlctl.workloads import WORKLOADS
+from ddlctl.workloads import AUGMENTED, WORKLOADS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,9 +43,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", choices=WORKLOADS, default="cnn")
     parser.add_argument("--steps", type=int, default=200, help="training steps")
     parser.add_argument("--batch-size", type=int, default=64,
-                        help="global batch per step (ps: batch of one scheduled step)")
+                        help="global batch per step (ps: batch of one step on one worker)")
+    parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
+                        help="pipelined execution (tf.data parallel map + prefetch, several steps per call); "
+                             "--no-pipeline: linear execution")
+    parser.add_argument("--steps-per-call", type=int, default=8,
+                        help="steps per traced call in pipelined mode (ps: per scheduled closure)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--epoch-size", type=int, default=0,
+                        help="read ids [0, N) once (0: an endless stream); --steps is then N / batch")
+    parser.add_argument("--record-ids", action="store_true",
+                        help="print the sample ids each step consumed, from the process that consumed them")
     parser.add_argument("--log-every", type=int, default=0, help="progress line every N steps")
     parser.add_argument("--slow-task", default=None, metavar="TASK",
                         help="make this task (e.g. worker:1) slow on purpose: a straggler for testing")
@@ -44,8 +63,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", default=os.environ.get("DDLCTL_CHECKPOINT_DIR"),
                         help="where the chief saves checkpoints (and the evaluator reads them)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.batch_size < 1:
-        parser.error("--steps and --batch-size must be at least 1")
+    if args.steps < 1 or args.batch_size < 1 or args.steps_per_call < 1:
+        parser.error("--steps, --batch-size and --steps-per-call must be at least 1")
+    if args.epoch_size:
+        if args.epoch_size % args.batch_size:
+            parser.error("--epoch-size must be a multiple of --batch-size")
+        args.steps = args.epoch_size // args.batch_size
+    if not args.pipeline or args.slow_task:
+        args.steps_per_call = 1  # linear: one step per call; a straggler is injected between steps
+    args.augment = args.workload in AUGMENTED
     return args
 
 
@@ -69,13 +95,18 @@ def make_strategy(ctx: TaskContext):
 
 
 class Trainer:
-    """Model, optimizer and step function for one strategy."""
+    """Model, optimizer and the traced step functions for one strategy.
+
+    Every traced function returns, per step, the loss and four timestamps taken in the graph:
+    start, input ready, gradients ready for synchronisation, end.
+    """
 
     def __init__(self, strategy, args: argparse.Namespace, per_step_batch: int) -> None:
         import keras
         import tensorflow as tf
 
         from ddlctl.workloads import models
+        from ddlctl.workloads.synthetic import range_dataset
 
         self.strategy = strategy
         self.args = args
@@ -84,49 +115,70 @@ class Trainer:
             self.model = getattr(models, args.workload)()
             self.optimizer = keras.optimizers.Adam(args.learning_rate)
             self.optimizer.build(self.model.trainable_variables)
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction="none")
-        model, optimizer = self.model, self.optimizer
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        model, optimizer, record_ids = self.model, self.optimizer, args.record_ids
 
-        def gradients(images, labels):
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
-                                                  global_batch_size=per_step_batch)
-            return loss, tape.gradient(loss, model.trainable_variables)
-
-        def step_fn(images, labels):
-            loss, grads = gradients(images, labels)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
-
-        def timed_step_fn(images, labels):
-            # tf.timestamp() runs when the graph gets there: when the batch was in hand, and
-            # when this replica's gradients were ready to be synchronised with the others.
+        def replica_step(images, labels, ids):
+            # tf.timestamp() runs when the graph gets there: once the batch is in hand, and once
+            # this replica's gradients are ready to be synchronised with the others.
             with tf.control_dependencies([images, labels]):
                 ready = tf.timestamp()
-            loss, grads = gradients(images, labels)
+            if record_ids:
+                tf.print("ddlctl-ids", ids, summarize=-1, output_stream=sys.stderr)
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = tf.nn.compute_average_loss(loss_fn(labels, logits), global_batch_size=per_step_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
             with tf.control_dependencies([g for g in grads if g is not None]):
                 synced = tf.timestamp()
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss, ready, synced
 
-        @tf.function
-        def train_step(iterator):
-            images, labels = next(iterator)
-            losses = strategy.run(step_fn, args=(images, labels))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
-
-        @tf.function
-        def timed_train_step(iterator):
-            images, labels = next(iterator)
-            losses, ready, synced = strategy.run(timed_step_fn, args=(images, labels))
+        def one_step(images, labels, ids):
+            """A step in cross-replica context: (loss, start, ready, synced, end)."""
+            start = tf.timestamp()
+            losses, ready, synced = strategy.run(replica_step, args=(images, labels, ids))
             local = strategy.experimental_local_results
-            return (strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None),
-                    tf.reduce_max(tf.stack(local(ready))), tf.reduce_max(tf.stack(local(synced))))
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+            # stateful ops keep program order inside tf.function: this runs after the update
+            end = tf.timestamp()
+            return (loss, start, tf.reduce_max(tf.stack(local(ready))), tf.reduce_max(tf.stack(local(synced))),
+                    end)
 
-        self.train_step = train_step  # ps: scheduled on workers
-        self.timed_train_step = timed_train_step  # synchronous strategies: with arrival times
+        def block(batches, steps: int):
+            """Run ``steps`` steps over an iterator of batches, collecting per-step figures."""
+            losses = tf.TensorArray(tf.float32, size=steps)
+            starts = tf.TensorArray(tf.float64, size=steps)
+            readies = tf.TensorArray(tf.float64, size=steps)
+            synceds = tf.TensorArray(tf.float64, size=steps)
+            ends = tf.TensorArray(tf.float64, size=steps)
+            for i in tf.range(steps):  # autograph: one in-graph loop, no Python round trip per step
+                start = tf.timestamp()
+                images, labels, ids = next(batches)
+                loss, _, ready, synced, end = one_step(images, labels, ids)
+                losses = losses.write(i, loss)
+                starts = starts.write(i, start)
+                readies = readies.write(i, ready)
+                synceds = synceds.write(i, synced)
+                ends = ends.write(i, end)
+            return losses.stack(), starts.stack(), readies.stack(), synceds.stack(), ends.stack()
+
+        @tf.function
+        def run_batch(images, labels, ids):
+            return one_step(images, labels, ids)
+
+        @tf.function
+        def run_block(iterator, steps: int):
+            return block(iterator, steps)
+
+        @tf.function
+        def run_range(first_id, steps: int):
+            """ps, pipelined: a closure reads its own id range through its own tf.data pipeline."""
+            dataset = range_dataset(args.seed, args.augment, args.batch_size, first_id,
+                                    steps * args.batch_size)
+            return block(iter(dataset), steps)
+
+        self.run_batch, self.run_block, self.run_range = run_batch, run_block, run_range
 
     def evaluate(self) -> tuple[float, float]:
         """Loss and accuracy on the held-out set."""
@@ -160,34 +212,12 @@ class Checkpointer:
         directory = args.checkpoint_dir if ctx.is_chief else str(Path(ctx.task_dir or ".") / "ckpt-scratch")
         self.manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), directory, max_to_keep=2)
         self.every = max(1, args.steps // 4)
+        self.next = self.every
 
-    def maybe_save(self, step: int) -> None:
-        if step % self.every == 0:
+    def after(self, step: int) -> None:
+        if step >= self.next:
             self.manager.save(checkpoint_number=step)
-
-
-def _dataset_fn(args: argparse.Namespace, per_worker_random_ids: bool = False):
-    import tensorflow as tf
-
-    from ddlctl.workloads.synthetic import ids_dataset, make_sample_fn
-
-    def dataset_fn(input_context: tf.distribute.InputContext | None = None):
-        sample = make_sample_fn(args.seed)
-        if per_worker_random_ids:
-            # ps: each worker builds its own dataset; random ids keep workers from
-            # all reading the same examples in the same order.
-            ids = tf.data.Dataset.random().map(lambda x: tf.math.floormod(x, 1 << 40))
-            batch = args.batch_size
-        else:
-            ids = ids_dataset(input_context.input_pipeline_id, input_context.num_input_pipelines)
-            batch = input_context.get_per_replica_batch_size(args.batch_size)
-        return ids.map(sample).batch(batch, drop_remainder=True).prefetch(2)
-
-    return dataset_fn
-
-
-def _log(ctx: TaskContext, message: str) -> None:
-    print(message, flush=True)
+            self.next += self.every
 
 
 class Progress:
@@ -196,81 +226,131 @@ class Progress:
     def __init__(self, args: argparse.Namespace) -> None:
         self.total = args.steps
         self.every = args.log_every or max(1, args.steps // 10)
+        self.next = self.every
         self.mark_time = time.monotonic()
         self.mark_samples = 0
         self.samples = 0
 
-    def step(self, step: int, loss: float, samples: int) -> None:
+    def after(self, step: int, loss: float, samples: int) -> None:
         self.samples += samples
-        if step % self.every and step != self.total:
+        if step < self.next and step != self.total:
             return
         now = time.monotonic()
         rate = (self.samples - self.mark_samples) / max(now - self.mark_time, 1e-9)
         print(f"step {step}/{self.total} loss {loss:.4f} ({rate:,.0f} samples/s)", flush=True)
         self.mark_time, self.mark_samples = now, self.samples
+        while self.next <= step:
+            self.next += self.every
+
+
+def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int,
+                  start_override: float | None = None) -> float:
+    """Write one record per step of a block of (loss, start, ready, synced, end) arrays; the last loss."""
+    losses, starts, readies, synceds, ends = (f.numpy() for f in figures) if hasattr(figures[0], "numpy") \
+        else figures
+    for i in range(len(losses)):
+        start = start_override if (start_override is not None and i == 0) else float(starts[i])
+        recorder.record(first_step + i, start, float(ends[i]) - start, samples,
+                        input_s=max(0.0, float(readies[i]) - start), sync_s=max(0.0, float(synceds[i]) - start))
+    return float(losses[-1])
+
+
+def _blocks(total: int, size: int):
+    """(0-based first step, number of steps) covering ``total`` steps in blocks of ``size``."""
+    step = 0
+    while step < total:
+        yield step, min(size, total - step)
+        step += size
+
+
+def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
+    """mwms and the single-host strategies: every step is ``strategy.run`` on all replicas."""
+
+    from ddlctl.workloads.synthetic import make_batch_fn, shard_dataset, step_ids
+
+    shards = max(1, ctx.num_workers) if ctx.strategy == "mwms" else 1
+    shard = ctx.index if ctx.strategy == "mwms" else 0
+    local_batch = args.batch_size // shards
+    trainer = Trainer(strategy, args, args.batch_size)
+    checkpointer = Checkpointer(ctx, args, trainer.model) if args.checkpoint_dir else None
+    progress = Progress(args)
+    slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
+    if args.pipeline:
+        dist = strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
+            args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
+            ictx.num_input_pipelines, args.epoch_size or None))
+        iterator = iter(dist)
+    else:
+        make_batch = make_batch_fn(args.seed, args.augment)
+        replicas = strategy.num_replicas_in_sync // shards
+    for first, count in _blocks(args.steps, args.steps_per_call):
+        wall = time.time()
+        if slow_s:
+            time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
+        if args.pipeline:
+            figures = trainer.run_block(iterator, count)
+            loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None)
+        else:
+            images, labels, ids = make_batch(step_ids(first, local_batch, shard, shards))
+
+            def value_fn(vctx, images=images, labels=labels, ids=ids):
+                part = local_batch // replicas
+                r = vctx.replica_id_in_sync_group % replicas
+                return images[r * part:(r + 1) * part], labels[r * part:(r + 1) * part], ids[r * part:(r + 1) * part]
+
+            values = strategy.experimental_distribute_values_from_function(value_fn)
+            loss_t, _, ready, synced, end = trainer.run_batch(*values)
+            loss = _record_block(recorder, first + 1, ([loss_t.numpy()], [wall], [ready.numpy()],
+                                                       [synced.numpy()], [end.numpy()]), local_batch)
+        progress.after(first + count, loss, local_batch * count)
+        if checkpointer is not None:
+            checkpointer.after(first + count)
+    return trainer
 
 
 def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> Trainer:
-    """Coordinator loop: schedule steps on workers, at most two in flight per worker.
+    """Coordinator loop: schedule blocks of steps on workers, at most two in flight per worker.
 
-    A step's record runs from the previous step's completion to its own, as seen by the
-    coordinator, so the records tile the training time and throughput adds up.
+    Step ``k`` reads ids ``[k * batch, (k + 1) * batch)`` whichever worker runs it: pipelined, the
+    closure gets its first id and runs its own tf.data pipeline; linear, the coordinator
+    generates the batch and ships it with a one-step closure.
     """
     import tensorflow as tf
+
+    from ddlctl.workloads.synthetic import make_batch_fn, step_ids
 
     strategy = make_strategy(ctx)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     trainer = Trainer(strategy, args, args.batch_size)
     checkpointer = Checkpointer(ctx, args, trainer.model) if args.checkpoint_dir else None
-    per_worker_ds = coordinator.create_per_worker_dataset(_dataset_fn(args, per_worker_random_ids=True))
-    iterator = iter(per_worker_ds)
+    make_batch = None if args.pipeline else make_batch_fn(args.seed, args.augment)
     window = 2 * max(1, ctx.num_workers)
     pending: deque = deque()
     progress = Progress(args)
-    last_wall, last_mono = time.time(), time.monotonic()
-    done = 0
+    blocks = list(_blocks(args.steps, args.steps_per_call))
     scheduled = 0
-    while done < args.steps:
-        while scheduled < args.steps and len(pending) < window:
-            pending.append(coordinator.schedule(trainer.train_step, args=(iterator,)))
+    done = 0
+    while done < len(blocks):
+        while scheduled < len(blocks) and len(pending) < window:
+            first, count = blocks[scheduled]
+            if args.pipeline:
+                remote = coordinator.schedule(trainer.run_range,
+                                              args=(tf.constant(first * args.batch_size, tf.int64), count))
+            else:
+                batch = make_batch(step_ids(first, args.batch_size))
+                remote = coordinator.schedule(trainer.run_batch, args=batch)
+            pending.append((first, count, remote))
             scheduled += 1
-        loss = float(pending.popleft().fetch())
-        now_mono = time.monotonic()
+        first, count, remote = pending.popleft()
+        figures = remote.fetch()
+        if not args.pipeline:
+            figures = tuple([value] for value in figures)
+        loss = _record_block(recorder, first + 1, figures, args.batch_size)
         done += 1
-        duration = now_mono - last_mono
-        recorder.record(done, last_wall, duration, args.batch_size)
-        progress.step(done, loss, args.batch_size)
-        last_wall, last_mono = time.time(), now_mono
+        progress.after(first + count, loss, args.batch_size * count)
         if checkpointer is not None:
-            checkpointer.maybe_save(done)
+            checkpointer.after(first + count)
     coordinator.join()
-    return trainer
-
-
-def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder,
-                      strategy) -> Trainer:
-    """mwms and single-host strategies: every step is ``strategy.run`` on all replicas."""
-    trainer = Trainer(strategy, args, args.batch_size)
-    checkpointer = Checkpointer(ctx, args, trainer.model) if args.checkpoint_dir else None
-    dist = strategy.distribute_datasets_from_function(_dataset_fn(args))
-    iterator = iter(dist)
-    local_samples = args.batch_size // max(1, ctx.num_workers) if ctx.strategy == "mwms" \
-        else args.batch_size
-    progress = Progress(args)
-    slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
-    for step in range(1, args.steps + 1):
-        start_wall, start = time.time(), time.monotonic()
-        if slow_s:
-            time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
-        loss_t, ready_t, synced_t = trainer.timed_train_step(iterator)
-        loss = float(loss_t)
-        duration = time.monotonic() - start
-        recorder.record(step, start_wall, duration, local_samples,
-                        input_s=max(0.0, float(ready_t) - start_wall),
-                        sync_s=max(0.0, float(synced_t) - start_wall))
-        progress.step(step, loss, args.batch_size)
-        if checkpointer is not None:
-            checkpointer.maybe_save(step)
     return trainer
 
 
@@ -281,18 +361,18 @@ def run_evaluator(ctx: TaskContext, args: argparse.Namespace) -> int:
     from ddlctl.workloads import models
 
     if not args.checkpoint_dir:
-        _log(ctx, "evaluator: no --checkpoint-dir / DDLCTL_CHECKPOINT_DIR, nothing to evaluate")
+        print("evaluator: no --checkpoint-dir / DDLCTL_CHECKPOINT_DIR, nothing to evaluate", flush=True)
         return 0
     model = getattr(models, args.workload)()
     checkpoint = tf.train.Checkpoint(model=model)
-    _log(ctx, f"evaluator: watching {args.checkpoint_dir}")
+    print(f"evaluator: watching {args.checkpoint_dir}", flush=True)
     seen = None
     while True:
         latest = tf.train.latest_checkpoint(args.checkpoint_dir)
         if latest and latest != seen:
             checkpoint.restore(latest).expect_partial()
             loss, accuracy = evaluate(model, args.seed)
-            _log(ctx, f"evaluator: {Path(latest).name} loss {loss:.4f} accuracy {accuracy:.4f}")
+            print(f"evaluator: {Path(latest).name} loss {loss:.4f} accuracy {accuracy:.4f}", flush=True)
             seen = latest
         time.sleep(0.5)
 
@@ -315,19 +395,17 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with recorder:
         if ctx.strategy == "ps":
-            strategy = None
             trainer = train_ps(ctx, args, recorder)
         else:
-            strategy = make_strategy(ctx)
-            trainer = train_synchronous(ctx, args, recorder, strategy)
+            trainer = train_synchronous(ctx, args, recorder, make_strategy(ctx))
     train_time = time.monotonic() - started
     loss, accuracy = trainer.evaluate()
-    _log(ctx, f"final loss {loss:.4f} accuracy {accuracy:.4f} "
-              f"({args.steps} steps, {train_time:.1f}s)")
+    mode = "pipelined" if args.pipeline else "linear"
+    print(f"final loss {loss:.4f} accuracy {accuracy:.4f} ({args.steps} steps, {train_time:.1f}s, "
+          f"{args.workload}, {mode})", flush=True)
     if ctx.task_dir:
-        result = {"task": ctx.name, "workload": args.workload, "steps": args.steps,
-                  "batch_size": args.batch_size, "loss": loss, "accuracy": accuracy,
-                  "train_time_s": train_time}
+        result = {"task": ctx.name, "workload": args.workload, "pipeline": args.pipeline, "steps": args.steps,
+                  "batch_size": args.batch_size, "loss": loss, "accuracy": accuracy, "train_time_s": train_time}
         Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
         (Path(ctx.task_dir) / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -1,0 +1,242 @@
+"""``ddlctl compare``: the same workload under several strategies (and execution modes), side by side.
+
+Each run gets its own run directory under ``<run-dir>/compare-<stamp>/``; a strategy that fails
+does not stop the comparison: its row says why. The table and ``compare.json`` are computed from
+the runs' ``summary.json`` files by :func:`rows_from_runs` (pure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ddlctl.errors import ConfigError, UserError
+from ddlctl.launch import LaunchOptions, finish, prepare, supervise
+from ddlctl.planning.plan import STRATEGIES
+from ddlctl.rundir import write_plan
+
+BASELINE = "one_device"
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What ``ddlctl compare`` was asked for; ``launch`` carries the shared launch options."""
+
+    strategies: tuple[str, ...]
+    pipeline: str = "on"  # on | off | both
+    repeats: int = 1
+    plot: str | None = None
+    json_out: bool = False
+    launch: LaunchOptions = field(default_factory=LaunchOptions)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run of the comparison: its strategy, mode, and what it produced (or why it failed)."""
+
+    strategy: str
+    pipeline: bool
+    run_dir: str | None
+    exit_code: int
+    error: str | None
+    summary: dict | None
+    workers: int | None = None
+
+
+def parse_strategies(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown or not names:
+        raise ConfigError(f"--strategies {text!r}: unknown strategy {unknown[0]!r}" if unknown
+                          else "--strategies needs at least one strategy",
+                          "choose from: " + ",".join(STRATEGIES))
+    return names
+
+
+def modes(pipeline: str) -> tuple[bool, ...]:
+    if pipeline not in ("on", "off", "both"):
+        raise ConfigError(f"--pipeline {pipeline!r}: expected on, off or both")
+    return {"on": (True,), "off": (False,), "both": (True, False)}[pipeline]
+
+
+def label(strategy: str, pipeline: bool, both: bool) -> str:
+    return f"{strategy} ({'pipelined' if pipeline else 'linear'})" if both else strategy
+
+
+def _trainer_tasks(summary: dict) -> list[dict]:
+    """Tasks that recorded steps (ps: the chief; otherwise every worker)."""
+    return [t for t in summary.get("tasks", []) if t.get("steps")]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def rows_from_runs(runs: Sequence[RunRecord], both: bool) -> list[dict]:
+    """One row per (strategy, mode): throughput median and spread over repeats, step time p50/p95,
+    speedup over one_device (same mode), scaling efficiency (speedup / workers), GPU utilisation,
+    final loss and accuracy; or the error of a strategy that failed."""
+    groups: dict[tuple[str, bool], list[RunRecord]] = {}
+    for run in runs:
+        groups.setdefault((run.strategy, run.pipeline), []).append(run)
+    rows = []
+    for (strategy, pipeline), records in groups.items():
+        good = [r for r in records if r.error is None and r.summary is not None]
+        throughputs = [r.summary["throughput_samples_per_s"] for r in good
+                       if r.summary.get("throughput_samples_per_s") is not None]
+        tasks = [_trainer_tasks(r.summary) for r in good]
+        workers = max((r.workers for r in good if r.workers), default=None)
+        gpu = [g["util_mean"] for r in good for h in r.summary.get("hosts", []) for g in h.get("gpus", [])
+               if g.get("util_mean") is not None]
+        rows.append({
+            "label": label(strategy, pipeline, both), "strategy": strategy, "pipeline": pipeline,
+            "tasks": max((r.summary.get("tasks_count", 0) for r in good), default=None),
+            "workers": workers,
+            "throughput_samples_per_s": _median(throughputs), "throughput_runs": throughputs,
+            "throughput_min": min(throughputs, default=None), "throughput_max": max(throughputs, default=None),
+            "step_time_p50_s": _median([t.get("step_time_p50_s") for ts in tasks for t in ts]),
+            "step_time_p95_s": _median([t.get("step_time_p95_s") for ts in tasks for t in ts]),
+            "gpu_util_mean": statistics.mean(gpu) if gpu else None,
+            "loss": _median([t.get("loss") for ts in tasks for t in ts]),
+            "accuracy": _median([t.get("accuracy") for ts in tasks for t in ts]),
+            "error": None if good else "; ".join(dict.fromkeys(r.error or "no result" for r in records)),
+            "run_dirs": [r.run_dir for r in records if r.run_dir],
+        })
+    baselines = {row["pipeline"]: row["throughput_samples_per_s"] for row in rows if row["strategy"] == BASELINE}
+    for row in rows:
+        base = baselines.get(row["pipeline"])
+        value = row["throughput_samples_per_s"]
+        row["speedup_vs_one_device"] = value / base if base and value else None
+        row["scaling_efficiency"] = row["speedup_vs_one_device"] / row["workers"] \
+            if row["speedup_vs_one_device"] and row["workers"] else None
+    return rows
+
+
+def pipeline_speedups(rows: Sequence[dict]) -> dict[str, float]:
+    """Per strategy: pipelined throughput / linear throughput (when both were run)."""
+    by = {(r["strategy"], r["pipeline"]): r["throughput_samples_per_s"] for r in rows}
+    return {s: by[(s, True)] / by[(s, False)] for s, p in by if p and by.get((s, False)) and by[(s, True)]}
+
+
+def _one_run(opts: CompareOptions, strategy: str, pipeline: bool, root: Path, err: Console) -> RunRecord:
+    launch_opts = dataclasses.replace(opts.launch, strategy=strategy, pipeline=pipeline, run_dir=str(root),
+                                      quiet=True, dry_run=False, json_out=False)
+    try:
+        plan, transports = prepare(launch_opts, err)
+    except UserError as exc:
+        return RunRecord(strategy, pipeline, None, exc.exit_code, exc.message, None)
+    write_plan(plan)
+    result = supervise(plan, transports, launch_opts, err, err)
+    finish(plan, result, err, err, render=False)
+    summary = json.loads((Path(plan.run_dir) / "summary.json").read_text())
+    error = None if result.ok else (result.failure.message if result.failure else f"exit {result.exit_code}")
+    if error and result.failure and result.failure.task:
+        error = f"{result.failure.task} on {result.failure.host}: {error}"
+    workers = sum(1 for t in plan.tasks if t.role == "worker")
+    return RunRecord(strategy, pipeline, plan.run_dir, result.exit_code, error, summary, workers)
+
+
+def compare(opts: CompareOptions, out: Console, err: Console) -> int:
+    """Run every (strategy, mode, repeat); print the table and bar chart; write compare.json."""
+    if opts.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib", "pip install 'ddlctl[plot]'") from None
+    root = Path(opts.launch.run_dir).expanduser().resolve() / time.strftime("compare-%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    both = opts.pipeline == "both"
+    runs: list[RunRecord] = []
+    plan = [(s, p, r) for s in opts.strategies for p in modes(opts.pipeline) for r in range(opts.repeats)]
+    for i, (strategy, pipeline, repeat) in enumerate(plan, start=1):
+        name = label(strategy, pipeline, both) + (f" #{repeat + 1}" if opts.repeats > 1 else "")
+        err.print(f"[dim]ddlctl compare:[/] [{i}/{len(plan)}] {name} …", highlight=False)
+        run = _one_run(opts, strategy, pipeline, root, err)
+        runs.append(run)
+        rate = (run.summary or {}).get("throughput_samples_per_s")
+        status = f"{rate:,.0f} samples/s" if run.error is None and rate else f"failed: {run.error}"
+        err.print(f"[dim]ddlctl compare:[/] [{i}/{len(plan)}] {name}: {status}", highlight=False)
+        if run.exit_code in (130, 143):  # Ctrl-C / SIGTERM: stop comparing, report what ran
+            break
+    rows = rows_from_runs(runs, both)
+    result = {"schema": 1, "compare_dir": str(root), "workload": opts.launch.workload or "cnn",
+              "steps": opts.launch.steps, "repeats": opts.repeats, "pipeline": opts.pipeline,
+              "rows": rows, "pipeline_speedup": pipeline_speedups(rows)}
+    (root / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    if opts.json_out:
+        out.print_json(data=result)
+    else:
+        render_compare(rows, result["pipeline_speedup"], out)
+        out.print(f"compare.json and the run directories: {root}", highlight=False)
+    if opts.plot:
+        plot(rows, opts.plot)
+        err.print(f"wrote {opts.plot}", highlight=False)
+    return 0 if all(r["error"] is None for r in rows) else 1
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Console) -> None:
+    table = Table(title="ddlctl compare", title_justify="left")
+    for column in ("strategy", "workers", "samples/s (median)", "spread", "step ms p50 / p95", "speedup",
+                   "efficiency", "GPU util %", "loss", "accuracy"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for r in rows:
+        if r["error"]:
+            table.add_row(r["label"], _fmt(r["workers"], "d"), f"[red]failed: {r['error']}[/]", "", "", "", "", "",
+                          "", "")
+            continue
+        spread = f"{_fmt(r['throughput_min'], ',.0f')}–{_fmt(r['throughput_max'], ',.0f')}" \
+            if len(r["throughput_runs"]) > 1 else "-"
+        p50, p95 = r["step_time_p50_s"], r["step_time_p95_s"]
+        times = f"{_fmt(p50 and p50 * 1e3, '.1f')} / {_fmt(p95 and p95 * 1e3, '.1f')}"
+        table.add_row(r["label"], _fmt(r["workers"], "d"), _fmt(r["throughput_samples_per_s"], ",.0f"), spread,
+                      times, _fmt(r["speedup_vs_one_device"], ".2f") + ("x" if r["speedup_vs_one_device"] else ""),
+                      _fmt(r["scaling_efficiency"], ".0%"), _fmt(r["gpu_util_mean"], ".0f"),
+                      _fmt(r["loss"], ".4f"), _fmt(r["accuracy"], ".4f"))
+    console.print(table)
+    if not any(r["strategy"] == BASELINE for r in rows):
+        console.print(f"speedup and efficiency need {BASELINE} in --strategies")
+    best = max((r["throughput_samples_per_s"] or 0 for r in rows), default=0)
+    if best:
+        console.print("throughput (samples/s)")
+        width = max(len(r["label"]) for r in rows)
+        for r in rows:
+            value = r["throughput_samples_per_s"] or 0
+            bar = "█" * round(40 * value / best)
+            console.print(f"  {r['label']:<{width}} {bar} {value:,.0f}" if value else
+                          f"  {r['label']:<{width}} (failed)", highlight=False)
+    for strategy, ratio in speedups.items():
+        console.print(f"pipelined vs linear under {strategy}: {ratio:.2f}x", highlight=False)
+
+
+def plot(rows: Sequence[dict], path: str) -> None:
+    """The throughput bar chart as a picture (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["label"] for r in rows]
+    values = [r["throughput_samples_per_s"] or 0 for r in rows]
+    errors = [[v - (r["throughput_min"] or v) for v, r in zip(values, rows, strict=True)],
+              [(r["throughput_max"] or v) - v for v, r in zip(values, rows, strict=True)]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+    ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
+    ax.set_ylabel("samples/s (median of repeats)")
+    ax.set_title("ddlctl compare: throughput by strategy")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
