@@ -194,8 +194,7 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Co
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for r in rows:
         if r["error"]:
-            table.add_row(r["label"], _fmt(r["workers"], "d"), f"[red]failed: {r['error']}[/]", "", "", "", "", "",
-                          "", "")
+            table.add_row(r["label"], _fmt(r["workers"], "d"), "[red]failed (below)[/]", "", "", "", "", "", "", "")
             continue
         spread = f"{_fmt(r['throughput_min'], ',.0f')}–{_fmt(r['throughput_max'], ',.0f')}" \
             if len(r["throughput_runs"]) > 1 else "-"
@@ -206,6 +205,9 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Co
                       _fmt(r["scaling_efficiency"], ".0%"), _fmt(r["gpu_util_mean"], ".0f"),
                       _fmt(r["loss"], ".4f"), _fmt(r["accuracy"], ".4f"))
     console.print(table)
+    for r in rows:
+        if r["error"]:
+            console.print(f"[red]✗ {r['label']}:[/] {r['error']}", highlight=False, soft_wrap=True)
     if not any(r["strategy"] == BASELINE for r in rows):
         console.print(f"speedup and efficiency need {BASELINE} in --strategies")
     best = max((r["throughput_samples_per_s"] or 0 for r in rows), default=0)

@@ -1,0 +1,102 @@
+"""Strategy comparison, pipelined vs linear execution, and sharding, on real localhost runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from ddlctl.compare import RunRecord, pipeline_speedups, rows_from_runs
+from tests.conftest import only_run_dir, run_ddlctl
+
+IDS = re.compile(r"ddlctl-ids \[([\d\s]*)\]")
+
+
+def summary(throughput, accuracy=0.9, role="worker"):
+    return {"throughput_samples_per_s": throughput, "tasks_count": 1, "hosts": [],
+            "tasks": [{"name": f"{role}:0", "role": role, "steps": 10, "step_time_p50_s": 0.01,
+                       "step_time_p95_s": 0.02, "loss": 0.1, "accuracy": accuracy}]}
+
+
+def test_rows_speedup_efficiency_spread_and_failures_are_computed_from_runs():
+    runs = [RunRecord("one_device", True, "a", 0, None, summary(100.0), 1),
+            RunRecord("one_device", True, "b", 0, None, summary(120.0), 1),
+            RunRecord("mwms", True, "c", 0, None, summary(330.0), 2),
+            RunRecord("mwms", True, "d", 0, None, summary(300.0), 2),
+            RunRecord("mwms", True, "e", 0, None, summary(270.0), 2),
+            RunRecord("ps", True, None, 2, "2 workers requested but the cluster has 1 worker slots", None)]
+    rows = {r["strategy"]: r for r in rows_from_runs(runs, both=False)}
+    assert rows["one_device"]["throughput_samples_per_s"] == 110.0
+    assert rows["mwms"]["throughput_samples_per_s"] == 300.0
+    assert (rows["mwms"]["throughput_min"], rows["mwms"]["throughput_max"]) == (270.0, 330.0)
+    assert rows["mwms"]["speedup_vs_one_device"] == pytest.approx(300 / 110)
+    assert rows["mwms"]["scaling_efficiency"] == pytest.approx(300 / 110 / 2)
+    assert rows["ps"]["error"].startswith("2 workers requested") and rows["ps"]["throughput_samples_per_s"] is None
+    both = rows_from_runs([RunRecord("mwms", True, "x", 0, None, summary(500.0), 2),
+                           RunRecord("mwms", False, "y", 0, None, summary(200.0), 2)], both=True)
+    assert [r["label"] for r in both] == ["mwms (pipelined)", "mwms (linear)"]
+    assert pipeline_speedups(both) == {"mwms": 2.5}
+
+
+@pytest.mark.cluster
+def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
+    result = run_ddlctl("compare", "--strategies", "one_device,mirrored,mwms", "--steps", "30",
+                        "--run-dir", str(tmp_path), "--json", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    rows = {r["strategy"]: r for r in data["rows"]}
+    assert set(rows) == {"one_device", "mirrored", "mwms"}
+    base = rows["one_device"]["throughput_samples_per_s"]
+    for row in rows.values():
+        recorded = json.loads((tmp_path / "x").parent.joinpath(row["run_dirs"][0], "summary.json").read_text())
+        assert row["throughput_samples_per_s"] == recorded["throughput_samples_per_s"]
+        assert row["speedup_vs_one_device"] == pytest.approx(recorded["throughput_samples_per_s"] / base)
+        assert row["accuracy"] > 0.3
+    assert rows["mwms"]["workers"] == 2
+    assert json.loads((only_run_dir(tmp_path) / "compare.json").read_text()) == data
+    # a strategy that cannot run is a row with its reason, not an abort
+    hosts = tmp_path / "two.txt"
+    hosts.write_text("localhost\n127.0.0.1\n")
+    failed = run_ddlctl("compare", "--hosts", str(hosts), "--strategies", "one_device,mwms", "--steps", "20",
+                        "--run-dir", str(tmp_path / "second"), timeout=600)
+    assert failed.returncode == 1
+    assert "one_device" in failed.stdout and "runs on one host" in failed.stdout
+    assert "Traceback" not in failed.stderr + failed.stdout
+    assert re.search(r"mwms\s+│\s+2\s+│\s+[\d,]+", failed.stdout), failed.stdout
+
+
+@pytest.mark.cluster
+def test_pipelined_and_linear_train_to_the_same_accuracy(runs):
+    accuracies = {}
+    for mode in ("--pipeline", "--no-pipeline"):
+        result = run_ddlctl("launch", "--strategy", "one_device", "--steps", "40", mode, "--no-telemetry",
+                            "--run-dir", str(runs / mode))
+        assert result.returncode == 0, result.stderr[-2000:]
+        folder = only_run_dir(runs / mode) / "tasks" / "worker-0"
+        accuracies[mode] = json.loads((folder / "result.json").read_text())["accuracy"]
+        assert len((folder / "steps.jsonl").read_text().splitlines()) == 40
+    assert accuracies["--pipeline"] == pytest.approx(accuracies["--no-pipeline"], abs=0.01)
+    assert accuracies["--pipeline"] > 0.3
+
+
+def consumed_ids(run_dir, task):
+    text = (run_dir / "tasks" / task / "output.log").read_text()
+    return [int(i) for match in IDS.findall(text) for i in match.split()]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("strategy", "tasks"), [("mwms", ["worker-0", "worker-1"]),
+                                                 ("ps", ["worker-0", "worker-1"])])
+def test_each_worker_reads_its_own_shard_disjoint_and_complete(runs, strategy, tasks):
+    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--no-telemetry", "--run-dir", str(runs),
+                        "--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", "512", "--batch-size", "64",
+                        "--steps-per-call", "2", "--record-ids")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    per_worker = {task: consumed_ids(run_dir, task) for task in tasks}
+    everything = [i for ids in per_worker.values() for i in ids]
+    assert sorted(everything) == list(range(512)), "every id of the epoch read exactly once"
+    if strategy == "mwms":  # a static shard each: worker w reads ids = w (mod 2)
+        assert all(i % 2 == 0 for i in per_worker["worker-0"]) and all(i % 2 == 1 for i in per_worker["worker-1"])
