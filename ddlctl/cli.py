@@ -51,9 +51,11 @@ def _root(
     """Launch and profile TensorFlow distributed training on one or many machines."""
 
 
-PROFILE_HELP = """Run like launch, with a live view (per-task step rate, per-host GPU and CPU), then the
-full report: step-time percentiles, throughput, stragglers, GPU utilisation / SM activity / memory /
-power, host CPU, diagnosis. Writes summary.json and trace.json into the run directory.
+PROFILE_HELP = """Run like launch, with a live view and the full report at the end.
+
+Live view: per-task step rate, per-host GPU and CPU. Report: step-time percentiles, throughput,
+stragglers, GPU utilisation / SM activity / memory / power, host CPU, diagnosis. Writes
+summary.json and trace.json into the run directory.
 
 Examples:
 
@@ -234,10 +236,11 @@ def compare(
     connect_timeout: ConnectTimeoutOption = 10.0,
     accept_new_host_keys: AcceptNewOption = False,
 ) -> None:
-    """Run the same workload, same seed, under each strategy on the same machines, then show one
-    table: throughput (median of repeats, with spread), step time p50/p95, speedup over one_device,
-    scaling efficiency, GPU utilisation, final loss and accuracy; plus a bar chart. A strategy that
-    fails gets a row that says why. Saves compare.json.
+    """Run the same workload under several strategies and compare them side by side.
+
+    Same seed, same machines; one table: throughput (median of repeats, with spread), step time
+    p50/p95, speedup over one_device, scaling efficiency, GPU utilisation, final loss and accuracy;
+    plus a bar chart. A strategy that fails gets a row that says why. Saves compare.json.
 
     Example: ddlctl compare --strategies one_device,mwms,ps --pipeline both --steps 300
     """
@@ -276,7 +279,10 @@ def report(
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", min=0,
                                               help="Steps of each task left out of the statistics.")] = 5,
 ) -> None:
-    """Render the full report of a run from its run directory alone."""
+    """Render the full report of a run from its run directory alone.
+
+    A copied run directory gives the same report. --json prints summary.json, --csv writes
+    tasks/hosts/gpus tables, --trace a Chrome/Perfetto trace."""
     from ddlctl.report.reporting import report as run_report
 
     try:
@@ -320,8 +326,10 @@ def check(
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print the reports as JSON on stdout, nothing else.")] = False,
 ) -> None:
-    """Pre-flight every host in parallel: reachable (or why not), Python, ddlctl, TensorFlow,
-    tf-keras, GPUs (NVML) and free ports. Exits 1 when any host is unusable."""
+    """Pre-flight every host in parallel.
+
+    Per host: reachable (or why not), Python, ddlctl, TensorFlow, tf-keras, GPUs (NVML) and free
+    ports. Exits 1 when any host is unusable."""
     from ddlctl.check import check as run_check
     from ddlctl.transport.ssh import SshOptions
 
@@ -341,8 +349,10 @@ def stop(
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,
 ) -> None:
-    """Kill whatever of a run is still alive on every host of its plan (e.g. after the controller
-    was killed). Processes are found by the run id in their environment, never by name."""
+    """Kill whatever of a run is still alive, on every host of its plan.
+
+    For example after the controller was killed. Processes are found by the run id in their
+    environment, never by name."""
     from ddlctl.stop import stop as run_stop
     from ddlctl.transport.ssh import SshOptions
 

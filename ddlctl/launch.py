@@ -112,7 +112,8 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
                                      ("--batch-size", opts.batch_size), ("--pipeline", opts.pipeline))
                       if v is not None]
     if opts.command and workload_given:
-        raise ConfigError(f"{', '.join(workload_given)} only apply to the built-in workload, "
+        verb = "applies" if len(workload_given) == 1 else "apply"
+        raise ConfigError(f"{', '.join(workload_given)} only {verb} to the built-in workload, "
                           f"not to a command ({' '.join(opts.command)})",
                           "pass them to your own program after '--' instead")
     workload_args: tuple[str, ...] = ()

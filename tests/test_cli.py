@@ -60,7 +60,7 @@ def test_dry_run_table_shows_tf_config(runs):
         (["--strategy", "ps", "--workers", "5"], "localhost slots=2\n", ["5 workers requested"]),
         (["--strategy", "horovod"], "localhost\n", ["unknown strategy 'horovod'"]),
         (["--env", "1BAD=x"], "localhost\n", ["--env '1BAD=x' is not KEY=VALUE"]),
-        (["--steps", "5", "--", "python", "x.py"], "localhost\n", ["--steps only apply to the built-in"]),
+        (["--steps", "5", "--", "python", "x.py"], "localhost\n", ["--steps only applies to the built-in"]),
         (["--json"], "localhost\n", ["--json is only available with --dry-run"]),
     ],
 )
