@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: Task roles a host can be restricted to with ``roles=``.
 ROLES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
@@ -53,7 +53,6 @@ class Cluster:
 
     hosts: tuple[Host, ...]
     source: str = ""
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def total_slots(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
+from ddlctl.runtime.probe import free_ports
 from ddlctl.transport.base import ExitStatus
 
 #: Folder with the sitecustomize that installs the model.fit hook (``--auto-steps``).
@@ -82,16 +83,7 @@ class LocalTransport:
         self.python = python or sys.executable
 
     def free_ports(self, count: int) -> list[int]:
-        sockets: list[socket.socket] = []
-        try:
-            for _ in range(count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.bind(("", 0))  # held open until all are chosen: distinct ports
-                sockets.append(sock)
-            return [s.getsockname()[1] for s in sockets]
-        finally:
-            for sock in sockets:
-                sock.close()
+        return free_ports(count)
 
     def start(self, spec: TaskSpec, grace_s: float) -> LocalProcess:
         workdir = Path(spec.workdir)

@@ -65,14 +65,3 @@ def bundle_path() -> str:
     """Remote path of this controller's code bundle (content-addressed: versions never mix)."""
     digest, _ = code_bundle()
     return f"{REMOTE_ROOT}/code/ddlctl-{ddlctl.__version__}-{digest}.zip"
-
-
-FREE_PORTS_SNIPPET = """
-import json, socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("", 0))
-    socks.append(s)
-print(json.dumps([s.getsockname()[1] for s in socks]))
-"""

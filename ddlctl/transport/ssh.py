@@ -29,7 +29,6 @@ from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.transport.base import ExitStatus
 from ddlctl.transport.remote import (
-    FREE_PORTS_SNIPPET,
     bundle_path,
     code_bundle,
     shell_command,
@@ -380,12 +379,7 @@ class SshTransport:
         return self.host.python or "python3"
 
     def free_ports(self, count: int) -> list[int]:
-        status, out, err = self.conn.run([self.python, "-c", FREE_PORTS_SNIPPET, str(count)])
-        if status != 0:
-            raise LaunchError(f"{self.host.label}: cannot run {self.python!r} to choose ports "
-                              f"(exit {status}): {err.strip()[-300:]}",
-                              f"install Python 3 there or set python= for this host ({self.host.source})")
-        return [int(p) for p in json.loads(out)]
+        return [int(p) for p in self.probe(quick_ports=count)["ports"]]  # type: ignore[union-attr]
 
     def start(self, spec: TaskSpec, grace_s: float) -> SshProcess:
         if self._bundle is None:
