@@ -404,19 +404,31 @@ class SshTransport:
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle;
-        with ``quick_ports``, the cheap launch-time probe that also picks that many free ports."""
+        with ``quick_ports``, the cheap launch-time probe that also picks that many free ports.
+        An unexpected failure is retried once (a transient exec or channel error)."""
         if self._bundle is None:
             self._bundle = self.conn.ensure_bundle()
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
-        status, out, err = self.conn.run(["env", f"PYTHONPATH={self._bundle}", self.python, "-m",
-                                          "ddlctl.runtime.probe", *extra], timeout=60)
-        if status == 127 or "No such file" in err:
-            raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on the host",
-                              f"install Python 3.10+ there, or set python= for this host ({self.host.source})")
-        if status != 0:
-            raise LaunchError(f"{self.host.label}: the host probe failed with {self.python!r} (exit {status}): "
-                              f"{err.strip()[-300:]}")
-        return json.loads(out)
+        argv = ["env", f"PYTHONPATH={self._bundle}", self.python, "-m", "ddlctl.runtime.probe", *extra]
+        problem = ""
+        for _attempt in range(2):
+            try:
+                status, out, err = self.conn.run(argv, timeout=60)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                problem = f"the probe could not run: {exc}"
+                continue
+            if status == 127 or "No such file" in err:
+                raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on the host",
+                                  f"install Python 3.10+ there, or set python= for this host ({self.host.source})")
+            lines = [line for line in out.splitlines() if line.strip()]
+            if status == 0 and lines:
+                try:  # the last line: a login shell may print before the command runs
+                    return json.loads(lines[-1])
+                except ValueError:
+                    pass
+            problem = (f"the host probe failed with {self.python!r} (exit {status}): "
+                       f"stdout {out.strip()[-200:]!r} stderr {err.strip()[-300:]!r}")
+        raise LaunchError(f"{self.host.label}: {problem}")
 
     def port_open(self, port: int) -> bool:
         try:
