@@ -155,35 +155,33 @@ def launch(
 app.command("profile", help=PROFILE_HELP, context_settings={"allow_interspersed_args": False})(launch)
 
 
-def _launch(profile: bool = False, **params: object) -> None:
+def ssh_options(ssh_key: str | None, ssh_user: str | None, connect_timeout: float,
+                accept_new_host_keys: bool = False) -> object:
+    """The SshOptions the SSH flags describe (shared by every command that reaches hosts)."""
+    from ddlctl.transport.ssh import SshOptions
+
+    return SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
+                      accept_new_host_keys=accept_new_host_keys)
+
+
+def _launch(profile: bool = False, **p: object) -> None:
     """Shared body of ``launch`` and ``profile`` (same options)."""
     from ddlctl.launch import LaunchOptions
     from ddlctl.launch import launch as run_launch
-    from ddlctl.transport.ssh import SshOptions
 
-    p = params
-    command, hosts, template, strategy = p["command"], p["hosts"], p["template"], p["strategy"]
-    workers, ps, evaluator, run_dir, env = p["workers"], p["ps"], p["evaluator"], p["run_dir"], p["env"]
-    startup_timeout, grace, dry_run, json_out = p["startup_timeout"], p["grace"], p["dry_run"], p["json_out"]
-    legacy_keras, telemetry, sample_interval = p["legacy_keras"], p["telemetry"], p["sample_interval"]
-    ssh_key, ssh_user, connect_timeout = p["ssh_key"], p["ssh_user"], p["connect_timeout"]
-    accept_new_host_keys, workload, steps, batch_size = (p["accept_new_host_keys"], p["workload"], p["steps"],
-                                                         p["batch_size"])
-    pipeline = p["pipeline"]
-    auto_steps = p.get("auto_steps", True)
-
-    if json_out and not dry_run:
+    if p["json_out"] and not p["dry_run"]:
         _fail(UserError("--json is only available with --dry-run"))
     opts = LaunchOptions(
-        hosts=hosts, template=template, strategy=strategy, workers=workers, ps=ps,
-        evaluator=evaluator, run_dir=run_dir, env=tuple(env or ()),
-        startup_timeout_s=startup_timeout, grace_s=grace, dry_run=dry_run, json_out=json_out,
-        legacy_keras=legacy_keras, workload=workload, telemetry=telemetry, sample_interval_s=sample_interval,
-        auto_steps=bool(auto_steps), profile=profile, pipeline=pipeline,
-        ssh=SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
-                       accept_new_host_keys=accept_new_host_keys), steps=steps, batch_size=batch_size,
-        command=tuple(command or ()),
+        hosts=p["hosts"], template=p["template"], strategy=p["strategy"], workers=p["workers"], ps=p["ps"],
+        evaluator=p["evaluator"], run_dir=p["run_dir"], env=tuple(p["env"] or ()),
+        startup_timeout_s=p["startup_timeout"], grace_s=p["grace"], dry_run=p["dry_run"], json_out=p["json_out"],
+        legacy_keras=p["legacy_keras"], telemetry=p["telemetry"], sample_interval_s=p["sample_interval"],
+        auto_steps=p["auto_steps"], profile=profile, ssh=ssh_options(p["ssh_key"], p["ssh_user"],
+                                                                     p["connect_timeout"], p["accept_new_host_keys"]),
+        workload=p["workload"], steps=p["steps"], batch_size=p["batch_size"], pipeline=p["pipeline"],
+        command=tuple(p["command"] or ()),
     )
+    strategy, workload = opts.strategy, opts.workload
     if strategy is not None:
         from ddlctl.planning.plan import STRATEGIES
 
@@ -247,7 +245,6 @@ def compare(
     from ddlctl.compare import CompareOptions, parse_strategies
     from ddlctl.compare import compare as run_compare
     from ddlctl.launch import LaunchOptions
-    from ddlctl.transport.ssh import SshOptions
 
     try:
         from ddlctl.workloads import WORKLOADS
@@ -260,8 +257,7 @@ def compare(
             launch=LaunchOptions(hosts=hosts, template=template, workers=workers, run_dir=run_dir,
                                  startup_timeout_s=startup_timeout, workload=workload, steps=steps,
                                  batch_size=batch_size,
-                                 ssh=SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
-                                                accept_new_host_keys=accept_new_host_keys)))
+                                 ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys)))
         code = run_compare(opts, people_console(), Console(stderr=True, soft_wrap=True))
     except UserError as exc:
         _fail(exc)
@@ -331,12 +327,10 @@ def check(
     Per host: reachable (or why not), Python, ddlctl, TensorFlow, tf-keras, GPUs (NVML) and free
     ports. Exits 1 when any host is unusable."""
     from ddlctl.check import check as run_check
-    from ddlctl.transport.ssh import SshOptions
 
-    ssh = SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
-                     accept_new_host_keys=accept_new_host_keys)
     try:
-        code = run_check(hosts, template, ssh, json_out, people_console())
+        code = run_check(hosts, template, ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
+                         json_out, people_console())
     except UserError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -354,11 +348,8 @@ def stop(
     For example after the controller was killed. Processes are found by the run id in their
     environment, never by name."""
     from ddlctl.stop import stop as run_stop
-    from ddlctl.transport.ssh import SshOptions
-
-    ssh = SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout)
     try:
-        code = run_stop(run_dir, ssh, Console())
+        code = run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), Console())
     except UserError as exc:
         _fail(exc)
     raise typer.Exit(code)

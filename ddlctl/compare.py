@@ -21,6 +21,7 @@ from rich.table import Table
 from ddlctl.errors import ConfigError, UserError
 from ddlctl.launch import LaunchOptions, finish, prepare, supervise
 from ddlctl.planning.plan import STRATEGIES
+from ddlctl.report.render import fmt
 from ddlctl.rundir import write_plan
 
 BASELINE = "one_device"
@@ -183,10 +184,6 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
     return 0 if all(r["error"] is None for r in rows) else 1
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Console) -> None:
     table = Table(title="ddlctl compare", title_justify="left")
     for column in ("strategy", "workers", "samples/s (median)", "spread", "step ms p50 / p95", "speedup",
@@ -194,16 +191,16 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Co
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for r in rows:
         if r["error"]:
-            table.add_row(r["label"], _fmt(r["workers"], "d"), "[red]failed (below)[/]", "", "", "", "", "", "", "")
+            table.add_row(r["label"], fmt(r["workers"], "d"), "[red]failed (below)[/]", "", "", "", "", "", "", "")
             continue
-        spread = f"{_fmt(r['throughput_min'], ',.0f')}–{_fmt(r['throughput_max'], ',.0f')}" \
+        spread = f"{fmt(r['throughput_min'], ',.0f')}–{fmt(r['throughput_max'], ',.0f')}" \
             if len(r["throughput_runs"]) > 1 else "-"
         p50, p95 = r["step_time_p50_s"], r["step_time_p95_s"]
-        times = f"{_fmt(p50 and p50 * 1e3, '.1f')} / {_fmt(p95 and p95 * 1e3, '.1f')}"
-        table.add_row(r["label"], _fmt(r["workers"], "d"), _fmt(r["throughput_samples_per_s"], ",.0f"), spread,
-                      times, _fmt(r["speedup_vs_one_device"], ".2f") + ("x" if r["speedup_vs_one_device"] else ""),
-                      _fmt(r["scaling_efficiency"], ".0%"), _fmt(r["gpu_util_mean"], ".0f"),
-                      _fmt(r["loss"], ".4f"), _fmt(r["accuracy"], ".4f"))
+        times = f"{fmt(p50 and p50 * 1e3, '.1f')} / {fmt(p95 and p95 * 1e3, '.1f')}"
+        table.add_row(r["label"], fmt(r["workers"], "d"), fmt(r["throughput_samples_per_s"], ",.0f"), spread,
+                      times, fmt(r["speedup_vs_one_device"], ".2f") + ("x" if r["speedup_vs_one_device"] else ""),
+                      fmt(r["scaling_efficiency"], ".0%"), fmt(r["gpu_util_mean"], ".0f"),
+                      fmt(r["loss"], ".4f"), fmt(r["accuracy"], ".4f"))
     console.print(table)
     for r in rows:
         if r["error"]:

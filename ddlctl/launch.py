@@ -101,10 +101,15 @@ def load_cluster(hosts: str | None, template: str | None,
     return local_cluster(slots=local_slots), LaunchDefaults(), True
 
 
+def resolve_strategy(opts: LaunchOptions, defaults: LaunchDefaults) -> str:
+    """The option, else the template's strategy, else mwms."""
+    return opts.strategy or defaults.strategy or "mwms"
+
+
 def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
                   legacy_keras: bool, run_id: str) -> LaunchRequest:
     """Merge options over template defaults into a :class:`LaunchRequest`."""
-    strategy = opts.strategy or defaults.strategy or "mwms"
+    strategy = resolve_strategy(opts, defaults)
     workers = opts.workers if opts.workers is not None else defaults.workers
     if workers is None and implicit and strategy in MULTI_HOST_STRATEGIES:
         workers = DEFAULT_LOCAL_WORKERS
@@ -217,7 +222,7 @@ def tf_keras_available() -> bool:
 def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Transport]]:
     """Cluster, request, ports and plan: everything before processes start."""
     cluster, defaults, implicit = load_cluster(opts.hosts, opts.template, opts.workers or DEFAULT_LOCAL_WORKERS)
-    strategy = opts.strategy or defaults.strategy or "mwms"
+    strategy = resolve_strategy(opts, defaults)
     legacy = opts.legacy_keras
     if opts.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
         legacy = False

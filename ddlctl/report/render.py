@@ -13,7 +13,8 @@ from ddlctl.report.summary import RunSummary
 from ddlctl.supervise.supervisor import Failure, JobResult, TaskState
 
 
-def _fmt(value: float | None, spec: str) -> str:
+def fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``-`` when missing."""
     return "-" if value is None else format(value, spec)
 
 
@@ -104,8 +105,8 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
             ended = f"failed ({outcome.status.describe()})"
         table.add_row(outcome.name, outcome.host, ended,
                       str(s.steps) if s else "-", _ms(s.step_time_p50_s if s else None),
-                      _fmt(s.samples_per_s if s else None, ",.0f"),
-                      _fmt(s.loss if s else None, ".4f"), _fmt(s.accuracy if s else None, ".4f"))
+                      fmt(s.samples_per_s if s else None, ",.0f"),
+                      fmt(s.loss if s else None, ".4f"), fmt(s.accuracy if s else None, ".4f"))
     console.print(table)
     console.print(_throughput_line(summary))
     for line in summary.diagnosis:
@@ -128,9 +129,9 @@ def render_report(summary: RunSummary, console: Console) -> None:
     for t in summary.tasks:
         tasks.add_row(t.name, t.host or "-", str(t.steps),
                       _triple(t.step_time_p50_s, t.step_time_p90_s, t.step_time_p99_s),
-                      _fmt(t.samples_per_s, ",.0f"),
-                      _fmt(None if t.input_fraction is None else t.input_fraction * 100, ".0f"),
-                      _ms(t.arrival_lateness_p50_s), _fmt(t.cpu_mean, ".0f"), _bytes(t.rss_peak_bytes),
+                      fmt(t.samples_per_s, ",.0f"),
+                      fmt(None if t.input_fraction is None else t.input_fraction * 100, ".0f"),
+                      _ms(t.arrival_lateness_p50_s), fmt(t.cpu_mean, ".0f"), _bytes(t.rss_peak_bytes),
                       "[red]yes[/]" if t.straggler else "no")
     console.print(tasks)
     hosts = Table(title="hosts", title_justify="left")
@@ -140,7 +141,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
         net = "-" if h.net_sent_bytes_per_s is None else \
             f"{h.net_sent_bytes_per_s / 1e6:.1f} / {h.net_recv_bytes_per_s / 1e6:.1f}"
         gaps = f" ({len(h.gaps)} gap(s))" if h.gaps else ""
-        hosts.add_row(h.host, _fmt(h.cpu_util_mean, ".0f"), f"{_bytes(h.mem_peak_bytes)} / {_bytes(h.mem_total_bytes)}",
+        hosts.add_row(h.host, fmt(h.cpu_util_mean, ".0f"), f"{_bytes(h.mem_peak_bytes)} / {_bytes(h.mem_total_bytes)}",
                       net, f"{h.samples}{gaps}", str(len(h.gpus)) if h.gpus else (h.gpu_note or "no GPU"))
     console.print(hosts)
     if any(h.gpus for h in summary.hosts):
@@ -150,9 +151,9 @@ def render_report(summary: RunSummary, console: Console) -> None:
         for h in summary.hosts:
             for g in h.gpus:
                 gpus.add_row(h.host, f"{g.index} {g.name or ''}".strip(),
-                             f"{_fmt(g.util_mean, '.0f')} / {_fmt(g.util_p5, '.0f')}", _fmt(g.sm_active_mean, ".0f"),
+                             f"{fmt(g.util_mean, '.0f')} / {fmt(g.util_p5, '.0f')}", fmt(g.sm_active_mean, ".0f"),
                              f"{_bytes(g.mem_peak_bytes)} / {_bytes(g.mem_total_bytes)}",
-                             f"{_fmt(g.power_mean_w, '.0f')} / {_fmt(g.power_peak_w, '.0f')}")
+                             f"{fmt(g.power_mean_w, '.0f')} / {fmt(g.power_peak_w, '.0f')}")
         console.print(gpus)
     if summary.diagnosis:
         console.print(Text("diagnosis", style="bold"))

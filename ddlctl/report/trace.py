@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddlctl.report.summary import read_steps, read_telemetry
+from ddlctl.report.summary import parse_json_lines, read_steps
 from ddlctl.rundir import task_dirs
 from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
 
@@ -48,29 +48,23 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
             events.append({"ph": "X", "name": "step", "cat": "step", "pid": pid, "tid": tid, "ts": start,
                            "dur": round(duration * 1e6, 1), "args": args})
     for path in sorted((run_dir / "telemetry").glob("*.jsonl")):
-        series = read_telemetry(path)
-        pid = pid_for(series.host)
-        fields = list(GPU_FIELDS)
-        with path.open("rb") as handle:  # counters need per-sample timestamps: one more pass
-            for line in handle:
-                try:
-                    raw = json.loads(line)
-                except ValueError:
-                    continue
-                if raw.get("type") == "hello":
-                    fields = list(raw.get("gpu_fields") or fields)
-                if raw.get("type") != "sample":
-                    continue
-                ts = int(float(raw["t"]) * 1e6)
-                if raw.get("cpu") is not None:
-                    events.append({"ph": "C", "name": "CPU %", "pid": pid, "ts": ts, "args": {"cpu": raw["cpu"]}})
-                for gpu in (gpu_reading(g, fields) for g in raw.get("gpus", ())):
-                    if gpu.get("util") is not None:
-                        events.append({"ph": "C", "name": f"GPU {gpu['index']} util %", "pid": pid, "ts": ts,
-                                       "args": {"util": gpu["util"]}})
-                    if gpu.get("mem_used") is not None:
-                        events.append({"ph": "C", "name": f"GPU {gpu['index']} memory GiB", "pid": pid,
-                                       "ts": ts, "args": {"used": round(gpu["mem_used"] / 2**30, 3)}})
+        records, _ = parse_json_lines(path.read_bytes())  # one pass: host name, then counters
+        hello = next((r for r in records if isinstance(r, dict) and r.get("type") == "hello"), {})
+        pid = pid_for(str(hello.get("host", path.stem)))
+        fields = list(hello.get("gpu_fields") or GPU_FIELDS)
+        for raw in records:
+            if not isinstance(raw, dict) or raw.get("type") != "sample" or raw.get("t") is None:
+                continue
+            ts = int(float(raw["t"]) * 1e6)
+            if raw.get("cpu") is not None:
+                events.append({"ph": "C", "name": "CPU %", "pid": pid, "ts": ts, "args": {"cpu": raw["cpu"]}})
+            for gpu in (gpu_reading(g, fields) for g in raw.get("gpus", ())):
+                if gpu.get("util") is not None:
+                    events.append({"ph": "C", "name": f"GPU {gpu['index']} util %", "pid": pid, "ts": ts,
+                                   "args": {"util": gpu["util"]}})
+                if gpu.get("mem_used") is not None:
+                    events.append({"ph": "C", "name": f"GPU {gpu['index']} memory GiB", "pid": pid,
+                                   "ts": ts, "args": {"used": round(gpu["mem_used"] / 2**30, 3)}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

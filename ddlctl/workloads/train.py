@@ -245,9 +245,11 @@ class Progress:
 
 def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int,
                   start_override: float | None = None) -> float:
-    """Write one record per step of a block of (loss, start, ready, synced, end) arrays; the last loss."""
-    losses, starts, readies, synceds, ends = (f.numpy() for f in figures) if hasattr(figures[0], "numpy") \
-        else figures
+    """Write one record per step of a block of (loss, start, ready, synced, end) figures (tensors or
+    arrays; scalars for a one-step block); the last loss."""
+    import numpy as np
+
+    losses, starts, readies, synceds, ends = (np.atleast_1d(np.asarray(f)) for f in figures)
     for i in range(len(losses)):
         start = start_override if (start_override is not None and i == 0) else float(starts[i])
         recorder.record(first_step + i, start, float(ends[i]) - start, samples,
@@ -299,9 +301,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
                 return images[r * part:(r + 1) * part], labels[r * part:(r + 1) * part], ids[r * part:(r + 1) * part]
 
             values = strategy.experimental_distribute_values_from_function(value_fn)
-            loss_t, _, ready, synced, end = trainer.run_batch(*values)
-            loss = _record_block(recorder, first + 1, ([loss_t.numpy()], [wall], [ready.numpy()],
-                                                       [synced.numpy()], [end.numpy()]), local_batch)
+            loss = _record_block(recorder, first + 1, trainer.run_batch(*values), local_batch, start_override=wall)
         progress.after(first + count, loss, local_batch * count)
         if checkpointer is not None:
             checkpointer.after(first + count)
@@ -342,10 +342,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
             pending.append((first, count, remote))
             scheduled += 1
         first, count, remote = pending.popleft()
-        figures = remote.fetch()
-        if not args.pipeline:
-            figures = tuple([value] for value in figures)
-        loss = _record_block(recorder, first + 1, figures, args.batch_size)
+        loss = _record_block(recorder, first + 1, remote.fetch(), args.batch_size)
         done += 1
         progress.after(first + count, loss, args.batch_size * count)
         if checkpointer is not None:
