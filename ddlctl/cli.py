@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -194,12 +195,7 @@ def _launch(profile: bool = False, **p: object) -> None:
         if workload not in WORKLOADS:
             _fail(UserError(f"unknown workload {workload!r}",
                             "expected one of: " + ", ".join(WORKLOADS)))
-    out, err = people_console(), Console(stderr=True, soft_wrap=True)
-    try:
-        code = run_launch(opts, out, err)
-    except UserError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    _exit_with(lambda: run_launch(opts, people_console(), Console(stderr=True, soft_wrap=True)))
 
 
 @app.command()
@@ -246,7 +242,7 @@ def compare(
     from ddlctl.compare import compare as run_compare
     from ddlctl.launch import LaunchOptions
 
-    try:
+    def run() -> int:
         from ddlctl.workloads import WORKLOADS
 
         if workload not in WORKLOADS:
@@ -258,10 +254,9 @@ def compare(
                                  startup_timeout_s=startup_timeout, workload=workload, steps=steps,
                                  batch_size=batch_size,
                                  ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys)))
-        code = run_compare(opts, people_console(), Console(stderr=True, soft_wrap=True))
-    except UserError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+        return run_compare(opts, people_console(), Console(stderr=True, soft_wrap=True))
+
+    _exit_with(run)
 
 
 @app.command()
@@ -281,16 +276,21 @@ def report(
     tasks/hosts/gpus tables, --trace a Chrome/Perfetto trace."""
     from ddlctl.report.reporting import report as run_report
 
-    try:
-        code = run_report(run_dir, json_out, csv_dir, trace, warmup_steps, people_console())
-    except UserError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    _exit_with(lambda: run_report(run_dir, json_out, csv_dir, trace, warmup_steps, people_console()))
 
 
 def people_console() -> Console:
     """Console for people on stdout: wide when piped (tables are not cut to 80 columns)."""
     return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+
+
+def _exit_with(run: Callable[[], int]) -> None:
+    """Run a command body: its return value is the exit code; a UserError becomes a clear message."""
+    try:
+        code = run()
+    except UserError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
 
 
 def _fail(exc: UserError) -> None:
@@ -328,12 +328,8 @@ def check(
     ports. Exits 1 when any host is unusable."""
     from ddlctl.check import check as run_check
 
-    try:
-        code = run_check(hosts, template, ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
-                         json_out, people_console())
-    except UserError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    _exit_with(lambda: run_check(hosts, template, ssh_options(ssh_key, ssh_user, connect_timeout,
+                                                              accept_new_host_keys), json_out, people_console()))
 
 
 @app.command()
@@ -348,8 +344,4 @@ def stop(
     For example after the controller was killed. Processes are found by the run id in their
     environment, never by name."""
     from ddlctl.stop import stop as run_stop
-    try:
-        code = run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), Console())
-    except UserError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    _exit_with(lambda: run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), Console()))
