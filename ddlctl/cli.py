@@ -102,6 +102,21 @@ def launch(
                                          "forever.")] = 180.0,
     grace: Annotated[float, typer.Option(
         "--grace", min=0, help="Seconds between SIGTERM and SIGKILL when stopping tasks.")] = 5.0,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", min=0, help="Restarts allowed for the whole job (a task, its group or every task, "
+                                      "as the strategy needs: see README 'Faults and restarts'). A lost ps "
+                                      "worker never ends the job while the chief and another worker live.")] = 0,
+    restart_on: Annotated[str, typer.Option(
+        "--restart-on", help="fault: restart after a signal (OOM kill, preemption, kill -9), exit 42/143, a hang "
+                             "or a lost host; any: also after a Python exception or another non-zero exit.")
+    ] = "fault",
+    hang_timeout: Annotated[float, typer.Option(
+        "--hang-timeout", min=0, help="Seconds without any training step (after the first) before the job "
+                                      "counts as hung: stacks are saved, the task at fault is named and "
+                                      "handled as a fault. 0: off.")] = 600.0,
+    host_timeout: Annotated[float, typer.Option(
+        "--host-timeout", min=0, help="Seconds to keep reconnecting to a host whose SSH connection dropped "
+                                      "before the job fails naming it.")] = 60.0,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the plan (tasks, hosts, ports, TF_CONFIG, commands); start "
                           "nothing.")] = False,
@@ -175,7 +190,9 @@ def _launch(profile: bool = False, **p: object) -> None:
     opts = LaunchOptions(
         hosts=p["hosts"], template=p["template"], strategy=p["strategy"], workers=p["workers"], ps=p["ps"],
         evaluator=p["evaluator"], run_dir=p["run_dir"], env=tuple(p["env"] or ()),
-        startup_timeout_s=p["startup_timeout"], grace_s=p["grace"], dry_run=p["dry_run"], json_out=p["json_out"],
+        startup_timeout_s=p["startup_timeout"], grace_s=p["grace"], max_restarts=p["max_restarts"],
+        restart_on=p["restart_on"], hang_timeout_s=p["hang_timeout"], host_timeout_s=p["host_timeout"],
+        dry_run=p["dry_run"], json_out=p["json_out"],
         legacy_keras=p["legacy_keras"], telemetry=p["telemetry"], sample_interval_s=p["sample_interval"],
         auto_steps=p["auto_steps"], profile=profile, ssh=ssh_options(p["ssh_key"], p["ssh_user"],
                                                                      p["connect_timeout"], p["accept_new_host_keys"]),
@@ -183,6 +200,9 @@ def _launch(profile: bool = False, **p: object) -> None:
         command=tuple(p["command"] or ()),
     )
     strategy, workload = opts.strategy, opts.workload
+    if opts.restart_on not in ("fault", "any"):
+        _fail(UserError(f"--restart-on {opts.restart_on!r} is not one of: fault, any",
+                        "fault: signals, preemption exits, hangs, lost hosts; any: every failure"))
     if strategy is not None:
         from ddlctl.planning.plan import STRATEGIES
 

@@ -10,16 +10,18 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from ddlctl.cluster.hostfile import load_hosts
 from ddlctl.cluster.model import Cluster, local_cluster
 from ddlctl.cluster.template import LaunchDefaults, load_template
-from ddlctl.errors import ConfigError
+from ddlctl.errors import ConfigError, LaunchError, UserError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
     LaunchRequest,
@@ -38,6 +40,7 @@ from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
 from ddlctl.transport.base import Transport
 from ddlctl.transport.local import LocalTransport
+from ddlctl.transport.session import HostSession
 
 if TYPE_CHECKING:
     from ddlctl.transport.ssh import SshOptions
@@ -60,6 +63,10 @@ class LaunchOptions:
     env: Sequence[str] = ()
     startup_timeout_s: float = 180.0
     grace_s: float = 5.0
+    max_restarts: int = 0
+    restart_on: str = "fault"
+    hang_timeout_s: float = 600.0
+    host_timeout_s: float = 60.0
     dry_run: bool = False
     json_out: bool = False
     legacy_keras: bool = True
@@ -129,8 +136,6 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
     env = {**defaults.env, **parse_env(opts.env)}
     run_root = Path(opts.run_dir).expanduser().resolve()
     evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
-    if evaluator and not opts.command:
-        env.setdefault("DDLCTL_CHECKPOINT_DIR", str(run_root / run_id / "checkpoints"))
     return LaunchRequest(
         strategy=strategy,
         workers=workers,
@@ -273,11 +278,56 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
     return result.exit_code
 
 
+def open_sessions(plan: Plan, transports: dict[str, Transport]) -> dict[str, HostSession]:
+    """One host agent per host that runs tasks, started in parallel; one error names every host
+    whose agent did not start (the others are closed again)."""
+    log_dir = Path(plan.run_dir) / "agents"
+    hosts = [h.label for h in plan.hosts]
+    results: dict[str, HostSession | UserError] = {}
+
+    def open_one(label: str) -> HostSession:
+        return transports[label].open_session(plan.run_id, log_dir)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        for label, future in [(label, pool.submit(open_one, label)) for label in hosts]:
+            try:
+                results[label] = future.result()
+            except UserError as exc:
+                results[label] = exc
+    failures = [r.message for r in results.values() if isinstance(r, UserError)]
+    sessions = {label: r for label, r in results.items() if isinstance(r, HostSession)}
+    if failures:
+        for session in sessions.values():
+            session.close()
+        raise LaunchError("\n  ".join(["cannot start the host agent on every host:", *failures]))
+    return sessions
+
+
+def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | None):  # noqa: ANN201
+    """A function that reconnects to a host whose connection was lost and starts a new agent there."""
+
+    def reconnect(label: str) -> HostSession:
+        old = transports[label]
+        if isinstance(old, LocalTransport):
+            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
+        from ddlctl.transport.ssh import SshOptions, SshTransport, connect
+
+        with contextlib.suppress(Exception):
+            old.close()
+        fresh = SshTransport(connect(old.host, ssh or SshOptions()))
+        transports[label] = fresh
+        return fresh.open_session(plan.run_id, Path(plan.run_dir) / "agents")
+
+    return reconnect
+
+
 def supervise(plan: Plan, transports: dict[str, Transport], opts: LaunchOptions, out: Console,
               err: Console) -> JobResult:
     """Run the plan under one supervisor; the transports are closed afterwards. Task output goes to
     the terminal (through the live view's console under ``profile``), or only to the logs (quiet)."""
-    options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s)
+    options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s,
+                                max_restarts=opts.max_restarts, restart_on=opts.restart_on,
+                                hang_timeout_s=opts.hang_timeout_s, host_timeout_s=opts.host_timeout_s)
     live = LiveView(out) if opts.profile and not opts.quiet else None
     if opts.quiet:
         writer = PrefixedWriter(open(os.devnull, "wb"))  # noqa: SIM115 - closed with the process
@@ -286,12 +336,19 @@ def supervise(plan: Plan, transports: dict[str, Transport], opts: LaunchOptions,
     else:
         writer = PrefixedWriter(sys.stdout.buffer)
     notify = (lambda _msg: None) if opts.quiet else \
-        (lambda msg: err.print(f"[dim]ddlctl:[/] {msg}", highlight=False))
-    supervisor = Supervisor(plan, transports, writer, options, notify=notify,  # type: ignore[arg-type]
-                            on_sample=live.on_sample if live is not None else None)
+        (lambda msg: err.print(f"[dim]ddlctl:[/] {escape(msg)}", highlight=False))
     try:
-        with live if live is not None else contextlib.nullcontext():
-            result = supervisor.run()
+        sessions = open_sessions(plan, transports)
+        supervisor = Supervisor(plan, sessions, writer, options, notify=notify,  # type: ignore[arg-type]
+                                on_sample=live.on_sample if live is not None else None,
+                                reconnect=reconnector(plan, transports, opts.ssh))
+        try:
+            with live if live is not None else contextlib.nullcontext():
+                result = supervisor.run()
+        finally:
+            for session in supervisor.sessions.values():
+                session.shutdown()
+                session.close()
         collect_remote_files(plan, transports)
     finally:
         for transport in transports.values():
@@ -300,12 +357,14 @@ def supervise(plan: Plan, transports: dict[str, Transport], opts: LaunchOptions,
 
 
 def collect_remote_files(plan: Plan, transports: dict[str, Transport]) -> None:
-    """Bring remote tasks' step, result, error and pid files into the local run directory."""
+    """Bring remote tasks' step, result, error and pid files into the local run directory (a host
+    that cannot be reached any more keeps its files; the report says what is missing)."""
     for task in plan.tasks:
         transport = transports[task.host.label]
         collect = getattr(transport, "collect", None)
         if collect is not None:
-            collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)
+            with contextlib.suppress(Exception):
+                collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,
@@ -315,9 +374,15 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     run_dir = Path(plan.run_dir)
     (run_dir / "outcome.json").write_text(json.dumps({
         "ok": result.ok, "exit_code": result.exit_code, "wall_time_s": result.wall_time_s,
-        "tasks": [{"name": t.name, "host": t.host, "state": t.state.value,
+        "tasks": [{"name": t.name, "host": t.host, "state": t.state.value, "restarts": t.restarts,
                    "exit": t.status.describe() if t.status else None} for t in result.tasks],
         "failure": None if result.failure is None else result.failure.message,
+        "root_cause": None if result.failure is None else {
+            "task": result.failure.task, "host": result.failure.host, "reason": result.failure.reason,
+            "exit_code": result.exit_code},
+        "restarts": list(result.restarts),
+        "degraded": list(result.degraded),
+        "hosts_lost": list(result.hosts_lost),
         "agents": [{"name": t.name, "host": t.host, "state": t.state.value,
                     "exit": t.status.describe() if t.status else None} for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),

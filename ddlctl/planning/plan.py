@@ -19,6 +19,7 @@ Everything here is pure: the same inputs give the same plan, so ``--dry-run`` sh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -348,6 +349,8 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             "DDLCTL_TASK_DIR": task_dir,
             "DDLCTL_STRATEGY": strategy,
             "DDLCTL_NUM_WORKERS": str(n_workers),
+            "DDLCTL_RESTART_COUNT": "0",
+            "DDLCTL_CHECKPOINT_DIR": checkpoint_dir(request, p.host),
         }
         if tf_config is not None:
             env["TF_CONFIG"] = json.dumps(tf_config, sort_keys=True)
@@ -378,6 +381,32 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     agents = make_agents(tasks, request) if request.telemetry else ()
     return Plan(run_id=request.run_id, run_dir=request.run_dir, strategy=strategy,
                 cluster=cluster, tasks=tuple(tasks), request=request, agents=agents)
+
+
+def checkpoint_dir(request: LaunchRequest, host: Host) -> str:
+    """The run's checkpoint folder on ``host``: it outlives restarts. Local hosts: the run
+    directory's ``checkpoints/``; remote hosts: ``~/.ddlctl/runs/<run-id>/checkpoints``."""
+    if host.is_local:
+        return f"{request.run_dir}/checkpoints"
+    return f"{REMOTE_ROOT}/runs/{request.run_id}/checkpoints"
+
+
+def retarget(spec: TaskSpec, ports: Mapping[str, int]) -> TaskSpec:
+    """``spec`` with the cluster members named in ``ports`` moved to those ports (its own port and
+    every address in its TF_CONFIG), for a group restarted after a port was taken."""
+    if spec.tf_config is None:
+        return spec
+    cluster = {}
+    for role, addresses in spec.tf_config["cluster"].items():  # type: ignore[union-attr]
+        moved = []
+        for index, address in enumerate(addresses):
+            port = ports.get(f"{role}:{index}")
+            moved.append(address if port is None else f"{address.rsplit(':', 1)[0]}:{port}")
+        cluster[role] = moved
+    tf_config = {**spec.tf_config, "cluster": cluster}
+    env = {**spec.env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True)}
+    port = ports.get(spec.name, spec.port) if spec.port is not None else None
+    return dataclasses.replace(spec, tf_config=tf_config, env=env, port=port)
 
 
 def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[TaskSpec, ...]:

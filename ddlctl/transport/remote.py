@@ -2,16 +2,14 @@
 code bundle that brings ddlctl to hosts where it is not installed.
 
 Every remote command is an argument list quoted once, here, by :func:`shell_command`. Task
-arguments and environment never appear in it: they travel base64-encoded inside the watchdog's
-``--spec``, so no shell ever splits or expands them.
+arguments and environment never appear in it: they travel to the host agent over its stdin, so no
+shell ever splits or expands them and no other user of the host can read them in ``ps``.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
-import json
 import shlex
 import zipfile
 from collections.abc import Sequence
@@ -29,22 +27,6 @@ def shell_command(argv: Sequence[str]) -> str:
     if not argv:
         raise ValueError("empty command")
     return "exec " + shlex.join(argv)
-
-
-@lru_cache(maxsize=1)
-def watchdog_source() -> str:
-    """Source of the standard-library-only watchdog, run remotely with ``python -c``."""
-    return (PACKAGE_DIR / "runtime" / "watchdog.py").read_text(encoding="utf-8")
-
-
-def encode_spec(spec: dict[str, object]) -> str:
-    """Base64 (URL-safe) of the JSON spec: only ``[A-Za-z0-9_=-]`` reaches the shell."""
-    return base64.urlsafe_b64encode(json.dumps(spec).encode("utf-8")).decode("ascii")
-
-
-def watchdog_command(python: str, spec: dict[str, object]) -> str:
-    """Remote command line: the watchdog from source, told what to run by ``spec``."""
-    return shell_command([python, "-c", watchdog_source(), "--spec", encode_spec(spec)])
 
 
 @lru_cache(maxsize=1)

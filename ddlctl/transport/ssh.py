@@ -27,13 +27,8 @@ import paramiko
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
-from ddlctl.transport.base import ExitStatus
-from ddlctl.transport.remote import (
-    bundle_path,
-    code_bundle,
-    shell_command,
-    watchdog_command,
-)
+from ddlctl.transport.remote import bundle_path, code_bundle, shell_command
+from ddlctl.transport.session import HostSession
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 
@@ -305,61 +300,35 @@ def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConn
     return connections
 
 
-class SshProcess:
-    """A task running behind its watchdog in an SSH session (stdin: the watchdog's control)."""
+class ChannelStream:
+    """A host agent's SSH exec channel as a :class:`~ddlctl.transport.session.Stream`."""
 
-    def __init__(self, spec: TaskSpec, conn: SshConnection, channel: paramiko.Channel,
-                 pidfile: str, status_file: str) -> None:
-        self.spec = spec
-        self.conn = conn
+    def __init__(self, channel: paramiko.Channel) -> None:
         self.channel = channel
-        self.pidfile = pidfile
-        self.status_file = status_file
-        self._status: ExitStatus | None = None
-        self._pids: dict[str, object] | None = None
+        self.channel.settimeout(0.0)
+        self._stderr = b""
 
     def fileno(self) -> int:
         return self.channel.fileno()
 
     def read(self) -> bytes | None:
+        while self.channel.recv_stderr_ready():
+            self._stderr = (self._stderr + self.channel.recv_stderr(65536))[-8192:]
+        if self.channel.recv_ready():
+            return self.channel.recv(262144)
+        if self.channel.closed or self.channel.eof_received or not self.channel.get_transport().is_active():
+            return b""
+        return None
+
+    def write(self, data: bytes) -> None:
+        self.channel.settimeout(30.0)  # a full window blocks at most this long
         try:
-            return self.channel.recv(65536)
-        except TimeoutError:
-            return None
+            self.channel.sendall(data)
+        finally:
+            self.channel.settimeout(0.0)
 
-    def poll(self) -> ExitStatus | None:
-        if self._status is None and self.channel.exit_status_ready():
-            code = self.channel.recv_exit_status()
-            record = self.conn.read_json(self.status_file) if self.conn.client.get_transport() else None
-            if record and record.get("signal"):
-                self._status = ExitStatus(signal=int(record["signal"]))
-            elif record and record.get("code") is not None:
-                self._status = ExitStatus(code=int(record["code"]))
-            else:
-                # No status file: the watchdog itself was killed, or the connection dropped.
-                self._status = ExitStatus(code=code if code >= 0 else 255)
-        return self._status
-
-    def send(self, sig: str) -> None:
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            self.channel.sendall(sig.encode() + b"\n")
-
-    def force_kill(self) -> None:
-        pids = self.pids()
-        groups = [str(pids[k]) for k in ("task_pgid", "watchdog_pgid") if pids.get(k)]
-        if groups:
-            with contextlib.suppress(Exception):
-                self.conn.run(["kill", "-KILL", "--", *[f"-{g}" for g in groups]], timeout=10)
-        with contextlib.suppress(Exception):
-            self.channel.close()
-
-    def pids(self) -> dict[str, object]:
-        if self._pids is None:
-            record = self.conn.read_json(self.pidfile)
-            if record is None:
-                return {"pidfile": self.pidfile}
-            self._pids = {**record, "pidfile": self.pidfile}
-        return self._pids
+    def errors(self) -> str:
+        return self._stderr.decode("utf-8", "replace")
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -381,26 +350,21 @@ class SshTransport:
     def free_ports(self, count: int) -> list[int]:
         return [int(p) for p in self.probe(quick_ports=count)["ports"]]  # type: ignore[union-attr]
 
-    def start(self, spec: TaskSpec, grace_s: float) -> SshProcess:
+    def open_session(self, run_id: str) -> HostSession:
+        """Start this host's agent in one SSH exec session (ddlctl's code from the shipped bundle)."""
         if self._bundle is None:
             self._bundle = self.conn.ensure_bundle()
-        pidfile = f"{spec.task_dir}/pid.json"
-        status_file = f"{spec.task_dir}/exit.json"
-        command = watchdog_command(self.python, {
-            "argv": list(spec.argv), "env": dict(spec.env), "unset": list(spec.unset_env),
-            "cwd": spec.workdir, "pidfile": pidfile, "status_file": status_file, "grace": grace_s,
-            "pythonpath": self._bundle if spec.env.get("DDLCTL_AUTO_STEPS") != "1"
-            else f"{self._bundle}/ddlctl/instrument/autoload:{self._bundle}",
-            "mkdirs": [spec.task_dir],
-        })
+        command = shell_command(["env", f"PYTHONPATH={self._bundle}", f"DDLCTL_RUN_ID={run_id}",
+                                 self.python, "-m", "ddlctl.runtime.hostagent"])
         try:
             channel = self.conn.transport.open_session(timeout=30)
-            channel.set_combine_stderr(True)
             channel.exec_command(command)
-        except (paramiko.SSHException, OSError) as exc:
-            raise LaunchError(f"{spec.name} on {self.host.label}: cannot start over SSH: {exc}") from None
-        channel.settimeout(0.0)
-        return SshProcess(spec, self.conn, channel, pidfile, status_file)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise LaunchError(f"{self.host.label}: cannot start the ddlctl host agent over SSH: {exc}") from None
+        session = HostSession(self.host, ChannelStream(channel),
+                              [f"{self._bundle}/ddlctl/instrument/autoload", self._bundle])
+        session.await_hello()
+        return session
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle;

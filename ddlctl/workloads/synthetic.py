@@ -75,12 +75,13 @@ def step_ids(step: int, batch: int, shard: int = 0, num_shards: int = 1):
 
 
 def shard_dataset(seed: int, augment: bool, batch: int, shard: int = 0, num_shards: int = 1,
-                  epoch_size: int | None = None, parallel: bool = True):
-    """Shard ``shard`` of the id stream, as (images, labels, ids) batches: pipelined input."""
+                  epoch_size: int | None = None, parallel: bool = True, first_step: int = 0):
+    """Shard ``shard`` of the id stream, as (images, labels, ids) batches: pipelined input.
+    ``first_step``: start where step ``first_step`` (0-based) reads (a resumed run)."""
     import tensorflow as tf
 
     end = epoch_size if epoch_size else 1 << 62
-    ids = tf.data.Dataset.range(shard, end, num_shards)
+    ids = tf.data.Dataset.range(shard + first_step * batch * num_shards, end, num_shards)
     if not epoch_size:
         # Infinite cardinality on purpose: with a finite dataset, MWMS makes every next() an
         # all-reduce of "has data" across workers (a hidden barrier per step).

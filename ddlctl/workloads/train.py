@@ -61,7 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-ms", type=float, default=0.0,
                         help="extra milliseconds of input time per step for --slow-task")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("DDLCTL_CHECKPOINT_DIR"),
-                        help="where the chief saves checkpoints (and the evaluator reads them)")
+                        help="where the chief saves checkpoints and every task resumes from "
+                             "(the evaluator reads them too); default $DDLCTL_CHECKPOINT_DIR")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="steps between checkpoints (0: a quarter of the run, at most 100)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.steps_per_call < 1:
         parser.error("--steps, --batch-size and --steps-per-call must be at least 1")
@@ -200,33 +203,53 @@ def evaluate(model, seed: int) -> tuple[float, float]:
 
 
 class Checkpointer:
-    """Saves the model every quarter of the run for a side-car evaluator (``--checkpoint-dir``).
+    """Saves model, optimizer and step every ``--checkpoint-every`` steps into the run's checkpoint
+    folder (``$DDLCTL_CHECKPOINT_DIR``, which outlives restarts) and resumes from the latest one.
 
-    Under mwms every worker must take part in a save; only the chief writes to the shared
-    directory, the others to a scratch folder in their task directory.
+    Under mwms every worker must take part in a save; only the chief writes to the shared folder,
+    the others to a scratch folder in their task directory. Every task restores from the shared
+    folder (ddlctl makes it the same path on every host). A side-car evaluator reads it too.
     """
 
-    def __init__(self, ctx: TaskContext, args: argparse.Namespace, model) -> None:
+    def __init__(self, ctx: TaskContext, args: argparse.Namespace, model, optimizer) -> None:
         import tensorflow as tf
 
-        directory = args.checkpoint_dir if ctx.is_chief else str(Path(ctx.task_dir or ".") / "ckpt-scratch")
-        self.manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), directory, max_to_keep=2)
-        self.every = max(1, args.steps // 4)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step)
+        self.shared = args.checkpoint_dir
+        directory = self.shared if ctx.is_chief else str(Path(ctx.task_dir or ".") / "ckpt-scratch")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=2)
+        self.every = args.checkpoint_every or max(1, min(100, args.steps // 4))
         self.next = self.every
+
+    def restore(self) -> int:
+        """Resume from the latest checkpoint of the shared folder; the step it was taken at (0: none)."""
+        import tensorflow as tf
+
+        latest = tf.train.latest_checkpoint(self.shared)
+        if not latest:
+            return 0
+        self.checkpoint.restore(latest).expect_partial()
+        step = int(self.step.numpy())
+        self.next = step + self.every
+        print(f"resumed from checkpoint {Path(latest).name} at step {step} "
+              f"(restart {os.environ.get('DDLCTL_RESTART_COUNT', '0')})", flush=True)
+        return step
 
     def after(self, step: int) -> None:
         if step >= self.next:
+            self.step.assign(step)
             self.manager.save(checkpoint_number=step)
-            self.next += self.every
+            self.next = step + self.every
 
 
 class Progress:
     """A progress line every ``--log-every`` steps, with the rate over that stretch."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, start: int = 0) -> None:
         self.total = args.steps
         self.every = args.log_every or max(1, args.steps // 10)
-        self.next = self.every
+        self.next = (start // self.every + 1) * self.every
         self.mark_time = time.monotonic()
         self.mark_samples = 0
         self.samples = 0
@@ -257,9 +280,9 @@ def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int
     return float(losses[-1])
 
 
-def _blocks(total: int, size: int):
-    """(0-based first step, number of steps) covering ``total`` steps in blocks of ``size``."""
-    step = 0
+def _blocks(total: int, size: int, start: int = 0):
+    """(0-based first step, number of steps) covering steps ``start``..``total`` in blocks of ``size``."""
+    step = start
     while step < total:
         yield step, min(size, total - step)
         step += size
@@ -274,18 +297,19 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     shard = ctx.index if ctx.strategy == "mwms" else 0
     local_batch = args.batch_size // shards
     trainer = Trainer(strategy, args, args.batch_size)
-    checkpointer = Checkpointer(ctx, args, trainer.model) if args.checkpoint_dir else None
-    progress = Progress(args)
+    checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer) if args.checkpoint_dir else None
+    resumed = checkpointer.restore() if checkpointer is not None else 0
+    progress = Progress(args, resumed)
     slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
     if args.pipeline:
         dist = strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
             args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
-            ictx.num_input_pipelines, args.epoch_size or None))
+            ictx.num_input_pipelines, args.epoch_size or None, first_step=resumed))
         iterator = iter(dist)
     else:
         make_batch = make_batch_fn(args.seed, args.augment)
         replicas = strategy.num_replicas_in_sync // shards
-    for first, count in _blocks(args.steps, args.steps_per_call):
+    for first, count in _blocks(args.steps, args.steps_per_call, resumed):
         wall = time.time()
         if slow_s:
             time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
@@ -322,12 +346,13 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     strategy = make_strategy(ctx)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     trainer = Trainer(strategy, args, args.batch_size)
-    checkpointer = Checkpointer(ctx, args, trainer.model) if args.checkpoint_dir else None
+    checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer) if args.checkpoint_dir else None
+    resumed = checkpointer.restore() if checkpointer is not None else 0
     make_batch = None if args.pipeline else make_batch_fn(args.seed, args.augment)
     window = 2 * max(1, ctx.num_workers)
     pending: deque = deque()
-    progress = Progress(args)
-    blocks = list(_blocks(args.steps, args.steps_per_call))
+    progress = Progress(args, resumed)
+    blocks = list(_blocks(args.steps, args.steps_per_call, resumed))
     scheduled = 0
     done = 0
     while done < len(blocks):

@@ -1,6 +1,8 @@
-"""Loaded at interpreter start-up when ddlctl puts this folder on PYTHONPATH (``--auto-steps``).
+"""Loaded at interpreter start-up in every Python task ddlctl starts (this folder is first on PYTHONPATH).
 
-Installs ddlctl's model.fit hook, then runs the ``sitecustomize`` this one shadows, if any.
+Registers the stack dumper (``ddlctl.runtime.stacks``: stacks on SIGUSR2 for the hang watch),
+installs ddlctl's model.fit hook (``--auto-steps``), then runs the ``sitecustomize`` this one
+shadows, if any.
 """
 
 import importlib.machinery
@@ -11,12 +13,15 @@ import sys
 
 def _ddlctl_autoload() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        import ddlctl.runtime.stacks as stacks
+    except ImportError:  # this interpreter does not have ddlctl: use the copy we came from
+        sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(here))))
+        import ddlctl.runtime.stacks as stacks
+    stacks.install()
     if os.environ.get("DDLCTL_AUTO_STEPS") == "1":
-        try:
-            import ddlctl.instrument.hook as hook
-        except ImportError:  # this interpreter does not have ddlctl: use the copy we came from
-            sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(here))))
-            import ddlctl.instrument.hook as hook
+        import ddlctl.instrument.hook as hook
+
         hook.install()
     others = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)

@@ -1,0 +1,404 @@
+"""The host agent: ``python -m ddlctl.runtime.hostagent``, one per host and run, over one session.
+
+Standard library only (it runs from ddlctl's code bundle on hosts where ddlctl is not installed).
+ddlctl starts one agent per host (a local subprocess, or the command of one SSH exec session) and
+talks to it over its stdin/stdout (wire format: :mod:`ddlctl.runtime.frames`). The agent
+
+* starts that host's tasks when told (``start``: argv, environment, working directory: all sent
+  over stdin, never on a command line), each in its own process group, with
+  ``PR_SET_PDEATHSIG = SIGKILL`` so a task dies with the agent;
+* forwards each task's combined stdout/stderr as ``out`` frames, unchanged;
+* reports ``started`` (pids), ``listening`` (the task's port accepts connections on this host:
+  no port forwarding needed), ``exit`` (code or signal, after the task's last output), ``steps``
+  (how many step records each task has written: ddlctl's hang watch), and a ``beat`` every 2 s;
+* signals a task's group when asked (``signal``: TERM/INT/HUP, then SIGKILL after the grace
+  period; KILL at once; a stopped process takes no SIGTERM, so the SIGKILL always follows);
+* on ``dump`` reports the state of every process of the named tasks (``T`` = stopped) and asks
+  Python tasks that registered ``faulthandler`` (:mod:`ddlctl.runtime.stacks`) for their stacks;
+* on ``ports`` says which of the given ports can still be bound, with a fresh one for each that
+  cannot;
+* kills every task (TERM, grace, KILL) when its input ends (ddlctl gone: killed, or the SSH
+  connection dropped), on SIGTERM/SIGHUP/SIGINT, or on ``shutdown``; then exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from ddlctl.runtime.frames import MAGIC, encode_frame
+
+PR_SET_PDEATHSIG = 1
+SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "KILL": signal.SIGKILL}
+BEAT_S = 2.0
+STEPS_S = 1.0
+PORTS_S = 0.3
+DRAIN_S = 2.0
+DUMP_WAIT_S = 1.5
+
+
+def _child_setup() -> None:
+    """In the task before exec: its own process group, and death with the agent."""
+    os.setpgid(0, 0)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _write_json(path: str, record: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, path)
+
+
+def group_processes(pgid: int) -> list[tuple[int, str, str]]:
+    """(pid, state letter, command) of every process in process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        close = stat.rfind(")")
+        fields = stat[close + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            found.append((int(entry), fields[0], stat[stat.find("(") + 1:close]))
+    return found
+
+
+def port_free(port: int) -> bool:
+    """Whether ``port`` can be bound now (as a TensorFlow server would, with SO_REUSEADDR)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+def accepts(port: int) -> bool:
+    """Whether something on this host accepts connections on ``port`` (IPv4 or IPv6 loopback)."""
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            with socket.socket(family) as sock:
+                sock.settimeout(0.2)
+                sock.connect((address, port))
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def fresh_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class StepFile:
+    """Counts complete lines appended to a task's ``steps.jsonl``, reading only what is new."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0
+        self.count = 0
+
+    def poll(self) -> int:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:
+            return self.count
+        complete = chunk.rfind(b"\n") + 1
+        self.count += chunk[:complete].count(b"\n")
+        self.offset += complete
+        return self.count
+
+
+class Task:
+    """One task process and what the agent knows about it."""
+
+    def __init__(self, name: str, spec: dict) -> None:
+        self.name = name
+        self.grace = float(spec.get("grace", 5.0))
+        self.task_dir = os.path.expanduser(spec.get("task_dir") or "")
+        env = dict(os.environ)
+        for key in spec.get("unset", []):
+            env.pop(key, None)
+        for key, value in spec.get("env", {}).items():
+            env[key] = os.path.expanduser(value) if key in ("DDLCTL_TASK_DIR", "DDLCTL_CHECKPOINT_DIR") else value
+        if spec.get("pythonpath"):
+            path = os.pathsep.join(os.path.expanduser(p) for p in spec["pythonpath"])
+            env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        for folder in spec.get("mkdirs", []):
+            os.makedirs(os.path.expanduser(folder), exist_ok=True)
+        cwd = os.path.expanduser(spec["cwd"]) if spec.get("cwd") else None
+        self.popen = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, preexec_fn=_child_setup, env=env, cwd=cwd)
+        assert self.popen.stdout is not None
+        self.fd = self.popen.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self.pgid = self.popen.pid
+        self.kill_at: float | None = None
+        self.status: int | None = None
+        self.exited_at: float | None = None
+        self.eof = False
+        self.steps = StepFile(os.path.join(self.task_dir, "steps.jsonl")) if self.task_dir else None
+        self.reported_steps = -1
+        self.port = int(spec.get("port") or 0)
+        self.listening = not self.port
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, sig)
+
+    def terminate(self, sig: int, now: float) -> None:
+        """``sig`` to the group now; SIGKILL after the grace period (unless it was SIGKILL)."""
+        self.signal(sig)
+        if sig != signal.SIGKILL and self.kill_at is None:
+            self.kill_at = now + self.grace
+
+
+class HostAgent:
+    def __init__(self, in_fd: int = 0, out_fd: int = 1) -> None:
+        self.in_fd = in_fd
+        self.out_fd = out_fd
+        self.tasks: dict[str, Task] = {}
+        self.pending = b""
+        self.input_open = True
+        self.output_open = True
+        self.stopping = False
+        self.dumps: list[tuple[float, dict[str, dict]]] = []
+
+    # -- output to the controller ---------------------------------------------------------------
+
+    def send(self, header: dict, payload: bytes = b"") -> None:
+        if not self.output_open:
+            return
+        data = encode_frame(header, payload)
+        try:
+            while data:
+                written = os.write(self.out_fd, data)
+                data = data[written:]
+        except OSError:  # the controller is gone: keep going until the tasks are down
+            self.output_open = False
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def handle(self, command: dict, now: float) -> None:
+        op = command.get("op")
+        if op == "start":
+            self.start(command["task"], command["spec"], now)
+        elif op == "signal":
+            task = self.tasks.get(command["task"])
+            if task is not None and task.status is None:
+                task.terminate(SIGNALS.get(command.get("sig", "TERM"), signal.SIGTERM), now)
+        elif op == "dump":
+            self.begin_dump(command.get("tasks") or list(self.tasks), now)
+        elif op == "ports":
+            ports = {name: (port if port_free(port) else fresh_port()) for name, port in command["ports"].items()}
+            self.send({"k": "ports", "id": command.get("id"), "ports": ports})
+        elif op == "shutdown":
+            self.stop_all(now)
+
+    def start(self, name: str, spec: dict, now: float) -> None:
+        previous = self.tasks.get(name)
+        if previous is not None and previous.status is None:
+            self.send({"k": "start_failed", "task": name, "error": "already running", "code": 1})
+            return
+        try:
+            task = Task(name, spec)
+        except OSError as exc:
+            cwd = spec.get("cwd")
+            what = (f"working directory {cwd!r} does not exist" if cwd and not os.path.isdir(os.path.expanduser(cwd))
+                    else f"cannot start {spec['argv'][0]!r}")
+            self.send({"k": "start_failed", "task": name, "error": f"{what}: {exc.strerror or exc}",
+                       "code": 127 if isinstance(exc, FileNotFoundError) else 126})
+            return
+        self.tasks[name] = task
+        record = {"agent_pid": os.getpid(), "task_pid": task.popen.pid, "task_pgid": task.pgid,
+                  "ssh_connection": os.environ.get("SSH_CONNECTION")}
+        if task.task_dir:
+            _write_json(os.path.join(task.task_dir, "pid.json"), record)
+        self.send({"k": "started", "task": name, "t": time.time(), **record})
+
+    def stop_all(self, now: float) -> None:
+        self.stopping = True
+        for task in self.tasks.values():
+            if task.status is None:
+                task.terminate(signal.SIGTERM, now)
+
+    # -- stacks of a hung job -------------------------------------------------------------------
+
+    def begin_dump(self, names: list[str], now: float) -> None:
+        report: dict[str, dict] = {}
+        for name in names:
+            task = self.tasks.get(name)
+            if task is None:
+                continue
+            procs = group_processes(task.pgid) if task.status is None else []
+            offsets = {}
+            for pid, _state, _cmd in procs:
+                path = os.path.join(task.task_dir, f"stacks-{pid}.txt")
+                if task.task_dir and os.path.exists(path):
+                    offsets[path] = os.path.getsize(path)
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGUSR2)
+            report[name] = {"procs": procs, "offsets": offsets}
+        self.dumps.append((now + (DUMP_WAIT_S if any(r["offsets"] for r in report.values()) else 0), report))
+
+    def finish_dumps(self, now: float) -> None:
+        due = [d for d in self.dumps if d[0] <= now]
+        self.dumps = [d for d in self.dumps if d[0] > now]
+        for _, report in due:
+            for name, entry in report.items():
+                stacks = []
+                for path, offset in entry["offsets"].items():
+                    with contextlib.suppress(OSError), open(path, "rb") as handle:
+                        handle.seek(offset)
+                        stacks.append(handle.read().decode("utf-8", "replace"))
+                self.send({"k": "dump", "task": name, "procs": entry["procs"], "stacks": "".join(stacks)})
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def read_input(self, now: float) -> None:
+        try:
+            chunk = os.read(self.in_fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:  # ddlctl is gone (or the connection dropped): take everything down
+            self.input_open = False
+            self.stop_all(now)
+            return
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                try:
+                    command = json.loads(line)
+                except ValueError:
+                    continue
+                self.handle(command, now)
+
+    def read_task(self, task: Task) -> None:
+        try:
+            chunk = os.read(task.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self.send({"k": "out", "task": task.name}, chunk)
+        else:
+            task.eof = True
+
+    def reap(self, now: float) -> None:
+        for task in self.tasks.values():
+            if task.status is None:
+                status = task.popen.poll()
+                if status is not None:
+                    task.status, task.exited_at = status, time.time()
+                    task.signal(signal.SIGKILL)  # what the task left in its group
+            if task.status is not None and not task.eof and task.exited_at is not None \
+                    and time.time() - task.exited_at > DRAIN_S:
+                task.eof = True  # something outside its group holds the pipe: stop waiting
+            if task.status is not None and task.eof and task.fd >= 0:
+                with contextlib.suppress(OSError):
+                    task.popen.stdout.close()  # type: ignore[union-attr]
+                task.fd = -1
+                record = {"code": task.status if task.status >= 0 else None,
+                          "signal": -task.status if task.status < 0 else None}
+                if task.task_dir:
+                    _write_json(os.path.join(task.task_dir, "exit.json"), record)
+                self.send({"k": "exit", "task": task.name, "t": task.exited_at, **record})
+            if task.status is None and task.kill_at is not None and now >= task.kill_at:
+                task.signal(signal.SIGKILL)
+                task.kill_at = now + 1.0  # again if it has not gone (never trust one signal)
+
+    def report_listening(self) -> None:
+        for task in self.tasks.values():
+            if task.status is None and not task.listening and accepts(task.port):
+                task.listening = True
+                self.send({"k": "listening", "task": task.name, "t": time.time()})
+
+    def report_steps(self) -> None:
+        counts = {}
+        for task in self.tasks.values():
+            if task.steps is not None:
+                count = task.steps.poll()
+                if count != task.reported_steps:
+                    task.reported_steps = count
+                    counts[task.name] = count
+        if counts:
+            self.send({"k": "steps", "t": time.time(), "counts": counts})
+
+    def run(self) -> int:
+        def on_signal(signum: int, _frame: object) -> None:
+            self.input_open = False  # treat as "controller gone"
+            self.stop_all(time.monotonic())
+
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(signum, on_signal)
+        self.send({"k": "hello", "pid": os.getpid(), "t": time.time(),
+                   "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0]})
+        next_beat = next_steps = next_ports = time.monotonic()
+        while True:
+            live = [t for t in self.tasks.values() if t.fd >= 0 and not t.eof]
+            watched = [t.fd for t in live] + ([self.in_fd] if self.input_open else [])
+            try:
+                ready, _, _ = select.select(watched, [], [], 0.1)
+            except InterruptedError:
+                ready = []
+            now = time.monotonic()
+            for task in live:
+                if task.fd in ready:
+                    self.read_task(task)
+            if self.input_open and self.in_fd in ready:
+                self.read_input(now)
+            self.reap(now)
+            self.finish_dumps(now)
+            if now >= next_ports:
+                self.report_listening()
+                next_ports = now + PORTS_S
+            if now >= next_steps:
+                self.report_steps()
+                next_steps = now + STEPS_S
+            if now >= next_beat:
+                self.send({"k": "beat", "t": time.time()})
+                next_beat = now + BEAT_S
+            if (self.stopping or not self.input_open) and all(t.fd < 0 for t in self.tasks.values()):
+                if not self.input_open or not self.output_open:
+                    break
+                if self.stopping:
+                    self.send({"k": "bye"})
+                    break
+        return 0
+
+
+def main() -> int:
+    with contextlib.suppress(OSError):  # own session: a terminal's Ctrl-C is ddlctl's to handle
+        os.setsid()
+    os.write(1, MAGIC)
+    code = HostAgent().run()
+    os._exit(code)  # no interpreter shutdown: nothing left to flush, nothing to wait for
+
+
+if __name__ == "__main__":
+    main()

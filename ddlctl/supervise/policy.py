@@ -1,0 +1,162 @@
+"""The restart policy: what a fault means for each strategy, as pure functions over plain values.
+
+``classify`` turns how a task ended (and what its log says) into a :class:`Fault` that names the
+task *at fault* (under MWMS a peer's collective error is a consequence: TensorFlow's words name the
+culprit). ``decide`` turns a fault into a :class:`Decision`. The supervisor only applies them.
+
+What happens when a task is lost (``--restart-on fault`` retries signals, preemption exits 42/143,
+hangs and lost hosts; ``any`` also Python exceptions and other non-zero exits):
+
+=============  ==================================  ==========================================
+strategy/role  restarts remain                     none remain (or not retried)
+=============  ==================================  ==========================================
+ps worker      restart that worker in place        go on degraded while the chief and another
+               (same TF_CONFIG and port: rejoins)  worker live (its closures move), else fail
+ps chief       restart the chief alone (restores   fail
+               its checkpoint, reuses ps/workers)
+ps ps task     restart every task (variables are   fail
+               gone; resume from checkpoint)
+mwms worker    restart the whole group (never one  fail
+               worker into a running group)
+evaluator      restart it alone                    go on without it
+single host    restart the task                    fail
+=============  ==================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+from ddlctl.supervise.rootcause import TRACEBACK_HEAD
+from ddlctl.supervise.tfmessages import blame_peer, final_error
+from ddlctl.transport.base import ExitStatus, signal_name
+
+#: Causes retried under ``--restart-on fault``.
+FAULT_CAUSES = frozenset({"signal", "preempted", "hang", "host-lost"})
+RESTART_ON = ("fault", "any")
+#: Exit codes that mean "preempted, restart me" (PreemptionCheckpointHandler: 42; 143 on GCE).
+PREEMPTED_CODES = frozenset({42, 143})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A task at fault: ``cause`` is signal, preempted, hang, host-lost, traceback or exit."""
+
+    task: str
+    cause: str
+    reporter: str  # the task whose end (or words) revealed it; == task unless blamed by a peer
+    status: ExitStatus | None  # how the task at fault ended (None: still running, e.g. hung)
+    detail: str  # one line for people
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code ddlctl reports when this fault ends the job."""
+        if self.status is not None:
+            return self.status.shell_code
+        return 124 if self.cause == "hang" else 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``restart`` the named tasks (``scope``: task, group or all), ``continue`` or ``fail``."""
+
+    action: str
+    tasks: tuple[str, ...] = ()
+    scope: str = ""
+    message: str = ""
+    degraded: bool = False
+
+
+def leader_of(strategy: str) -> str:
+    """The task that leads TensorFlow's coordination service."""
+    return "chief:0" if strategy == "ps" else "worker:0"
+
+
+def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
+    """(cause, detail) from a task's own exit status and log."""
+    if status.lost:
+        return "host-lost", "the connection to its host was lost"
+    if status.signal is not None:
+        return "signal", f"killed by {signal_name(status.signal)}"
+    code = status.code or 0
+    if code in PREEMPTED_CODES:
+        return "preempted", f"exit code {code} (preemption: checkpoint written, restart to resume)"
+    if code > 128 and code - 128 in (6, 9, 15):  # a shell's report of a signal death
+        return "signal", f"exit code {code} (killed by {signal_name(code - 128)})"
+    if code != 0 and TRACEBACK_HEAD in final_error(log_text):
+        return "traceback", f"exit code {code} after a Python exception"
+    if code == 0:
+        return "exit", "exited with code 0 although ddlctl did not stop it"
+    return "exit", f"exit code {code}"
+
+
+def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive: Set[str],
+             known: Set[str]) -> Fault:
+    """The fault behind ``name`` ending with ``status``. A peer that the log blames and that is a
+    task of this job (``known``) is at fault instead: hung if it is still running (``alive``)."""
+    cause, detail = own_cause(status, log_text)
+    if cause in ("traceback", "exit", "signal") and not status.lost:
+        blame = blame_peer(log_text, leader_of(strategy))
+        if blame is not None and blame.task != name and blame.task in known:
+            if blame.task in alive or blame.hung:
+                return Fault(task=blame.task, cause="hang", reporter=name, status=None,
+                             detail=f"{blame.task} is hung: {name} reports \"{blame.line[:200]}\"")
+            return Fault(task=blame.task, cause="signal", reporter=name, status=None,
+                         detail=f"{blame.task} is gone: {name} reports \"{blame.line[:200]}\"")
+    return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
+
+
+def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str], used: int,
+           max_restarts: int, restart_on: str = "fault") -> Decision:
+    """What to do about ``fault``. ``roles``: every task of the job -> role; ``alive``: tasks
+    still running; ``used``: restarts spent so far of ``max_restarts``."""
+    role = roles.get(fault.task, "worker")
+    retryable = restart_on == "any" or fault.cause in FAULT_CAUSES
+    allowed = retryable and used < max_restarts
+    if not retryable:
+        why = (f"{fault.task} failed with a Python exception: a bug in the program, not retried under "
+               "--restart-on fault (--restart-on any retries it)" if fault.cause == "traceback" else
+               f"{fault.task} ended with {fault.detail}: not a fault that --restart-on fault retries "
+               "(--restart-on any retries it)")
+    else:
+        why = f"no restarts left ({used} of --max-restarts {max_restarts} used)"
+
+    def restart(tasks: list[str], scope: str, what: str) -> Decision:
+        return Decision("restart", tuple(tasks), scope, f"{fault.task} {fault.detail}: {what}")
+
+    if role == "evaluator":
+        if allowed:
+            return restart([fault.task], "task", "restarting the evaluator")
+        return Decision("continue", message=f"evaluator {fault.task} {fault.detail}: training goes on without it")
+    if strategy == "ps":
+        if role == "worker":
+            if allowed:
+                return restart([fault.task], "task", "restarting it in place (same address: it rejoins)")
+            others = [t for t, r in roles.items() if r == "worker" and t != fault.task and t in alive]
+            if "chief:0" in alive and others:
+                return Decision("continue", message=f"{fault.task} {fault.detail}: {why}; training goes on "
+                                f"degraded with {len(others)} worker(s)", degraded=True)
+            return Decision("fail", message=f"{fault.task} {fault.detail}: {why}, and no worker is left")
+        if role == "chief":
+            if allowed:
+                return restart([fault.task], "task", "restarting the chief alone (it resumes from its "
+                               "checkpoint and reuses the running ps and workers)")
+            return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+        everyone = [t for t, r in roles.items() if r in ("chief", "worker", "ps")]
+        if allowed:
+            return restart(everyone, "all", "its variables are gone: restarting every task (resume from checkpoint)")
+        return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+    if strategy == "mwms":
+        group = [t for t, r in roles.items() if r == "worker"]
+        if allowed:
+            return restart(group, "group", "restarting the whole worker group (resume from checkpoint)")
+        return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+    if allowed:
+        return restart([fault.task], "task", "restarting it")
+    return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+
+
+def backoff_s(restart_number: int, base: float = 1.0, cap: float = 30.0) -> float:
+    """Seconds to wait before the ``restart_number``-th restart (1, 2, 4, ... capped)."""
+    return min(cap, base * 2 ** max(0, restart_number - 1))

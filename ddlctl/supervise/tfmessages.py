@@ -1,0 +1,71 @@
+"""What TensorFlow's own error messages say about which task is at fault (TF 2.21 wording).
+
+When one task of a cluster dies or hangs, its peers fail too, and their messages name it:
+
+* a peer killed: ``Collective ops is aborted by: ... remote target /job:worker/replica:0/task:1``
+  (MWMS), ``UnavailableError ... remote target /job:ps/replica:0/task:0`` (ps);
+* a non-leader hung (stopped sending heartbeats): ``The following tasks are unhealthy (stopped
+  sending heartbeats): /job:worker/replica:0/task:1``;
+* the coordination-service leader hung: ``Deadline Exceeded ... CoordinationService/Heartbeat``,
+  which names no task: the leader (worker 0 under MWMS, the chief under ps) is at fault.
+
+Only the task's *final* error counts (text from its last Python traceback on, or its last lines):
+a ps chief logs recoverable worker losses (``Worker /job:worker/... failed with UnavailableError``)
+and goes on, and those lines must not blame anyone. The verbatim messages are test fixtures.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ddlctl.supervise.rootcause import TRACEBACK_HEAD
+
+_TASK = r"/job:(\w+)/replica:\d+/task:(\d+)"
+HEARTBEAT = re.compile(r"stopped sending heartbeats\)?:?\s*" + _TASK)
+REMOTE = re.compile(r"(?:Collective ops is aborted by|UnavailableError|Unavailable:|Socket closed|"
+                    r"Connection reset)[\s\S]{0,600}?remote target " + _TASK)
+LEADER = re.compile(r"Deadline ?Exceeded[\s\S]{0,600}?CoordinationService/Heartbeat")
+
+
+@dataclass(frozen=True)
+class Blame:
+    """A peer named (or implied) by a task's final error."""
+
+    task: str  # "worker:1"
+    kind: str  # "heartbeat" (stopped sending heartbeats), "unavailable" (gone), "leader" (leader hung)
+    line: str  # the line of TensorFlow's message that says so
+
+    @property
+    def hung(self) -> bool:
+        return self.kind in ("heartbeat", "leader")
+
+
+def final_error(text: str, tail: int = 40) -> str:
+    """The part of a log that holds the task's final error: from its last traceback, or its tail."""
+    at = text.rfind(TRACEBACK_HEAD)
+    if at >= 0:
+        return text[at:]
+    return "\n".join(text.splitlines()[-tail:])
+
+
+def _line_at(text: str, index: int) -> str:
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    return text[start:end if end >= 0 else len(text)].strip()
+
+
+def blame_peer(text: str, leader: str) -> Blame | None:
+    """The peer that ``text`` (a failed task's log) blames, if any. ``leader``: the task that leads
+    the coordination service (``worker:0`` under MWMS, ``chief:0`` under ps)."""
+    error = final_error(text)
+    match = HEARTBEAT.search(error)
+    if match:
+        return Blame(f"{match.group(1)}:{match.group(2)}", "heartbeat", _line_at(error, match.start()))
+    match = REMOTE.search(error)
+    if match:
+        return Blame(f"{match.group(1)}:{match.group(2)}", "unavailable", _line_at(error, match.start(1) - 1))
+    match = LEADER.search(error)
+    if match:
+        return Blame(leader, "leader", _line_at(error, match.start()))
+    return None

@@ -1,0 +1,308 @@
+"""The controller's side of a host agent: one :class:`HostSession` per host, one stream each.
+
+A session is a byte stream to the agent (:mod:`ddlctl.runtime.hostagent`): the pipes of a local
+subprocess, or one SSH exec channel. Every task of the host is started, signalled and watched
+through it; its output arrives as frames that :meth:`HostSession.pump` sorts into
+:class:`AgentTask` objects (which the supervisor uses as its ``TaskProcess``). When the stream
+ends without the agent saying goodbye, the session is *lost*: every task still running on that
+host is reported as ended by a lost connection (the remote agent kills them when its input
+ends), never as an exit code of the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from ddlctl.cluster.model import Host
+from ddlctl.errors import LaunchError
+from ddlctl.planning.plan import TaskSpec
+from ddlctl.runtime.frames import FrameReader, encode_command
+from ddlctl.transport.base import ExitStatus
+
+#: Folder with the sitecustomize that installs the model.fit hook and the stack dumper.
+AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "instrument" / "autoload"
+HELLO_TIMEOUT_S = 60.0
+
+
+class Stream(Protocol):
+    """A bidirectional byte stream to an agent."""
+
+    def fileno(self) -> int: ...
+    def read(self) -> bytes | None: ...  # None: nothing now; b"": ended
+    def write(self, data: bytes) -> None: ...
+    def errors(self) -> str: ...  # what the agent printed on stderr (for messages)
+    def close(self) -> None: ...
+
+
+class PipeStream:
+    """A local agent subprocess: its stdin and stdout."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stderr_path: Path | None) -> None:
+        self.popen = popen
+        self.stderr_path = stderr_path
+        assert popen.stdout is not None
+        self._fd = popen.stdout.fileno()
+        os.set_blocking(self._fd, False)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read(self) -> bytes | None:
+        try:
+            return os.read(self._fd, 262144)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def write(self, data: bytes) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(data)
+        self.popen.stdin.flush()
+
+    def errors(self) -> str:
+        if self.stderr_path is None:
+            return ""
+        with contextlib.suppress(OSError):
+            return self.stderr_path.read_text(errors="replace")[-2000:]
+        return ""
+
+    def close(self) -> None:
+        for stream in (self.popen.stdin, self.popen.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+
+class AgentTask:
+    """One task started through a host agent (the supervisor's ``TaskProcess``)."""
+
+    def __init__(self, spec: TaskSpec, session: HostSession) -> None:
+        self.spec = spec
+        self.session = session
+        self.chunks: deque[bytes] = deque()
+        self.status: ExitStatus | None = None
+        self.ended_t: float | None = None  # wall time the agent saw it end
+        self.eof = False
+        self.listening = False
+        self._pids: dict[str, object] = {}
+
+    def read(self) -> bytes | None:
+        if self.chunks:
+            return self.chunks.popleft()
+        return b"" if self.eof else None
+
+    def poll(self) -> ExitStatus | None:
+        return self.status
+
+    def send(self, sig: str) -> None:
+        self.session.command({"op": "signal", "task": self.spec.name, "sig": sig})
+
+    def force_kill(self) -> None:
+        """SIGKILL: through the agent, or directly when a local agent is gone."""
+        self.send("KILL")
+        pgid = self._pids.get("task_pgid")
+        if self.session.host.is_local and self.session.lost and isinstance(pgid, int):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+    def pids(self) -> dict[str, object]:
+        return dict(self._pids)
+
+    def _end(self, status: ExitStatus, when: float | None) -> None:
+        if self.status is None:
+            self.status, self.ended_t = status, when or time.time()
+        self.eof = True
+
+
+class HostSession:
+    """The controller's end of one host agent."""
+
+    def __init__(self, host: Host, stream: Stream, pythonpath: Sequence[str]) -> None:
+        self.host = host
+        self.stream = stream
+        self.pythonpath = tuple(pythonpath)  # for tasks: where ddlctl's code is on that host
+        self.reader = FrameReader()
+        self.tasks: dict[str, AgentTask] = {}
+        self.steps: dict[str, tuple[int, float]] = {}  # task -> (records so far, when it last grew)
+        self.dumps: dict[str, dict] = {}
+        self.ports_reply: dict | None = None
+        self.hello: dict | None = None
+        self.lost: str | None = None  # why the stream ended unexpectedly
+        self.lost_at: float | None = None
+        self.closed = False
+        self.last_heard = time.monotonic()
+
+    # -- stream --------------------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def command(self, command: dict) -> None:
+        if self.lost or self.closed:
+            return
+        try:
+            self.stream.write(encode_command(command))
+        except Exception as exc:  # noqa: BLE001 - any transport error means the same: connection gone
+            self._lose(f"cannot write to the host agent: {exc}")
+
+    def pump(self) -> None:
+        """Read what the agent sent and sort it into tasks, step counts and replies."""
+        while not self.lost and not self.closed:
+            try:
+                data = self.stream.read()
+            except Exception as exc:  # noqa: BLE001
+                self._lose(f"connection error: {exc}")
+                return
+            if data is None:
+                return
+            if data == b"":
+                self._lose("connection closed")
+                return
+            self.last_heard = time.monotonic()
+            try:
+                frames = self.reader.feed(data)
+            except ValueError as exc:
+                self._lose(f"garbled data from the host agent: {exc}")
+                return
+            for header, payload in frames:
+                self._dispatch(header, payload)
+
+    def _dispatch(self, header: dict, payload: bytes) -> None:
+        kind = header.get("k")
+        task = self.tasks.get(header.get("task", ""))
+        if kind == "out" and task is not None:
+            task.chunks.append(payload)
+        elif kind == "exit" and task is not None:
+            if header.get("signal"):
+                status = ExitStatus(signal=int(header["signal"]))
+            else:
+                status = ExitStatus(code=int(header.get("code") or 0))
+            task._end(status, header.get("t"))
+        elif kind == "started" and task is not None:
+            task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection")
+                          if k in header}
+        elif kind == "start_failed" and task is not None:
+            task.chunks.append(f"ddlctl: {header.get('error')}\n".encode())
+            task._end(ExitStatus(code=int(header.get("code", 127))), time.time())
+        elif kind == "listening" and task is not None:
+            task.listening = True
+        elif kind == "steps":
+            when = float(header.get("t") or time.time())
+            for name, count in header.get("counts", {}).items():
+                self.steps[name] = (int(count), when)
+        elif kind == "dump":
+            self.dumps[header["task"]] = header
+        elif kind == "ports":
+            self.ports_reply = header
+        elif kind == "hello":
+            self.hello = header
+        elif kind == "bye":
+            self.closed = True
+
+    def _lose(self, reason: str) -> None:
+        if self.lost or self.closed:
+            return
+        self.lost, self.lost_at = reason, time.time()
+        for task in self.tasks.values():
+            if task.status is None:
+                task._end(ExitStatus(lost=True), self.lost_at)
+            task.eof = True
+
+    def wait_for(self, ready, timeout: float) -> bool:  # noqa: ANN001 - a predicate
+        """Pump until ``ready()`` or the timeout (or the connection is lost)."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.lost or self.closed:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([self.fileno()], [], [], min(left, 0.1))
+            self.pump()
+        return True
+
+    def await_hello(self) -> None:
+        """Wait for the agent's hello; a clear error naming the host if it never comes."""
+        if self.wait_for(lambda: self.hello is not None, HELLO_TIMEOUT_S):
+            return
+        said = (self.stream.errors() or self.reader.skipped.decode("utf-8", "replace")).strip()[-600:]
+        why = self.lost or f"no answer within {HELLO_TIMEOUT_S:g}s"
+        self.close()
+        raise LaunchError(f"{self.host.label}: the ddlctl host agent did not start ({why})"
+                          + (f": {said}" if said else ""),
+                          f"check python= for this host ({self.host.source}) and that it is Python 3.10+")
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    def start(self, spec: TaskSpec, grace_s: float) -> AgentTask:
+        """Ask the agent to start ``spec``; the returned task fills in as frames arrive."""
+        task = AgentTask(spec, self)
+        self.tasks[spec.name] = task
+        self.steps.pop(spec.name, None)
+        if self.lost:
+            task._end(ExitStatus(lost=True), time.time())
+            return task
+        self.command({"op": "start", "task": spec.name, "spec": task_command(spec, grace_s, self.pythonpath)})
+        return task
+
+    def request_dump(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.dumps.pop(name, None)
+        self.command({"op": "dump", "tasks": list(names)})
+
+    def check_ports(self, ports: dict[str, int], timeout: float = 10.0) -> dict[str, int]:
+        """The given ports where still free on the host, fresh ones where not."""
+        if not ports:
+            return {}
+        self.ports_reply = None
+        self.command({"op": "ports", "ports": ports})
+        if not self.wait_for(lambda: self.ports_reply is not None, timeout):
+            return dict(ports)
+        return {k: int(v) for k, v in self.ports_reply["ports"].items()}  # type: ignore[index]
+
+    def shutdown(self) -> None:
+        """Ask the agent to stop every task and leave."""
+        self.command({"op": "shutdown"})
+
+    def close(self) -> None:
+        self.closed = True
+        self.stream.close()
+
+
+def task_command(spec: TaskSpec, grace_s: float, pythonpath: Sequence[str]) -> dict[str, object]:
+    """What the agent needs to start ``spec`` (sent over the agent's stdin, never in argv)."""
+    paths = list(pythonpath)
+    if spec.kind == "agent":  # the telemetry agent needs ddlctl's code, not the instrumentation
+        paths = paths[1:]
+    return {"argv": list(spec.argv), "env": dict(spec.env), "unset": list(spec.unset_env),
+            "cwd": spec.workdir, "task_dir": spec.task_dir, "grace": grace_s, "pythonpath": paths,
+            "mkdirs": [spec.task_dir], "port": spec.port or 0}
+
+
+def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | None = None) -> HostSession:
+    """Start a host agent on this machine (a subprocess in its own session)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
+    env = {**os.environ, "DDLCTL_RUN_ID": run_id}  # the agent's environment is its tasks' base
+    with open(stderr_path, "ab") as stderr:
+        popen = subprocess.Popen([python or sys.executable, "-m", "ddlctl.runtime.hostagent"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                                 close_fds=True)
+    # ddlctl is importable by this interpreter: tasks need only the instrumentation folder.
+    session = HostSession(host, PipeStream(popen, stderr_path), [str(AUTOLOAD_DIR)])
+    session.await_hello()
+    return session
