@@ -27,7 +27,7 @@ def run_ddlctl(*args: str, timeout: float = 300, cwd: Path | None = None,
 
 
 def processes_of_run(run_id: str) -> list[psutil.Process]:
-    """Live processes whose environment carries ``DDLCTL_RUN_ID=run_id`` (tasks, watchdogs)."""
+    """Live processes whose environment carries ``DDLCTL_RUN_ID=run_id`` (tasks, host agents)."""
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:

@@ -116,8 +116,7 @@ class SshTestCluster:
             "PermitRootLogin prohibit-password",
             "UsePAM no",
             "AllowTcpForwarding yes",
-            "MaxSessions 200",
-            "MaxStartups 200:30:400",
+            # OpenSSH's defaults (MaxSessions 10, MaxStartups 10:30:100): as strict as a real host.
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
             "",

@@ -128,7 +128,7 @@ def test_sigint_stops_every_task_within_10s(runs):
         while not (run_dir / "tasks" / "chief-0" / "steps.jsonl").exists():
             assert time.monotonic() < deadline, "training never started"
             time.sleep(0.2)
-        assert len(processes_of_run(run_dir.name)) >= 8, "4 tasks and their watchdogs"
+        assert len(processes_of_run(run_dir.name)) >= 5, "4 tasks and the host agent"
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         rest = proc.communicate(timeout=30)[0]

@@ -39,7 +39,7 @@ def ssh_launch(cluster, *args, timeout=300, home=None):
 
 
 def server_address(pid_json: Path) -> str:
-    """``127.0.0.3 2222`` part of SSH_CONNECTION recorded by the task's watchdog."""
+    """``127.0.0.3 2222`` part of SSH_CONNECTION recorded by the task's host agent."""
     client_ip, client_port, server_ip, server_port = json.loads(pid_json.read_text())["ssh_connection"].split()
     return f"{server_ip}:{server_port}"
 
@@ -240,7 +240,7 @@ def test_stop_kills_a_run_whose_controller_is_frozen(cluster, hosts_file, runs):
     proc = start_endless_run(cluster, hosts_file, runs)
     try:
         run_dir = only_run_dir(runs)
-        proc.send_signal(signal.SIGSTOP)  # connections stay open: the watchdogs keep their tasks
+        proc.send_signal(signal.SIGSTOP)  # connections stay open: the host agents keep their tasks
         time.sleep(1.0)
         assert len(processes_of_run(run_dir.name)) >= 3
         unrelated = subprocess.Popen(["sleep", "300"], env={"DDLCTL_RUN_ID": "some-other-run"})

@@ -101,9 +101,9 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
         if blame is not None and blame.task != name and blame.task in known:
             if blame.task in alive or blame.hung:
                 return Fault(task=blame.task, cause="hang", reporter=name, status=None,
-                             detail=f"{blame.task} is hung: {name} reports \"{blame.line[:200]}\"")
+                             detail=f"is hung: {name} reports \"{blame.line[:240]}\"")
             return Fault(task=blame.task, cause="signal", reporter=name, status=None,
-                         detail=f"{blame.task} is gone: {name} reports \"{blame.line[:200]}\"")
+                         detail=f"is gone: {name} reports \"{blame.line[:240]}\"")
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
 
 

@@ -61,7 +61,9 @@ def blame_peer(text: str, leader: str) -> Blame | None:
     error = final_error(text)
     match = HEARTBEAT.search(error)
     if match:
-        return Blame(f"{match.group(1)}:{match.group(2)}", "heartbeat", _line_at(error, match.start()))
+        line = _line_at(error, match.start())
+        named = match.group(0).split()[-1]
+        return Blame(f"{match.group(1)}:{match.group(2)}", "heartbeat", line if named in line else f"{line} {named}")
     match = REMOTE.search(error)
     if match:
         return Blame(f"{match.group(1)}:{match.group(2)}", "unavailable", _line_at(error, match.start(1) - 1))

@@ -1,0 +1,160 @@
+"""The host agent with real processes: one agent, many tasks, exits, signals, stacks, secrets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddlctl.cluster.model import Host
+from ddlctl.planning.plan import TaskSpec
+from ddlctl.runtime.frames import MAGIC, FrameReader, encode_frame
+from ddlctl.transport.session import HostSession, open_local_session
+
+HOST = Host(name="localhost")
+
+
+def spec(name: str, code: str, task_dir: Path, env: dict[str, str] | None = None, port: int | None = None,
+         kind: str = "program") -> TaskSpec:
+    return TaskSpec(name=name, role=name.split(":")[0], index=int(name.split(":")[1]), host=HOST, port=port,
+                    kind=kind, argv=(sys.executable, "-c", code), env={"DDLCTL_TASK_DIR": str(task_dir), **(env or {})},
+                    unset_env=(), workdir=str(task_dir.parent), task_dir=str(task_dir), gpus=None, tf_config=None)
+
+
+def session(tmp_path: Path, run_id: str = "test-run") -> HostSession:
+    return open_local_session(HOST, run_id, tmp_path / "agents")
+
+
+def output(task) -> bytes:  # noqa: ANN001
+    data = b""
+    while (chunk := task.read()) not in (None, b""):
+        data += chunk
+    return data
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from("abc"), st.text(max_size=5), max_size=2),
+                          st.binary(max_size=300)), max_size=6), st.binary(max_size=40), st.integers(1, 50))
+def test_frames_survive_any_split_and_leading_chatter(frames, chatter, cut):
+    data = chatter.replace(MAGIC, b"") + MAGIC + b"".join(encode_frame({"k": "x", **h}, p) for h, p in frames)
+    reader = FrameReader()
+    got = []
+    for i in range(0, len(data), cut):
+        got += reader.feed(data[i:i + cut])
+    assert [(h["k"], {k: v for k, v in h.items() if k not in ("k", "n")}, p) for h, p in got] == \
+        [("x", h, p) for h, p in frames]
+
+
+def test_many_tasks_one_agent_output_exits_and_signals(tmp_path):
+    s = session(tmp_path)
+    try:
+        tasks = {
+            "worker:0": s.start(spec("worker:0", "print('hello'); import sys; sys.exit(3)", tmp_path / "w0"), 5),
+            "worker:1": s.start(spec("worker:1", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+                                     tmp_path / "w1"), 5),
+            "worker:2": s.start(spec("worker:2", "import time; time.sleep(60)", tmp_path / "w2"), 5),
+        }
+        for i in range(3, 12):  # more tasks than an sshd's default MaxSessions: one session carries all
+            tasks[f"worker:{i}"] = s.start(spec(f"worker:{i}", f"print({i})", tmp_path / f"w{i}"), 5)
+        assert s.wait_for(lambda: all(t.poll() for n, t in tasks.items() if n != "worker:2"), 30)
+        assert tasks["worker:0"].poll().code == 3
+        assert output(tasks["worker:0"]) == b"hello\n", "the last output arrives before the exit"
+        assert tasks["worker:1"].poll().signal == signal.SIGKILL
+        assert all(output(tasks[f"worker:{i}"]) == f"{i}\n".encode() for i in range(3, 12))
+        assert tasks["worker:2"].poll() is None and tasks["worker:2"].pids()["task_pid"]
+        tasks["worker:2"].send("TERM")
+        assert s.wait_for(lambda: tasks["worker:2"].poll() is not None, 10)
+        assert tasks["worker:2"].poll().signal == signal.SIGTERM
+    finally:
+        s.shutdown()
+        s.close()
+
+
+def test_a_missing_working_directory_is_a_start_failure_with_a_reason(tmp_path):
+    s = session(tmp_path)
+    try:
+        bad = spec("worker:0", "print(1)", tmp_path / "w0")
+        task = s.start(TaskSpec(**{**bad.__dict__, "workdir": str(tmp_path / "nope")}), 5)
+        assert s.wait_for(lambda: task.poll() is not None, 10)
+        assert task.poll().code == 127 and b"working directory" in output(task)
+    finally:
+        s.close()
+
+
+def test_secrets_travel_over_stdin_never_in_a_command_line(tmp_path):
+    secret = "s3cr3t-value-" + os.urandom(4).hex()
+    s = session(tmp_path)
+    try:
+        task = s.start(spec("worker:0", "import os, time; print(os.environ['API_TOKEN'], flush=True); time.sleep(30)",
+                            tmp_path / "w0", env={"API_TOKEN": secret}), 5)
+        assert s.wait_for(lambda: b"s3cr3t" in b"".join(task.chunks), 20)
+        import base64
+        forms = [secret.encode(), base64.b64encode(secret.encode()), base64.urlsafe_b64encode(secret.encode())]
+        for proc in psutil.process_iter(["cmdline"]):
+            line = "\0".join(proc.info["cmdline"] or ()).encode()
+            assert not any(form.rstrip(b"=")[:16] in line for form in forms), proc.info["cmdline"]
+    finally:
+        s.shutdown()
+        s.close()
+
+
+def test_end_of_input_kills_every_task_even_a_stopped_one(tmp_path):
+    s = session(tmp_path, "eof-run")
+    running = s.start(spec("worker:0", "import time; time.sleep(60)", tmp_path / "w0"), 1)
+    stopped = s.start(spec("worker:1", "import time; time.sleep(60)", tmp_path / "w1"), 1)
+    assert s.wait_for(lambda: running.pids() and stopped.pids(), 10)
+    pids = [running.pids()["task_pid"], stopped.pids()["task_pid"]]
+    os.kill(pids[1], signal.SIGSTOP)
+    agent = s.stream.popen  # type: ignore[attr-defined]
+    agent.stdin.close()  # what happens when ddlctl is killed or the SSH connection drops
+    agent.wait(15)
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
+    s = session(tmp_path)
+    try:
+        code = ("import ddlctl.runtime.stacks as s, time; s.install(); print('ready', flush=True)\n"
+                "def waiting_here():\n    time.sleep(60)\nwaiting_here()")
+        live = s.start(spec("worker:0", code, tmp_path / "w0"), 1)
+        frozen = s.start(spec("worker:1", "import time; time.sleep(60)", tmp_path / "w1"), 1)
+        assert s.wait_for(lambda: b"ready" in b"".join(live.chunks) and frozen.pids(), 20)
+        os.kill(frozen.pids()["task_pid"], signal.SIGSTOP)
+        time.sleep(0.2)
+        s.request_dump(["worker:0", "worker:1"])
+        assert s.wait_for(lambda: len(s.dumps) == 2, 10)
+        assert "waiting_here" in s.dumps["worker:0"]["stacks"]
+        assert [state for _pid, state, _cmd in s.dumps["worker:1"]["procs"]] == ["T"]
+        assert live.poll() is None, "SIGUSR2 went only to a process that registered for it"
+    finally:
+        s.shutdown()
+        s.close()
+
+
+def test_ports_still_free_are_kept_taken_ones_replaced_and_listening_is_reported(tmp_path):
+    s = session(tmp_path)
+    holder = socket.socket()
+    holder.bind(("", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            free = probe.getsockname()[1]
+        got = s.check_ports({"worker:0": free, "worker:1": taken})
+        assert got["worker:0"] == free and got["worker:1"] not in (taken, free)
+        code = f"import socket, time; s = socket.socket(); s.bind(('', {free})); s.listen(); time.sleep(30)"
+        task = s.start(spec("worker:0", code, tmp_path / "w0", port=free), 1)
+        assert s.wait_for(lambda: task.listening, 10)
+    finally:
+        holder.close()
+        s.shutdown()
+        s.close()

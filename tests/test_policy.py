@@ -1,0 +1,155 @@
+"""The restart policy and TensorFlow's own words about who is at fault (pure functions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddlctl.supervise.hangwatch import HangWatch
+from ddlctl.supervise.policy import Fault, backoff_s, classify, decide
+from ddlctl.supervise.tfmessages import blame_peer
+from ddlctl.transport.base import ExitStatus
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tf221"
+PS_ROLES = {"chief:0": "chief", "worker:0": "worker", "worker:1": "worker", "ps:0": "ps", "evaluator:0": "evaluator"}
+MWMS_ROLES = {"worker:0": "worker", "worker:1": "worker"}
+KILLED = ExitStatus(signal=9)
+TRACEBACK = "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nValueError: bad\n"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+# -- TensorFlow 2.21 messages, verbatim --------------------------------------------------------
+
+def test_killed_peer_is_named_by_the_collective_abort():
+    blame = blame_peer(fixture("mwms_worker1_killed.worker0.log"), "worker:0")
+    assert (blame.task, blame.kind) == ("worker:1", "unavailable")
+    assert "remote target /job:worker/replica:0/task:1" in blame.line
+
+
+def test_hung_non_leader_is_named_by_the_heartbeat_message():
+    blame = blame_peer(fixture("mwms_worker1_stopped.worker0.log"), "worker:0")
+    assert (blame.task, blame.kind) == ("worker:1", "heartbeat")
+
+
+def test_hung_leader_is_implied_by_a_heartbeat_deadline_that_names_nobody():
+    blame = blame_peer(fixture("mwms_worker0_stopped.worker1.log"), "worker:0")
+    assert (blame.task, blame.kind) == ("worker:0", "leader")
+
+
+def test_recoverable_ps_worker_loss_lines_blame_nobody_unless_they_are_the_final_error():
+    text = fixture("ps_worker1_killed.chief.log")
+    assert "failed with UnavailableError" in text
+    assert blame_peer(text + "\n" + TRACEBACK, "chief:0") is None, "only the final error counts"
+
+
+def test_a_plain_traceback_blames_nobody():
+    assert blame_peer(TRACEBACK, "worker:0") is None
+
+
+# -- classify -------------------------------------------------------------------------------------
+
+def test_the_reporter_of_a_hung_peer_is_not_the_root_cause():
+    fault = classify("worker:0", ExitStatus(code=1), fixture("mwms_worker1_stopped.worker0.log"), "mwms",
+                     alive={"worker:1"}, known=set(MWMS_ROLES))
+    assert (fault.task, fault.cause, fault.reporter) == ("worker:1", "hang", "worker:0")
+    assert fault.exit_code == 124
+
+
+def test_a_killed_peer_that_already_ended_is_a_signal_fault():
+    fault = classify("worker:0", ExitStatus(code=1), fixture("mwms_worker1_killed.worker0.log"), "mwms",
+                     alive=set(), known=set(MWMS_ROLES))
+    assert (fault.task, fault.cause) == ("worker:1", "signal")
+
+
+@pytest.mark.parametrize(("status", "log", "cause"), [
+    (KILLED, "", "signal"),
+    (ExitStatus(code=137), "", "signal"),
+    (ExitStatus(code=42), "", "preempted"),
+    (ExitStatus(code=143), "", "preempted"),
+    (ExitStatus(lost=True), "", "host-lost"),
+    (ExitStatus(code=1), TRACEBACK, "traceback"),
+    (ExitStatus(code=3), "no traceback here", "exit"),
+    (ExitStatus(code=0), "", "exit"),
+])
+def test_own_causes(status, log, cause):
+    fault = classify("worker:1", status, log, "ps", alive=set(), known=set(PS_ROLES))
+    assert (fault.task, fault.cause) == ("worker:1", cause)
+
+
+# -- decide: the table ------------------------------------------------------------------------------
+
+def fault(task: str, cause: str = "signal") -> Fault:
+    return Fault(task=task, cause=cause, reporter=task, status=KILLED if cause == "signal" else None, detail=cause)
+
+
+ALIVE = {"chief:0", "worker:0", "ps:0", "evaluator:0"}
+
+
+def test_ps_worker_is_restarted_alone_in_place():
+    d = decide("ps", fault("worker:1"), PS_ROLES, ALIVE, used=0, max_restarts=2)
+    assert (d.action, d.tasks, d.scope) == ("restart", ("worker:1",), "task")
+
+
+def test_ps_worker_without_restarts_leaves_the_job_degraded_while_chief_and_a_worker_live():
+    d = decide("ps", fault("worker:1"), PS_ROLES, ALIVE, used=0, max_restarts=0)
+    assert d.action == "continue" and d.degraded and "1 worker" in d.message
+    d = decide("ps", fault("worker:1"), PS_ROLES, ALIVE - {"worker:0"}, used=0, max_restarts=0)
+    assert d.action == "fail" and "no worker is left" in d.message
+
+
+def test_ps_chief_alone_and_ps_task_everything():
+    d = decide("ps", fault("chief:0"), PS_ROLES, ALIVE, used=0, max_restarts=1)
+    assert (d.tasks, d.scope) == (("chief:0",), "task")
+    d = decide("ps", fault("ps:0"), PS_ROLES, ALIVE, used=0, max_restarts=1)
+    assert set(d.tasks) == {"chief:0", "worker:0", "worker:1", "ps:0"} and d.scope == "all"
+    assert "evaluator:0" not in d.tasks
+
+
+def test_mwms_restarts_the_whole_group():
+    d = decide("mwms", fault("worker:1", "hang"), MWMS_ROLES, {"worker:0", "worker:1"}, used=0, max_restarts=1)
+    assert (set(d.tasks), d.scope) == ({"worker:0", "worker:1"}, "group")
+
+
+def test_budget_exhausted_fails_with_the_count():
+    d = decide("mwms", fault("worker:1"), MWMS_ROLES, {"worker:0"}, used=2, max_restarts=2)
+    assert d.action == "fail" and "2 of --max-restarts 2" in d.message
+
+
+def test_python_exception_is_a_bug_under_fault_and_retried_under_any():
+    d = decide("one_device", fault("worker:0", "traceback"), {"worker:0": "worker"}, set(), used=0, max_restarts=3)
+    assert d.action == "fail" and "--restart-on any" in d.message and "bug" in d.message
+    d = decide("one_device", fault("worker:0", "traceback"), {"worker:0": "worker"}, set(), used=0, max_restarts=3,
+               restart_on="any")
+    assert d.action == "restart"
+
+
+def test_evaluator_never_ends_the_job():
+    d = decide("ps", fault("evaluator:0", "traceback"), PS_ROLES, ALIVE, used=0, max_restarts=0)
+    assert d.action == "continue"
+    d = decide("ps", fault("evaluator:0"), PS_ROLES, ALIVE, used=0, max_restarts=1)
+    assert (d.action, d.tasks) == ("restart", ("evaluator:0",))
+
+
+def test_backoff_doubles_and_is_capped():
+    assert [backoff_s(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+    assert backoff_s(20) == 30
+
+
+# -- hang watch --------------------------------------------------------------------------------------
+
+def test_hang_watch_arms_on_the_first_step_and_rearms_after_a_restart():
+    watch = HangWatch(10)
+    assert not watch.hung(1000), "no step yet: never hung (the startup timeout covers that)"
+    watch.update("worker:0", 5, now=0)
+    watch.update("worker:1", 5, now=0)
+    watch.update("worker:0", 9, now=4)
+    assert not watch.hung(13)
+    assert watch.hung(14.5)
+    assert watch.stalled_first(["worker:0", "worker:1"]) == ["worker:1", "worker:0"]
+    watch.rearm(20)
+    assert not watch.hung(29) and watch.hung(31)
+    assert not HangWatch(0).hung(10**9), "0 = off"
