@@ -322,12 +322,22 @@ def _fail(exc: UserError) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. A bug in ddlctl is one message (and a file with the traceback),
+    never a traceback on the user's terminal."""
     try:
         app()
     except KeyboardInterrupt:  # Ctrl-C outside the supervisor (e.g. while planning)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001
+        import tempfile
+        import traceback
+
+        with tempfile.NamedTemporaryFile("w", prefix="ddlctl-crash-", suffix=".txt", delete=False) as handle:
+            traceback.print_exc(file=handle)
+        print(f"error: internal error in ddlctl: {type(exc).__name__}: {exc}\n"
+              f"  hint: this is a bug in ddlctl; the full traceback is in {handle.name}", file=sys.stderr)
+        sys.exit(1)
 
 
 @app.command()

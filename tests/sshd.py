@@ -62,6 +62,27 @@ class SshHost:
                 time.sleep(0.05)
         raise RuntimeError(f"sshd on {self.address}:{self.port} did not start")
 
+    def drop_connections(self, stop_listener: bool = False) -> int:
+        """Kill every sshd process serving a connection (as a network drop does): the sessions'
+        own processes get end-of-file. The listener stays unless ``stop_listener`` (a host that
+        stays down). How many were killed."""
+        import psutil
+
+        if self.process is None:
+            return 0
+        children = psutil.Process(self.process.pid).children(recursive=True)
+        if stop_listener:
+            self.stop()
+        killed = 0
+        for child in children:
+            try:
+                if child.name().startswith("sshd"):
+                    child.kill()
+                    killed += 1
+            except psutil.NoSuchProcess:
+                continue
+        return killed
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

@@ -109,8 +109,33 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
                       fmt(s.loss if s else None, ".4f"), fmt(s.accuracy if s else None, ".4f"))
     console.print(table)
     console.print(_throughput_line(summary))
+    render_faults(summary, console)
     for line in summary.diagnosis:
         console.print(Text(f"• {line}", style="yellow"))
+
+
+def render_faults(summary: RunSummary, console: Console) -> None:
+    """Restarts (one timeline line each, and a table), goodput and lost steps: what faults cost."""
+    if not summary.restarts and not summary.degraded and not summary.hosts_lost:
+        return
+    first = min([r.time for r in summary.restarts] + [d.get("time", 0.0) for d in summary.degraded]
+                + [h.get("time") or 0.0 for h in summary.hosts_lost])
+    table = Table(title="faults and restarts", title_justify="left")
+    for column in ("at", "task", "host", "cause", "what ddlctl did", "back after", "steps lost"):
+        table.add_column(column, justify="right" if column in ("at", "back after", "steps lost") else "left")
+    for r in summary.restarts:
+        did = f"restarted {', '.join(r.tasks)} ({r.scope})" if r.action == "restart" else r.action
+        table.add_row(f"+{r.time - first:.1f}s", r.task, r.host or "-", r.cause, did,
+                      "-" if r.downtime_s is None else f"{r.downtime_s:.1f}s",
+                      "-" if r.steps_lost is None else str(r.steps_lost))
+    for d in summary.degraded:
+        table.add_row(f"+{d.get('time', first) - first:.1f}s", str(d.get("task")), str(d.get("host") or "-"),
+                      str(d.get("cause")), "went on degraded (not replaced)", "-", "-")
+    console.print(table)
+    for r in summary.restarts:
+        console.print(Text(f"  +{r.time - first:.1f}s {r.task}: {r.detail}", style="dim"), soft_wrap=True)
+    console.print(f"goodput {fmt(summary.goodput, '.2f')} (productive step time / training window) · "
+                  f"{summary.steps_lost} step(s) redone after resuming")
 
 
 def _triple(a: float | None, b: float | None, c: float | None) -> str:
@@ -155,6 +180,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
                              f"{_bytes(g.mem_peak_bytes)} / {_bytes(g.mem_total_bytes)}",
                              f"{fmt(g.power_mean_w, '.0f')} / {fmt(g.power_peak_w, '.0f')}")
         console.print(gpus)
+    render_faults(summary, console)
     if summary.diagnosis:
         console.print(Text("diagnosis", style="bold"))
         for line in summary.diagnosis:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import repeat
 from pathlib import Path
 
+from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.rundir import task_dirs
 from ddlctl.telemetry.nvml import GPU_FIELDS
 
@@ -210,11 +211,16 @@ class RunSummary:
     tasks: tuple[TaskSummary, ...]
     hosts: tuple[HostSummary, ...]
     diagnosis: tuple[str, ...]
+    restarts: tuple[RestartSummary, ...] = ()
+    goodput: float | None = None
+    steps_lost: int = 0
+    degraded: tuple[dict, ...] = ()
+    hosts_lost: tuple[dict, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        """``summary.json`` (``schema`` 1)."""
+        """``summary.json`` (``schema`` 2: schema 1 plus restarts, goodput, steps_lost, degraded, hosts_lost)."""
         data = asdict(self)
-        data = {"schema": 1, **data}
+        data = {"schema": 2, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -528,6 +534,11 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         h.get("gpus", 0) for h in plan.get("cluster", {}).get("hosts", [])
         if h.get("name") in {u.split("@")[-1].split(":")[0] for u in used_hosts if u})
 
+    lead = _lead(all_steps, plan.get("strategy"))
+    redone = redone_mask(lead.step) if lead is not None else []
+    restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
+                                  lead.start_us if lead else [],
+                                  {s.name: s.start_us for s in all_steps if s.step})
     summary = RunSummary(
         run_id=str(plan.get("run_id", run_dir.name)), strategy=str(plan.get("strategy", "?")),
         wall_time_s=wall, warmup_steps=warmup_steps, hosts_count=len(used_hosts) or len(hosts),
@@ -535,8 +546,20 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         throughput_samples_per_s=throughput, throughput_steps_per_s=step_rate,
         total_steps=sum(len(s.step) for s in all_steps),
         skipped_lines=sum(s.bad_lines for s in all_steps) + sum(t.bad_lines for t in telemetry),
-        tasks=tuple(tasks), hosts=hosts, diagnosis=())
+        tasks=tuple(tasks), hosts=hosts, diagnosis=(), restarts=restarts,
+        goodput=goodput(lead.start_us, lead.duration, redone) if lead is not None else None,
+        steps_lost=sum(redone) * (lead.block if lead is not None else 1),
+        degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])))
     return _with_diagnosis(summary, outcome)
+
+
+def _lead(all_steps: Sequence[TaskSteps], strategy: str | None) -> TaskSteps | None:
+    """The task whose records stand for the job's progress: the ps chief, else the first worker."""
+    named = {s.name: s for s in all_steps if s.step}
+    for name in ("chief:0", "worker:0"):
+        if name in named:
+            return named[name]
+    return max(named.values(), key=lambda s: len(s.step), default=None)
 
 
 def _with_diagnosis(summary: RunSummary, outcome: dict) -> RunSummary:
@@ -564,5 +587,9 @@ def _with_diagnosis(summary: RunSummary, outcome: dict) -> RunSummary:
             lines.append(f"telemetry gap on {host.host}: no samples for {end - start:.1f}s")
     for gap in outcome.get("telemetry_gaps", []):
         lines.append(gap)
+    for event in summary.degraded:
+        lines.append(f"ran degraded: {event.get('task')} was lost ({event.get('detail')}) and not replaced")
+    for lost in summary.hosts_lost:
+        lines.append(f"connection to {lost.get('host')} lost: {lost.get('reason')}")
     return RunSummary(**{**{f: getattr(summary, f) for f in summary.__dataclass_fields__},
                          "diagnosis": tuple(lines)})

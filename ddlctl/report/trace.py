@@ -1,7 +1,8 @@
 """``trace.json`` in Chrome Trace Event Format (opens in Perfetto / chrome://tracing).
 
-A process per host, a thread per task, a complete ("X") event per step record, and counter ("C")
-events for each GPU's utilisation and memory and for host CPU. Built from the run directory alone.
+A process per host, a thread per task, a complete ("X") event per step record, counter ("C")
+events for each GPU's utilisation and memory and for host CPU, and global instant ("i") events for
+each fault, restart and lost connection. Built from the run directory alone.
 """
 
 from __future__ import annotations
@@ -65,6 +66,24 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
                 if gpu.get("mem_used") is not None:
                     events.append({"ph": "C", "name": f"GPU {gpu['index']} memory GiB", "pid": pid,
                                    "ts": ts, "args": {"used": round(gpu["mem_used"] / 2**30, 3)}})
+    try:
+        outcome = json.loads((run_dir / "outcome.json").read_text())
+    except (OSError, ValueError):
+        outcome = {}
+    for event in outcome.get("restarts", []):  # global instant events: a fault, then its restart
+        pid = pid_for(str(event.get("host") or "unknown host"))
+        events.append({"ph": "i", "s": "g", "name": f"fault: {event.get('task')} ({event.get('cause')})",
+                       "pid": pid, "tid": 0, "ts": int(float(event["time"]) * 1e6),
+                       "args": {"detail": event.get("detail"), "action": event.get("action")}})
+        if event.get("restarted_at"):
+            events.append({"ph": "i", "s": "g", "name": f"restart: {', '.join(event.get('tasks', []))}",
+                           "pid": pid, "tid": 0, "ts": int(float(event["restarted_at"]) * 1e6),
+                           "args": {"scope": event.get("scope")}})
+    for lost in outcome.get("hosts_lost", []):
+        if lost.get("time"):
+            events.append({"ph": "i", "s": "g", "name": f"connection lost: {lost.get('host')}",
+                           "pid": pid_for(str(lost.get("host"))), "tid": 0, "ts": int(float(lost["time"]) * 1e6),
+                           "args": {"reason": lost.get("reason")}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -59,7 +59,8 @@ class Fault:
 
 @dataclass(frozen=True)
 class Decision:
-    """``restart`` the named tasks (``scope``: task, group or all), ``continue`` or ``fail``."""
+    """``restart`` the named tasks (``scope``: task, group or all), ``continue`` or ``fail``.
+    A ``fail`` message completes "<task> on <host> failed: "; the others are whole sentences."""
 
     action: str
     tasks: tuple[str, ...] = ()
@@ -101,9 +102,9 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
         if blame is not None and blame.task != name and blame.task in known:
             if blame.task in alive or blame.hung:
                 return Fault(task=blame.task, cause="hang", reporter=name, status=None,
-                             detail=f"is hung: {name} reports \"{blame.line[:240]}\"")
+                             detail=f"hung ({name} reports \"{blame.line[:240]}\")")
             return Fault(task=blame.task, cause="signal", reporter=name, status=None,
-                         detail=f"is gone: {name} reports \"{blame.line[:240]}\"")
+                         detail=f"gone ({name} reports \"{blame.line[:240]}\")")
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
 
 
@@ -115,12 +116,14 @@ def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str
     retryable = restart_on == "any" or fault.cause in FAULT_CAUSES
     allowed = retryable and used < max_restarts
     if not retryable:
-        why = (f"{fault.task} failed with a Python exception: a bug in the program, not retried under "
-               "--restart-on fault (--restart-on any retries it)" if fault.cause == "traceback" else
-               f"{fault.task} ended with {fault.detail}: not a fault that --restart-on fault retries "
-               "(--restart-on any retries it)")
+        why = ("a bug in the program: not retried under --restart-on fault (--restart-on any retries it)"
+               if fault.cause == "traceback" else
+               "not a fault that --restart-on fault retries (--restart-on any retries it)")
+    elif max_restarts == 0:
+        why = "not restarted (--max-restarts 0)"
     else:
         why = f"no restarts left ({used} of --max-restarts {max_restarts} used)"
+    failed = f"{fault.detail}; {why}"
 
     def restart(tasks: list[str], scope: str, what: str) -> Decision:
         return Decision("restart", tuple(tasks), scope, f"{fault.task} {fault.detail}: {what}")
@@ -135,26 +138,26 @@ def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str
                 return restart([fault.task], "task", "restarting it in place (same address: it rejoins)")
             others = [t for t, r in roles.items() if r == "worker" and t != fault.task and t in alive]
             if "chief:0" in alive and others:
-                return Decision("continue", message=f"{fault.task} {fault.detail}: {why}; training goes on "
+                return Decision("continue", message=f"{fault.task} {failed}; training goes on "
                                 f"degraded with {len(others)} worker(s)", degraded=True)
-            return Decision("fail", message=f"{fault.task} {fault.detail}: {why}, and no worker is left")
+            return Decision("fail", message=f"{failed}, and no worker is left")
         if role == "chief":
             if allowed:
                 return restart([fault.task], "task", "restarting the chief alone (it resumes from its "
                                "checkpoint and reuses the running ps and workers)")
-            return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+            return Decision("fail", message=failed)
         everyone = [t for t, r in roles.items() if r in ("chief", "worker", "ps")]
         if allowed:
             return restart(everyone, "all", "its variables are gone: restarting every task (resume from checkpoint)")
-        return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+        return Decision("fail", message=failed)
     if strategy == "mwms":
         group = [t for t, r in roles.items() if r == "worker"]
         if allowed:
             return restart(group, "group", "restarting the whole worker group (resume from checkpoint)")
-        return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+        return Decision("fail", message=failed)
     if allowed:
         return restart([fault.task], "task", "restarting it")
-    return Decision("fail", message=f"{fault.task} {fault.detail}: {why}")
+    return Decision("fail", message=failed)
 
 
 def backoff_s(restart_number: int, base: float = 1.0, cap: float = 30.0) -> float:

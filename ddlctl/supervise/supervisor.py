@@ -203,13 +203,14 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.roles = {t.name: t.role for t in plan.tasks}
         self.hang = HangWatch(options.hang_timeout_s)
-        self.hang_dump: tuple[float, list[str], int] | None = None  # (deadline, tasks, number)
+        self.hang_dumps = 0
         self.restart: _Restart | None = None
         self.restarts: list[dict] = []
         self.degraded: list[dict] = []
         self.hosts_lost: list[dict] = []
         self.reconnecting: dict[str, tuple[threading.Thread, list]] = {}
-        self.lost_since: dict[str, float] = {}
+        self.lost_since: dict[str, float] = {}  # hosts lost and not back yet
+        self.lost_mono: dict[str, float] = {}  # when each host was last lost
         self.pids: dict[str, object] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -363,6 +364,9 @@ class Supervisor:
         alive = {t.name for t in self.tasks.values() if t.alive and not t.is_agent}
         fault = classify(task.name, status, read_tail(self._log_path(task.name)), self.plan.strategy, alive,
                          set(self.roles))
+        if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
+            folder, _ = self._collect_stacks(sorted(alive))
+            fault = dataclasses.replace(fault, detail=f"{fault.detail}; stacks in {folder}")
         self._on_fault(fault)
 
     def _log_path(self, name: str) -> Path:
@@ -384,7 +388,10 @@ class Supervisor:
                  "signal": signal_name(fault.status.signal) if fault.status and fault.status.signal else None,
                  "detail": fault.detail, "action": decision.action, "scope": decision.scope,
                  "tasks": list(decision.tasks)}
-        self.notify(decision.message)
+        if decision.action == "fail":
+            self.notify(f"{fault.task} on {event['host']} failed: {decision.message}: stopping the other tasks")
+        else:
+            self.notify(decision.message)
         if decision.action == "fail":
             self._fail(fault, decision)
         elif decision.action == "continue":
@@ -444,6 +451,9 @@ class Supervisor:
         for label in hosts:
             if not self._session_ready(label, now):
                 return
+        # A dropped host's old agent kills its tasks within the grace period: let their ports go.
+        if any(now < self.lost_mono.get(label, float("-inf")) + self.options.grace_s + 1.0 for label in hosts):
+            return
         if self.stopping_since is not None:
             return
         specs = self._restart_specs(restart)
@@ -489,6 +499,7 @@ class Supervisor:
         for label, session in self.sessions.items():
             if session.lost and label not in self.lost_since:
                 self.lost_since[label] = now
+                self.lost_mono[label] = now
                 self.hosts_lost.append({"host": label, "time": session.lost_at, "reason": session.lost})
                 self.notify(f"connection to {label} lost ({session.lost}): its tasks are gone")
                 with contextlib.suppress(KeyError, ValueError):
@@ -559,30 +570,35 @@ class Supervisor:
                     self.hang.update(name, count, now)
 
     def _check_hang(self, now: float) -> None:
-        if self.restart is not None:
+        if self.restart is not None or not self.hang.hung(now):
             return
-        if self.hang_dump is None:
-            if not self.hang.hung(now):
-                return
-            names = [t.name for t in self.tasks.values() if t.alive and not t.is_agent]
-            if not names:
-                return
-            number = sum(1 for e in self.restarts if e.get("cause") == "hang") + 1
-            self.notify(f"no training step for {self.options.hang_timeout_s:g}s: the job is hung; "
-                        "collecting every task's stacks")
-            for session in self.sessions.values():
-                mine = [n for n in names if self.tasks[n].host == session.host.label]
-                if mine:
-                    session.request_dump(mine)
-            self.hang_dump = (now + 5.0, names, number)
+        names = [t.name for t in self.tasks.values() if t.alive and not t.is_agent]
+        if not names:
             return
-        deadline, names, number = self.hang_dump
-        replies = {n: self.sessions[self.tasks[n].host].dumps.get(n) for n in names}
-        if now < deadline and any(r is None for r in replies.values()):
-            return
-        self.hang_dump = None
+        self.notify(f"no training step for {self.options.hang_timeout_s:g}s: the job is hung; "
+                    "collecting every task's stacks")
+        folder, replies = self._collect_stacks(names)
         culprit, why = self._hang_culprit(replies)
-        folder = self.run_dir / "hang" / str(number)
+        self.hang.rearm(time.monotonic())
+        self._on_fault(Fault(task=culprit, cause="hang", reporter=culprit, status=None,
+                             detail=f"hung ({why}; stacks in {folder})"))
+
+    def _collect_stacks(self, names: list[str]) -> tuple[Path, dict[str, dict | None]]:
+        """Ask the host agents for the processes (and Python stacks) of ``names``; save them in
+        ``hang/<n>/<task>.txt``. Waits a few seconds at most (the loop pauses meanwhile)."""
+        self.hang_dumps += 1
+        folder = self.run_dir / "hang" / str(self.hang_dumps)
+        by_host: dict[str, list[str]] = {}
+        for name in names:
+            by_host.setdefault(self.tasks[name].host, []).append(name)
+        for label, mine in by_host.items():
+            self.sessions[label].request_dump(mine)
+        deadline = time.monotonic() + 5.0
+        for label, mine in by_host.items():
+            session = self.sessions[label]
+            session.wait_for(lambda s=session, m=mine: all(n in s.dumps for n in m),
+                             max(0.0, deadline - time.monotonic()))
+        replies = {n: self.sessions[self.tasks[n].host].dumps.get(n) for n in names}
         with contextlib.suppress(OSError):
             folder.mkdir(parents=True, exist_ok=True)
             for name, reply in replies.items():
@@ -592,9 +608,7 @@ class Supervisor:
                 lines += ["", (reply or {}).get("stacks") or "(no Python stacks: not a registered Python "
                                                              "process, or it is stopped)"]
                 (folder / f"{name.replace(':', '-')}.txt").write_text("\n".join(lines) + "\n")
-        self.hang.rearm(now)
-        self._on_fault(Fault(task=culprit, cause="hang", reporter=culprit, status=None,
-                             detail=f"hung ({why}; stacks in {folder})"))
+        return folder, replies
 
     def _hang_culprit(self, replies: Mapping[str, dict | None]) -> tuple[str, str]:
         """The task to blame for a hang: a stopped process, else the first to stop stepping,

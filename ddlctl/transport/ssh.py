@@ -350,7 +350,7 @@ class SshTransport:
     def free_ports(self, count: int) -> list[int]:
         return [int(p) for p in self.probe(quick_ports=count)["ports"]]  # type: ignore[union-attr]
 
-    def open_session(self, run_id: str) -> HostSession:
+    def open_session(self, run_id: str, log_dir: Path | None = None) -> HostSession:
         """Start this host's agent in one SSH exec session (ddlctl's code from the shipped bundle)."""
         if self._bundle is None:
             self._bundle = self.conn.ensure_bundle()

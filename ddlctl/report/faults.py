@@ -1,0 +1,106 @@
+"""What faults cost: restarts with their downtime and lost steps, and goodput (pure functions).
+
+Inputs are the run directory's own records: ``outcome.json``'s ``restarts`` (fault time, task,
+cause, when the replacement was started and, for servers, listening again) and the step files.
+A step record is *redone* when a later record of the same task has the same step number (the
+program resumed from a checkpoint taken before it): those are the steps a fault cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RestartSummary:
+    """One fault and what it cost."""
+
+    time: float
+    task: str
+    host: str | None
+    cause: str
+    exit_code: int | None
+    signal: str | None
+    action: str
+    scope: str
+    tasks: tuple[str, ...]
+    detail: str
+    downtime_s: float | None  # fault -> the restarted task or group stepping (or listening) again
+    steps_lost: int | None  # steps redone after resuming (lead task)
+
+
+def redone_mask(steps: Sequence[int]) -> list[bool]:
+    """For each record, whether a later record repeats its step number (work thrown away)."""
+    seen: set[int] = set()
+    mask = [False] * len(steps)
+    for i in range(len(steps) - 1, -1, -1):
+        if steps[i] in seen:
+            mask[i] = True
+        else:
+            seen.add(steps[i])
+    return mask
+
+
+def productive_time(starts_us: Sequence[int], durations: Sequence[float], redone: Sequence[bool]) -> float:
+    """Seconds covered by the records that were kept (union of their intervals, overlaps once)."""
+    intervals = [(s / 1e6, s / 1e6 + d) for s, d, r in zip(starts_us, durations, redone, strict=True) if not r]
+    if any(intervals[i][0] < intervals[i - 1][0] for i in range(1, len(intervals))):
+        intervals.sort()
+    total, current_start, current_end = 0.0, None, None
+    for start, end in intervals:
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start  # type: ignore[operator]
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += current_end - current_start  # type: ignore[operator]
+    return total
+
+
+def goodput(starts_us: Sequence[int], durations: Sequence[float], redone: Sequence[bool]) -> float | None:
+    """Productive step time over the training window (first step's start to last step's end)."""
+    if not starts_us:
+        return None
+    first = min(starts_us) / 1e6
+    last = max(s / 1e6 + d for s, d in zip(starts_us, durations, strict=True))
+    return None if last <= first else productive_time(starts_us, durations, redone) / (last - first)
+
+
+def first_start_after(starts_us: Sequence[int], when: float) -> float | None:
+    """Start (epoch seconds) of the first record that starts at or after ``when``."""
+    after = [s / 1e6 for s in starts_us if s / 1e6 >= when]
+    return min(after) if after else None
+
+
+def summarize_restarts(events: Sequence[dict], lead_steps: Sequence[int], lead_starts_us: Sequence[int],
+                       stepping: dict[str, Sequence[int]]) -> tuple[RestartSummary, ...]:
+    """Each restart event with its downtime and lost steps. ``lead_*``: the step records of the task
+    that drives training (ps chief, mwms worker 0): a fault's lost steps are its records that were
+    redone, between the previous fault and this one; ``stepping``: task -> record starts, for tasks
+    that record steps (downtime ends at a restarted task's first step, or when a restarted server
+    listens again)."""
+    out = []
+    ordered = sorted(events, key=lambda e: e.get("time", 0.0))
+    redone = redone_mask(lead_steps)
+    previous = float("-inf")
+    for event in ordered:
+        fault_at = float(event.get("time", 0.0))
+        restarted = event.get("restarted_at")
+        back = None
+        if event.get("action") == "restart" and restarted is not None:
+            own = [first_start_after(stepping[t], restarted) for t in event.get("tasks", []) if t in stepping]
+            own = [t for t in own if t is not None]
+            back = min(own) if own else event.get("listening_at")
+        lost = sum(1 for t, r in zip(lead_starts_us, redone, strict=True) if r and previous <= t / 1e6 < fault_at) \
+            if lead_steps else None
+        previous = fault_at
+        out.append(RestartSummary(
+            time=fault_at, task=str(event.get("task")), host=event.get("host"), cause=str(event.get("cause")),
+            exit_code=event.get("exit_code"), signal=event.get("signal"), action=str(event.get("action")),
+            scope=str(event.get("scope") or ""), tasks=tuple(event.get("tasks", ())),
+            detail=str(event.get("detail", "")),
+            downtime_s=None if back is None else max(0.0, back - fault_at), steps_lost=lost))
+    return tuple(out)

@@ -1,0 +1,181 @@
+"""Faults caused for real on localhost clusters (kill -9, SIGSTOP, crashes) and what ddlctl does:
+exit code, root cause, restarts, resumption, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PROGRAMS, processes_of_run, run_ddlctl
+from tests.faults import Job, task_pid, wait_for
+
+pytestmark = pytest.mark.cluster
+BUILTIN = ("--no-telemetry", "--startup-timeout", "120", "--grace", "2")
+
+
+def nothing_left(job: Job) -> None:
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 15, "every process of the run to end")
+
+
+def plan_ports(job: Job) -> dict[str, int]:
+    return {t["name"]: t["port"] for t in json.loads((job.run_dir / "plan.json").read_text())["tasks"]}
+
+
+def pids(job: Job) -> dict[str, int]:
+    return {name: record["task_pid"] for name, record in json.loads((job.run_dir / "pids.json").read_text()).items()
+            if "task_pid" in record}
+
+
+def log(job: Job, task: str) -> str:
+    return (job.run_dir / "tasks" / task / "output.log").read_text(errors="replace")
+
+
+def result(job: Job) -> dict:
+    return json.loads((job.run_dir / "tasks" / "chief-0" / "result.json").read_text())
+
+
+def test_ps_worker_killed_is_restarted_in_place_and_training_finishes(runs):
+    job = Job(runs, "-s", "ps", "--steps", "480", "--max-restarts", "2", *BUILTIN)
+    job.wait_steps("chief-0", 120)
+    before = task_pid(job.run_dir, "worker-1")
+    job.kill("worker-1", signal.SIGKILL)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    outcome = job.outcome()
+    [event] = outcome["restarts"]
+    assert (event["task"], event["cause"], event["scope"], event["tasks"]) == ("worker:1", "signal", "task",
+                                                                              ["worker:1"])
+    assert event["listening_at"] - event["time"] < 15, "replaced and listening again quickly"
+    ports = plan_ports(job)
+    assert pids(job)["worker:1"] != before
+    assert log(job, "worker-1").count(f"listening at grpc://localhost:{ports['worker:1']}") == 2, "same port twice"
+    assert {t["name"]: t["restarts"] for t in outcome["tasks"]}["worker:1"] == 1
+    assert result(job)["accuracy"] > 0.6
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["restarts"][0]["task"] == "worker:1" and summary["steps_lost"] == 0
+    nothing_left(job)
+
+
+def test_ps_worker_killed_without_restarts_runs_degraded(runs):
+    job = Job(runs, "-s", "ps", "--steps", "400", *BUILTIN)
+    job.wait_steps("chief-0", 120)
+    job.kill("worker-0", signal.SIGKILL)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    outcome = job.outcome()
+    assert outcome["restarts"] == [] and outcome["degraded"][0]["task"] == "worker:0"
+    assert "training goes on degraded with 1 worker(s)" in job.stderr()
+    assert {t["name"]: t["state"] for t in outcome["tasks"]}["worker:0"] == "failed"
+    assert result(job)["accuracy"] > 0.6
+    nothing_left(job)
+
+
+def test_ps_task_killed_restarts_everything_and_resumes_from_the_checkpoint(runs):
+    job = Job(runs, "-s", "ps", "--steps", "480", "--max-restarts", "1", *BUILTIN)
+    job.wait_steps("chief-0", 200)
+    job.kill("ps-0", signal.SIGKILL)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    [event] = job.outcome()["restarts"]
+    assert (event["task"], event["scope"]) == ("ps:0", "all")
+    assert set(event["tasks"]) == {"chief:0", "worker:0", "worker:1", "ps:0"}
+    resumed = [line for line in log(job, "chief-0").splitlines() if line.startswith("resumed from checkpoint")]
+    assert len(resumed) == 1 and "(restart 1)" in resumed[0]
+    at = int(resumed[0].split(" at step ")[1].split()[0])
+    assert at >= 100, "resumed from a checkpoint, not from step 0"
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["steps_lost"] <= 200, "at most one checkpoint interval (and what was in flight) redone"
+    assert result(job)["accuracy"] > 0.6
+    nothing_left(job)
+
+
+def test_ps_chief_killed_is_restarted_alone_and_resumes(runs):
+    job = Job(runs, "-s", "ps", "--steps", "480", "--max-restarts", "1", *BUILTIN)
+    job.wait_steps("chief-0", 200)
+    servers = {n: p for n, p in pids(job).items() if n != "chief:0"}
+    job.kill("chief-0", signal.SIGKILL)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    [event] = job.outcome()["restarts"]
+    assert (event["task"], event["tasks"]) == ("chief:0", ["chief:0"])
+    assert {n: p for n, p in pids(job).items() if n != "chief:0"} == servers, "ps and workers were reused"
+    assert "resumed from checkpoint" in log(job, "chief-0")
+    nothing_left(job)
+
+
+def test_ps_stopped_worker_is_found_by_the_hang_watch_killed_and_restarted(runs):
+    job = Job(runs, "-s", "ps", "--steps", "400", "--max-restarts", "1", "--hang-timeout", "6", *BUILTIN)
+    job.wait_steps("chief-0", 120)
+    job.kill("worker-1", signal.SIGSTOP)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    [event] = job.outcome()["restarts"]
+    assert (event["task"], event["cause"]) == ("worker:1", "hang")
+    assert "stopped (state T)" in event["detail"]
+    dump = (job.run_dir / "hang" / "1" / "worker-1.txt").read_text()
+    assert " T " in dump, dump
+    assert "chief" in (job.run_dir / "hang" / "1" / "chief-0.txt").read_text()
+    nothing_left(job)
+
+
+def test_mwms_stopped_worker_is_blamed_from_tensorflows_words_and_the_group_restarts(runs):
+    job = Job(runs, "-s", "mwms", "--steps", "600", "--max-restarts", "1", *BUILTIN)
+    job.wait_steps("worker-0", 150)
+    job.kill("worker-1", signal.SIGSTOP)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    [event] = job.outcome()["restarts"]
+    assert (event["task"], event["cause"], event["reporter"], event["scope"]) == \
+        ("worker:1", "hang", "worker:0", "group")
+    assert "stopped sending heartbeats" in event["detail"]
+    assert (job.run_dir / "hang" / "1" / "worker-1.txt").exists(), "stacks saved before the group was killed"
+    for task in ("worker-0", "worker-1"):
+        assert "resumed from checkpoint" in log(job, task)
+    nothing_left(job)
+
+
+def test_mwms_stopped_worker_without_restarts_fails_naming_it(runs):
+    job = Job(runs, "-s", "mwms", "--steps", "2000", *BUILTIN)
+    job.wait_steps("worker-0", 100)
+    job.kill("worker-1", signal.SIGSTOP)
+    assert job.wait() == 124, job.stderr()[-3000:]
+    assert "worker:1 on localhost failed: hung (worker:0 reports" in job.stderr()
+    assert job.outcome()["root_cause"]["task"] == "worker:1"
+    nothing_left(job)  # the stopped process included
+
+
+def test_mwms_model_fit_backup_and_restore_resumes_after_a_group_restart(runs):
+    job = Job(runs, "-s", "mwms", "--max-restarts", "1", "--no-telemetry", "--grace", "2", "--",
+              sys.executable, str(PROGRAMS / "fit_backup.py"))
+    wait_for(lambda: "EPOCH_BEGIN 3" in log(job, "worker-0") or job.proc.poll() is not None, 240, "epoch 3")
+    time.sleep(0.3)  # mid-epoch
+    job.kill("worker-1", signal.SIGKILL)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    [event] = job.outcome()["restarts"]
+    assert event["scope"] == "group"
+    for task in ("worker-0", "worker-1"):
+        epochs = [line for line in log(job, task).splitlines() if line.startswith("EPOCH_BEGIN")]
+        after = [line for line in epochs if "restart=1" in line]
+        assert after and after[0] == "EPOCH_BEGIN 3 restart=1", epochs  # the interrupted epoch, not 0
+        assert "FIT_DONE" in log(job, task)
+    nothing_left(job)
+
+
+CRASH = [sys.executable, "-c", "import os; print('attempt', os.environ['DDLCTL_RESTART_COUNT']); raise SystemExit(1/0)"]
+
+
+def test_a_python_exception_is_not_retried_under_fault(runs):
+    done = run_ddlctl("launch", "-s", "one_device", "--max-restarts", "3", "--no-telemetry", "--run-dir", str(runs),
+                      "--", *CRASH, timeout=120)
+    assert done.returncode == 1
+    assert "a bug in the program: not retried under --restart-on fault" in done.stderr
+    assert "ZeroDivisionError" in done.stderr and "Traceback" in done.stderr
+    assert done.stdout.count("attempt") == 1
+
+
+def test_a_python_exception_is_retried_under_any_until_the_budget_is_spent(runs):
+    done = run_ddlctl("launch", "-s", "one_device", "--max-restarts", "3", "--restart-on", "any", "--no-telemetry",
+                      "--run-dir", str(runs), "--", *CRASH, timeout=180)
+    assert done.returncode == 1
+    assert [line.split()[-1] for line in done.stdout.splitlines() if "attempt" in line] == ["0", "1", "2", "3"]
+    assert "no restarts left (3 of --max-restarts 3 used)" in done.stderr
+    run_dir = next(runs.iterdir())
+    assert len(json.loads((run_dir / "outcome.json").read_text())["restarts"]) == 3

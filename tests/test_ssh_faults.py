@@ -1,0 +1,100 @@
+"""Real OpenSSH test hosts with default settings: many tasks per host over one session, and
+dropped connections (the sshd processes serving ddlctl killed mid-run)."""
+
+from __future__ import annotations
+
+import json
+import pwd
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import processes_of_run, run_ddlctl
+from tests.faults import Job, step_count, wait_for
+from tests.sshd import SshTestCluster, sshd_available
+
+pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs root and openssh-server")
+REMOTE_RUNS = Path(pwd.getpwuid(0).pw_dir) / ".ddlctl" / "runs"
+PRINT_TASK = [sys.executable, "-c", "import os; print('hello from', os.environ['DDLCTL_TASK'])"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    hosts = SshTestCluster(tmp_path_factory.mktemp("sshf"), 3)
+    yield hosts
+    hosts.stop()
+
+
+def test_twelve_tasks_on_one_host_with_default_max_sessions(cluster, tmp_path, runs):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(cluster.hosts[0].hosts_line(slots=12) + "\n")
+    done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--workers", "12", "--run-dir", str(runs),
+                      "--", *PRINT_TASK, env=cluster.env, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for i in range(12):
+        assert f"hello from worker:{i}" in done.stdout
+    run_dir = next(runs.iterdir())
+    recorded = json.loads((run_dir / "pids.json").read_text())
+    assert all(isinstance(recorded[f"worker:{i}"]["task_pid"], int) for i in range(12)), "remote pids recorded"
+    assert len({recorded[f"worker:{i}"]["agent_pid"] for i in range(12)}) == 1, "one agent, one session"
+
+
+def test_sixteen_hosts(tmp_path, runs):
+    many = SshTestCluster(tmp_path / "sixteen", 16)
+    try:
+        hosts = many.hosts_file(tmp_path / "hosts16.txt")
+        done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--run-dir", str(runs), "--", *PRINT_TASK,
+                          env=many.env, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert sorted(int(line.split("worker:")[1]) for line in done.stdout.splitlines()
+                      if "hello from" in line) == list(range(16))
+    finally:
+        many.stop()
+
+
+def remote_steps(job: Job, task: str) -> int:
+    return step_count(REMOTE_RUNS / job.run_dir.name / "tasks" / task / "steps.jsonl")
+
+
+def start_mwms(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "900", "--no-telemetry", "--grace", "2",
+              "--startup-timeout", "120", *extra, env=cluster.env)
+    wait_for(lambda: remote_steps(job, "worker-0") >= 150 or job.proc.poll() is not None, 180, "training")
+    assert job.proc.poll() is None, job.stderr()[-3000:]
+    return job
+
+
+def test_a_dropped_connection_is_reconnected_and_the_group_restarted(cluster, tmp_path, runs):
+    job = start_mwms(cluster, tmp_path, runs, "--max-restarts", "1", "--host-timeout", "30")
+    lost = cluster.hosts[1]
+    assert lost.drop_connections() >= 1
+    assert job.wait(300) == 0, job.stderr()[-3000:]
+    outcome = job.outcome()
+    label = f"{lost.address}:{lost.port}"
+    assert outcome["hosts_lost"][0]["host"] == label
+    [event] = outcome["restarts"]
+    assert (event["task"], event["cause"], event["scope"]) == ("worker:1", "host-lost", "group")
+    assert f"connection to {label} lost" in job.stderr() and f"reconnected to {label}" in job.stderr()
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
+
+
+def test_a_host_that_stays_down_fails_the_job_naming_it(cluster, tmp_path, runs):
+    job = start_mwms(cluster, tmp_path, runs, "--max-restarts", "1", "--host-timeout", "6")
+    down = cluster.hosts[2]
+    assert down.drop_connections(stop_listener=True) >= 1
+    dropped = time.monotonic()
+    try:
+        code = job.wait(120)
+        took = time.monotonic() - dropped
+    finally:
+        down.start()
+    label = f"{down.address}:{down.port}"
+    assert code == 255, job.stderr()[-3000:]
+    assert took < 6 + 2 + 15, f"gave up {took:.0f}s after the drop"
+    assert f"host {label} did not come back within --host-timeout 6s" in job.stderr()
+    assert "connection refused" in job.stderr()
+    assert "exit code 255" not in job.stderr(), "a lost connection is not a program's exit code"
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
