@@ -77,7 +77,7 @@ def leader_of(strategy: str) -> str:
 def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     """(cause, detail) from a task's own exit status and log."""
     if status.lost:
-        return "host-lost", "the connection to its host was lost"
+        return "host-lost", "was lost with the connection to its host"
     if status.signal is not None:
         return "signal", f"killed by {signal_name(status.signal)}"
     code = status.code or 0

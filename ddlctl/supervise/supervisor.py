@@ -279,8 +279,8 @@ class Supervisor:
                 self.writer.write(task.name, task.host, task.splitter.flush_stale(now))
         self._note_pids()
         self._handle_signals()
-        self._poll_exits(now)
         self._watch_sessions(now)
+        self._poll_exits(now)
         if self.stopping_since is None:
             self._feed_hang_watch(now)
             self._probe_ports(now)
@@ -634,6 +634,9 @@ class Supervisor:
         reporter_text = read_tail(self._log_path(fault.reporter)) if fault.reporter != fault.task \
             and fault.reporter in self.roles else ""
         traceback = last_traceback(text) or last_traceback(reporter_text)
+        if fault.cause == "host-lost":  # the program did not fail: its output says nothing about why
+            text = reporter_text = ""
+            traceback = []
         reason = {"hang": "hang", "host-lost": "host-lost"}.get(fault.cause, "exited")
         return Failure(reason=reason, message=message, task=fault.task, host=task.host if task else None,
                        status=fault.status, traceback=tuple(traceback),
