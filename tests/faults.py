@@ -60,6 +60,10 @@ class Job:
     def wait(self, timeout: float = 300) -> int:
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # its host agents see their input end and kill every task
+            self.proc.wait()
+            raise
         finally:
             self.out.close()
             self.err.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import sys
 import time
 
@@ -179,3 +180,21 @@ def test_a_python_exception_is_retried_under_any_until_the_budget_is_spent(runs)
     assert "no restarts left (3 of --max-restarts 3 used)" in done.stderr
     run_dir = next(runs.iterdir())
     assert len(json.loads((run_dir / "outcome.json").read_text())["restarts"]) == 3
+
+
+def test_a_port_taken_before_the_task_binds_gets_new_ports_for_the_cluster(runs):
+    job = Job(runs, "-s", "ps", "--steps", "60", *BUILTIN)  # no --max-restarts: port retries are not restarts
+    port = wait_for(lambda: (job.run_dir / "plan.json").exists() and plan_ports(job).get("worker:1"), 30, "the plan")
+    holder = socket.socket()
+    holder.bind(("", port))  # someone else takes the port between planning and binding
+    holder.listen()
+    try:
+        assert job.wait() == 0, job.stderr()[-3000:]
+    finally:
+        holder.close()
+    [event] = job.outcome()["restarts"]
+    assert (event["cause"], event["task"], event["scope"]) == ("port-in-use", "worker:1", "all")
+    assert event["new_ports"]["worker:1"] != port
+    assert f"port {port} was taken before it could bind" in job.stderr()
+    assert result(job)["accuracy"] > 0.2
+    nothing_left(job)

@@ -153,3 +153,10 @@ def test_hang_watch_arms_on_the_first_step_and_rearms_after_a_restart():
     watch.rearm(20)
     assert not watch.hung(29) and watch.hung(31)
     assert not HangWatch(0).hung(10**9), "0 = off"
+
+
+def test_a_server_that_could_not_bind_its_port_is_recognised():
+    from ddlctl.supervise.tfmessages import port_taken
+
+    assert port_taken(fixture("server_port_taken.log"))
+    assert not port_taken(fixture("mwms_worker1_killed.worker0.log"))

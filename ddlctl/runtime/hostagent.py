@@ -8,8 +8,9 @@ talks to it over its stdin/stdout (wire format: :mod:`ddlctl.runtime.frames`). T
   over stdin, never on a command line), each in its own process group, with
   ``PR_SET_PDEATHSIG = SIGKILL`` so a task dies with the agent;
 * forwards each task's combined stdout/stderr as ``out`` frames, unchanged;
-* reports ``started`` (pids), ``listening`` (the task's port accepts connections on this host:
-  no port forwarding needed), ``exit`` (code or signal, after the task's last output), ``steps``
+* reports ``started`` (pids), ``listening`` (a process of the task listens on its port, seen in
+  /proc on this host: no port forwarding needed, and a port someone else took does not count),
+  ``exit`` (code or signal, after the task's last output), ``steps``
   (how many step records each task has written: ddlctl's hang watch), and a ``beat`` every 2 s;
 * signals a task's group when asked (``signal``: TERM/INT/HUP, then SIGKILL after the grace
   period; KILL at once; a stopped process takes no SIGTERM, so the SIGKILL always follows);
@@ -102,6 +103,45 @@ def accepts(port: int) -> bool:
                 return True
         except OSError:
             continue
+    return False
+
+
+def listening_inodes(port: int) -> set[str]:
+    """Inodes of the sockets listening on TCP ``port`` in this network namespace (IPv4 and IPv6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def group_listens(pgid: int, port: int) -> bool:
+    """Whether a process of group ``pgid`` itself listens on ``port`` (not just anyone: a port taken
+    by another program must not pass for the task's). Without /proc/net: whether anyone accepts."""
+    if not os.path.exists("/proc/net/tcp"):
+        return accepts(port)
+    inodes = listening_inodes(port)
+    if not inodes:
+        return False
+    for pid, _state, _cmd in group_processes(pgid):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
     return False
 
 
@@ -334,7 +374,7 @@ class HostAgent:
 
     def report_listening(self) -> None:
         for task in self.tasks.values():
-            if task.status is None and not task.listening and accepts(task.port):
+            if task.status is None and not task.listening and group_listens(task.pgid, task.port):
                 task.listening = True
                 self.send({"k": "listening", "task": task.name, "t": time.time()})
 

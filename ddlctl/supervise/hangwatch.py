@@ -1,7 +1,7 @@
 """Hang detection from step counts alone: no training task recorded a step for too long.
 
-Fed with each task's number of step records (the host agents report them); armed by the first
-step of any task, re-armed after every restart. Under ps this is the only way a hung worker is
+Fed with each task's number of step records (the host agents report them); armed when every task
+is up (or by the first step), re-armed after every restart. Under ps this is the only way a hung worker is
 ever noticed (TensorFlow reports nothing); under MWMS TensorFlow's heartbeat usually fires first.
 """
 
@@ -26,6 +26,11 @@ class HangWatch:
             if self.armed_at is None:
                 self.armed_at = now
         self.counts[task] = count
+
+    def arm(self, now: float) -> None:
+        """Start the clock now if no step has started it (every task is up: steps should follow)."""
+        if self.armed_at is None:
+            self.armed_at = now
 
     def rearm(self, now: float) -> None:
         """After a restart or a handled hang: the clock starts again (if it had started)."""

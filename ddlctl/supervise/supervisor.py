@@ -46,6 +46,7 @@ from ddlctl.supervise.hangwatch import HangWatch
 from ddlctl.supervise.output import LineSplitter, PrefixedWriter
 from ddlctl.supervise.policy import Decision, Fault, backoff_s, classify, decide, leader_of
 from ddlctl.supervise.rootcause import last_traceback, read_tail, tail_lines
+from ddlctl.supervise.tfmessages import port_taken
 from ddlctl.transport.base import ExitStatus, TaskProcess, signal_name
 from ddlctl.transport.session import HostSession
 
@@ -175,6 +176,7 @@ def log_file(run_dir: Path, spec: TaskSpec) -> Path:
 
 
 Reconnect = Callable[[str], HostSession]
+MAX_PORT_RETRIES = 3
 
 
 class Supervisor:
@@ -204,6 +206,7 @@ class Supervisor:
         self.roles = {t.name: t.role for t in plan.tasks}
         self.hang = HangWatch(options.hang_timeout_s)
         self.hang_dumps = 0
+        self.port_retries = 0
         self.restart: _Restart | None = None
         self.restarts: list[dict] = []
         self.degraded: list[dict] = []
@@ -360,10 +363,13 @@ class Supervisor:
         if status.ok and task.spec.kind == "program":
             task.state = TaskState.SUCCEEDED
             return
+        text = read_tail(self._log_path(task.name))
+        if task.spec.port and port_taken(text) and self.port_retries < MAX_PORT_RETRIES:
+            self._retry_ports(task)
+            return
         task.state = TaskState.FAILED
         alive = {t.name for t in self.tasks.values() if t.alive and not t.is_agent}
-        fault = classify(task.name, status, read_tail(self._log_path(task.name)), self.plan.strategy, alive,
-                         set(self.roles))
+        fault = classify(task.name, status, text, self.plan.strategy, alive, set(self.roles))
         if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
             folder, _ = self._collect_stacks(sorted(alive))
             fault = dataclasses.replace(fault, detail=f"{fault.detail}; stacks in {folder}")
@@ -379,7 +385,7 @@ class Supervisor:
         if self.restart is not None:  # a restart is under way: this fault joins it (no extra budget)
             decision = decide(self.plan.strategy, fault, self.roles, alive, 0, 1, "any")
         else:
-            decision = decide(self.plan.strategy, fault, self.roles, alive, len(self.restarts),
+            decision = decide(self.plan.strategy, fault, self.roles, alive, self._restarts_used(),
                               self.options.max_restarts, self.options.restart_on)
         culprit = self.tasks.get(fault.task)
         event = {"time": time.time(), "task": fault.task, "host": culprit.host if culprit else None,
@@ -402,6 +408,26 @@ class Supervisor:
                 self.degraded.append({**event, "since": time.time()})
         else:
             self._begin_restart(decision, event)
+
+    def _retry_ports(self, task: _Task) -> None:
+        """A port taken between planning and binding: new ports for the whole cluster spec (every
+        task's TF_CONFIG names them), started again. Bounded; not counted as a restart."""
+        self.port_retries += 1
+        task.state = TaskState.STOPPED
+        members = tuple(n for n, t in self.tasks.items() if t.spec.port)
+        scope = "group" if self.plan.strategy == "mwms" else "all"
+        message = (f"{task.name} on {task.host}: port {task.spec.port} was taken before it could bind: choosing new "
+                   f"ports and starting the {scope} again (try {self.port_retries} of {MAX_PORT_RETRIES})")
+        event = {"time": time.time(), "task": task.name, "host": task.host, "cause": "port-in-use",
+                 "reporter": task.name, "exit_code": task.status.code if task.status else None, "signal": None,
+                 "detail": f"port {task.spec.port} taken before it could bind", "action": "restart",
+                 "scope": scope, "tasks": list(members)}
+        self.notify(message)
+        self._begin_restart(Decision("restart", members, scope, message), event)
+
+    def _restarts_used(self) -> int:
+        """Restarts counted against --max-restarts (port retries are not)."""
+        return sum(1 for e in self.restarts if e.get("cause") != "port-in-use")
 
     def _fail(self, fault: Fault, decision: Decision) -> None:
         self.failure = self._describe_failure(fault, decision.message)
@@ -457,7 +483,6 @@ class Supervisor:
         if self.stopping_since is not None:
             return
         specs = self._restart_specs(restart)
-        number = len(self.restarts)
         for spec in specs:
             task = self.tasks[spec.name]
             self._end_output(task)
@@ -465,8 +490,9 @@ class Supervisor:
             self.tasks[spec.name] = new
         self._write_pids()
         restart.event["restarted_at"] = time.time()
-        self.notify(f"restart {number}: started {', '.join(restart.tasks)} again "
-                    f"(restart {number} of {self.options.max_restarts})")
+        counted = "" if restart.event.get("cause") == "port-in-use" else \
+            f" (restart {self._restarts_used()} of {self.options.max_restarts})"
+        self.notify(f"started {', '.join(restart.tasks)} again{counted}")
         self.restart = None
         self.hang.rearm(now)
 
@@ -484,6 +510,7 @@ class Supervisor:
                 got = self.sessions[label].check_ports(wanted)
                 changed.update({n: p for n, p in got.items() if p != wanted.get(n)})
             if changed:
+                restart.event["new_ports"] = changed
                 self.notify("port(s) taken meanwhile, new ones chosen: "
                             + ", ".join(f"{n} -> {p}" for n, p in changed.items()))
                 everyone = {n: (changed.get(n) or s.port) for n, s in specs.items() if s.port}
@@ -669,6 +696,7 @@ class Supervisor:
         if not self.all_ready_noted and self.tasks and all(
                 t.state is not TaskState.STARTING for t in self.tasks.values()):
             self.all_ready_noted = True
+            self.hang.arm(now)  # a job that never steps at all is hung too
             if any(t.spec.port for t in self.tasks.values()):
                 waited = now - min(t.started for t in self.tasks.values())
                 self.notify(f"cluster up: every task is listening ({waited:.1f}s after start)")

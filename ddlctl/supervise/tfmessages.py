@@ -28,6 +28,14 @@ REMOTE = re.compile(r"(?:Collective ops is aborted by|UnavailableError|Unavailab
 LEADER = re.compile(r"Deadline ?Exceeded[\s\S]{0,600}?CoordinationService/Heartbeat")
 
 
+PORT_TAKEN = re.compile(r"Could not start gRPC server|Failed to add port to server|Address already in use")
+
+
+def port_taken(text: str) -> bool:
+    """Whether a task's final error says its TensorFlow server could not bind its port."""
+    return bool(PORT_TAKEN.search(final_error(text)))
+
+
 @dataclass(frozen=True)
 class Blame:
     """A peer named (or implied) by a task's final error."""
