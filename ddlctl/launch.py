@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
+from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
 from ddlctl.cluster.hostfile import load_hosts
 from ddlctl.cluster.model import Cluster, local_cluster
 from ddlctl.cluster.template import LaunchDefaults, load_template
@@ -196,6 +197,16 @@ def with_ssh_addresses(cluster: Cluster, transports: dict[str, Transport]) -> Cl
     return dataclasses.replace(cluster, hosts=tuple(hosts))
 
 
+def connection_source_address(transports: dict[str, Transport]) -> str | None:
+    """This machine's address on its SSH connection to the first remote host (what that host sees)."""
+    for transport in transports.values():
+        conn = getattr(transport, "conn", None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                return conn.client.get_transport().sock.getsockname()[0]
+    return None
+
+
 def tasks_needing_ports(cluster: Cluster, request: LaunchRequest) -> dict[str, list[str]]:
     """Host label -> names of its tasks that listen on a port (members of the cluster spec)."""
     by_host: dict[str, list[str]] = {}
@@ -240,12 +251,16 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
     placements = layout(cluster, request)  # refuse impossible requests before touching any host
     request = fit_batch_to_workers(opts, request, sum(p.role == "worker" for p in placements))
     if opts.dry_run:  # touch no host: local ports are real, remote ones shown as "auto"
+        remote = next((h for h in cluster.hosts if not h.is_local), None)
+        if remote is not None:
+            cluster = with_reachable_addresses(cluster, route_source_address(remote.address or remote.name))
         local = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), dict(local)
     transports = make_transports(cluster, opts.ssh)
-    cluster = with_ssh_addresses(cluster, transports)
     try:
+        cluster = with_ssh_addresses(cluster, transports)
+        cluster = with_reachable_addresses(cluster, connection_source_address(transports))
         # One cheap probe per host (Python, TensorFlow, free ports): one process start each.
         counts = {label: len(names) for label, names in tasks_needing_ports(cluster, request).items()}
         probed = [h for h in cluster.hosts if not h.is_local or h.python]

@@ -182,3 +182,58 @@ def test_heterogeneous_template_layout():
     assert [h for n, h in names if n.startswith("ps")] == ["cpu-node", "cpu-node"]
     assert Counter(h for n, h in names if n.startswith("worker")) == \
         {"big-node": 4, "mid-node": 2, "small-node": 1}
+
+
+# -- addresses every host can reach ----------------------------------------------------------------
+
+def test_this_machine_gets_a_reachable_address_when_remote_hosts_must_reach_it(tmp_path):
+    from ddlctl.cluster.addresses import with_reachable_addresses
+    from ddlctl.cluster.hostfile import load_hosts
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2\nnode-b slots=2\n")
+    cluster = with_reachable_addresses(load_hosts(str(hosts)), "10.1.2.3")
+    plan = make_plan(cluster, LaunchRequest(strategy="mwms", workers=3), {"worker:0": 1111, "worker:1": 2222,
+                                                                        "worker:2": 3333})
+    spec = plan.tasks[0].tf_config["cluster"]["worker"]
+    assert spec == ["10.1.2.3:1111", "10.1.2.3:2222", "node-b:3333"]
+    assert all(t.tf_config["cluster"] == plan.tasks[0].tf_config["cluster"] for t in plan.tasks), "one spec for all"
+
+
+def test_without_a_reachable_address_the_mix_is_refused_naming_the_entry(tmp_path):
+    from ddlctl.cluster.addresses import with_reachable_addresses
+    from ddlctl.cluster.hostfile import load_hosts
+    from ddlctl.errors import ConfigError
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node-b\nlocalhost\n")
+    for address in (None, "127.0.0.1"):
+        with pytest.raises(ConfigError) as caught:
+            with_reachable_addresses(load_hosts(str(hosts)), address)
+        assert f"{hosts}:2: 'localhost' runs tasks that the remote hosts must reach" in caught.value.message
+        assert "instead of localhost" in caught.value.hint
+
+
+def test_all_local_clusters_keep_localhost(tmp_path):
+    from ddlctl.cluster.addresses import with_reachable_addresses
+    from ddlctl.cluster.hostfile import load_hosts
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2\n")
+    cluster = with_reachable_addresses(load_hosts(str(hosts)), None)
+    plan = make_plan(cluster, LaunchRequest(strategy="mwms", workers=2), {"worker:0": 1, "worker:1": 2})
+    assert plan.tasks[0].tf_config["cluster"]["worker"] == ["localhost:1", "localhost:2"]
+
+
+def test_dry_run_of_a_mixed_cluster_writes_no_localhost(tmp_path):
+    from tests.conftest import run_ddlctl
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2\n127.0.0.2 slots=2\n")
+    done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "ps", "--dry-run", "--json", timeout=60)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    addresses = [a for t in plan["tasks"] if t["tf_config"] for group in t["tf_config"]["cluster"].values()
+                 for a in group]
+    assert addresses and not any(a.startswith("localhost") for a in addresses)
+    assert any(a.startswith("127.0.0.1:") for a in addresses) and any(a.startswith("127.0.0.2:") for a in addresses)

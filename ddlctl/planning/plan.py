@@ -188,8 +188,9 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _address_host(host: Host) -> str:
-    """How other tasks reach this host in TF_CONFIG."""
-    if host.is_local:
+    """How other tasks reach this host in TF_CONFIG (``cluster.addresses`` sets ``address`` for this
+    machine when remote hosts must reach it, and for SSH aliases)."""
+    if host.is_local and not host.address:
         return "localhost"
     address = host.address or host.name
     return f"[{address}]" if ":" in address else address
