@@ -7,6 +7,7 @@ import sys
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import ddlctl
 from ddlctl.launch import load_cluster
@@ -58,7 +59,8 @@ def render(reports: list[HostReport], console: Console) -> None:
         ddl = "-" if not r.reachable else (str(installed) if installed else "not installed")
         if installed and installed != ddlctl.__version__:
             ddl += f" (≠ {ddlctl.__version__}; tasks use the controller's, shipped)"
-        status = "[green]ok[/]" if r.usable else ("[red]unreachable[/]" if not r.reachable else "[red]unusable[/]")
+        status = Text("ok", style="green") if r.usable else Text("unreachable" if not r.reachable else "unusable",
+                                                                  style="red")
         table.add_row(r.host, status, str(f.get("python", "-")), str(f.get("tensorflow") or "-"),
                       str(f.get("tf_keras") or "-"), ddl, _gpus(r) if r.reachable else "-",
                       "; ".join(r.problems) or "-")

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from ddlctl import __version__
 from ddlctl.errors import UserError
@@ -215,7 +216,7 @@ def _launch(profile: bool = False, **p: object) -> None:
         if workload not in WORKLOADS:
             _fail(UserError(f"unknown workload {workload!r}",
                             "expected one of: " + ", ".join(WORKLOADS)))
-    _exit_with(lambda: run_launch(opts, people_console(), Console(stderr=True, soft_wrap=True)))
+    _exit_with(lambda: run_launch(opts, people_console(), error_console()))
 
 
 @app.command()
@@ -274,7 +275,7 @@ def compare(
                                  startup_timeout_s=startup_timeout, workload=workload, steps=steps,
                                  batch_size=batch_size,
                                  ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys)))
-        return run_compare(opts, people_console(), Console(stderr=True, soft_wrap=True))
+        return run_compare(opts, people_console(), error_console())
 
     _exit_with(run)
 
@@ -301,7 +302,13 @@ def report(
 
 def people_console() -> Console:
     """Console for people on stdout: wide when piped (tables are not cut to 80 columns)."""
-    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
+
+
+def error_console() -> Console:
+    """Console for messages on stderr. Markup is off on every console: host names, paths, options
+    and task output are the user's strings (a ``[/b]`` in a hosts file is text, not markup)."""
+    return Console(stderr=True, soft_wrap=True, markup=False)
 
 
 def _exit_with(run: Callable[[], int]) -> None:
@@ -314,10 +321,10 @@ def _exit_with(run: Callable[[], int]) -> None:
 
 
 def _fail(exc: UserError) -> None:
-    err = Console(stderr=True, highlight=False)
-    err.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, markup=False)
+    err.print(Text.assemble(("error:", "bold red"), " ", exc.message), soft_wrap=True)
     if exc.hint:
-        err.print(f"  hint: {exc.hint}", markup=False, soft_wrap=True)
+        err.print(f"  hint: {exc.hint}", soft_wrap=True)
     raise typer.Exit(exc.exit_code)
 
 
@@ -374,4 +381,4 @@ def stop(
     For example after the controller was killed. Processes are found by the run id in their
     environment, never by name."""
     from ddlctl.stop import stop as run_stop
-    _exit_with(lambda: run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), Console()))
+    _exit_with(lambda: run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), people_console()))

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ddlctl.errors import ConfigError, UserError
 from ddlctl.launch import LaunchOptions, finish, prepare, supervise
 from ddlctl.planning.plan import STRATEGIES
 from ddlctl.report.render import fmt
-from ddlctl.rundir import write_plan
+from ddlctl.rundir import make_dir, write_plan
 
 BASELINE = "one_device"
 
@@ -154,18 +155,19 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
         except ImportError:
             raise ConfigError("--plot needs matplotlib", "pip install 'ddlctl[plot]'") from None
     root = Path(opts.launch.run_dir).expanduser().resolve() / time.strftime("compare-%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
+    make_dir(root)
     both = opts.pipeline == "both"
     runs: list[RunRecord] = []
     plan = [(s, p, r) for s in opts.strategies for p in modes(opts.pipeline) for r in range(opts.repeats)]
     for i, (strategy, pipeline, repeat) in enumerate(plan, start=1):
         name = label(strategy, pipeline, both) + (f" #{repeat + 1}" if opts.repeats > 1 else "")
-        err.print(f"[dim]ddlctl compare:[/] [{i}/{len(plan)}] {name} …", highlight=False)
+        err.print(Text.assemble(("ddlctl compare:", "dim"), f" [{i}/{len(plan)}] {name} …"), highlight=False)
         run = _one_run(opts, strategy, pipeline, root, err)
         runs.append(run)
         rate = (run.summary or {}).get("throughput_samples_per_s")
         status = f"{rate:,.0f} samples/s" if run.error is None and rate else f"failed: {run.error}"
-        err.print(f"[dim]ddlctl compare:[/] [{i}/{len(plan)}] {name}: {status}", highlight=False)
+        err.print(Text.assemble(("ddlctl compare:", "dim"), f" [{i}/{len(plan)}] {name}: {status}"),
+                  highlight=False)
         if run.exit_code in (130, 143):  # Ctrl-C / SIGTERM: stop comparing, report what ran
             break
     rows = rows_from_runs(runs, both)
@@ -191,7 +193,7 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Co
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for r in rows:
         if r["error"]:
-            table.add_row(r["label"], fmt(r["workers"], "d"), "[red]failed (below)[/]", "", "", "", "", "", "", "")
+            table.add_row(r["label"], fmt(r["workers"], "d"), Text("failed (below)", style="red"), *[""] * 7)
             continue
         spread = f"{fmt(r['throughput_min'], ',.0f')}–{fmt(r['throughput_max'], ',.0f')}" \
             if len(r["throughput_runs"]) > 1 else "-"
@@ -204,7 +206,8 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Co
     console.print(table)
     for r in rows:
         if r["error"]:
-            console.print(f"[red]✗ {r['label']}:[/] {r['error']}", highlight=False, soft_wrap=True)
+            console.print(Text.assemble((f"✗ {r['label']}:", "red"), f" {r['error']}"), highlight=False,
+                          soft_wrap=True)
     if not any(r["strategy"] == BASELINE for r in rows):
         console.print(f"speedup and efficiency need {BASELINE} in --strategies")
     best = max((r["throughput_samples_per_s"] or 0 for r in rows), default=0)

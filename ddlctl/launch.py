@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
 from ddlctl.cluster.hostfile import load_hosts
@@ -36,7 +36,7 @@ from ddlctl.report.live import ConsoleLineWriter, LiveView
 from ddlctl.report.render import render_failure, render_plan, render_report, render_summary
 from ddlctl.report.summary import summarize
 from ddlctl.report.trace import write_trace
-from ddlctl.rundir import new_run_id, write_plan
+from ddlctl.rundir import make_dir, new_run_id, write_plan
 from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
 from ddlctl.transport.base import Transport
@@ -243,7 +243,7 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
     if opts.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
         legacy = False
         console.print(
-            "[yellow]note:[/] tf-keras is not installed: a program that calls model.fit under "
+            "note: tf-keras is not installed: a program that calls model.fit under "
             f"{strategy} will fail (Keras 3 does not support it, keras-team/keras#18624). "
             "Custom training loops are fine. To use model.fit: pip install 'ddlctl[keras]'.")
     run_id = new_run_id(strategy)
@@ -257,6 +257,7 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
         local = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), dict(local)
+    make_dir(Path(opts.run_dir).expanduser())  # a bad --run-dir is refused before any host is touched
     transports = make_transports(cluster, opts.ssh)
     try:
         cluster = with_ssh_addresses(cluster, transports)
@@ -286,7 +287,7 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
         return 0
     write_plan(plan)
     if not opts.quiet:
-        err.print(f"[bold]ddlctl[/] run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
+        err.print(f"ddlctl run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
                   f"→ {plan.run_dir}")
     result = supervise(plan, transports, opts, out, err)
     finish(plan, result, out, err, full_report=opts.profile, render=not opts.quiet)
@@ -351,7 +352,7 @@ def supervise(plan: Plan, transports: dict[str, Transport], opts: LaunchOptions,
     else:
         writer = PrefixedWriter(sys.stdout.buffer)
     notify = (lambda _msg: None) if opts.quiet else \
-        (lambda msg: err.print(f"[dim]ddlctl:[/] {escape(msg)}", highlight=False))
+        (lambda msg: err.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     try:
         sessions = open_sessions(plan, transports)
         supervisor = Supervisor(plan, sessions, writer, options, notify=notify,  # type: ignore[arg-type]
@@ -414,5 +415,5 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     if result.failure is not None:  # last, so it is what the person sees
         render_failure(result.failure, err)
     if not result.ok:
-        err.print(f"[red]ddlctl: job failed[/] (exit code {result.exit_code}); "
-                  f"logs in {plan.run_dir}/tasks/")
+        err.print(Text.assemble(("ddlctl: job failed", "red"), f" (exit code {result.exit_code}); "
+                                f"logs in {plan.run_dir}/tasks/"))

@@ -7,6 +7,7 @@ import secrets
 import time
 from pathlib import Path
 
+from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import Plan
 
 
@@ -16,10 +17,23 @@ def new_run_id(strategy: str, now: float | None = None) -> str:
     return f"{stamp}-{strategy}-{secrets.token_hex(3)}"
 
 
+def make_dir(path: str | Path, option: str = "--run-dir") -> Path:
+    """Create ``path`` (and parents); a file-system error is a clear message naming the path."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".ddlctl-write-test-{secrets.token_hex(4)}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{option}: cannot use {path} as a folder: {exc.strerror or exc}",
+                          f"give {option} a writable folder (it is created if missing)") from None
+    return path
+
+
 def write_plan(plan: Plan) -> Path:
     """Write ``plan.json`` (secrets redacted) before anything starts."""
-    run_dir = Path(plan.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_dir(plan.run_dir)
     path = run_dir / "plan.json"
     path.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
     return path

@@ -81,3 +81,79 @@ def test_missing_hosts_file_and_template():
     assert result.returncode == 2 and "'/nonexistent/hosts.txt' does not exist" in result.stderr
     result = run_ddlctl("launch", "--template", "/nonexistent.yaml")
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+# -- hostile input: always a clear error (exit 2) or a plan (exit 0), never a traceback ------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+HOSTILE = st.lists(st.sampled_from(list("[]/b\"'=\\ ,:@é✓\t\x1b\x07") + ["[/b]", "[bold]", "slots", "2"]),
+                   max_size=8).map("".join)
+
+
+def invoke(args: list[str]) -> tuple[int, str]:
+    """Run the CLI in-process exactly as ``main`` does; (exit code, stderr). A traceback fails the test."""
+    import contextlib
+    import io
+
+    from ddlctl.cli import app
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            app(args, standalone_mode=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return code, err.getvalue()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.tuples(st.sampled_from(["node-a", "node-b", "gpu1"]),
+                                st.sampled_from(["slots", "gpus", "roles", "python", "workdir", "port", "user"]),
+                                HOSTILE), min_size=1, max_size=3),
+       strategy=st.one_of(st.none(), HOSTILE, st.sampled_from(["ps", "mwms"])),
+       env=st.one_of(st.none(), HOSTILE))
+def test_generated_hosts_files_and_options_never_end_in_a_traceback(tmp_path, lines, strategy, env):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("".join(f"{name} {key}={value}\n" for name, key, value in lines), encoding="utf-8")
+    args = ["launch", "--hosts", str(hosts), "--dry-run", "--json"]
+    if strategy is not None:
+        args += ["--strategy", strategy]
+    if env is not None:
+        args += ["--env", env]
+    code, err = invoke(args)
+    assert code in (0, 2), err
+    assert "Traceback" not in err
+    if code == 2:
+        assert err.startswith("error:"), err
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=HOSTILE, strategies=HOSTILE)
+def test_generated_templates_and_compare_strategies_never_end_in_a_traceback(tmp_path, name, strategies):
+    template = tmp_path / "t.yaml"
+    template.write_text(json.dumps({"hosts": [name or "x", {"host": name, "gpus": 1}], "strategy": "mwms"}),
+                        encoding="utf-8")
+    code, err = invoke(["launch", "--template", str(template), "--dry-run", "--json"])
+    assert code in (0, 2) and "Traceback" not in err, err
+    code, err = invoke(["compare", "--strategies", strategies, "--run-dir", str(tmp_path / "runs")])
+    assert code == 2 and err.startswith("error:"), err
+
+
+def test_markup_in_a_hosts_file_value_is_shown_as_text(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node-a slots=[/b]\n")
+    code, err = invoke(["launch", "--hosts", str(hosts), "--dry-run"])
+    assert code == 2 and "slots='[/b]' is not an integer" in err
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_an_unusable_run_dir_is_a_clear_error(tmp_path, where):
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    run_dir = str(plain / "runs") if where == "file" else "/proc/ddlctl-no/runs"
+    code, err = invoke(["launch", "-s", "one_device", "--run-dir", run_dir, "--", "true"])
+    assert code == 2, err
+    assert f"--run-dir: cannot use {run_dir} as a folder" in err

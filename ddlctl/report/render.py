@@ -157,7 +157,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
                       fmt(t.samples_per_s, ",.0f"),
                       fmt(None if t.input_fraction is None else t.input_fraction * 100, ".0f"),
                       _ms(t.arrival_lateness_p50_s), fmt(t.cpu_mean, ".0f"), _bytes(t.rss_peak_bytes),
-                      "[red]yes[/]" if t.straggler else "no")
+                      Text("yes", style="red") if t.straggler else "no")
     console.print(tasks)
     hosts = Table(title="hosts", title_justify="left")
     for column in ("host", "CPU % mean", "memory peak / total", "net MB/s out / in", "samples", "GPUs"):

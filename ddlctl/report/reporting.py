@@ -27,7 +27,7 @@ def report(run_dir: str, json_out: bool, csv_dir: str | None, trace: str | None,
         sys.stdout.write(json.dumps(summary.to_dict(), indent=1) + "\n")
     else:
         render_report(summary, console)
-    err = Console(stderr=True)
+    err = Console(stderr=True, markup=False)
     if csv_dir:
         for path in write_csv(summary, csv_dir):
             err.print(f"wrote {path}", highlight=False)
