@@ -95,7 +95,8 @@ def launch(
     run_dir: Annotated[str, typer.Option(
         "--run-dir", help="Where run directories are created (runs/<run-id>/).")] = "runs",
     env: Annotated[list[str] | None, typer.Option(
-        "--env", "-e", help="KEY=VALUE set for every task; repeatable.",
+        "--env", "-e", help="KEY=VALUE set for every task; repeatable. A bare KEY passes on ddlctl's own value of KEY "
+                         "(keeps secrets off every command line).",
         show_default=False)] = None,
     startup_timeout: Annotated[float, typer.Option(
         "--startup-timeout", min=0, help="Seconds for every task to start listening on its "

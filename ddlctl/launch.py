@@ -9,7 +9,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,14 +84,21 @@ class LaunchOptions:
     command: Sequence[str] = field(default_factory=tuple)
 
 
-def parse_env(items: Sequence[str]) -> dict[str, str]:
-    """``["A=1", "B=x=y"]`` -> ``{"A": "1", "B": "x=y"}``; a bad item is a clear error."""
+def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``["A=1", "B=x=y", "TOKEN"]`` -> ``{"A": "1", "B": "x=y", "TOKEN": <TOKEN of environ>}``: a
+    bare KEY passes ddlctl's own value on (so a secret never has to be on any command line)."""
+    environ = os.environ if environ is None else environ
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not _ENV_KEY.match(key):
-            raise ConfigError(f"--env {item!r} is not KEY=VALUE",
+        if not _ENV_KEY.match(key):
+            raise ConfigError(f"--env {item!r} is not KEY=VALUE or KEY",
                               "KEY is letters, digits and '_', not starting with a digit")
+        if not sep:
+            if key not in environ:
+                raise ConfigError(f"--env {key}: {key} is not set in ddlctl's environment",
+                                  f"export {key}=... before running ddlctl, or give --env {key}=VALUE")
+            value = environ[key]
         env[key] = value
     return env
 

@@ -100,3 +100,57 @@ def test_a_host_that_stays_down_fails_the_job_naming_it(cluster, tmp_path, runs)
     assert "exit code 255" not in report, "a lost connection is not a program's exit code"
     assert "failed (connection to its host lost)" in report
     wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
+
+
+SLEEPER = [sys.executable, "-c", "import os, time; assert os.environ['API_TOKEN'].startswith('tok-'); "
+           "print('up', flush=True); time.sleep(300)"]
+
+
+def test_env_values_never_appear_on_any_command_line(cluster, tmp_path, runs):
+    import base64
+
+    import psutil
+
+    secret = "tok-" + base64.b32encode(__import__("os").urandom(10)).decode()
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt", cluster.hosts[:2])
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--env", "API_TOKEN", "--no-telemetry", "--",
+              *SLEEPER, env={**cluster.env, "API_TOKEN": secret})
+    try:
+        wait_for(lambda: job.run_dir.joinpath("tasks", "worker-1", "output.log").exists()
+                 and b"up" in job.run_dir.joinpath("tasks", "worker-1", "output.log").read_bytes(), 60, "tasks up")
+        forms = [secret.encode(), base64.b64encode(secret.encode()).rstrip(b"="),
+                 base64.urlsafe_b64encode(secret.encode()).rstrip(b"=")]
+        for proc in psutil.process_iter(["cmdline"]):
+            line = "\0".join(proc.info["cmdline"] or ()).encode()
+            assert not any(form in line for form in forms), proc.info["cmdline"]
+        out = (job.run_dir / "tasks" / "worker-1" / "output.log").read_text()
+        assert "up" in out
+        plan = (job.run_dir / "plan.json").read_text()
+        assert secret not in plan and '"API_TOKEN": "***"' in plan
+    finally:
+        job.proc.send_signal(__import__("signal").SIGINT)
+        assert job.wait(60) == 130
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluster, tmp_path, runs, remote):
+    import signal
+
+    hosts = tmp_path / "hosts.txt"
+    if remote:
+        cluster.hosts_file(hosts, cluster.hosts[:2])
+    else:
+        hosts.write_text("localhost slots=2\n")
+    # tasks that ignore SIGTERM (like MWMS): only SIGKILL after the grace period ends them
+    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('up', flush=True); time.sleep(300)"]
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--workers", "2", "--grace", "3", "--no-telemetry", "--",
+              *stubborn, env=cluster.env)
+    wait_for(lambda: len(processes_of_run(job.run_dir.name)) >= 3, 60, "tasks up")
+    for _ in range(3):
+        job.proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    sent = time.monotonic()
+    assert job.wait(10) == 130
+    assert time.monotonic() - sent < 3, "the third Ctrl-C exits at once"
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 3 + 10, "the agents to kill every task")
