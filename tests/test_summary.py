@@ -191,3 +191,26 @@ def test_csv_export(tmp_path):
     with open(tmp_path / "csv" / "gpus.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert rows[0]["host"] == "h1" and float(rows[0]["util_mean"]) == 90.0
+
+
+def test_clock_skew_between_hosts_does_not_make_a_straggler(tmp_path):
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h2", "evaluator:0": "h3"})
+    write_steps(run, "worker:0", [0.02] * 20, sync=0.010)
+    write_steps(run, "worker:1", [0.02] * 20, sync=0.010, start=T0 + 0.005)  # h2's clock runs 5 ms ahead
+    (run / "tasks" / "evaluator-0").mkdir(parents=True)
+    (run / "tasks" / "evaluator-0" / "result.json").write_text('{"accuracy": 0.5}')  # no steps
+    summary = summarize(run, warmup_steps=0)
+    tasks = {t.name: t for t in summary.tasks}
+    assert not tasks["worker:1"].straggler and tasks["worker:1"].arrival_lateness_p50_s == pytest.approx(0.0)
+
+
+def test_an_evaluator_does_not_switch_the_late_arrival_check_off(tmp_path):
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h2", "evaluator:0": "h3"})
+    write_steps(run, "worker:0", [0.1] * 20, sync=0.010)
+    write_steps(run, "worker:1", [0.1] * 20, sync=0.040, start=T0 - 0.020)  # late, and its clock is behind
+    (run / "tasks" / "evaluator-0").mkdir(parents=True)
+    (run / "tasks" / "evaluator-0" / "result.json").write_text('{"accuracy": 0.5}')
+    tasks = {t.name: t for t in summarize(run, warmup_steps=0).tasks}
+    assert tasks["worker:1"].straggler and tasks["worker:1"].arrival_lateness_p50_s == pytest.approx(0.030)

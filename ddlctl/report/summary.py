@@ -393,15 +393,22 @@ def _rates(windows: Sequence[_Window | None]) -> tuple[float | None, float | Non
 
 
 def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, float]:
-    """Median lateness of each task's arrival at the synchronisation point (start + ``sync_s``)
-    behind the earliest task, over step numbers present in every task (synchronous training)."""
+    """Median lateness of each task's arrival at the synchronisation point behind the earliest task,
+    over step numbers present in every stepping task (synchronous training).
+
+    In lockstep every step starts when the previous all-reduce returns, at the same moment
+    everywhere, so how late a task arrives is how much longer than the fastest it took from the
+    step's start to its gradients being ready (``sync_s``). Each task measures that on its own
+    clock: clock skew between hosts cannot make a healthy host look slow. Tasks without step
+    records (an evaluator) take no part."""
     arrivals: dict[str, dict[int, float]] = {}
     for steps in all_steps:
+        if not steps.step:
+            continue
         kept = _kept(steps, warmup)
         if not steps.sync_s or min(steps.sync_s[kept] or [-1]) < 0:
             return {}
-        arrivals[steps.name] = {s: st / 1e6 + sync for s, st, sync in
-                                zip(steps.step[kept], steps.start_us[kept], steps.sync_s[kept], strict=True)}
+        arrivals[steps.name] = dict(zip(steps.step[kept], steps.sync_s[kept], strict=True))
     names = list(arrivals)
     columns = [list(arrivals[name].values()) for name in names]
     keys = [list(arrivals[name]) for name in names]
