@@ -11,6 +11,7 @@ import pytest
 from ddlctl.report.export import write_csv
 from ddlctl.report.summary import percentile, summarize
 from ddlctl.report.trace import build_trace
+from ddlctl.telemetry.nvml import GPU_FIELDS
 
 T0 = 1_700_000_000.0
 
@@ -40,17 +41,20 @@ def write_plan(run: Path, strategy: str, tasks: dict[str, str], hosts=()):
 
 def write_telemetry(run: Path, host: str, utils, mem_used, mem_total=80 * 2**30, interval=1.0, times=None,
                     cpu=50.0):
+    """Telemetry exactly as the agent writes it: GPU readings and task figures as arrays, GPU fields
+    in the order the hello line declares (here reversed, so the reader must honour it)."""
     folder = run / "telemetry"
     folder.mkdir(parents=True, exist_ok=True)
-    lines = [{"type": "hello", "host": host, "interval": interval, "gpu_note": None,
+    fields = list(reversed(GPU_FIELDS))
+    lines = [{"type": "hello", "host": host, "interval": interval, "gpu_note": None, "gpu_fields": fields,
               "gpus": [{"index": 0, "name": "H100", "memory_total_bytes": mem_total}]}]
     times = times or [T0 + i * interval for i in range(len(utils))]
     for i, (t, util) in enumerate(zip(times, utils, strict=True)):
+        reading = {"index": 0, "util": util, "sm_active": util / 2, "mem_used": mem_used[i], "mem_total": mem_total,
+                   "power_w": 100.0 + i}
         lines.append({"type": "sample", "t": t, "cpu": cpu, "mem_used": 2**30, "mem_total": 2**34,
-                      "net_sent": 1000 * i, "net_recv": 2000 * i,
-                      "procs": {"worker:0": {"cpu": 90.0, "rss": 5 * 2**20}},
-                      "gpus": [{"index": 0, "util": util, "sm_active": util / 2, "mem_used": mem_used[i],
-                                "mem_total": mem_total, "power_w": 100.0 + i}]})
+                      "net_sent": 1000 * i, "net_recv": 2000 * i, "procs": {"worker:0": [90.0, 5 * 2**20]},
+                      "gpus": [[reading.get(f) for f in fields]]})
     (folder / f"{host}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -214,3 +218,46 @@ def test_an_evaluator_does_not_switch_the_late_arrival_check_off(tmp_path):
     (run / "tasks" / "evaluator-0" / "result.json").write_text('{"accuracy": 0.5}')
     tasks = {t.name: t for t in summarize(run, warmup_steps=0).tasks}
     assert tasks["worker:1"].straggler and tasks["worker:1"].arrival_lateness_p50_s == pytest.approx(0.030)
+
+
+# -- a real run's files (recorded: mwms x2, worker:1 killed at step ~150, group restart) ----------
+
+RECORDED = Path(__file__).parent / "fixtures" / "runs" / "mwms-restart"
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_summary_trace_and_csv_of_a_recorded_run_with_a_restart(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RECORDED, run)
+    summary = summarize(run)
+    steps = {t: records(run / "tasks" / t.replace(":", "-") / "steps.jsonl") for t in ("worker:0", "worker:1")}
+    tasks = {t.name: t for t in summary.tasks}
+    assert {n: t.steps for n, t in tasks.items()} == {n: len(r) for n, r in steps.items()}
+    numbers = [r["step"] for r in steps["worker:0"]]
+    redone = len(numbers) - len(set(numbers))
+    assert redone > 0 and summary.steps_lost == redone, "steps redone after resuming from the checkpoint"
+    [restart] = summary.restarts
+    assert (restart.task, restart.cause, restart.scope) == ("worker:1", "signal", "group")
+    resumed = min(r["start_us"] for rs in steps.values() for r in rs if r["start_us"] / 1e6 >= restart.time) / 1e6
+    assert restart.downtime_s == pytest.approx(resumed - restart.time)
+    assert restart.steps_lost == redone
+    assert 0 < summary.goodput < 1
+    samples = [r for r in records(run / "telemetry" / "localhost.jsonl") if r["type"] == "sample"]
+    [host] = summary.hosts
+    assert host.samples == len(samples) and host.gpus == () and "no NVIDIA GPU" in host.gpu_note
+    assert host.cpu_util_mean == pytest.approx(sum(r["cpu"] for r in samples) / len(samples))
+    rss = [r["procs"]["worker:0"][1] for r in samples if "worker:0" in r["procs"]]
+    assert tasks["worker:0"].rss_peak_bytes == max(rss)
+    trace = build_trace(run)["traceEvents"]
+    assert sum(e["ph"] == "X" for e in trace) == sum(len(r) for r in steps.values())
+    instants = [e["name"] for e in trace if e["ph"] == "i"]
+    assert instants == ["fault: worker:1 (signal)", "restart: worker:0, worker:1"]
+    write_csv(summary, tmp_path / "csv")
+    with open(tmp_path / "csv" / "tasks.csv") as handle:
+        rows = {row["name"]: row for row in csv.DictReader(handle)}
+    assert {n: int(r["steps"]) for n, r in rows.items()} == {n: len(r) for n, r in steps.items()}
