@@ -133,11 +133,11 @@ def _one_run(opts: CompareOptions, strategy: str, pipeline: bool, root: Path, er
     launch_opts = dataclasses.replace(opts.launch, strategy=strategy, pipeline=pipeline, run_dir=str(root),
                                       quiet=True, dry_run=False, json_out=False)
     try:
-        plan, transports = prepare(launch_opts, err)
+        plan, connected = prepare(launch_opts, err)
     except UserError as exc:
         return RunRecord(strategy, pipeline, None, exc.exit_code, exc.message, None)
     write_plan(plan)
-    result = supervise(plan, transports, launch_opts, err, err)
+    result = supervise(plan, connected, launch_opts, err, err)
     finish(plan, result, err, err, render=False)
     summary = json.loads((Path(plan.run_dir) / "summary.json").read_text())
     error = None if result.ok else (result.failure.message if result.failure else f"exit {result.exit_code}")

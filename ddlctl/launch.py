@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
 from ddlctl.cluster.hostfile import load_hosts
-from ddlctl.cluster.model import Cluster, local_cluster
+from ddlctl.cluster.model import Cluster, Host, local_cluster
 from ddlctl.cluster.template import LaunchDefaults, load_template
 from ddlctl.errors import ConfigError, LaunchError, UserError
 from ddlctl.planning.plan import (
@@ -31,7 +31,7 @@ from ddlctl.planning.plan import (
     make_plan,
     needs_port,
 )
-from ddlctl.preflight import probe_transports, require_usable
+from ddlctl.preflight import HostReport, probe_transports, require_usable
 from ddlctl.report.live import ConsoleLineWriter, LiveView
 from ddlctl.report.render import render_failure, render_plan, render_report, render_summary
 from ddlctl.report.summary import summarize
@@ -242,8 +242,9 @@ def tf_keras_available() -> bool:
     return importlib.util.find_spec("tf_keras") is not None
 
 
-def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Transport]]:
-    """Cluster, request, ports and plan: everything before processes start."""
+def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
+    """Cluster, request, host agents, ports and plan: everything before tasks start. A dry run
+    touches no host (and starts no agent)."""
     cluster, defaults, implicit = load_cluster(opts.hosts, opts.template, opts.workers or DEFAULT_LOCAL_WORKERS)
     strategy = resolve_strategy(opts, defaults)
     legacy = opts.legacy_keras
@@ -263,66 +264,96 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, dict[str, Tran
             cluster = with_reachable_addresses(cluster, route_source_address(remote.address or remote.name))
         local = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
         ports = choose_ports(cluster, request, local)
-        return make_plan(cluster, request, ports), dict(local)
+        return make_plan(cluster, request, ports), Connected(dict(local))
     make_dir(Path(opts.run_dir).expanduser())  # a bad --run-dir is refused before any host is touched
-    transports = make_transports(cluster, opts.ssh)
+    connected = Connected(make_transports(cluster, opts.ssh))
     try:
-        cluster = with_ssh_addresses(cluster, transports)
-        cluster = with_reachable_addresses(cluster, connection_source_address(transports))
-        # One cheap probe per host (Python, TensorFlow, free ports): one process start each.
+        cluster = with_ssh_addresses(cluster, connected.transports)
+        cluster = with_reachable_addresses(cluster, connection_source_address(connected.transports))
+        # One host agent per host that runs tasks; its hello is the probe (Python, TensorFlow,
+        # free ports): one SSH session and one process start per host.
         counts = {label: len(names) for label, names in tasks_needing_ports(cluster, request).items()}
-        probed = [h for h in cluster.hosts if not h.is_local or h.python]
-        reports = probe_transports(transports, probed, quick_ports=counts)
+        used = {p.host.label for p in placements}
+        hosts = [h for h in cluster.hosts if h.label in used]
+        connected.sessions = open_sessions(connected.transports, hosts, run_id,
+                                           Path(request.run_dir) / "agents", counts)
+        reports = [HostReport(h.label, h.source, facts=connected.sessions[h.label].hello.get("probe") or {})
+                   for h in hosts if not h.is_local]
+        # a local host's tasks use the controller's Python unless python= names another: probe that one
+        reports += probe_transports(connected.transports, [h for h in hosts if h.is_local and h.python])
         require_usable(reports)
-        chosen = {r.host: list(r.facts.get("ports", [])) for r in reports if r.host in counts}
-        ports = choose_ports(cluster, request, transports, chosen)
+        chosen = {label: list((connected.sessions[label].hello.get("probe") or {}).get("ports", []))
+                  for label in counts}
+        ports = choose_ports(cluster, request, connected.transports, chosen)
     except BaseException:
-        for transport in transports.values():
-            transport.close()
+        connected.close()
         raise
-    return make_plan(cluster, request, ports), transports
+    return make_plan(cluster, request, ports), connected
 
 
 def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
     """Run ``ddlctl launch``; returns the exit code."""
-    plan, transports = prepare(opts, err)
+    plan, connected = prepare(opts, err)
     if opts.dry_run:
         if opts.json_out:
             sys.stdout.write(json.dumps(plan.to_dict(), indent=1) + "\n")
         else:
             render_plan(plan, out)
         return 0
-    write_plan(plan)
+    try:
+        write_plan(plan)
+    except BaseException:
+        connected.close()
+        raise
     if not opts.quiet:
         err.print(f"ddlctl run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
                   f"→ {plan.run_dir}")
-    result = supervise(plan, transports, opts, out, err)
+    result = supervise(plan, connected, opts, out, err)
     finish(plan, result, out, err, full_report=opts.profile, render=not opts.quiet)
     return result.exit_code
 
 
-def open_sessions(plan: Plan, transports: dict[str, Transport]) -> dict[str, HostSession]:
-    """One host agent per host that runs tasks, started in parallel; one error names every host
-    whose agent did not start (the others are closed again)."""
-    log_dir = Path(plan.run_dir) / "agents"
-    hosts = [h.label for h in plan.hosts]
+@dataclass
+class Connected:
+    """Every host of a run as reached: its transport (probes, files) and its host agent's session."""
+
+    transports: dict[str, Transport]
+    sessions: dict[str, HostSession] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Ask every agent to stop its tasks and leave; release the connections."""
+        for session in self.sessions.values():
+            session.shutdown()
+            session.close()
+        for transport in self.transports.values():
+            transport.close()
+
+
+def open_sessions(transports: Mapping[str, Transport], hosts: Sequence[Host], run_id: str, log_dir: Path,
+                  ports: Mapping[str, int]) -> dict[str, HostSession]:
+    """One host agent per host, started in parallel, each saying in its hello whether the host can
+    run tasks and which ``ports[label]`` ports are free there (one process start per host). One
+    error names every host whose agent did not start (the others are closed again)."""
     results: dict[str, HostSession | UserError] = {}
 
-    def open_one(label: str) -> HostSession:
-        return transports[label].open_session(plan.run_id, log_dir)
+    def open_one(host: Host) -> HostSession:
+        return transports[host.label].open_session(run_id, log_dir, ports.get(host.label, 0))
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
-        for label, future in [(label, pool.submit(open_one, label)) for label in hosts]:
+        for host, future in [(host, pool.submit(open_one, host)) for host in hosts]:
             try:
-                results[label] = future.result()
+                results[host.label] = future.result()
             except UserError as exc:
-                results[label] = exc
+                results[host.label] = exc
+            except Exception as exc:  # noqa: BLE001 - a broken connection is a message, not a traceback
+                results[host.label] = LaunchError(f"{host.label} ({host.source}): cannot start the host agent: {exc}")
     failures = [r.message for r in results.values() if isinstance(r, UserError)]
     sessions = {label: r for label, r in results.items() if isinstance(r, HostSession)}
     if failures:
         for session in sessions.values():
             session.close()
-        raise LaunchError("\n  ".join(["cannot start the host agent on every host:", *failures]))
+        noun = "host" if len(failures) == 1 else "hosts"
+        raise LaunchError(f"cannot start ddlctl's host agent on {len(failures)} {noun}:\n  " + "\n  ".join(failures))
     return sessions
 
 
@@ -344,10 +375,10 @@ def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | 
     return reconnect
 
 
-def supervise(plan: Plan, transports: dict[str, Transport], opts: LaunchOptions, out: Console,
-              err: Console) -> JobResult:
-    """Run the plan under one supervisor; the transports are closed afterwards. Task output goes to
-    the terminal (through the live view's console under ``profile``), or only to the logs (quiet)."""
+def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Console, err: Console) -> JobResult:
+    """Run the plan under one supervisor; the agents and connections are closed afterwards. Task
+    output goes to the terminal (through the live view's console under ``profile``), or only to
+    the logs (quiet)."""
     options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s,
                                 max_restarts=opts.max_restarts, restart_on=opts.restart_on,
                                 hang_timeout_s=opts.hang_timeout_s, host_timeout_s=opts.host_timeout_s)
@@ -361,21 +392,19 @@ def supervise(plan: Plan, transports: dict[str, Transport], opts: LaunchOptions,
     notify = (lambda _msg: None) if opts.quiet else \
         (lambda msg: err.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     try:
-        sessions = open_sessions(plan, transports)
-        supervisor = Supervisor(plan, sessions, writer, options, notify=notify,  # type: ignore[arg-type]
+        supervisor = Supervisor(plan, connected.sessions, writer, options, notify=notify,  # type: ignore[arg-type]
                                 on_sample=live.on_sample if live is not None else None,
-                                reconnect=reconnector(plan, transports, opts.ssh))
+                                reconnect=reconnector(plan, connected.transports, opts.ssh))
         try:
             with live if live is not None else contextlib.nullcontext():
                 result = supervisor.run()
         finally:
-            for session in supervisor.sessions.values():
+            connected.sessions = supervisor.sessions  # reconnected hosts have new ones
+            for session in connected.sessions.values():
                 session.shutdown()
-                session.close()
-        collect_remote_files(plan, transports)
+        collect_remote_files(plan, connected.transports)
     finally:
-        for transport in transports.values():
-            transport.close()
+        connected.close()
     return result
 
 

@@ -217,7 +217,8 @@ class Task:
 
 
 class HostAgent:
-    def __init__(self, in_fd: int = 0, out_fd: int = 1) -> None:
+    def __init__(self, in_fd: int = 0, out_fd: int = 1, probe: dict | None = None) -> None:
+        self.probe = probe
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.tasks: dict[str, Task] = {}
@@ -396,7 +397,7 @@ class HostAgent:
 
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(signum, on_signal)
-        self.send({"k": "hello", "pid": os.getpid(), "t": time.time(),
+        self.send({"k": "hello", "pid": os.getpid(), "t": time.time(), "probe": self.probe,
                    "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0]})
         next_beat = next_steps = next_ports = time.monotonic()
         while True:
@@ -432,11 +433,19 @@ class HostAgent:
         return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddlctl.runtime.hostagent [--ports N]``: with ``--ports``, the hello carries the
+    launch-time probe (Python, TensorFlow present, N free ports): one process start per host."""
+    args = sys.argv[1:] if argv is None else argv
     with contextlib.suppress(OSError):  # own session: a terminal's Ctrl-C is ddlctl's to handle
         os.setsid()
     os.write(1, MAGIC)
-    code = HostAgent().run()
+    probe = None
+    if args[:1] == ["--ports"]:
+        from ddlctl.runtime.probe import quick_probe
+
+        probe = quick_probe(int(args[1]))
+    code = HostAgent(probe=probe).run()
     os._exit(code)  # no interpreter shutdown: nothing left to flush, nothing to wait for
 
 

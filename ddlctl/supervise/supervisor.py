@@ -202,6 +202,7 @@ class Supervisor:
         self.signals: list[int] = []
         self.killed_now = False
         self.all_ready_noted = False
+        self.started_noted = False
         self.selector = selectors.DefaultSelector()
         self.roles = {t.name: t.role for t in plan.tasks}
         self.hang = HangWatch(options.hang_timeout_s)
@@ -252,7 +253,6 @@ class Supervisor:
             log = open(log_path, "ab")  # noqa: SIM115 - closed in run()
             self.tasks[spec.name] = self._launch(spec, log)
         self._write_pids()
-        self.notify(f"started {len(self.plan.tasks)} task(s) on {len(self.plan.hosts)} host(s)")
 
     def _launch(self, spec: TaskSpec, log: BinaryIO, restarts: int = 0) -> _Task:
         proc = self.sessions[spec.host.label].start(spec, self.options.grace_s)
@@ -295,6 +295,9 @@ class Supervisor:
             self._escalate(now)
 
     def _note_pids(self) -> None:
+        if not self.started_noted and all(t.proc.pids() or not t.alive for t in self.tasks.values()):
+            self.started_noted = True  # every host agent has reported its tasks' pids
+            self.notify(f"started {len(self.plan.tasks)} task(s) on {len(self.plan.hosts)} host(s)")
         if any(t.name not in self.pids and t.proc.pids() for t in self.tasks.values()) or any(
                 self.pids.get(t.name, {}).get("task_pid") != t.proc.pids().get("task_pid")  # type: ignore[union-attr]
                 for t in self.tasks.values() if t.proc.pids()):

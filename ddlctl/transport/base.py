@@ -84,8 +84,9 @@ class Transport(Protocol):
     def free_ports(self, count: int) -> list[int]:
         """``count`` distinct TCP ports free on the host now."""
 
-    def open_session(self, run_id: str, log_dir: Path) -> HostSession:
-        """Start the host agent of run ``run_id``; its session starts and watches the host's tasks."""
+    def open_session(self, run_id: str, log_dir: Path, ports: int | None = None) -> HostSession:
+        """Start the host agent of run ``run_id``; its session starts and watches the host's tasks.
+        With ``ports``, its hello carries the launch-time probe with that many free ports."""
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts about the host (``ddlctl.runtime.probe``); ``quick_ports``: launch-time form."""

@@ -26,10 +26,10 @@ class LocalTransport:
     def free_ports(self, count: int) -> list[int]:
         return free_ports(count)
 
-    def open_session(self, run_id: str, log_dir: Path) -> HostSession:
+    def open_session(self, run_id: str, log_dir: Path, ports: int | None = None) -> HostSession:
         """Start this host's agent as a local subprocess (its stderr goes to ``log_dir``)."""
         try:
-            return open_local_session(self.host, run_id, log_dir, self.python)
+            return open_local_session(self.host, run_id, log_dir, self.python, ports)
         except OSError as exc:
             raise LaunchError(f"{self.host.label}: cannot start the ddlctl host agent ({self.python}): {exc}") from None
 

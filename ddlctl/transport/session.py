@@ -129,8 +129,9 @@ class AgentTask:
 class HostSession:
     """The controller's end of one host agent."""
 
-    def __init__(self, host: Host, stream: Stream, pythonpath: Sequence[str]) -> None:
+    def __init__(self, host: Host, stream: Stream, pythonpath: Sequence[str], python: str = "python3") -> None:
         self.host = host
+        self.python = python  # the interpreter that runs the agent (for messages)
         self.stream = stream
         self.pythonpath = tuple(pythonpath)  # for tasks: where ddlctl's code is on that host
         self.reader = FrameReader()
@@ -242,6 +243,9 @@ class HostSession:
         said = (self.stream.errors() or self.reader.skipped.decode("utf-8", "replace")).strip()[-600:]
         why = self.lost or f"no answer within {HELLO_TIMEOUT_S:g}s"
         self.close()
+        if "No such file" in said or "not found" in said:
+            raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on the host",
+                              f"install Python 3.10+ there, or set python= for this host ({self.host.source})")
         raise LaunchError(f"{self.host.label}: the ddlctl host agent did not start ({why})"
                           + (f": {said}" if said else ""),
                           f"check python= for this host ({self.host.source}) and that it is Python 3.10+")
@@ -293,16 +297,22 @@ def task_command(spec: TaskSpec, grace_s: float, pythonpath: Sequence[str]) -> d
             "mkdirs": [spec.task_dir], "port": spec.port or 0}
 
 
-def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | None = None) -> HostSession:
+def agent_argv(python: str, ports: int | None) -> list[str]:
+    """The command that starts a host agent (with ``ports``: its hello carries the quick probe)."""
+    return [python, "-m", "ddlctl.runtime.hostagent", *([] if ports is None else ["--ports", str(ports)])]
+
+
+def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | None = None,
+                       ports: int | None = None) -> HostSession:
     """Start a host agent on this machine (a subprocess in its own session)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
     env = {**os.environ, "DDLCTL_RUN_ID": run_id}  # the agent's environment is its tasks' base
     with open(stderr_path, "ab") as stderr:
-        popen = subprocess.Popen([python or sys.executable, "-m", "ddlctl.runtime.hostagent"],
+        popen = subprocess.Popen(agent_argv(python or sys.executable, ports),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
                                  close_fds=True)
     # ddlctl is importable by this interpreter: tasks need only the instrumentation folder.
-    session = HostSession(host, PipeStream(popen, stderr_path), [str(AUTOLOAD_DIR)])
+    session = HostSession(host, PipeStream(popen, stderr_path), [str(AUTOLOAD_DIR)], python or sys.executable)
     session.await_hello()
     return session

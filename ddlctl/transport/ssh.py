@@ -28,7 +28,7 @@ from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.transport.remote import bundle_path, code_bundle, shell_command
-from ddlctl.transport.session import HostSession
+from ddlctl.transport.session import HostSession, agent_argv
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 
@@ -350,19 +350,20 @@ class SshTransport:
     def free_ports(self, count: int) -> list[int]:
         return [int(p) for p in self.probe(quick_ports=count)["ports"]]  # type: ignore[union-attr]
 
-    def open_session(self, run_id: str, log_dir: Path | None = None) -> HostSession:
-        """Start this host's agent in one SSH exec session (ddlctl's code from the shipped bundle)."""
+    def open_session(self, run_id: str, log_dir: Path | None = None, ports: int | None = None) -> HostSession:
+        """Start this host's agent in one SSH exec session (ddlctl's code from the shipped bundle);
+        with ``ports``, its hello carries the launch-time probe."""
         if self._bundle is None:
             self._bundle = self.conn.ensure_bundle()
         command = shell_command(["env", f"PYTHONPATH={self._bundle}", f"DDLCTL_RUN_ID={run_id}",
-                                 self.python, "-m", "ddlctl.runtime.hostagent"])
+                                 *agent_argv(self.python, ports)])
         try:
             channel = self.conn.transport.open_session(timeout=30)
             channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise LaunchError(f"{self.host.label}: cannot start the ddlctl host agent over SSH: {exc}") from None
         session = HostSession(self.host, ChannelStream(channel),
-                              [f"{self._bundle}/ddlctl/instrument/autoload", self._bundle])
+                              [f"{self._bundle}/ddlctl/instrument/autoload", self._bundle], self.python)
         session.await_hello()
         return session
 
