@@ -97,7 +97,8 @@ class SshHost:
 class SshTestCluster:
     """Several sshd test hosts plus a private controller HOME that trusts them."""
 
-    def __init__(self, root: Path, count: int, same_port: bool = False) -> None:
+    def __init__(self, root: Path, count: int, same_port: bool = False, separate_homes: bool = False) -> None:
+        self.separate_homes = separate_homes  # each host its own $HOME: ~/.ddlctl is not shared
         self.root = root
         self.home = root / "home"
         ssh_dir = self.home / ".ssh"
@@ -139,9 +140,18 @@ class SshTestCluster:
             "AllowTcpForwarding yes",
             # OpenSSH's defaults (MaxSessions 10, MaxStartups 10:30:100): as strict as a real host.
             "LogLevel VERBOSE",
+            *([f"SetEnv HOME={self.host_home(host)}"] if self.separate_homes else []),
             "Subsystem sftp internal-sftp",
             "",
         ])
+
+    def host_home(self, host: SshHost) -> Path:
+        """$HOME of sessions on ``host`` (the real one unless ``separate_homes``)."""
+        if not self.separate_homes:
+            return Path(os.path.expanduser("~root"))
+        home = host.config.parent / "home"
+        home.mkdir(exist_ok=True)
+        return home
 
     def write_known_hosts(self, hosts: list[SshHost] | None = None) -> None:
         entries = [h.known_hosts_entry for h in (self.hosts if hosts is None else hosts)]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -158,3 +159,30 @@ def test_ports_still_free_are_kept_taken_ones_replaced_and_listening_is_reported
         holder.close()
         s.shutdown()
         s.close()
+
+
+def test_checkpoint_folders_are_copied_only_where_they_are_not_shared(tmp_path):
+    from ddlctl.supervise.checkpoints import files_to_copy, sync_folder
+
+    source_dir, target_dir = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    (source_dir / "sub").mkdir(parents=True)
+    (source_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-160"\n')
+    (source_dir / "sub" / "ckpt-160.data").write_bytes(os.urandom(3 * (1 << 20) + 17))  # several chunks
+    one, two = session(tmp_path / "s1"), session(tmp_path / "s2")
+    try:
+        assert sync_folder(one, str(source_dir), two, str(source_dir)) == (0, 0), "a shared folder: nothing"
+        files, size = sync_folder(one, str(source_dir), two, str(target_dir))
+        assert files == 2 and size == sum(p.stat().st_size for p in source_dir.rglob("*") if p.is_file())
+        for name in ("checkpoint", "sub/ckpt-160.data"):
+            assert (target_dir / name).read_bytes() == (source_dir / name).read_bytes()
+        assert sync_folder(one, str(source_dir), two, str(target_dir)) == (0, 0), "copied once"
+        (source_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-240"\n')  # same size, newer
+        assert sync_folder(one, str(source_dir), two, str(target_dir))[0] == 1
+        assert "ckpt-240" in (target_dir / "checkpoint").read_text()
+        with pytest.raises(OSError, match="localhost"):
+            sync_folder(one, str(source_dir), two, "/proc/no/such")
+    finally:
+        for s in (one, two):
+            s.shutdown()
+            s.close()
+    assert files_to_copy({"a": (1, 2), "b": (3, 4)}, {"a": (1, 2), "b": (3, 5)}) == ["b"]

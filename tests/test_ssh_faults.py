@@ -154,3 +154,31 @@ def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluste
     assert job.wait(10) == 130
     assert time.monotonic() - sent < 3, "the third Ctrl-C exits at once"
     wait_for(lambda: not processes_of_run(job.run_dir.name), 3 + 10, "the agents to kill every task")
+
+
+def test_a_group_restart_copies_the_checkpoint_to_hosts_that_do_not_share_it(tmp_path_factory, tmp_path, runs):
+    import signal
+
+    apart = SshTestCluster(tmp_path_factory.mktemp("apart"), 2, separate_homes=True)
+    try:
+        hosts = apart.hosts_file(tmp_path / "hosts.txt")
+        job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "600", "--max-restarts", "1",
+                  "--no-telemetry", "--grace", "2", "--startup-timeout", "120", env=apart.env)
+        steps = apart.host_home(apart.hosts[0]) / ".ddlctl" / "runs" / job.run_dir.name / "tasks" / "worker-0"
+        wait_for(lambda: step_count(steps / "steps.jsonl") >= 150 or job.proc.poll() is not None, 180, "training")
+        pid = json.loads((job.run_dir / "pids.json").read_text())["worker:1"]["task_pid"]
+        __import__("os").kill(pid, signal.SIGKILL)
+        assert job.wait(300) == 0, job.stderr()[-3000:]
+        label = f"{apart.hosts[1].address}:{apart.hosts[1].port}"
+        assert f"copied worker:0's checkpoint to {label}" in job.stderr()
+        resumed = []
+        for task in ("worker-0", "worker-1"):
+            lines = [line for line in (job.run_dir / "tasks" / task / "output.log").read_text().splitlines()
+                     if line.startswith("resumed from checkpoint")]
+            assert len(lines) == 1, task
+            resumed.append(lines[0].split(" (restart")[0])
+        assert resumed[0] == resumed[1], "both workers resumed from the same checkpoint"
+        assert not (apart.host_home(apart.hosts[1]) / ".ddlctl" / "runs" / job.run_dir.name / "checkpoints"
+                    ).samefile(apart.host_home(apart.hosts[0]) / ".ddlctl" / "runs" / job.run_dir.name / "checkpoints")
+    finally:
+        apart.stop()

@@ -18,6 +18,8 @@ talks to it over its stdin/stdout (wire format: :mod:`ddlctl.runtime.frames`). T
   Python tasks that registered ``faulthandler`` (:mod:`ddlctl.runtime.stacks`) for their stacks;
 * on ``ports`` says which of the given ports can still be bound, with a fresh one for each that
   cannot;
+* on ``ls`` / ``read`` / ``write`` lists a folder, sends a file, or writes one (ddlctl copies the
+  chief's checkpoint to hosts that do not share its file system before a group restart);
 * kills every task (TERM, grace, KILL) when its input ends (ddlctl gone: killed, or the SSH
   connection dropped), on SIGTERM/SIGHUP/SIGINT, or on ``shutdown``; then exits.
 """
@@ -41,6 +43,7 @@ SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "
 BEAT_S = 2.0
 STEPS_S = 1.0
 PORTS_S = 0.3
+CHUNK = 1 << 20
 DRAIN_S = 2.0
 DUMP_WAIT_S = 1.5
 
@@ -258,6 +261,45 @@ class HostAgent:
             self.send({"k": "ports", "id": command.get("id"), "ports": ports})
         elif op == "shutdown":
             self.stop_all(now)
+        elif op in ("ls", "read", "write"):
+            self.files(op, command)
+
+    def files(self, op: str, command: dict) -> None:
+        """Checkpoint copies between hosts that share no file system: list a folder, read a file
+        (in chunks), write a file (chunks to a temporary name, renamed when complete)."""
+        ident = command.get("id")
+        try:
+            if op == "ls":
+                root = os.path.expanduser(command["dir"])
+                listing = {}
+                for folder, _dirs, names in os.walk(root):
+                    for name in names:
+                        path = os.path.join(folder, name)
+                        info = os.stat(path)
+                        listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
+                self.send({"k": "ls", "id": ident, "root": root, "files": listing})
+            elif op == "read":
+                with open(os.path.expanduser(command["path"]), "rb") as handle:
+                    while True:
+                        chunk = handle.read(CHUNK)
+                        self.send({"k": "data", "id": ident, "eof": len(chunk) < CHUNK}, chunk)
+                        if len(chunk) < CHUNK:
+                            break
+            else:
+                import base64
+
+                path = os.path.expanduser(command["path"])
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                partial = f"{path}.ddlctl-partial"
+                with open(partial, "ab" if command.get("append") else "wb") as handle:
+                    handle.write(base64.b64decode(command.get("data", "")))
+                if command.get("final"):
+                    os.replace(partial, path)
+                    if command.get("mtime_ns"):  # same mtime as the source: not copied again next time
+                        os.utime(path, ns=(int(command["mtime_ns"]), int(command["mtime_ns"])))
+                self.send({"k": "written", "id": ident})
+        except (OSError, KeyError, ValueError) as exc:
+            self.send({"k": "file_error", "id": ident, "error": f"{type(exc).__name__}: {exc}"})
 
     def start(self, name: str, spec: dict, now: float) -> None:
         previous = self.tasks.get(name)

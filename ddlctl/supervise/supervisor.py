@@ -42,6 +42,7 @@ from typing import BinaryIO
 
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import Plan, TaskSpec, retarget
+from ddlctl.supervise.checkpoints import sync_folder
 from ddlctl.supervise.hangwatch import HangWatch
 from ddlctl.supervise.output import LineSplitter, PrefixedWriter
 from ddlctl.supervise.policy import Decision, Fault, backoff_s, classify, decide, leader_of
@@ -486,6 +487,9 @@ class Supervisor:
         if self.stopping_since is not None:
             return
         specs = self._restart_specs(restart)
+        if restart.scope == "group" and not self._share_checkpoint(specs):
+            self.restart = None
+            return
         for spec in specs:
             task = self.tasks[spec.name]
             self._end_output(task)
@@ -498,6 +502,35 @@ class Supervisor:
         self.notify(f"started {', '.join(restart.tasks)} again{counted}")
         self.restart = None
         self.hang.rearm(now)
+
+    def _share_checkpoint(self, specs: list[TaskSpec]) -> bool:
+        """Before a group restart: every host of the group must see worker 0's checkpoint folder
+        (copied to hosts that do not share it). False (and the job failing) when it cannot be."""
+        leader = next((s for s in specs if s.name == "worker:0"), None)
+        if leader is None:
+            return True
+        source_dir = leader.env.get("DDLCTL_CHECKPOINT_DIR", "")
+        done: set[tuple[str, str]] = set()
+        for spec in specs:
+            target_dir = spec.env.get("DDLCTL_CHECKPOINT_DIR", "")
+            key = (spec.host.label, target_dir)
+            if spec.host.label == leader.host.label and target_dir == source_dir or key in done:
+                continue
+            done.add(key)
+            try:
+                files, size = sync_folder(self.sessions[leader.host.label], source_dir,
+                                          self.sessions[spec.host.label], target_dir)
+            except OSError as exc:
+                message = (f"cannot make worker:0's checkpoint ({leader.host.label}:{source_dir}) available on "
+                           f"{spec.host.label} for the group restart: {exc}")
+                self.notify(message)
+                self.failure = Failure(reason="start-failed", message=message, exit_code=1)
+                self._begin_stop()
+                return False
+            if files:
+                self.notify(f"copied worker:0's checkpoint to {spec.host.label} ({files} file(s), "
+                            f"{size / 2**20:.1f} MiB): it does not share {leader.host.label}'s file system")
+        return True
 
     def _restart_specs(self, restart: _Restart) -> list[TaskSpec]:
         """The restarted tasks' specs: ports re-checked (a port taken meanwhile gets a fresh one and

@@ -139,6 +139,8 @@ class HostSession:
         self.steps: dict[str, tuple[int, float]] = {}  # task -> (records so far, when it last grew)
         self.dumps: dict[str, dict] = {}
         self.ports_reply: dict | None = None
+        self.replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
+        self._next_id = 0
         self.hello: dict | None = None
         self.lost: str | None = None  # why the stream ended unexpectedly
         self.lost_at: float | None = None
@@ -207,6 +209,8 @@ class HostSession:
             self.dumps[header["task"]] = header
         elif kind == "ports":
             self.ports_reply = header
+        elif kind in ("ls", "data", "written", "file_error"):
+            self.replies.setdefault(header.get("id"), []).append((header, payload))
         elif kind == "hello":
             self.hello = header
         elif kind == "bye":
@@ -277,6 +281,38 @@ class HostSession:
         if not self.wait_for(lambda: self.ports_reply is not None, timeout):
             return dict(ports)
         return {k: int(v) for k, v in self.ports_reply["ports"].items()}  # type: ignore[index]
+
+    def _request(self, command: dict, done, timeout: float) -> list[tuple[dict, bytes]]:  # noqa: ANN001
+        """Send a file command and wait until ``done(replies)``; raises OSError on failure."""
+        self._next_id += 1
+        ident = self._next_id
+        self.command({**command, "id": ident})
+        finished = self.wait_for(lambda: any(h.get("k") == "file_error" for h, _ in self.replies.get(ident, ()))
+                                 or done(self.replies.get(ident, [])), timeout)
+        replies = self.replies.pop(ident, [])
+        errors = [h["error"] for h, _ in replies if h.get("k") == "file_error"]
+        if errors or not finished:
+            raise OSError(f"{self.host.label}: {errors[0] if errors else self.lost or 'no answer'}")
+        return replies
+
+    def list_files(self, folder: str, timeout: float = 60.0) -> dict[str, tuple[int, int]]:
+        """Files under ``folder`` on the host: relative path -> (size, mtime in ns)."""
+        replies = self._request({"op": "ls", "dir": folder}, lambda r: bool(r), timeout)
+        return {k: (int(v[0]), int(v[1])) for k, v in replies[0][0]["files"].items()}
+
+    def read_file(self, path: str, timeout: float = 600.0) -> bytes:
+        replies = self._request({"op": "read", "path": path}, lambda r: any(h.get("eof") for h, _ in r), timeout)
+        return b"".join(payload for _h, payload in replies)
+
+    def write_file(self, path: str, data: bytes, mtime_ns: int | None = None, timeout: float = 600.0) -> None:
+        """Write ``path`` on the host (chunks to a temporary name, renamed when complete)."""
+        import base64
+
+        chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)] or [b""]
+        for i, chunk in enumerate(chunks):
+            self._request({"op": "write", "path": path, "append": i > 0, "final": i == len(chunks) - 1,
+                           "mtime_ns": mtime_ns, "data": base64.b64encode(chunk).decode("ascii")},
+                          lambda r: bool(r), timeout)
 
     def shutdown(self) -> None:
         """Ask the agent to stop every task and leave."""

@@ -1,0 +1,32 @@
+"""Making the chief's checkpoint available on every host of a group restart.
+
+Every worker of a restarted MWMS group restores from ``DDLCTL_CHECKPOINT_DIR``, but only the chief
+(worker 0) wrote there. Hosts that share its file system already see it; to the others ddlctl
+copies what they lack through the host agents (a file is copied when its size or modification
+time differs, and keeps the source's modification time, so a shared folder or an earlier copy
+costs one listing). A copy that fails stops the job with a message naming both hosts.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+
+from ddlctl.transport.session import HostSession
+
+
+def files_to_copy(source: Mapping[str, tuple[int, int]], target: Mapping[str, tuple[int, int]]) -> list[str]:
+    """Files of the source listing that the target lacks or holds with another size or mtime (pure)."""
+    return sorted(name for name, stat in source.items() if tuple(target.get(name, ())) != tuple(stat))
+
+
+def sync_folder(source: HostSession, source_dir: str, target: HostSession, target_dir: str) -> tuple[int, int]:
+    """Copy what ``target_dir`` lacks of ``source_dir``; (files, bytes) copied. Raises OSError."""
+    have = source.list_files(source_dir)
+    missing = files_to_copy(have, target.list_files(target_dir))
+    copied = 0
+    for name in missing:
+        data = source.read_file(posixpath.join(source_dir, name))
+        target.write_file(posixpath.join(target_dir, name), data, mtime_ns=have[name][1])
+        copied += len(data)
+    return len(missing), copied
