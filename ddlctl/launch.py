@@ -10,7 +10,6 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +21,7 @@ from ddlctl.cluster.addresses import route_source_address, with_reachable_addres
 from ddlctl.cluster.hostfile import load_hosts
 from ddlctl.cluster.model import Cluster, Host, local_cluster
 from ddlctl.cluster.template import LaunchDefaults, load_template
-from ddlctl.errors import ConfigError, LaunchError, UserError
+from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
     LaunchRequest,
@@ -40,6 +39,7 @@ from ddlctl.rundir import make_dir, new_run_id, write_plan
 from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
 from ddlctl.transport.base import Transport
+from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.local import LocalTransport
 from ddlctl.transport.session import HostSession
 
@@ -334,27 +334,9 @@ def open_sessions(transports: Mapping[str, Transport], hosts: Sequence[Host], ru
     """One host agent per host, started in parallel, each saying in its hello whether the host can
     run tasks and which ``ports[label]`` ports are free there (one process start per host). One
     error names every host whose agent did not start (the others are closed again)."""
-    results: dict[str, HostSession | UserError] = {}
-
-    def open_one(host: Host) -> HostSession:
-        return transports[host.label].open_session(run_id, log_dir, ports.get(host.label, 0))
-
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
-        for host, future in [(host, pool.submit(open_one, host)) for host in hosts]:
-            try:
-                results[host.label] = future.result()
-            except UserError as exc:
-                results[host.label] = exc
-            except Exception as exc:  # noqa: BLE001 - a broken connection is a message, not a traceback
-                results[host.label] = LaunchError(f"{host.label} ({host.source}): cannot start the host agent: {exc}")
-    failures = [r.message for r in results.values() if isinstance(r, UserError)]
-    sessions = {label: r for label, r in results.items() if isinstance(r, HostSession)}
-    if failures:
-        for session in sessions.values():
-            session.close()
-        noun = "host" if len(failures) == 1 else "hosts"
-        raise LaunchError(f"cannot start ddlctl's host agent on {len(failures)} {noun}:\n  " + "\n  ".join(failures))
-    return sessions
+    results = each_host(hosts, lambda host: transports[host.label].open_session(run_id, log_dir,
+                                                                                 ports.get(host.label, 0)))
+    return all_or_fail(results, "start ddlctl's host agent on", HostSession.close)
 
 
 def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | None):  # noqa: ANN201

@@ -68,6 +68,9 @@ def test_ps_worker_killed_without_restarts_runs_degraded(runs):
     outcome = job.outcome()
     assert outcome["restarts"] == [] and outcome["degraded"][0]["task"] == "worker:0"
     assert "training goes on degraded with 1 worker(s)" in job.stderr()
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    [line] = [d for d in summary["diagnosis"] if d.startswith("ran degraded")]
+    assert "for the last" in line and "worker:0 was lost" in line
     assert {t["name"]: t["state"] for t in outcome["tasks"]}["worker:0"] == "failed"
     assert result(job)["accuracy"] > 0.6
     nothing_left(job)

@@ -557,7 +557,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         goodput=goodput(lead.start_us, lead.duration, redone) if lead is not None else None,
         steps_lost=sum(redone) * (lead.block if lead is not None else 1),
         degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])))
-    return _with_diagnosis(summary, outcome)
+    return _with_diagnosis(summary, outcome, run_end)
 
 
 def _lead(all_steps: Sequence[TaskSteps], strategy: str | None) -> TaskSteps | None:
@@ -569,8 +569,8 @@ def _lead(all_steps: Sequence[TaskSteps], strategy: str | None) -> TaskSteps | N
     return max(named.values(), key=lambda s: len(s.step), default=None)
 
 
-def _with_diagnosis(summary: RunSummary, outcome: dict) -> RunSummary:
-    """Add the few lines a person can act on."""
+def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = None) -> RunSummary:
+    """Add the few lines a person can act on (``run_end``: when the last step ended)."""
     lines = []
     for task in summary.tasks:
         if task.straggler:
@@ -595,7 +595,9 @@ def _with_diagnosis(summary: RunSummary, outcome: dict) -> RunSummary:
     for gap in outcome.get("telemetry_gaps", []):
         lines.append(gap)
     for event in summary.degraded:
-        lines.append(f"ran degraded: {event.get('task')} was lost ({event.get('detail')}) and not replaced")
+        since = event.get("since") or event.get("time")
+        how_long = f" for the last {run_end - since:.1f}s of training" if run_end and since and run_end > since else ""
+        lines.append(f"ran degraded{how_long}: {event.get('task')} was lost ({event.get('detail')}) and not replaced")
     for lost in summary.hosts_lost:
         lines.append(f"connection to {lost.get('host')} lost: {lost.get('reason')}")
     return RunSummary(**{**{f: getattr(summary, f) for f in summary.__dataclass_fields__},

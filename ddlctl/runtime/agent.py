@@ -25,31 +25,11 @@ import sys
 import time
 from dataclasses import asdict
 
+from ddlctl.runtime.hostagent import StepFile
 from ddlctl.telemetry.nvml import GPU_FIELDS, GpuSampler
 
 WATCHDOG_MARK = "ddlctl.runtime.watchdog"
 RESCAN_S = 5.0
-
-
-class StepCounter:
-    """Counts lines appended to a task's steps.jsonl, reading only what is new."""
-
-    def __init__(self, path: str) -> None:
-        self.path = os.path.expanduser(path)
-        self.offset = 0
-        self.count = 0
-
-    def poll(self) -> int:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
-            return self.count
-        complete = chunk.rfind(b"\n") + 1
-        self.count += chunk[:complete].count(b"\n")
-        self.offset += complete
-        return self.count
 
 
 class HostSampler:
@@ -136,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     counters = {}
     for item in args.watch:
         task, _, folder = item.partition("=")
-        counters[task] = StepCounter(os.path.join(folder, "steps.jsonl"))
+        counters[task] = StepFile(os.path.join(folder, "steps.jsonl"))
     hello = {"type": "hello", "t": time.time(), "host": args.host, "interval": args.interval,
              "pid": os.getpid(), "gpus": [asdict(g) for g in gpus.gpus], "driver": gpus.inventory.driver,
              "gpu_note": gpus.note, "psutil": host.psutil is not None, "gpu_fields": list(GPU_FIELDS)}

@@ -158,7 +158,7 @@ class StepFile:
     """Counts complete lines appended to a task's ``steps.jsonl``, reading only what is new."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        self.path = os.path.expanduser(path)
         self.offset = 0
         self.count = 0
 

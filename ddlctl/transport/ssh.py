@@ -18,7 +18,6 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import paramiko
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
+from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.remote import bundle_path, code_bundle, shell_command
 from ddlctl.transport.session import HostSession, agent_argv
 
@@ -275,29 +275,13 @@ def connect(host: Host, options: SshOptions) -> SshConnection:
 
 def connect_each(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConnection | LaunchError]:
     """Connect to every host in parallel (bounded); each host gets its connection or its error."""
-    results: dict[str, SshConnection | LaunchError] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(options.max_parallel, len(hosts)))) as pool:
-        futures = {host.label: pool.submit(connect, host, options) for host in hosts}
-        for label, future in futures.items():
-            try:
-                results[label] = future.result()
-            except LaunchError as exc:
-                results[label] = exc
-    return results
+    return each_host(hosts, lambda host: connect(host, options), options.max_parallel)
 
 
 def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConnection]:
     """Connect to every host; if any fails, close the rest and raise one :class:`LaunchError`
     that names every failing host and why (one bad host never hides the others)."""
-    results = connect_each(hosts, options)
-    failures = [r.message for r in results.values() if isinstance(r, LaunchError)]
-    connections = {label: r for label, r in results.items() if isinstance(r, SshConnection)}
-    if failures:
-        for conn in connections.values():
-            conn.close()
-        noun = "host" if len(failures) == 1 else "hosts"
-        raise LaunchError(f"cannot reach {len(failures)} {noun}:\n  " + "\n  ".join(failures))
-    return connections
+    return all_or_fail(connect_each(hosts, options), "reach", SshConnection.close)
 
 
 class ChannelStream:
