@@ -12,7 +12,7 @@ one task at a third of the run; printed per scenario:
 Targets (issue 10): ps worker back <= 5 s; mwms group stepping again <= cold start + 3 s; goodput
 with one fault >= 0.9 x fault-free for a 3-minute job (``--steps`` sized so a run takes ~3 min).
 
-    .venv/bin/python benchmarks/recovery.py --steps 2400
+    .venv/bin/python benchmarks/recovery.py --steps 7000 --mwms-steps 9000
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def run(root: Path, strategy: str, steps: int, victim: str | None, trainer: str)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=2400, help="steps of every run (size it to ~3 minutes)")
+    parser.add_argument("--steps", type=int, default=7000, help="steps of every ps run (~3 minutes here)")
+    parser.add_argument("--mwms-steps", type=int, default=None, help="steps of every mwms run (default: --steps)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ddlctl-recovery-"))
@@ -71,9 +72,10 @@ def main() -> int:
     clean: dict[str, dict] = {}
     for name in args.scenarios.split(","):
         strategy, victim, trainer = SCENARIOS[name.strip()]
+        steps = args.mwms_steps if strategy == "mwms" and args.mwms_steps else args.steps
         if strategy not in clean:
-            clean[strategy] = run(root, strategy, args.steps, None, trainer)
-        faulty = run(root, strategy, args.steps, victim, trainer)
+            clean[strategy] = run(root, strategy, steps, None, trainer)
+        faulty = run(root, strategy, steps, victim, trainer)
         restarts = faulty["summary"]["restarts"]
         recovery = restarts[0]["downtime_s"] if restarts else None
         good, base = faulty["summary"]["goodput"], clean[strategy]["summary"]["goodput"]

@@ -178,6 +178,7 @@ def log_file(run_dir: Path, spec: TaskSpec) -> Path:
 
 Reconnect = Callable[[str], HostSession]
 MAX_PORT_RETRIES = 3
+SCOPES = ("", "task", "group", "all")  # a merged restart takes the widest
 
 
 class Supervisor:
@@ -441,10 +442,12 @@ class Supervisor:
 
     def _begin_restart(self, decision: Decision, event: dict) -> None:
         now = time.monotonic()
-        if self.restart is not None:
+        if self.restart is not None:  # one restart takes in every fault until it is done
             for name in decision.tasks:
                 if name not in self.restart.tasks:
                     self.restart.tasks.append(name)
+            if SCOPES.index(decision.scope) > SCOPES.index(self.restart.scope):
+                self.restart.scope = decision.scope
             self._stop_for_restart(decision.tasks)
             return
         self.restarts.append(event)
