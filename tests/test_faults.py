@@ -4,11 +4,13 @@ exit code, root cause, restarts, resumption, and no process left behind."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sys
 import time
 
+import psutil
 import pytest
 
 from tests.conftest import PROGRAMS, processes_of_run, run_ddlctl
@@ -202,4 +204,23 @@ def test_a_port_taken_before_the_task_binds_gets_new_ports_for_the_cluster(runs)
     assert event["new_ports"]["worker:1"] != port
     assert f"port {port} was taken before it could bind" in job.stderr()
     assert result(job)["accuracy"] > 0.2
+    nothing_left(job)
+
+
+def test_a_silent_host_agent_is_a_lost_host_and_its_tasks_are_restarted_elsewhere(runs):
+    # a stopped agent says nothing (like a network gone without a reset): after 15 s of silence the
+    # host counts as lost, the old agent is cut off (its tasks die with it) and a new one takes over
+    program = [sys.executable, "-c", "import os, time; n = os.environ['DDLCTL_RESTART_COUNT']; print('try', n, "
+               "flush=True); time.sleep(120 if n == '0' else 0)"]
+    job = Job(runs, "-s", "one_device", "--max-restarts", "1", "--no-telemetry", "--", *program)
+    wait_for(lambda: "try 0" in log(job, "worker-0"), 60, "the first try")
+    first = pids(job)["worker:0"]
+    agent = json.loads((job.run_dir / "pids.json").read_text())["worker:0"]["agent_pid"]
+    os.kill(agent, signal.SIGSTOP)
+    assert job.wait(90) == 0, job.stderr()[-3000:]
+    assert "no word from its host agent" in job.stderr()
+    [event] = job.outcome()["restarts"]
+    assert event["cause"] == "host-lost"
+    assert "try 1" in log(job, "worker-0")
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
     nothing_left(job)

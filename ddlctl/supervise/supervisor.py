@@ -74,6 +74,7 @@ class SupervisorOptions:
     hang_timeout_s: float = 600.0
     host_timeout_s: float = 60.0
     restart_grace_s: float = 2.0
+    silence_s: float = 15.0  # a host agent beats every 2 s: this long without a word = host lost
     backoff_base_s: float = 1.0
 
 
@@ -297,13 +298,16 @@ class Supervisor:
             self._escalate(now)
 
     def _note_pids(self) -> None:
+        """``pids.json`` again whenever an agent reported new pids; "started" once all have."""
+        changed = [s for s in self.sessions.values() if s.pids_changed]
+        if not changed:
+            return
+        for session in changed:
+            session.pids_changed = False
+        self._write_pids()
         if not self.started_noted and all(t.proc.pids() or not t.alive for t in self.tasks.values()):
             self.started_noted = True  # every host agent has reported its tasks' pids
             self.notify(f"started {len(self.plan.tasks)} task(s) on {len(self.plan.hosts)} host(s)")
-        if any(t.name not in self.pids and t.proc.pids() for t in self.tasks.values()) or any(
-                self.pids.get(t.name, {}).get("task_pid") != t.proc.pids().get("task_pid")  # type: ignore[union-attr]
-                for t in self.tasks.values() if t.proc.pids()):
-            self._write_pids()
 
     def _read(self, task: _Task, now: float) -> None:
         while True:
@@ -401,17 +405,16 @@ class Supervisor:
                  "tasks": list(decision.tasks)}
         if decision.action == "fail":
             self.notify(f"{fault.task} on {event['host']} failed: {decision.message}: stopping the other tasks")
-        else:
-            self.notify(decision.message)
-        if decision.action == "fail":
             self._fail(fault, decision)
         elif decision.action == "continue":
+            self.notify(decision.message)
             if culprit is not None and culprit.alive:  # a hung task: its work moves to the others
                 culprit.handled = True
                 culprit.proc.send("KILL")
             if decision.degraded:
                 self.degraded.append({**event, "since": time.time()})
         else:
+            self.notify(decision.message)
             self._begin_restart(decision, event)
 
     def _retry_ports(self, task: _Task) -> None:
@@ -562,6 +565,8 @@ class Supervisor:
     # -- hosts -------------------------------------------------------------------------------
 
     def _watch_sessions(self, now: float) -> None:
+        for session in self.sessions.values():
+            session.check_silence(self.options.silence_s, now)
         for label, session in self.sessions.items():
             if session.lost and label not in self.lost_since:
                 self.lost_since[label] = now

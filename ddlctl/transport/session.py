@@ -40,6 +40,7 @@ class Stream(Protocol):
     def read(self) -> bytes | None: ...  # None: nothing now; b"": ended
     def write(self, data: bytes) -> None: ...
     def errors(self) -> str: ...  # what the agent printed on stderr (for messages)
+    def abandon(self) -> None: ...  # the agent went silent: cut it off (it then kills its tasks)
     def close(self) -> None: ...
 
 
@@ -75,6 +76,12 @@ class PipeStream:
         with contextlib.suppress(OSError):
             return self.stderr_path.read_text(errors="replace")[-2000:]
         return ""
+
+    def abandon(self) -> None:
+        """The agent stopped answering (stopped, wedged): kill it; its tasks die with it."""
+        with contextlib.suppress(OSError):
+            self.popen.kill()
+        self.close()
 
     def close(self) -> None:
         for stream in (self.popen.stdin, self.popen.stdout):
@@ -142,6 +149,7 @@ class HostSession:
         self.replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
         self._next_id = 0
         self.hello: dict | None = None
+        self.pids_changed = False  # a task reported its pids since the supervisor last looked
         self.lost: str | None = None  # why the stream ended unexpectedly
         self.lost_at: float | None = None
         self.closed = False
@@ -196,8 +204,10 @@ class HostSession:
         elif kind == "started" and task is not None:
             task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection")
                           if k in header}
+            self.pids_changed = True
         elif kind == "start_failed" and task is not None:
             task.chunks.append(f"ddlctl: {header.get('error')}\n".encode())
+            self.pids_changed = True  # (it has none: the supervisor still counts it as started)
             task._end(ExitStatus(code=int(header.get("code", 127))), time.time())
         elif kind == "listening" and task is not None:
             task.listening = True
@@ -224,6 +234,17 @@ class HostSession:
             if task.status is None:
                 task._end(ExitStatus(lost=True), self.lost_at)
             task.eof = True
+
+    def check_silence(self, limit_s: float, now: float | None = None) -> bool:
+        """An agent beats every 2 s: nothing heard for ``limit_s`` means the host is gone (network
+        down without a reset, agent stopped). Then the session is lost and cut off; True if so."""
+        now = time.monotonic() if now is None else now
+        if self.lost or self.closed or now - self.last_heard <= limit_s:
+            return False
+        self._lose(f"no word from its host agent for {now - self.last_heard:.0f}s")
+        with contextlib.suppress(Exception):
+            self.stream.abandon()
+        return True
 
     def wait_for(self, ready, timeout: float) -> bool:  # noqa: ANN001 - a predicate
         """Pump until ``ready()`` or the timeout (or the connection is lost)."""

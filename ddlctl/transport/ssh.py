@@ -314,6 +314,10 @@ class ChannelStream:
     def errors(self) -> str:
         return self._stderr.decode("utf-8", "replace")
 
+    def abandon(self) -> None:
+        """Closing the channel ends the agent's input: if it is alive, it kills its tasks."""
+        self.close()
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.channel.close()
