@@ -133,6 +133,9 @@ def launch(
                                            "network, per-task CPU/RSS) into runs/<id>/telemetry/.")] = True,
     sample_interval: Annotated[float, typer.Option(
         "--sample-interval", min=0.05, help="Seconds between telemetry samples.")] = 1.0,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Show every line tasks print, TensorFlow's start-up notices included (they are "
+                                "always in runs/<id>/tasks/*/output.log).")] = False,
     auto_steps: Annotated[bool, typer.Option(
         "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
                                              "code changes (a callback ddlctl adds to every fit call).")] = True,
@@ -199,7 +202,7 @@ def _launch(profile: bool = False, **p: object) -> None:
         auto_steps=p["auto_steps"], profile=profile, ssh=ssh_options(p["ssh_key"], p["ssh_user"],
                                                                      p["connect_timeout"], p["accept_new_host_keys"]),
         workload=p["workload"], steps=p["steps"], batch_size=p["batch_size"], pipeline=p["pipeline"],
-        command=tuple(p["command"] or ()),
+        command=tuple(p["command"] or ()), verbose=p["verbose"],
     )
     strategy, workload = opts.strategy, opts.workload
     if opts.restart_on not in ("fault", "any"):

@@ -36,7 +36,8 @@ from ddlctl.report.render import render_failure, render_plan, render_report, ren
 from ddlctl.report.summary import summarize
 from ddlctl.report.trace import write_trace
 from ddlctl.rundir import make_dir, new_run_id, write_plan
-from ddlctl.supervise.output import PrefixedWriter
+from ddlctl.supervise.noise import is_startup_noise
+from ddlctl.supervise.output import PrefixedWriter, QuietWriter
 from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
 from ddlctl.transport.base import Transport
 from ddlctl.transport.fanout import all_or_fail, each_host
@@ -81,6 +82,7 @@ class LaunchOptions:
     batch_size: int | None = None
     pipeline: bool | None = None
     quiet: bool = False
+    verbose: bool = False
     command: Sequence[str] = field(default_factory=tuple)
 
 
@@ -373,6 +375,10 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
         writer = PrefixedWriter(sys.stdout.buffer)
     notify = (lambda _msg: None) if opts.quiet else \
         (lambda msg: err.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
+    if not opts.verbose and not opts.quiet:
+        writer = QuietWriter(writer, is_startup_noise, lambda: notify(
+            f"TensorFlow's start-up notices are left out here (all output is in {plan.run_dir}/tasks/*/output.log; "
+            "--verbose shows everything)"))
     try:
         supervisor = Supervisor(plan, connected.sessions, writer, options, notify=notify,  # type: ignore[arg-type]
                                 on_sample=live.on_sample if live is not None else None,

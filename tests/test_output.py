@@ -55,3 +55,29 @@ def test_prefix_names_task_and_host_without_colour_off_terminal():
     writer = PrefixedWriter(stream)
     writer.write("worker:1", "node3", [b"step 1\n", b"50%\r"])
     assert stream.getvalue() == b"[worker:1@node3] step 1\n[worker:1@node3] 50%\n"
+
+
+def test_tensorflow_startup_notices_are_recognised_and_nothing_else():
+    from pathlib import Path
+
+    from ddlctl.supervise.noise import is_startup_noise
+
+    fixtures = Path(__file__).parent / "fixtures" / "tf221"
+    noise = (fixtures / "startup_noise.log").read_bytes().splitlines()
+    keep = (fixtures / "not_noise.log").read_bytes().splitlines()
+    assert len(noise) >= 6 and all(is_startup_noise(line) for line in noise)
+    assert keep and not any(is_startup_noise(line) for line in keep)
+
+
+def test_quiet_writer_leaves_noise_off_the_console_and_says_so_once():
+    import io
+
+    from ddlctl.supervise.noise import is_startup_noise
+    from ddlctl.supervise.output import PrefixedWriter, QuietWriter
+
+    out, said = io.BytesIO(), []
+    writer = QuietWriter(PrefixedWriter(out, color=False), is_startup_noise, lambda: said.append(1))
+    banner = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    writer.write("worker:0", "h", [banner, b"step 1\n"])
+    writer.write("worker:1", "h", [banner])
+    assert out.getvalue() == b"[worker:0@h] step 1\n" and said == [1] and writer.hidden == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import BinaryIO
 
 _LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r(?!\Z))")
@@ -92,3 +93,22 @@ class PrefixedWriter:
             self.stream.flush()
         except (BrokenPipeError, ValueError):
             pass  # reader of our stdout went away; the log files still have everything
+
+
+class QuietWriter:
+    """Leaves lines that ``hide`` matches (TensorFlow's start-up notices) off the console, and says
+    so once; the task logs keep every byte. Same interface as :class:`PrefixedWriter`."""
+
+    def __init__(self, inner: PrefixedWriter, hide: Callable[[bytes], bool], on_first: Callable[[], None]) -> None:
+        self.inner = inner
+        self.hide = hide
+        self.on_first = on_first
+        self.hidden = 0
+
+    def write(self, task: str, host: str, lines: list[bytes]) -> None:
+        shown = [line for line in lines if not self.hide(line)]
+        if len(shown) < len(lines):
+            if not self.hidden:
+                self.on_first()
+            self.hidden += len(lines) - len(shown)
+        self.inner.write(task, host, shown)

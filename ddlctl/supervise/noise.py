@@ -1,0 +1,26 @@
+"""TensorFlow's start-up notices that say nothing to a person (TF 2.21, verbatim in the tests).
+
+Every TensorFlow process prints them before absl is initialised, and no environment variable hides
+them: the absl banner, oneDNN's note, "Could not find cuda drivers" and cuInit failures on CPU
+hosts, the CPU-instructions notice and its continuation line. They stay in ``output.log``; the
+console leaves them out (``--verbose`` shows everything). Anything else, TensorFlow errors after
+start-up included, is always shown.
+"""
+
+from __future__ import annotations
+
+import re
+
+_GLOG = rb"[IWE]\d{4} \d\d:\d\d:[\d.]+\s+\d+ "
+STARTUP_NOISE = re.compile(
+    rb"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    rb"|" + _GLOG + rb"port\.cc:\d+\] oneDNN custom operations are on\."
+    rb"|" + _GLOG + rb"cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine"
+    rb"|" + _GLOG + rb"cuda_platform\.cc:\d+\] failed call to cuInit: "
+    rb"|" + _GLOG + rb"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU"
+    rb"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)")
+
+
+def is_startup_noise(line: bytes) -> bool:
+    """Whether ``line`` is one of TensorFlow's known-harmless start-up notices."""
+    return STARTUP_NOISE.match(line) is not None
