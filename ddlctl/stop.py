@@ -55,6 +55,8 @@ def stop(run_dir: str, ssh: object | None, console: Console) -> int:
                 if status != 0:
                     return f"FAILED: {err.strip()[-200:]}"
                 return f"killed {len(json.loads(out))} process(es)"
+            except Exception as exc:  # noqa: BLE001 - a connection that dies midway is a line, not a traceback
+                return f"FAILED: {type(exc).__name__}: {exc}"
             finally:
                 conn.close()
 

@@ -75,7 +75,7 @@ class SupervisorOptions:
     host_timeout_s: float = 60.0
     restart_grace_s: float = 2.0
     silence_s: float = 15.0  # a host agent beats every 2 s: this long without a word = host lost
-    backoff_base_s: float = 1.0
+    backoff_base_s: float = 0.5  # waits 0.5, 1, 2, 4 ... s before successive restarts
 
 
 @dataclass(frozen=True)
