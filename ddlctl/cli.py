@@ -113,9 +113,9 @@ def launch(
                              "or a lost host; any: also after a Python exception or another non-zero exit.")
     ] = "fault",
     hang_timeout: Annotated[float, typer.Option(
-        "--hang-timeout", min=0, help="Seconds without any training step (after the first) before the job "
-                                      "counts as hung: stacks are saved, the task at fault is named and "
-                                      "handled as a fault. 0: off.")] = 600.0,
+        "--hang-timeout", min=0, help="Seconds without any training step, once every task is up, before "
+                                      "the job counts as hung: stacks are saved, the task at fault is named "
+                                      "and handled as a fault. 0: off.")] = 600.0,
     host_timeout: Annotated[float, typer.Option(
         "--host-timeout", min=0, help="Seconds to keep reconnecting to a host whose SSH connection dropped "
                                       "before the job fails naming it.")] = 60.0,
