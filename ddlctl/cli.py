@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Annotated
@@ -335,6 +337,14 @@ def _fail(exc: UserError) -> None:
 def main() -> None:
     """Console-script entry point. A bug in ddlctl is one message (and a file with the traceback),
     never a traceback on the user's terminal."""
+    def interrupted(_signum: int, _frame: object) -> None:
+        if interrupts:  # a second Ctrl-C while the first is being handled: leave at once
+            os._exit(130)
+        interrupts.append(True)
+        raise KeyboardInterrupt
+
+    interrupts: list[bool] = []
+    signal.signal(signal.SIGINT, interrupted)  # the supervisor has its own while tasks run
     try:
         app()
     except KeyboardInterrupt:  # Ctrl-C outside the supervisor (e.g. while planning)

@@ -146,7 +146,11 @@ def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluste
                 "print('up', flush=True); time.sleep(300)"]
     job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--workers", "2", "--grace", "3", "--no-telemetry", "--",
               *stubborn, env=cluster.env)
-    wait_for(lambda: len(processes_of_run(job.run_dir.name)) >= 3, 60, "tasks up")
+    def up(task: str) -> bool:
+        path = job.run_dir / "tasks" / task / "output.log"
+        return path.exists() and b"up" in path.read_bytes()
+
+    wait_for(lambda: up("worker-0") and up("worker-1"), 60, "tasks up")
     for _ in range(3):
         job.proc.send_signal(signal.SIGINT)
         time.sleep(0.05)

@@ -826,8 +826,13 @@ class Supervisor:
         return previous
 
     def _restore_signal_handlers(self, previous: dict[int, object]) -> None:
+        """The previous handlers again; after an interrupted run, one more signal (while files are
+        collected and the report written) exits at once, as the third would have."""
         for signum, handler in previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            if self.signals:
+                handler = lambda _signum, _frame: os._exit(128 + self.signals[0])  # noqa: E731
+            with contextlib.suppress(ValueError):
+                signal.signal(signum, handler)  # type: ignore[arg-type]
 
     # -- result ------------------------------------------------------------------------------
 
