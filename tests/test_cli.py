@@ -157,3 +157,16 @@ def test_an_unusable_run_dir_is_a_clear_error(tmp_path, where):
     code, err = invoke(["launch", "-s", "one_device", "--run-dir", run_dir, "--", "true"])
     assert code == 2, err
     assert f"--run-dir: cannot use {run_dir} as a folder" in err
+
+
+def test_help_keeps_square_brackets():
+    code, _ = invoke(["launch", "--help"])
+    result = run_ddlctl("launch", "--help")
+    assert result.returncode == 0 and code == 0
+    assert "[user@]host [slots=N]" in " ".join(result.stdout.split())
+
+
+def test_report_on_a_folder_without_plan_json_is_not_a_run(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    code, err = invoke(["report", str(tmp_path)])
+    assert code == 2 and "is not a run directory (no plan.json)" in err

@@ -19,9 +19,8 @@ def report(run_dir: str, json_out: bool, csv_dir: str | None, trace: str | None,
            console: Console) -> int:
     """Render (or print as JSON) the summary of ``run_dir``; optional CSV and trace files."""
     folder = Path(run_dir)
-    if not (folder / "plan.json").is_file() and not (folder / "tasks").is_dir():
-        raise ConfigError(f"{run_dir} is not a run directory (no plan.json or tasks/)",
-                          "pass a folder like runs/<run-id>")
+    if not (folder / "plan.json").is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no plan.json)", "pass a folder like runs/<run-id>")
     summary = summarize(folder, warmup_steps=warmup_steps)
     if json_out:
         sys.stdout.write(json.dumps(summary.to_dict(), indent=1) + "\n")

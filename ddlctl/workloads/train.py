@@ -244,24 +244,28 @@ class Checkpointer:
 
 
 class Progress:
-    """A progress line every ``--log-every`` steps, with the rate over that stretch."""
+    """A progress line every ``--log-every`` steps, with the rate over the last ``window_s`` seconds
+    (at least: results that arrive in bursts, as ps closures do, would otherwise show absurd rates)."""
 
-    def __init__(self, args: argparse.Namespace, start: int = 0) -> None:
+    def __init__(self, args: argparse.Namespace, start: int = 0, window_s: float = 2.0) -> None:
         self.total = args.steps
         self.every = args.log_every or max(1, args.steps // 10)
         self.next = (start // self.every + 1) * self.every
-        self.mark_time = time.monotonic()
-        self.mark_samples = 0
+        self.window_s = window_s
+        self.marks: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
         self.samples = 0
 
     def after(self, step: int, loss: float, samples: int) -> None:
+        now = time.monotonic()
         self.samples += samples
+        self.marks.append((now, self.samples))
+        while len(self.marks) > 2 and now - self.marks[1][0] >= self.window_s:
+            self.marks.popleft()  # keep the newest mark that is at least window_s old
         if step < self.next and step != self.total:
             return
-        now = time.monotonic()
-        rate = (self.samples - self.mark_samples) / max(now - self.mark_time, 1e-9)
+        since, counted = self.marks[0]
+        rate = (self.samples - counted) / max(now - since, 1e-9)
         print(f"step {step}/{self.total} loss {loss:.4f} ({rate:,.0f} samples/s)", flush=True)
-        self.mark_time, self.mark_samples = now, self.samples
         while self.next <= step:
             self.next += self.every
 

@@ -1,0 +1,20 @@
+"""The built-in workload's progress line: rates over a time window, not over a burst."""
+
+from __future__ import annotations
+
+import argparse
+
+from ddlctl.workloads import train
+
+
+def test_a_burst_of_results_does_not_show_an_absurd_rate(monkeypatch, capsys):
+    clock = [0.0]
+    monkeypatch.setattr(train.time, "monotonic", lambda: clock[0])
+    progress = train.Progress(argparse.Namespace(steps=40, log_every=8))
+    # blocks of 8 steps (800 samples) at 100 samples/s, except that the second block's result
+    # arrives 1 ms after the first's (ps fetches pending closures as they complete)
+    for end, at in ((8, 8.0), (16, 8.001), (24, 24.0), (32, 32.0), (40, 40.0)):
+        clock[0] = at
+        progress.after(end, 1.0, 800)
+    rates = [float(line.split("(")[1].split()[0].replace(",", "")) for line in capsys.readouterr().out.splitlines()]
+    assert len(rates) == 5 and all(50 <= r <= 250 for r in rates), rates
