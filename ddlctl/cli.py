@@ -360,6 +360,11 @@ def main() -> None:
         print(f"error: internal error in ddlctl: {type(exc).__name__}: {exc}\n"
               f"  hint: this is a bug in ddlctl; the full traceback is in {handle.name}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        # Leaving with an exit code: a Ctrl-C now (while the interpreter shuts down and Python
+        # puts the default handler back) must not turn it into "killed by SIGINT".
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @app.command()
