@@ -160,3 +160,12 @@ def test_a_server_that_could_not_bind_its_port_is_recognised():
 
     assert port_taken(fixture("server_port_taken.log"))
     assert not port_taken(fixture("mwms_worker1_killed.worker0.log"))
+
+
+def test_a_ps_chief_that_died_of_a_lost_worker_is_restarted_with_it():
+    fault = Fault(task="worker:0", cause="signal", reporter="chief:0", status=None, detail="gone")
+    alive = {"worker:1", "ps:0"}
+    d = decide("ps", fault, PS_ROLES, alive, used=0, max_restarts=1)
+    assert d.action == "restart" and set(d.tasks) == {"worker:0", "chief:0"}
+    d = decide("ps", fault, PS_ROLES, alive, used=0, max_restarts=0)
+    assert d.action == "fail" and "the chief is gone too" in d.message

@@ -25,6 +25,7 @@ single host    restart the task                    fail
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
@@ -111,7 +112,20 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
 def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str], used: int,
            max_restarts: int, restart_on: str = "fault") -> Decision:
     """What to do about ``fault``. ``roles``: every task of the job -> role; ``alive``: tasks
-    still running; ``used``: restarts spent so far of ``max_restarts``."""
+    still running; ``used``: restarts spent so far of ``max_restarts``. A reporter that died of
+    the fault (a ps chief whose worker vanished) is restarted with the task at fault."""
+    decision = _decide(strategy, fault, roles, alive, used, max_restarts, restart_on)
+    reporter = fault.reporter
+    if decision.action == "restart" and reporter != fault.task and reporter in roles \
+            and reporter not in alive and reporter not in decision.tasks:
+        return dataclasses.replace(decision, tasks=(*decision.tasks, reporter),
+                                   message=f"{decision.message}; {reporter}, which failed with it, too")
+    return decision
+
+
+def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str], used: int,
+            max_restarts: int, restart_on: str) -> Decision:
+    """The strategy table (see the module docstring)."""
     role = roles.get(fault.task, "worker")
     retryable = restart_on == "any" or fault.cause in FAULT_CAUSES
     allowed = retryable and used < max_restarts
@@ -140,7 +154,8 @@ def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str
             if "chief:0" in alive and others:
                 return Decision("continue", message=f"{fault.task} {failed}; training goes on "
                                 f"degraded with {len(others)} worker(s)", degraded=True)
-            return Decision("fail", message=f"{failed}, and no worker is left")
+            gone = "the chief is gone too" if "chief:0" not in alive else "no worker is left"
+            return Decision("fail", message=f"{failed}, and {gone}")
         if role == "chief":
             if allowed:
                 return restart([fault.task], "task", "restarting the chief alone (it resumes from its "

@@ -359,19 +359,27 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     blocks = list(_blocks(args.steps, args.steps_per_call, resumed))
     scheduled = 0
     done = 0
+    def schedule(first: int, count: int):  # noqa: ANN202 - a RemoteValue
+        if args.pipeline:
+            return coordinator.schedule(trainer.run_range, args=(tf.constant(first * args.batch_size, tf.int64), count))
+        return coordinator.schedule(trainer.run_batch, args=make_batch(step_ids(first, args.batch_size)))
+
     while done < len(blocks):
         while scheduled < len(blocks) and len(pending) < window:
             first, count = blocks[scheduled]
-            if args.pipeline:
-                remote = coordinator.schedule(trainer.run_range,
-                                              args=(tf.constant(first * args.batch_size, tf.int64), count))
-            else:
-                batch = make_batch(step_ids(first, args.batch_size))
-                remote = coordinator.schedule(trainer.run_batch, args=batch)
-            pending.append((first, count, remote))
+            pending.append((first, count, schedule(first, count)))
             scheduled += 1
         first, count, remote = pending.popleft()
-        loss = _record_block(recorder, first + 1, remote.fetch(), args.batch_size)
+        try:
+            figures = remote.fetch()
+        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError) as exc:
+            # The block ran, but its results lived on a worker that is gone: run it again
+            # (at-least-once, as the coordinator does for closures that had not finished).
+            print(f"block at step {first + 1} lost with its worker ({type(exc).__name__}): scheduling it again",
+                  flush=True)
+            pending.appendleft((first, count, schedule(first, count)))
+            continue
+        loss = _record_block(recorder, first + 1, figures, args.batch_size)
         done += 1
         progress.after(first + count, loss, args.batch_size * count)
         if checkpointer is not None:
