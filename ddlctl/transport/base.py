@@ -91,8 +91,5 @@ class Transport(Protocol):
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts about the host (``ddlctl.runtime.probe``); ``quick_ports``: launch-time form."""
 
-    def port_open(self, port: int) -> bool:
-        """Whether something on the host accepts connections on ``port``."""
-
     def close(self) -> None:
         """Release connections."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -50,13 +49,6 @@ class LocalTransport:
             raise LaunchError(f"{self.host.label}: {python!r} failed to run the host probe: "
                               f"{done.stderr.strip()[-300:]}")
         return json.loads(done.stdout)
-
-    def port_open(self, port: int) -> bool:
-        try:
-            with socket.create_connection(("localhost", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
 
     def close(self) -> None:
         pass

@@ -383,15 +383,6 @@ class SshTransport:
                        f"stdout {out.strip()[-200:]!r} stderr {err.strip()[-300:]!r}")
         raise LaunchError(f"{self.host.label}: {problem}")
 
-    def port_open(self, port: int) -> bool:
-        try:
-            channel = self.conn.transport.open_channel("direct-tcpip", ("localhost", port),
-                                                       ("127.0.0.1", 0), timeout=5)
-        except (paramiko.SSHException, OSError):
-            return False
-        channel.close()
-        return True
-
     def collect(self, spec: TaskSpec, local_dir: Path) -> list[str]:
         """Copy the task's files (steps, results, error/exit/pid records) into the run directory."""
         return self.conn.fetch_dir(spec.task_dir, local_dir)
