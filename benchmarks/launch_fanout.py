@@ -70,7 +70,7 @@ def main() -> None:
             ddl_start, ddl_total, loop, pdsh = [], [], [], []
             for _ in range(args.repeats):
                 started, total = timed([sys.executable, "-m", "ddlctl", "launch", "--hosts", str(hosts_file),
-                                        "--strategy", "mwms", "--run-dir", str(root / "runs"), "--", "true"],
+                                        "--strategy", "mwms", "--runs-dir", str(root / "runs"), "--", "true"],
                                        env, marker="started ")
                 ddl_start.append(started)
                 ddl_total.append(total)

@@ -23,7 +23,7 @@ def throughput(root: Path, telemetry: bool, steps: int, strategy: str, interval:
     run_root = Path(tempfile.mkdtemp(dir=root))
     flags = ["--telemetry", "--sample-interval", f"{interval:g}"] if telemetry else ["--no-telemetry"]
     subprocess.run([sys.executable, "-m", "ddlctl", "launch", "--strategy", strategy, "--workers", "2",
-                    "--steps", str(steps), "--run-dir", str(run_root), *flags],
+                    "--steps", str(steps), "--runs-dir", str(run_root), *flags],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (run_dir,) = run_root.iterdir()
     return float(json.loads((run_dir / "summary.json").read_text())["throughput_samples_per_s"])

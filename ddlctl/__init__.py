@@ -14,6 +14,14 @@ def step(samples: int | None = None, input_s: float | None = None):  # noqa: ANN
     return _step(samples=samples, input_s=input_s)
 
 
+def set_total_steps(total: int) -> None:
+    """Tell ddlctl how many steps this program will run, so ``launch`` and ``profile`` show a
+    progress bar with an ETA (``$DDLCTL_TOTAL_STEPS`` does the same without code)."""
+    from ddlctl.steps import set_total_steps as _set
+
+    _set(total)
+
+
 def keras_callback(batch_size: int | None = None, keras_module: object = None):  # noqa: ANN201
     """A Keras callback that records every training step (``model.fit(..., callbacks=[...])``);
     for Keras 3 or tf-keras, whichever ``tf.keras`` is (see :mod:`ddlctl.instrument.keras`)."""

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -14,6 +15,23 @@ from rich.text import Text
 
 from ddlctl import __version__
 from ddlctl.errors import UserError
+from ddlctl.planning.plan import STRATEGIES
+from ddlctl.workloads import EXECUTIONS, WORKLOADS
+
+
+def _plain_arguments() -> None:
+    """Arguments read as the README writes them: ``RUN_DIR``, ``[-- COMMAND...]``. Typer (0.2x)
+    shows every argument with a type (``run_dir <str>``) and a required one in braces in the usage
+    line, whatever its metavar; with a metavar, show just the metavar."""
+    from typer.core import TyperArgument
+
+    display, usage = TyperArgument.display_type_rich, getattr(TyperArgument, "_usage_display_name", None)
+    TyperArgument.display_type_rich = lambda self, ctx: None if self.metavar else display(self, ctx)
+    if usage is not None:
+        TyperArgument._usage_display_name = lambda self: self.metavar if self.metavar else usage(self)
+
+
+_plain_arguments()
 
 app = typer.Typer(
     name="ddlctl",
@@ -25,14 +43,33 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """A str Enum of ``values``: ``--help`` lists them and Click refuses anything else."""
+    return Enum(name, {v.replace("-", "_"): v for v in values}, type=str)  # type: ignore[return-value]
+
+
+Strategy = _choices("Strategy", STRATEGIES)
+Workload = _choices("Workload", WORKLOADS)
+Execution = _choices("Execution", EXECUTIONS)
+RestartOn = _choices("RestartOn", ("fault", "any"))
+DEFAULT_RESTART_ON = RestartOn("fault")
+DEFAULT_WORKLOAD = Workload("cnn")
+
+
+def _value(choice: Enum | None) -> str | None:
+    return None if choice is None else str(choice.value)
+
+
 SshKeyOption = Annotated[str | None, typer.Option(
-    "--ssh-key", help="Private key file for SSH hosts (default: ~/.ssh/config, ssh-agent, ~/.ssh/id_*).",
+    "--ssh-key", metavar="FILE",
+    help="Private key file for SSH hosts (default: ~/.ssh/config, ssh-agent, ~/.ssh/id_*).",
     show_default=False)]
 SshUserOption = Annotated[str | None, typer.Option(
-    "--ssh-user", help="Login name for SSH hosts without user@ (default: ~/.ssh/config, else yours).",
+    "--ssh-user", metavar="NAME", help="Login name for SSH hosts without user@ (default: ~/.ssh/config, else yours).",
     show_default=False)]
 ConnectTimeoutOption = Annotated[float, typer.Option(
-    "--connect-timeout", min=0.1, help="Seconds to wait for each SSH connection.")]
+    "--connect-timeout", metavar="SECONDS", min=0.1, help="Seconds to wait for each SSH connection.")]
 AcceptNewOption = Annotated[bool, typer.Option(
     "--accept-new-host-keys", help="Accept and record unknown SSH host keys in ~/.ssh/known_hosts "
                                    "(a changed key is always refused).")]
@@ -40,6 +77,15 @@ AcceptNewOption = Annotated[bool, typer.Option(
 STRATEGY_HELP = ("ps (chief + workers + parameter servers), mwms (multi-worker mirrored), or a "
                  "single-host strategy: mirrored, central_storage, one_device. "
                  "Default: the template's, else mwms.")
+RUNS_DIR_HELP = "Folder that receives run directories (<folder>/<run-id>/). --run-dir is an old spelling."
+JSON_HELP = "Machine-readable output: JSON on stdout, and nothing else there."
+EXECUTION_HELP = ("Built-in workload's execution: pipelined (tf.data parallel map + prefetch: input overlaps "
+                  "compute), linear (the same input without overlap: the research's baseline) or python-feed "
+                  "(batches built in Python sample by sample, one step per call). --pipeline / --no-pipeline "
+                  "are old spellings of pipelined / linear.")
+WORKLOAD_HELP = "Built-in workload to run when no command is given: cnn (a small CNN, augmented images) or mlp."
+RunsDirOption = Annotated[str, typer.Option("--runs-dir", metavar="DIR", help=RUNS_DIR_HELP)]
+OldRunDirOption = Annotated[str | None, typer.Option("--run-dir", hidden=True)]
 
 
 def _version(value: bool) -> None:
@@ -62,10 +108,9 @@ Live view: per-task step rate, per-host GPU and CPU. Report: step-time percentil
 stragglers, GPU utilisation / SM activity / memory / power, host CPU, diagnosis. Writes
 summary.json and trace.json into the run directory.
 
+\b
 Examples:
-
-  ddlctl profile --strategy mwms                       # built-in workload on this machine
-
+  ddlctl profile --strategy mwms               # built-in workload on this machine
   ddlctl profile --hosts hosts.txt -s ps -- python train.py
 """
 
@@ -74,71 +119,74 @@ Examples:
 def launch(
     ctx: typer.Context,
     command: Annotated[list[str] | None, typer.Argument(
+        metavar="[-- COMMAND...]",
         help="The training program and its arguments, after '--'. Without it, ddlctl runs its "
              "built-in workload (a CNN on synthetic images).", show_default=False)] = None,
     hosts: Annotated[str | None, typer.Option(
-        "--hosts", help="Hosts file: one '[user@]host [slots=N] [gpus=N] [port=P] [roles=..] "
-                        "[python=PATH] [workdir=PATH]' per line.", show_default=False)] = None,
+        "--hosts", metavar="FILE", help="Hosts file: one '[user@]host [slots=N] [gpus=N] [port=P] [roles=..] "
+                                        "[python=PATH] [workdir=PATH]' per line.", show_default=False)] = None,
     template: Annotated[str | None, typer.Option(
-        "--template", help="YAML cluster template (see cluster_templates/); alternative to "
-                           "--hosts. With neither, the cluster is this machine.",
+        "--template", metavar="FILE", help="YAML cluster template (see cluster_templates/); alternative to "
+                                           "--hosts. With neither, the cluster is this machine.",
         show_default=False)] = None,
-    strategy: Annotated[str | None, typer.Option(
+    strategy: Annotated[Strategy | None, typer.Option(  # type: ignore[valid-type]
         "--strategy", "-s", help=STRATEGY_HELP, show_default=False)] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-w", help="Worker tasks. Default: ps fills every slot, mwms one per host "
-                                "(2 on this machine when no hosts are given).",
+        "--workers", "-w", metavar="N", min=1, help="Worker tasks. Default: ps fills every slot, mwms one per host "
+                                                    "(2 on this machine when no hosts are given).",
         show_default=False)] = None,
     ps: Annotated[int | None, typer.Option(
-        "--ps", help="Parameter-server tasks (ps strategy only). Default: 1.",
+        "--ps", metavar="N", min=1, help="Parameter-server tasks (ps strategy only). Default: 1.",
         show_default=False)] = None,
     evaluator: Annotated[bool | None, typer.Option(
         "--evaluator/--no-evaluator", help="Add a side-car evaluator task (ps and mwms).",
         show_default=False)] = None,
-    run_dir: Annotated[str, typer.Option(
-        "--run-dir", help="Where run directories are created (runs/<run-id>/).")] = "runs",
+    runs_dir: RunsDirOption = "runs",
+    old_run_dir: OldRunDirOption = None,
     env: Annotated[list[str] | None, typer.Option(
-        "--env", "-e", help="KEY=VALUE set for every task; repeatable. A bare KEY passes on ddlctl's own value of KEY "
-                         "(keeps secrets off every command line).",
+        "--env", "-e", metavar="KEY=VALUE", help="Set KEY for every task; repeatable. A bare KEY passes on "
+                                                 "ddlctl's own value of KEY (keeps secrets off every command line).",
         show_default=False)] = None,
     startup_timeout: Annotated[float, typer.Option(
-        "--startup-timeout", min=0, help="Seconds for every task to start listening on its "
-                                         "port; the job fails naming the missing ones. 0: wait "
-                                         "forever.")] = 180.0,
+        "--startup-timeout", metavar="SECONDS", min=0, help="Time for every task to start listening on its "
+                                                            "port; the job fails naming the missing ones. 0: wait "
+                                                            "forever.")] = 180.0,
     grace: Annotated[float, typer.Option(
-        "--grace", min=0, help="Seconds between SIGTERM and SIGKILL when stopping tasks.")] = 5.0,
+        "--grace", metavar="SECONDS", min=0, help="Time between SIGTERM and SIGKILL when stopping tasks.")] = 5.0,
     max_restarts: Annotated[int, typer.Option(
-        "--max-restarts", min=0, help="Restarts allowed for the whole job (a task, its group or every task, "
-                                      "as the strategy needs: see README 'Faults and restarts'). A lost ps "
-                                      "worker never ends the job while the chief and another worker live.")] = 0,
-    restart_on: Annotated[str, typer.Option(
+        "--max-restarts", metavar="N", min=0,
+        help="Restarts allowed for the whole job (a task, its group or every task, as the strategy needs: see "
+             "README 'Faults and restarts'). A lost ps worker never ends the job while the chief and another "
+             "worker live.")] = 0,
+    restart_on: Annotated[RestartOn, typer.Option(  # type: ignore[valid-type]
         "--restart-on", help="fault: restart after a signal (OOM kill, preemption, kill -9), exit 42/143, a hang "
                              "or a lost host; any: also after a Python exception or another non-zero exit.")
-    ] = "fault",
+    ] = DEFAULT_RESTART_ON,
     hang_timeout: Annotated[float, typer.Option(
-        "--hang-timeout", min=0, help="Seconds without any training step, once every task is up, before "
-                                      "the job counts as hung: stacks are saved, the task at fault is named "
-                                      "and handled as a fault. 0: off.")] = 600.0,
+        "--hang-timeout", metavar="SECONDS", min=0,
+        help="Time without any training step, once every task is up, before the job counts as hung: stacks "
+             "are saved, the task at fault is named and handled as a fault. 0: off.")] = 600.0,
     host_timeout: Annotated[float, typer.Option(
-        "--host-timeout", min=0, help="Seconds to keep reconnecting to a host whose SSH connection dropped "
-                                      "before the job fails naming it.")] = 60.0,
+        "--host-timeout", metavar="SECONDS", min=0, help="Time to keep reconnecting to a host whose SSH "
+                                                         "connection dropped before the job fails naming it.")] = 60.0,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the plan (tasks, hosts, ports, TF_CONFIG, commands); start "
                           "nothing.")] = False,
     json_out: Annotated[bool, typer.Option(
-        "--json", help="With --dry-run: the plan as JSON on stdout, nothing else.")] = False,
+        "--json", help=JSON_HELP + " With --dry-run: the plan; otherwise summary.json at the end (task "
+                                   "output and the report go to stderr).")] = False,
     legacy_keras: Annotated[bool, typer.Option(
         "--legacy-keras/--no-legacy-keras",
         help="For a command under ps/mwms, set TF_USE_LEGACY_KERAS=1 so model.fit uses "
              "tf-keras (Keras 3 model.fit does not work under ps/mwms).")] = True,
     telemetry: Annotated[bool, typer.Option(
         "--telemetry/--no-telemetry", help="Run a telemetry agent per host (GPU via NVML, CPU, memory, "
-                                           "network, per-task CPU/RSS) into runs/<id>/telemetry/.")] = True,
+                                           "network, per-task CPU/RSS) into <run>/telemetry/.")] = True,
     sample_interval: Annotated[float, typer.Option(
-        "--sample-interval", min=0.05, help="Seconds between telemetry samples.")] = 1.0,
+        "--sample-interval", metavar="SECONDS", min=0.05, help="Time between telemetry samples.")] = 1.0,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show every line tasks print, TensorFlow's start-up notices included (they are "
-                                "always in runs/<id>/tasks/*/output.log).")] = False,
+                                "always in <run>/tasks/*/output.log).")] = False,
     auto_steps: Annotated[bool, typer.Option(
         "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
                                              "code changes (a callback ddlctl adds to every fit call).")] = True,
@@ -146,28 +194,24 @@ def launch(
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,
     accept_new_host_keys: AcceptNewOption = False,
-    workload: Annotated[str | None, typer.Option(
-        "--workload", help="Built-in workload to run when no command is given: cnn.",
-        show_default=False)] = None,
+    workload: Annotated[Workload | None, typer.Option(  # type: ignore[valid-type]
+        "--workload", help=WORKLOAD_HELP + " Default: cnn.", show_default=False)] = None,
     steps: Annotated[int | None, typer.Option(
-        "--steps", min=1, help="Built-in workload: training steps (default 200).",
+        "--steps", metavar="N", min=1, help="Built-in workload: training steps (default 200).",
         show_default=False)] = None,
     batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", min=1, help="Built-in workload: global batch per step (default 64).",
+        "--batch-size", metavar="N", min=1, help="Built-in workload: global batch per step (default 64).",
         show_default=False)] = None,
-    pipeline: Annotated[bool | None, typer.Option(
-        "--pipeline/--no-pipeline", help="Built-in workload: pipelined execution (tf.data parallel map + prefetch, "
-                                         "several steps per call; default) or linear (batches fed step by step from "
-                                         "Python).", show_default=False)] = None,
+    execution: Annotated[Execution | None, typer.Option(  # type: ignore[valid-type]
+        "--execution", help=EXECUTION_HELP + " Default: pipelined.", show_default=False)] = None,
+    pipeline: Annotated[bool | None, typer.Option("--pipeline/--no-pipeline", hidden=True)] = None,
 ) -> None:
     """Start a TensorFlow cluster, supervise every task, and print a summary.
 
+    \b
     Examples:
-
-      ddlctl launch --strategy ps                          # built-in workload on this machine
-
+      ddlctl launch --strategy ps                  # built-in workload on this machine
       ddlctl launch --hosts hosts.txt -s mwms -- python train.py --epochs 3
-
       ddlctl launch --template cluster_templates/localhost-ps.yaml --dry-run
     """
     params = dict(locals())
@@ -188,70 +232,73 @@ def ssh_options(ssh_key: str | None, ssh_user: str | None, connect_timeout: floa
                       accept_new_host_keys=accept_new_host_keys)
 
 
+def _runs_dir(runs_dir: str, old_run_dir: str | None) -> str:
+    """``--runs-dir``, or its old spelling ``--run-dir`` when that was given."""
+    return old_run_dir if old_run_dir is not None else runs_dir
+
+
+def _execution(execution: Enum | None, pipeline: bool | None) -> str | None:
+    """``--execution``, or what the old ``--pipeline/--no-pipeline`` flags meant."""
+    if execution is not None and pipeline is not None:
+        _fail(UserError("give --execution or the old --pipeline/--no-pipeline, not both"))
+    if pipeline is not None:
+        return "pipelined" if pipeline else "linear"
+    return _value(execution)
+
+
 def _launch(profile: bool = False, **p: object) -> None:
     """Shared body of ``launch`` and ``profile`` (same options)."""
     from ddlctl.launch import LaunchOptions
     from ddlctl.launch import launch as run_launch
 
-    if p["json_out"] and not p["dry_run"]:
-        _fail(UserError("--json is only available with --dry-run"))
     opts = LaunchOptions(
-        hosts=p["hosts"], template=p["template"], strategy=p["strategy"], workers=p["workers"], ps=p["ps"],
-        evaluator=p["evaluator"], run_dir=p["run_dir"], env=tuple(p["env"] or ()),
-        startup_timeout_s=p["startup_timeout"], grace_s=p["grace"], max_restarts=p["max_restarts"],
-        restart_on=p["restart_on"], hang_timeout_s=p["hang_timeout"], host_timeout_s=p["host_timeout"],
-        dry_run=p["dry_run"], json_out=p["json_out"],
-        legacy_keras=p["legacy_keras"], telemetry=p["telemetry"], sample_interval_s=p["sample_interval"],
-        auto_steps=p["auto_steps"], profile=profile, ssh=ssh_options(p["ssh_key"], p["ssh_user"],
-                                                                     p["connect_timeout"], p["accept_new_host_keys"]),
-        workload=p["workload"], steps=p["steps"], batch_size=p["batch_size"], pipeline=p["pipeline"],
-        command=tuple(p["command"] or ()), verbose=p["verbose"],
+        hosts=p["hosts"], template=p["template"], strategy=_value(p["strategy"]), workers=p["workers"],
+        ps=p["ps"], evaluator=p["evaluator"], run_dir=_runs_dir(p["runs_dir"], p["old_run_dir"]),
+        env=tuple(p["env"] or ()), startup_timeout_s=p["startup_timeout"], grace_s=p["grace"],
+        max_restarts=p["max_restarts"], restart_on=_value(p["restart_on"]) or "fault",
+        hang_timeout_s=p["hang_timeout"], host_timeout_s=p["host_timeout"], dry_run=p["dry_run"],
+        json_out=p["json_out"], legacy_keras=p["legacy_keras"], telemetry=p["telemetry"],
+        sample_interval_s=p["sample_interval"], auto_steps=p["auto_steps"], profile=profile,
+        ssh=ssh_options(p["ssh_key"], p["ssh_user"], p["connect_timeout"], p["accept_new_host_keys"]),
+        workload=_value(p["workload"]), steps=p["steps"], batch_size=p["batch_size"],
+        execution=_execution(p["execution"], p["pipeline"]), command=tuple(p["command"] or ()),
+        verbose=p["verbose"],
     )
-    strategy, workload = opts.strategy, opts.workload
-    if opts.restart_on not in ("fault", "any"):
-        _fail(UserError(f"--restart-on {opts.restart_on!r} is not one of: fault, any",
-                        "fault: signals, preemption exits, hangs, lost hosts; any: every failure"))
-    if strategy is not None:
-        from ddlctl.planning.plan import STRATEGIES
-
-        if strategy not in STRATEGIES:
-            _fail(UserError(f"unknown strategy {strategy!r}",
-                            "expected one of: " + ", ".join(STRATEGIES)))
-    if workload is not None:
-        from ddlctl.workloads import WORKLOADS
-
-        if workload not in WORKLOADS:
-            _fail(UserError(f"unknown workload {workload!r}",
-                            "expected one of: " + ", ".join(WORKLOADS)))
     _exit_with(lambda: run_launch(opts, people_console(), error_console()))
 
 
 @app.command()
 def compare(
     strategies: Annotated[str, typer.Option(
-        "--strategies", help="Comma-separated strategies to run, e.g. one_device,mirrored,central_storage,mwms,ps.")
+        "--strategies", metavar="S1,S2,...", help="Strategies to run, comma-separated: " + ",".join(STRATEGIES) + ".")
     ] = "one_device,mirrored,central_storage,mwms,ps",
-    hosts: Annotated[str | None, typer.Option("--hosts", help="Hosts file (default: this machine).",
+    hosts: Annotated[str | None, typer.Option("--hosts", metavar="FILE", help="Hosts file (default: this machine).",
                                               show_default=False)] = None,
-    template: Annotated[str | None, typer.Option("--template", help="YAML cluster template.",
+    template: Annotated[str | None, typer.Option("--template", metavar="FILE", help="YAML cluster template.",
                                                  show_default=False)] = None,
-    workload: Annotated[str, typer.Option("--workload", help="Built-in workload: cnn or mlp.")] = "cnn",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps of every run.")] = 200,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Global batch per step.")] = 64,
+    workload: Annotated[Workload, typer.Option(  # type: ignore[valid-type]
+        "--workload", help="Built-in workload of every run: cnn (a small CNN, augmented images) or mlp.")
+    ] = DEFAULT_WORKLOAD,
+    steps: Annotated[int, typer.Option("--steps", metavar="N", min=1, help="Training steps of every run.")] = 200,
+    batch_size: Annotated[int, typer.Option("--batch-size", metavar="N", min=1,
+                                            help="Global batch per step.")] = 64,
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-w", help="Workers for ps and mwms (default: 2 on this machine, else the placement "
-                                "defaults).", show_default=False)] = None,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per strategy; the table shows the "
-                                                                  "median and the spread.")] = 1,
-    pipeline: Annotated[str, typer.Option("--pipeline", help="Execution mode: on (pipelined), off (linear) or "
-                                                             "both (a row each, and the pipelined/linear ratio).")]
-    = "on",
-    plot_file: Annotated[str | None, typer.Option("--plot", help="Also draw the throughput chart into this PNG "
-                                                                 "(needs ddlctl[plot]).", show_default=False)] = None,
-    run_dir: Annotated[str, typer.Option("--run-dir", help="Where the compare-<stamp>/ folder goes.")] = "runs",
-    json_out: Annotated[bool, typer.Option("--json", help="Print compare.json on stdout instead of the table.")]
-    = False,
-    startup_timeout: Annotated[float, typer.Option("--startup-timeout", min=0,
+        "--workers", "-w", metavar="N", min=1, help="Workers for ps and mwms (default: 2 on this machine, else the "
+                                                    "placement defaults).", show_default=False)] = None,
+    repeats: Annotated[int, typer.Option("--repeats", metavar="N", min=1,
+                                         help="Runs per strategy; the table shows the median and the spread.")] = 1,
+    execution: Annotated[str, typer.Option(
+        "--execution", metavar="MODE[,MODE...]",
+        help="Execution modes of the built-in workload to run, comma-separated, or all: " + ", ".join(EXECUTIONS)
+             + ". With several, a row each and, per strategy, how much faster pipelined is than each other "
+               "mode.")] = "pipelined",
+    pipeline: Annotated[str | None, typer.Option("--pipeline", hidden=True)] = None,
+    plot_file: Annotated[str | None, typer.Option("--plot", metavar="FILE", help="Also draw the throughput chart "
+                                                  "into this PNG (needs ddlctl[plot]).", show_default=False)] = None,
+    runs_dir: RunsDirOption = "runs",
+    old_run_dir: OldRunDirOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP + " Here: compare.json.")] = False,
+    startup_timeout: Annotated[float, typer.Option("--startup-timeout", metavar="SECONDS", min=0,
                                                    help="Per run, as for launch.")] = 180.0,
     ssh_key: SshKeyOption = None,
     ssh_user: SshUserOption = None,
@@ -262,25 +309,24 @@ def compare(
 
     Same seed, same machines; one table: throughput (median of repeats, with spread), step time
     p50/p95, speedup over one_device, scaling efficiency, GPU utilisation, final loss and accuracy;
-    plus a bar chart. A strategy that fails gets a row that says why. Saves compare.json.
+    plus a bar chart. A strategy that fails gets a row that says why. Saves compare.json into
+    <runs-dir>/compare-<stamp>/.
 
-    Example: ddlctl compare --strategies one_device,mwms,ps --pipeline both --steps 300
+    Example: ddlctl compare --strategies one_device,mwms,ps --execution pipelined,linear --steps 300
     """
-    from ddlctl.compare import CompareOptions, parse_strategies
+    from ddlctl.compare import CompareOptions, parse_executions, parse_strategies
     from ddlctl.compare import compare as run_compare
     from ddlctl.launch import LaunchOptions
 
     def run() -> int:
-        from ddlctl.workloads import WORKLOADS
-
-        if workload not in WORKLOADS:
-            raise UserError(f"unknown workload {workload!r}", "expected one of: " + ", ".join(WORKLOADS))
+        old = {"on": "pipelined", "off": "linear", "both": "pipelined,linear"}  # --pipeline on|off|both
+        modes = parse_executions(execution if pipeline is None else old.get(pipeline, pipeline))
         opts = CompareOptions(
-            strategies=parse_strategies(strategies), pipeline=pipeline, repeats=repeats, plot=plot_file,
+            strategies=parse_strategies(strategies), executions=modes, repeats=repeats, plot=plot_file,
             json_out=json_out,
-            launch=LaunchOptions(hosts=hosts, template=template, workers=workers, run_dir=run_dir,
-                                 startup_timeout_s=startup_timeout, workload=workload, steps=steps,
-                                 batch_size=batch_size,
+            launch=LaunchOptions(hosts=hosts, template=template, workers=workers,
+                                 run_dir=_runs_dir(runs_dir, old_run_dir), startup_timeout_s=startup_timeout,
+                                 workload=_value(workload), steps=steps, batch_size=batch_size,
                                  ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys)))
         return run_compare(opts, people_console(), error_console())
 
@@ -289,13 +335,16 @@ def compare(
 
 @app.command()
 def report(
-    run_dir: Annotated[str, typer.Argument(help="A run directory (runs/<run-id>), possibly copied from elsewhere.")],
-    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout, nothing else.")] = False,
-    csv_dir: Annotated[str | None, typer.Option("--csv", help="Also write tasks.csv, hosts.csv, gpus.csv here.",
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run directory (runs/<run-id>), possibly "
+                                                                   "copied from elsewhere.")],
+    json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP + " Here: summary.json.")] = False,
+    csv_dir: Annotated[str | None, typer.Option("--csv", metavar="DIR",
+                                                help="Also write tasks.csv, hosts.csv, gpus.csv here.",
                                                 show_default=False)] = None,
-    trace: Annotated[str | None, typer.Option("--trace", help="Also write a Chrome/Perfetto trace to this file.",
+    trace: Annotated[str | None, typer.Option("--trace", metavar="FILE",
+                                              help="Also write a Chrome/Perfetto trace to this file.",
                                               show_default=False)] = None,
-    warmup_steps: Annotated[int, typer.Option("--warmup-steps", min=0,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", metavar="N", min=0,
                                               help="Steps of each task left out of the statistics.")] = 5,
 ) -> None:
     """Render the full report of a run from its run directory alone.
@@ -335,6 +384,33 @@ def _fail(exc: UserError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+def run_app(args: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code. A usage error (an unknown option, a value that
+    is not one of the choices) reads like every other ddlctl error: ``error: ...`` and a hint."""
+    try:  # Typer >= 0.2x carries its own copy of Click
+        from typer._click import exceptions as click  # type: ignore[import-not-found]
+    except ImportError:
+        from click import exceptions as click
+
+    try:
+        code = app(args, standalone_mode=False)
+    except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # plain "ddlctl": the help, as Click shows it
+            print(exc.format_message(), file=sys.stderr)
+            return 2
+        command = exc.ctx.command_path if exc.ctx is not None else "ddlctl"
+        message = exc.format_message().replace("Value error, ", "")
+        print(f"error: {message}\n  hint: '{command} --help' lists the options and the values they take",
+              file=sys.stderr)
+        return 2
+    except click.Abort:  # Click turns Ctrl-C into Abort
+        raise KeyboardInterrupt from None
+    except click.ClickException as exc:
+        print(f"error: {exc.format_message()}", file=sys.stderr)
+        return exc.exit_code
+    return code if isinstance(code, int) else 0
+
+
 def main() -> None:
     """Console-script entry point. A bug in ddlctl is one message (and a file with the traceback),
     never a traceback on the user's terminal."""
@@ -347,7 +423,7 @@ def main() -> None:
     interrupts: list[bool] = []
     signal.signal(signal.SIGINT, interrupted)  # the supervisor has its own while tasks run
     try:
-        app()
+        code = run_app()
     except KeyboardInterrupt:  # Ctrl-C outside the supervisor (e.g. while planning)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
@@ -365,19 +441,20 @@ def main() -> None:
         # puts the default handler back) must not turn it into "killed by SIGINT".
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
+    sys.exit(code)
 
 
 @app.command()
 def check(
-    hosts: Annotated[str | None, typer.Option("--hosts", help="Hosts file to check.", show_default=False)] = None,
-    template: Annotated[str | None, typer.Option("--template", help="YAML cluster template to check.",
+    hosts: Annotated[str | None, typer.Option("--hosts", metavar="FILE", help="Hosts file to check.",
+                                              show_default=False)] = None,
+    template: Annotated[str | None, typer.Option("--template", metavar="FILE", help="YAML cluster template to check.",
                                                  show_default=False)] = None,
     ssh_key: SshKeyOption = None,
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,
     accept_new_host_keys: AcceptNewOption = False,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="Print the reports as JSON on stdout, nothing else.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP + " Here: the host reports.")] = False,
 ) -> None:
     """Pre-flight every host in parallel.
 
@@ -391,7 +468,8 @@ def check(
 
 @app.command()
 def stop(
-    run_dir: Annotated[str, typer.Argument(help="The run directory (runs/<run-id>) whose processes to kill.")],
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR",
+                                           help="The run directory (runs/<run-id>) whose processes to kill.")],
     ssh_key: SshKeyOption = None,
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,

@@ -24,6 +24,7 @@ from ddlctl.launch import LaunchOptions, finish, prepare, supervise
 from ddlctl.planning.plan import STRATEGIES
 from ddlctl.report.render import fmt
 from ddlctl.rundir import make_dir, write_plan
+from ddlctl.workloads import EXECUTIONS
 
 BASELINE = "one_device"
 
@@ -33,7 +34,7 @@ class CompareOptions:
     """What ``ddlctl compare`` was asked for; ``launch`` carries the shared launch options."""
 
     strategies: tuple[str, ...]
-    pipeline: str = "on"  # on | off | both
+    executions: tuple[str, ...] = ("pipelined",)
     repeats: int = 1
     plot: str | None = None
     json_out: bool = False
@@ -45,7 +46,7 @@ class RunRecord:
     """One run of the comparison: its strategy, mode, and what it produced (or why it failed)."""
 
     strategy: str
-    pipeline: bool
+    execution: str
     run_dir: str | None
     exit_code: int
     error: str | None
@@ -63,14 +64,19 @@ def parse_strategies(text: str) -> tuple[str, ...]:
     return names
 
 
-def modes(pipeline: str) -> tuple[bool, ...]:
-    if pipeline not in ("on", "off", "both"):
-        raise ConfigError(f"--pipeline {pipeline!r}: expected on, off or both")
-    return {"on": (True,), "off": (False,), "both": (True, False)}[pipeline]
+def parse_executions(text: str) -> tuple[str, ...]:
+    """``"pipelined,linear"`` or ``"all"`` -> execution modes in the order given (no repeats)."""
+    names = EXECUTIONS if text.strip() == "all" else tuple(dict.fromkeys(
+        s.strip() for s in text.split(",") if s.strip()))
+    unknown = [s for s in names if s not in EXECUTIONS]
+    if unknown or not names:
+        raise ConfigError(f"--execution {text!r}: " + (f"unknown mode {unknown[0]!r}" if unknown else "no mode"),
+                          "choose from: " + ",".join(EXECUTIONS) + ", or all")
+    return names
 
 
-def label(strategy: str, pipeline: bool, both: bool) -> str:
-    return f"{strategy} ({'pipelined' if pipeline else 'linear'})" if both else strategy
+def label(strategy: str, execution: str, several: bool) -> str:
+    return f"{strategy} ({execution})" if several else strategy
 
 
 def _trainer_tasks(summary: dict) -> list[dict]:
@@ -83,15 +89,15 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def rows_from_runs(runs: Sequence[RunRecord], both: bool) -> list[dict]:
+def rows_from_runs(runs: Sequence[RunRecord], several: bool) -> list[dict]:
     """One row per (strategy, mode): throughput median and spread over repeats, step time p50/p95,
     speedup over one_device (same mode), scaling efficiency (speedup / workers), GPU utilisation,
     final loss and accuracy; or the error of a strategy that failed."""
-    groups: dict[tuple[str, bool], list[RunRecord]] = {}
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
     for run in runs:
-        groups.setdefault((run.strategy, run.pipeline), []).append(run)
+        groups.setdefault((run.strategy, run.execution), []).append(run)
     rows = []
-    for (strategy, pipeline), records in groups.items():
+    for (strategy, execution), records in groups.items():
         good = [r for r in records if r.error is None and r.summary is not None]
         throughputs = [r.summary["throughput_samples_per_s"] for r in good
                        if r.summary.get("throughput_samples_per_s") is not None]
@@ -100,7 +106,7 @@ def rows_from_runs(runs: Sequence[RunRecord], both: bool) -> list[dict]:
         gpu = [g["util_mean"] for r in good for h in r.summary.get("hosts", []) for g in h.get("gpus", [])
                if g.get("util_mean") is not None]
         rows.append({
-            "label": label(strategy, pipeline, both), "strategy": strategy, "pipeline": pipeline,
+            "label": label(strategy, execution, several), "strategy": strategy, "execution": execution,
             "tasks": max((r.summary.get("tasks_count", 0) for r in good), default=None),
             "workers": workers,
             "throughput_samples_per_s": _median(throughputs), "throughput_runs": throughputs,
@@ -110,12 +116,13 @@ def rows_from_runs(runs: Sequence[RunRecord], both: bool) -> list[dict]:
             "gpu_util_mean": statistics.mean(gpu) if gpu else None,
             "loss": _median([t.get("loss") for ts in tasks for t in ts]),
             "accuracy": _median([t.get("accuracy") for ts in tasks for t in ts]),
+            "steps_in_flight": _median([t.get("steps_in_flight_mean") for ts in tasks for t in ts]),
             "error": None if good else "; ".join(dict.fromkeys(r.error or "no result" for r in records)),
             "run_dirs": [r.run_dir for r in records if r.run_dir],
         })
-    baselines = {row["pipeline"]: row["throughput_samples_per_s"] for row in rows if row["strategy"] == BASELINE}
+    baselines = {row["execution"]: row["throughput_samples_per_s"] for row in rows if row["strategy"] == BASELINE}
     for row in rows:
-        base = baselines.get(row["pipeline"])
+        base = baselines.get(row["execution"])
         value = row["throughput_samples_per_s"]
         row["speedup_vs_one_device"] = value / base if base and value else None
         row["scaling_efficiency"] = row["speedup_vs_one_device"] / row["workers"] \
@@ -123,19 +130,25 @@ def rows_from_runs(runs: Sequence[RunRecord], both: bool) -> list[dict]:
     return rows
 
 
-def pipeline_speedups(rows: Sequence[dict]) -> dict[str, float]:
-    """Per strategy: pipelined throughput / linear throughput (when both were run)."""
-    by = {(r["strategy"], r["pipeline"]): r["throughput_samples_per_s"] for r in rows}
-    return {s: by[(s, True)] / by[(s, False)] for s, p in by if p and by.get((s, False)) and by[(s, True)]}
+def execution_speedups(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Per strategy: pipelined throughput / each other mode's throughput (for the modes that ran),
+    e.g. ``{"ps": {"linear": 1.2, "python-feed": 11.5}}``."""
+    by = {(r["strategy"], r["execution"]): r["throughput_samples_per_s"] for r in rows}
+    speedups: dict[str, dict[str, float]] = {}
+    for (strategy, mode), value in by.items():
+        fast = by.get((strategy, "pipelined"))
+        if mode != "pipelined" and fast and value:
+            speedups.setdefault(strategy, {})[mode] = fast / value
+    return speedups
 
 
-def _one_run(opts: CompareOptions, strategy: str, pipeline: bool, root: Path, err: Console) -> RunRecord:
-    launch_opts = dataclasses.replace(opts.launch, strategy=strategy, pipeline=pipeline, run_dir=str(root),
+def _one_run(opts: CompareOptions, strategy: str, execution: str, root: Path, err: Console) -> RunRecord:
+    launch_opts = dataclasses.replace(opts.launch, strategy=strategy, execution=execution, run_dir=str(root),
                                       quiet=True, dry_run=False, json_out=False)
     try:
         plan, connected = prepare(launch_opts, err)
     except UserError as exc:
-        return RunRecord(strategy, pipeline, None, exc.exit_code, exc.message, None)
+        return RunRecord(strategy, execution, None, exc.exit_code, exc.message, None)
     write_plan(plan)
     result = supervise(plan, connected, launch_opts, err, err)
     finish(plan, result, err, err, render=False)
@@ -144,7 +157,7 @@ def _one_run(opts: CompareOptions, strategy: str, pipeline: bool, root: Path, er
     if error and result.failure and result.failure.task:
         error = f"{result.failure.task} on {result.failure.host}: {error}"
     workers = sum(1 for t in plan.tasks if t.role == "worker")
-    return RunRecord(strategy, pipeline, plan.run_dir, result.exit_code, error, summary, workers)
+    return RunRecord(strategy, execution, plan.run_dir, result.exit_code, error, summary, workers)
 
 
 def compare(opts: CompareOptions, out: Console, err: Console) -> int:
@@ -156,13 +169,13 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
             raise ConfigError("--plot needs matplotlib", "pip install 'ddlctl[plot]'") from None
     root = Path(opts.launch.run_dir).expanduser().resolve() / time.strftime("compare-%Y%m%d-%H%M%S")
     make_dir(root)
-    both = opts.pipeline == "both"
+    several = len(opts.executions) > 1
     runs: list[RunRecord] = []
-    plan = [(s, p, r) for s in opts.strategies for p in modes(opts.pipeline) for r in range(opts.repeats)]
-    for i, (strategy, pipeline, repeat) in enumerate(plan, start=1):
-        name = label(strategy, pipeline, both) + (f" #{repeat + 1}" if opts.repeats > 1 else "")
+    plan = [(s, m, r) for s in opts.strategies for m in opts.executions for r in range(opts.repeats)]
+    for i, (strategy, execution, repeat) in enumerate(plan, start=1):
+        name = label(strategy, execution, several) + (f" #{repeat + 1}" if opts.repeats > 1 else "")
         err.print(Text.assemble(("ddlctl compare:", "dim"), f" [{i}/{len(plan)}] {name} …"), highlight=False)
-        run = _one_run(opts, strategy, pipeline, root, err)
+        run = _one_run(opts, strategy, execution, root, err)
         runs.append(run)
         rate = (run.summary or {}).get("throughput_samples_per_s")
         status = f"{rate:,.0f} samples/s" if run.error is None and rate else f"failed: {run.error}"
@@ -170,15 +183,15 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
                   highlight=False)
         if run.exit_code in (130, 143):  # Ctrl-C / SIGTERM: stop comparing, report what ran
             break
-    rows = rows_from_runs(runs, both)
-    result = {"schema": 1, "compare_dir": str(root), "workload": opts.launch.workload or "cnn",
-              "steps": opts.launch.steps, "repeats": opts.repeats, "pipeline": opts.pipeline,
-              "rows": rows, "pipeline_speedup": pipeline_speedups(rows)}
+    rows = rows_from_runs(runs, several)
+    result = {"schema": 2, "compare_dir": str(root), "workload": opts.launch.workload or "cnn",
+              "steps": opts.launch.steps, "repeats": opts.repeats, "executions": list(opts.executions),
+              "rows": rows, "execution_speedups": execution_speedups(rows)}
     (root / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if opts.json_out:
         out.print_json(data=result)
     else:
-        render_compare(rows, result["pipeline_speedup"], out)
+        render_compare(rows, result["execution_speedups"], out)
         out.print(f"compare.json and the run directories: {root}", highlight=False)
     if opts.plot:
         plot(rows, opts.plot)
@@ -186,7 +199,7 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
     return 0 if all(r["error"] is None for r in rows) else 1
 
 
-def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Console) -> None:
+def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], console: Console) -> None:
     table = Table(title="ddlctl compare", title_justify="left")
     for column in ("strategy", "workers", "samples/s (median)", "spread", "step ms p50 / p95", "speedup",
                    "efficiency", "GPU util %", "loss", "accuracy"):
@@ -219,8 +232,14 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, float], console: Co
             bar = "█" * round(40 * value / best)
             console.print(f"  {r['label']:<{width}} {bar} {value:,.0f}" if value else
                           f"  {r['label']:<{width}} (failed)", highlight=False)
-    for strategy, ratio in speedups.items():
-        console.print(f"pipelined vs linear under {strategy}: {ratio:.2f}x", highlight=False)
+    for strategy, ratios in speedups.items():
+        ratios_text = ", ".join(f"{ratio:.2f}x {mode}'s throughput" for mode, ratio in ratios.items())
+        console.print(f"pipelined under {strategy}: {ratios_text}", highlight=False)
+    asynchronous = [r for r in rows if r.get("steps_in_flight") and r["steps_in_flight"] > 1.05]
+    for r in asynchronous:
+        console.print(f"{r['label']}: {r['steps_in_flight']:.2f} steps in flight on average (asynchronous "
+                      "training: each step's gradients are computed on variables that many steps old, which "
+                      "costs accuracy per step)", highlight=False)
 
 
 def plot(rows: Sequence[dict], path: str) -> None:

@@ -80,7 +80,7 @@ class LaunchOptions:
     workload: str | None = None
     steps: int | None = None
     batch_size: int | None = None
-    pipeline: bool | None = None
+    execution: str | None = None
     quiet: bool = False
     verbose: bool = False
     command: Sequence[str] = field(default_factory=tuple)
@@ -131,7 +131,7 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
     if workers is None and implicit and strategy in MULTI_HOST_STRATEGIES:
         workers = DEFAULT_LOCAL_WORKERS
     workload_given = [f for f, v in (("--workload", opts.workload), ("--steps", opts.steps),
-                                     ("--batch-size", opts.batch_size), ("--pipeline", opts.pipeline))
+                                     ("--batch-size", opts.batch_size), ("--execution", opts.execution))
                       if v is not None]
     if opts.command and workload_given:
         verb = "applies" if len(workload_given) == 1 else "apply"
@@ -142,7 +142,7 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
     if not opts.command:
         workload_args = ("--workload", opts.workload or "cnn", "--steps", str(opts.steps or 200),
                          "--batch-size", str(opts.batch_size or 64),
-                         "--pipeline" if opts.pipeline in (None, True) else "--no-pipeline")
+                         "--execution", opts.execution or "pipelined")
     env = {**defaults.env, **parse_env(opts.env)}
     run_root = Path(opts.run_dir).expanduser().resolve()
     evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
@@ -267,7 +267,7 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
         local = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), Connected(dict(local))
-    make_dir(Path(opts.run_dir).expanduser())  # a bad --run-dir is refused before any host is touched
+    make_dir(Path(opts.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
     connected = Connected(make_transports(cluster, opts.ssh))
     try:
         cluster = with_ssh_addresses(cluster, connected.transports)
@@ -310,8 +310,13 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
     if not opts.quiet:
         err.print(f"ddlctl run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
                   f"→ {plan.run_dir}")
+    if opts.json_out:  # stdout carries summary.json alone; people's output goes to stderr
+        out = err
     result = supervise(plan, connected, opts, out, err)
     finish(plan, result, out, err, full_report=opts.profile, render=not opts.quiet)
+    if opts.json_out:
+        sys.stdout.write((Path(plan.run_dir) / "summary.json").read_text())
+        sys.stdout.flush()
     return result.exit_code
 
 
@@ -372,7 +377,7 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
     elif live is not None and live.live is not None:
         writer = ConsoleLineWriter(out)  # scrolls above the live table
     else:
-        writer = PrefixedWriter(sys.stdout.buffer)
+        writer = PrefixedWriter(sys.stderr.buffer if opts.json_out else sys.stdout.buffer)
     notify = (lambda _msg: None) if opts.quiet else \
         (lambda msg: err.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     if not opts.verbose and not opts.quiet:

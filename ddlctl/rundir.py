@@ -17,7 +17,7 @@ def new_run_id(strategy: str, now: float | None = None) -> str:
     return f"{stamp}-{strategy}-{secrets.token_hex(3)}"
 
 
-def make_dir(path: str | Path, option: str = "--run-dir") -> Path:
+def make_dir(path: str | Path, option: str = "--runs-dir") -> Path:
     """Create ``path`` (and parents); a file-system error is a clear message naming the path."""
     path = Path(path)
     try:

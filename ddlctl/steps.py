@@ -11,7 +11,10 @@ tasks' files counts every example once; null when unknown). Optional: ``input_s`
 step spent waiting for input; ``sync_s``, seconds from the step's start until this task's gradients
 were ready to be synchronised (start + sync_s is when it "arrived" at the all-reduce: in
 synchronous training a straggler arrives last); ``steps``, how many training steps the record
-covers (``steps_per_execution`` > 1).
+covers (``steps_per_execution`` > 1); ``total``, how many steps the task will run when it is known
+(``$DDLCTL_TOTAL_STEPS``, :func:`set_total_steps`, the built-in workload, the Keras hook: epochs x
+steps), for progress bars and ETAs; ``worker``, the task that executed the step when it is not the
+recording one (ps: the coordinator records every step, each attributed to the worker that ran it).
 """
 
 from __future__ import annotations
@@ -40,16 +43,23 @@ class StepRecorder:
         self._flush_interval = flush_interval_s
         self._last_flush = time.monotonic()
         self.count = 0
+        self.total: int | None = None
 
     @classmethod
     def from_env(cls) -> StepRecorder:
-        """Recorder for the task ddlctl launched (a no-op recorder outside ddlctl)."""
+        """Recorder for the task ddlctl launched (a no-op recorder outside ddlctl); its total is
+        ``$DDLCTL_TOTAL_STEPS`` when that is set."""
         task_dir = os.environ.get("DDLCTL_TASK_DIR")
         task = os.environ.get("DDLCTL_TASK", "local:0")
-        return cls(Path(task_dir) / "steps.jsonl" if task_dir else None, task)
+        recorder = cls(Path(task_dir) / "steps.jsonl" if task_dir else None, task)
+        total = os.environ.get("DDLCTL_TOTAL_STEPS", "")
+        if total.isdigit() and int(total) > 0:
+            recorder.total = int(total)
+        return recorder
 
     def record(self, step: int, start_wall_s: float, duration_s: float, samples: int | None,
-               input_s: float | None = None, sync_s: float | None = None, steps: int = 1) -> None:
+               input_s: float | None = None, sync_s: float | None = None, steps: int = 1,
+               worker: str | None = None) -> None:
         """Write one step that started at ``start_wall_s`` (epoch seconds) and lasted ``duration_s``."""
         self.count += 1
         if self._file is None:
@@ -62,6 +72,10 @@ class StepRecorder:
             line["sync_s"] = round(sync_s, 9)
         if steps != 1:
             line["steps"] = steps
+        if self.total is not None:
+            line["total"] = self.total
+        if worker:
+            line["worker"] = worker
         self._file.write(json.dumps(line) + "\n")
         now = time.monotonic()
         if now - self._last_flush >= self._flush_interval:
@@ -121,3 +135,11 @@ def step(samples: int | None = None, input_s: float | None = None) -> Iterator[N
         _step_counter += 1
         number = _step_counter
     recorder.record(number, wall, duration, samples, input_s=input_s)
+
+
+def set_total_steps(total: int) -> None:
+    """Declare how many training steps this task will run (progress bar, ETA); see
+    :func:`ddlctl.set_total_steps`."""
+    if total < 1:
+        raise ValueError(f"total steps must be at least 1, not {total}")
+    shared_recorder().total = int(total)

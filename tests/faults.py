@@ -41,7 +41,7 @@ class Job:
         self.err_path = runs.parent / "ddlctl.err"
         self.err = open(self.err_path, "wb")  # noqa: SIM115
         full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
-        self.proc = subprocess.Popen(ddlctl_cmd("launch", "--run-dir", str(runs), *args), stdout=self.out,
+        self.proc = subprocess.Popen(ddlctl_cmd("launch", "--runs-dir", str(runs), *args), stdout=self.out,
                                      stderr=self.err, env=full_env, cwd=Path(__file__).resolve().parent.parent)
         self.run_dir = wait_for(lambda: next((p for p in runs.iterdir() if p.is_dir()), None), 60, "the run directory")
 

@@ -25,14 +25,14 @@ def test_launch_help_explains_every_option():
     result = run_ddlctl("launch", "--help")
     assert result.returncode == 0
     for option in ("--hosts", "--template", "--strategy", "--workers", "--ps", "--evaluator",
-                   "--run-dir", "--env", "--startup-timeout", "--grace", "--dry-run", "--json",
+                   "--runs-dir", "--env", "--startup-timeout", "--grace", "--dry-run", "--json",
                    "--legacy-keras", "--workload", "--steps", "--batch-size"):
         assert option in result.stdout
 
 
 def test_dry_run_json_is_the_plan_and_nothing_else(runs):
     result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--dry-run", "--json",
-                        "--run-dir", str(runs), "--env", "A=1", "--", "python", "train.py", "--lr", "0.1")
+                        "--runs-dir", str(runs), "--env", "A=1", "--", "python", "train.py", "--lr", "0.1")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert [t["name"] for t in plan["tasks"]] == ["chief:0", "worker:0", "worker:1", "ps:0"]
@@ -45,7 +45,7 @@ def test_dry_run_json_is_the_plan_and_nothing_else(runs):
 
 def test_dry_run_table_shows_tf_config(runs):
     result = run_ddlctl("launch", "--template", "cluster_templates/localhost-mwms.yaml",
-                        "--dry-run", "--run-dir", str(runs))
+                        "--dry-run", "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr
     assert "strategy mwms, 2 task(s)" in result.stdout
     assert result.stdout.count("TF_CONFIG=") == 2
@@ -58,16 +58,18 @@ def test_dry_run_table_shows_tf_config(runs):
          ["hosts.txt:2", "unknown key 'slot'", "node2 slot=4"]),
         (["--strategy", "mirrored"], "localhost\n127.0.0.1 port=2222\n", ["runs on one host"]),
         (["--strategy", "ps", "--workers", "5"], "localhost slots=2\n", ["5 workers requested"]),
-        (["--strategy", "horovod"], "localhost\n", ["unknown strategy 'horovod'"]),
+        (["--strategy", "horovod"], "localhost\n", ["'horovod' is not one of 'ps', 'mwms'", "--help"]),
+        (["--restart-on", "always"], "localhost\n", ["'always' is not one of 'fault', 'any'"]),
+        (["--execution", "fast"], "localhost\n", ["'fast' is not one of 'pipelined', 'linear', 'python-feed'"]),
+        (["--workers", "0"], "localhost\n", ["--workers", "greater than or equal to 1"]),
         (["--env", "1BAD=x"], "localhost\n", ["--env '1BAD=x' is not KEY=VALUE"]),
         (["--steps", "5", "--", "python", "x.py"], "localhost\n", ["--steps only applies to the built-in"]),
-        (["--json"], "localhost\n", ["--json is only available with --dry-run"]),
     ],
 )
 def test_bad_input_is_a_clear_error_exit_2_no_traceback(tmp_path, args, hosts_text, fragments):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(hosts_text)
-    result = run_ddlctl("launch", "--hosts", str(hosts), "--run-dir", str(tmp_path / "runs"), *args)
+    result = run_ddlctl("launch", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *args)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr + result.stdout
     assert result.stderr.startswith("error:")
@@ -97,15 +99,11 @@ def invoke(args: list[str]) -> tuple[int, str]:
     import contextlib
     import io
 
-    from ddlctl.cli import app
+    from ddlctl.cli import run_app
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            app(args, standalone_mode=True)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = run_app(args)
     return code, err.getvalue()
 
 
@@ -138,7 +136,7 @@ def test_generated_templates_and_compare_strategies_never_end_in_a_traceback(tmp
                         encoding="utf-8")
     code, err = invoke(["launch", "--template", str(template), "--dry-run", "--json"])
     assert code in (0, 2) and "Traceback" not in err, err
-    code, err = invoke(["compare", "--strategies", strategies, "--run-dir", str(tmp_path / "runs")])
+    code, err = invoke(["compare", "--strategies", strategies, "--runs-dir", str(tmp_path / "runs")])
     assert code == 2 and err.startswith("error:"), err
 
 
@@ -154,9 +152,9 @@ def test_an_unusable_run_dir_is_a_clear_error(tmp_path, where):
     plain = tmp_path / "plain"
     plain.write_text("")
     run_dir = str(plain / "runs") if where == "file" else "/proc/ddlctl-no/runs"
-    code, err = invoke(["launch", "-s", "one_device", "--run-dir", run_dir, "--", "true"])
+    code, err = invoke(["launch", "-s", "one_device", "--runs-dir", run_dir, "--", "true"])
     assert code == 2, err
-    assert f"--run-dir: cannot use {run_dir} as a folder" in err
+    assert f"--runs-dir: cannot use {run_dir} as a folder" in err
 
 
 def test_help_keeps_square_brackets():

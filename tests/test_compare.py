@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ddlctl.compare import RunRecord, pipeline_speedups, rows_from_runs
+from ddlctl.compare import RunRecord, execution_speedups, parse_executions, rows_from_runs
 from tests.conftest import only_run_dir, run_ddlctl
 
 IDS = re.compile(r"ddlctl-ids \[([\d\s]*)\]")
@@ -21,29 +21,34 @@ def summary(throughput, accuracy=0.9, role="worker"):
 
 
 def test_rows_speedup_efficiency_spread_and_failures_are_computed_from_runs():
-    runs = [RunRecord("one_device", True, "a", 0, None, summary(100.0), 1),
-            RunRecord("one_device", True, "b", 0, None, summary(120.0), 1),
-            RunRecord("mwms", True, "c", 0, None, summary(330.0), 2),
-            RunRecord("mwms", True, "d", 0, None, summary(300.0), 2),
-            RunRecord("mwms", True, "e", 0, None, summary(270.0), 2),
-            RunRecord("ps", True, None, 2, "2 workers requested but the cluster has 1 worker slots", None)]
-    rows = {r["strategy"]: r for r in rows_from_runs(runs, both=False)}
+    runs = [RunRecord("one_device", "pipelined", "a", 0, None, summary(100.0), 1),
+            RunRecord("one_device", "pipelined", "b", 0, None, summary(120.0), 1),
+            RunRecord("mwms", "pipelined", "c", 0, None, summary(330.0), 2),
+            RunRecord("mwms", "pipelined", "d", 0, None, summary(300.0), 2),
+            RunRecord("mwms", "pipelined", "e", 0, None, summary(270.0), 2),
+            RunRecord("ps", "pipelined", None, 2, "2 workers requested but the cluster has 1 worker slots", None)]
+    rows = {r["strategy"]: r for r in rows_from_runs(runs, several=False)}
     assert rows["one_device"]["throughput_samples_per_s"] == 110.0
     assert rows["mwms"]["throughput_samples_per_s"] == 300.0
     assert (rows["mwms"]["throughput_min"], rows["mwms"]["throughput_max"]) == (270.0, 330.0)
     assert rows["mwms"]["speedup_vs_one_device"] == pytest.approx(300 / 110)
     assert rows["mwms"]["scaling_efficiency"] == pytest.approx(300 / 110 / 2)
     assert rows["ps"]["error"].startswith("2 workers requested") and rows["ps"]["throughput_samples_per_s"] is None
-    both = rows_from_runs([RunRecord("mwms", True, "x", 0, None, summary(500.0), 2),
-                           RunRecord("mwms", False, "y", 0, None, summary(200.0), 2)], both=True)
-    assert [r["label"] for r in both] == ["mwms (pipelined)", "mwms (linear)"]
-    assert pipeline_speedups(both) == {"mwms": 2.5}
+    modes = rows_from_runs([RunRecord("mwms", "pipelined", "x", 0, None, summary(500.0), 2),
+                            RunRecord("mwms", "linear", "y", 0, None, summary(400.0), 2),
+                            RunRecord("mwms", "python-feed", "z", 0, None, summary(50.0), 2)], several=True)
+    assert [r["label"] for r in modes] == ["mwms (pipelined)", "mwms (linear)", "mwms (python-feed)"]
+    assert execution_speedups(modes) == {"mwms": {"linear": 1.25, "python-feed": 10.0}}
+    assert parse_executions("all") == ("pipelined", "linear", "python-feed")
+    assert parse_executions("linear, pipelined,linear") == ("linear", "pipelined")
+    with pytest.raises(Exception, match="unknown mode 'fast'"):
+        parse_executions("pipelined,fast")
 
 
 @pytest.mark.cluster
 def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
     result = run_ddlctl("compare", "--strategies", "one_device,mirrored,mwms", "--steps", "30",
-                        "--run-dir", str(tmp_path), "--json", timeout=600)
+                        "--runs-dir", str(tmp_path), "--json", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     rows = {r["strategy"]: r for r in data["rows"]}
@@ -60,7 +65,7 @@ def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
     hosts = tmp_path / "two.txt"
     hosts.write_text("localhost\n127.0.0.1\n")
     failed = run_ddlctl("compare", "--hosts", str(hosts), "--strategies", "one_device,mwms", "--steps", "20",
-                        "--run-dir", str(tmp_path / "second"), timeout=600)
+                        "--runs-dir", str(tmp_path / "second"), timeout=600)
     assert failed.returncode == 1
     assert "one_device" in failed.stdout and "runs on one host" in failed.stdout
     assert "Traceback" not in failed.stderr + failed.stdout
@@ -68,17 +73,27 @@ def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
 
 
 @pytest.mark.cluster
-def test_pipelined_and_linear_train_to_the_same_accuracy(runs):
-    accuracies = {}
-    for mode in ("--pipeline", "--no-pipeline"):
-        result = run_ddlctl("launch", "--strategy", "one_device", "--steps", "40", mode, "--no-telemetry",
-                            "--run-dir", str(runs / mode))
+def test_every_execution_mode_trains_to_the_same_accuracy(runs):
+    accuracies, input_share = {}, {}
+    # --pipeline is the old spelling of --execution pipelined
+    for mode, flag in (("pipelined", "--pipeline"), ("linear", "--execution=linear"),
+                       ("python-feed", "--execution=python-feed")):
+        result = run_ddlctl("launch", "--strategy", "one_device", "--steps", "40", flag, "--no-telemetry",
+                            "--runs-dir", str(runs / mode))
         assert result.returncode == 0, result.stderr[-2000:]
         folder = only_run_dir(runs / mode) / "tasks" / "worker-0"
-        accuracies[mode] = json.loads((folder / "result.json").read_text())["accuracy"]
-        assert len((folder / "steps.jsonl").read_text().splitlines()) == 40
-    assert accuracies["--pipeline"] == pytest.approx(accuracies["--no-pipeline"], abs=0.01)
-    assert accuracies["--pipeline"] > 0.3
+        done = json.loads((folder / "result.json").read_text())
+        assert done["execution"] == mode
+        accuracies[mode] = done["accuracy"]
+        records = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+        assert len(records) == 40 and all(r["total"] == 40 for r in records)
+        kept = records[8:]  # after the first block (tracing, first fill of the prefetch buffer)
+        input_share[mode] = sum(r["input_s"] for r in kept) / sum(r["duration_s"] for r in kept)
+    assert accuracies["pipelined"] == pytest.approx(accuracies["linear"], abs=0.01)
+    assert accuracies["pipelined"] == pytest.approx(accuracies["python-feed"], abs=0.01)
+    assert accuracies["pipelined"] > 0.3
+    # python-feed builds batches in Python: most of its step is waiting for input
+    assert input_share["python-feed"] > 0.5 > input_share["linear"], input_share
 
 
 def consumed_ids(run_dir, task):
@@ -90,7 +105,7 @@ def consumed_ids(run_dir, task):
 @pytest.mark.parametrize(("strategy", "tasks"), [("mwms", ["worker-0", "worker-1"]),
                                                  ("ps", ["worker-0", "worker-1"])])
 def test_each_worker_reads_its_own_shard_disjoint_and_complete(runs, strategy, tasks):
-    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--no-telemetry", "--run-dir", str(runs),
+    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--no-telemetry", "--runs-dir", str(runs),
                         "--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", "512", "--batch-size", "64",
                         "--steps-per-call", "2", "--record-ids")
     assert result.returncode == 0, result.stderr[-3000:]

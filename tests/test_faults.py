@@ -171,7 +171,7 @@ CRASH = [sys.executable, "-c", "import os; print('attempt', os.environ['DDLCTL_R
 
 
 def test_a_python_exception_is_not_retried_under_fault(runs):
-    done = run_ddlctl("launch", "-s", "one_device", "--max-restarts", "3", "--no-telemetry", "--run-dir", str(runs),
+    done = run_ddlctl("launch", "-s", "one_device", "--max-restarts", "3", "--no-telemetry", "--runs-dir", str(runs),
                       "--", *CRASH, timeout=120)
     assert done.returncode == 1
     assert "a bug in the program: not retried under --restart-on fault" in done.stderr
@@ -181,7 +181,7 @@ def test_a_python_exception_is_not_retried_under_fault(runs):
 
 def test_a_python_exception_is_retried_under_any_until_the_budget_is_spent(runs):
     done = run_ddlctl("launch", "-s", "one_device", "--max-restarts", "3", "--restart-on", "any", "--no-telemetry",
-                      "--run-dir", str(runs), "--", *CRASH, timeout=180)
+                      "--runs-dir", str(runs), "--", *CRASH, timeout=180)
     assert done.returncode == 1
     assert [line.split()[-1] for line in done.stdout.splitlines() if "attempt" in line] == ["0", "1", "2", "3"]
     assert "no restarts left (3 of --max-restarts 3 used)" in done.stderr

@@ -41,7 +41,7 @@ PS_STEPS = "120"  # asynchronous updates from two workers need more steps than s
 
 def test_ps_chief_two_workers_one_ps_trains(runs):
     result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--ps", "1",
-                        "--steps", PS_STEPS, "--run-dir", str(runs))
+                        "--steps", PS_STEPS, "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -62,7 +62,7 @@ def test_ps_chief_two_workers_one_ps_trains(runs):
 
 def test_mwms_two_workers_train_in_lockstep(runs):
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--steps", STEPS,
-                        "--run-dir", str(runs))
+                        "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     check_trained(run_dir, ["worker:0", "worker:1"])
@@ -75,7 +75,7 @@ def test_mwms_two_workers_train_in_lockstep(runs):
 
 @pytest.mark.parametrize("strategy", ["mirrored", "one_device", "central_storage"])
 def test_single_host_strategies_train(runs, strategy):
-    result = run_ddlctl("launch", "--strategy", strategy, "--steps", STEPS, "--run-dir", str(runs))
+    result = run_ddlctl("launch", "--strategy", strategy, "--steps", STEPS, "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     check_trained(run_dir, ["worker:0"])
@@ -84,7 +84,7 @@ def test_single_host_strategies_train(runs, strategy):
 
 @pytest.mark.parametrize("strategy", ["ps", "mwms"])
 def test_model_fit_program_works_with_tf_keras(runs, strategy):
-    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--run-dir", str(runs),
+    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--runs-dir", str(runs),
                         "--", sys.executable, str(PROGRAMS / "fit_program.py"))
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     done = [line for line in result.stdout.splitlines() if "FIT_DONE" in line]
@@ -98,7 +98,7 @@ def test_model_fit_program_works_with_tf_keras(runs, strategy):
 def test_crashing_task_is_the_root_cause_and_everything_stops(runs):
     started = time.monotonic()
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "3", "--grace", "2",
-                        "--run-dir", str(runs), "--", sys.executable,
+                        "--runs-dir", str(runs), "--", sys.executable,
                         str(PROGRAMS / "crash_program.py"), timeout=120)
     assert result.returncode == 7
     assert time.monotonic() - started < 60
@@ -117,7 +117,7 @@ def test_crashing_task_is_the_root_cause_and_everything_stops(runs):
 def test_sigint_stops_every_task_within_10s(runs):
     proc = subprocess.Popen(
         ddlctl_cmd("launch", "--strategy", "ps", "--workers", "2", "--steps", "100000",
-                   "--run-dir", str(runs)),
+                   "--runs-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:  # wait until training is under way
@@ -146,7 +146,7 @@ def test_sigint_stops_every_task_within_10s(runs):
 
 def test_startup_timeout_names_the_task_that_never_joined(runs):
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--startup-timeout",
-                        "20", "--grace", "1", "--run-dir", str(runs), "--", sys.executable,
+                        "20", "--grace", "1", "--runs-dir", str(runs), "--", sys.executable,
                         str(PROGRAMS / "never_joins.py"), timeout=120)
     assert result.returncode == 1
     assert "startup timeout" in result.stderr
@@ -161,7 +161,7 @@ def test_two_launches_at_once_both_succeed(tmp_path):
         run_root = tmp_path / f"runs{i}"
         procs.append((run_root, subprocess.Popen(
             ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "2", "--steps", "20",
-                       "--run-dir", str(run_root)),
+                       "--runs-dir", str(run_root)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     ports = []
     for run_root, proc in procs:
@@ -174,7 +174,7 @@ def test_two_launches_at_once_both_succeed(tmp_path):
 
 def test_evaluator_evaluates_checkpoints_and_is_stopped_after_training(runs):
     result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--evaluator",
-                        "--steps", "120", "--run-dir", str(runs))
+                        "--steps", "120", "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -190,7 +190,7 @@ def test_evaluator_evaluates_checkpoints_and_is_stopped_after_training(runs):
 def test_sigterm_to_ddlctl_stops_everything(runs):
     proc = subprocess.Popen(
         ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "2", "--steps", "100000",
-                   "--grace", "2", "--run-dir", str(runs)),
+                   "--grace", "2", "--runs-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:

@@ -24,7 +24,7 @@ def steps_of(run_dir, task):
 def test_profile_flags_exactly_the_slowed_worker(runs):
     # 2 workers on this 2-core machine: more would starve each other of CPU and arrive late too
     result = run_ddlctl("profile", "--strategy", "mwms", "--workers", "2", "--sample-interval", "0.5",
-                        "--run-dir", str(runs), "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "60",
+                        "--runs-dir", str(runs), "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "60",
                         "--slow-task", "worker:1", "--slow-ms", "40")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
@@ -39,7 +39,7 @@ def test_profile_flags_exactly_the_slowed_worker(runs):
 
 
 def test_report_from_a_copied_run_directory_gives_the_same_answer(runs, tmp_path):
-    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--steps", "30", "--run-dir", str(runs))
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--steps", "30", "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     live = json.loads((run_dir / "summary.json").read_text())
@@ -58,7 +58,7 @@ def test_report_from_a_copied_run_directory_gives_the_same_answer(runs, tmp_path
 
 @pytest.mark.parametrize("strategy", ["mwms", "ps"])
 def test_model_fit_gets_step_timings_without_code_changes(runs, strategy):
-    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--run-dir", str(runs), "--",
+    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--runs-dir", str(runs), "--",
                         sys.executable, str(PROGRAMS / "fit_program.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
@@ -74,13 +74,13 @@ def test_model_fit_gets_step_timings_without_code_changes(runs, strategy):
 
 def test_no_auto_steps_turns_the_hook_off(runs):
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--no-auto-steps", "--no-telemetry",
-                        "--run-dir", str(runs), "--", sys.executable, str(PROGRAMS / "fit_program.py"))
+                        "--runs-dir", str(runs), "--", sys.executable, str(PROGRAMS / "fit_program.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert steps_of(only_run_dir(runs), "worker:0") == []
 
 
 def test_custom_loop_with_ddlctl_step(runs):
-    result = run_ddlctl("launch", "--strategy", "one_device", "--run-dir", str(runs), "--",
+    result = run_ddlctl("launch", "--strategy", "one_device", "--runs-dir", str(runs), "--",
                         sys.executable, str(PROGRAMS / "custom_loop.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     records = steps_of(only_run_dir(runs), "worker:0")
@@ -91,7 +91,7 @@ def test_custom_loop_with_ddlctl_step(runs):
 def test_agent_death_leaves_a_gap_and_the_job_goes_on(runs):
     proc = subprocess.Popen(
         ddlctl_cmd("launch", "--strategy", "one_device", "--steps", "1500", "--sample-interval", "0.3",
-                   "--run-dir", str(runs)),
+                   "--runs-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90

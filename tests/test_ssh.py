@@ -48,7 +48,7 @@ def server_address(pid_json: Path) -> str:
 @pytest.mark.parametrize("strategy", ["mwms", "ps"])
 def test_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs, strategy):
     result = ssh_launch(cluster, "--hosts", str(hosts_file), "--strategy", strategy, "--steps", "30",
-                        "--run-dir", str(runs))
+                        "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -77,7 +77,7 @@ def test_hostile_arguments_arrive_byte_identical_and_nothing_runs(cluster, tmp_p
     args = [a.format(marker=marker) for a in HOSTILE]
     hosts = cluster.hosts_file(tmp_path / "one.txt", cluster.hosts[:1])
     program = "import json, os, sys; print('ARGS' + json.dumps([sys.argv[1:], os.environ['HOSTILE']]))"
-    result = ssh_launch(cluster, "--hosts", str(hosts), "--strategy", "one_device", "--run-dir", str(runs),
+    result = ssh_launch(cluster, "--hosts", str(hosts), "--strategy", "one_device", "--runs-dir", str(runs),
                         "--env", f"HOSTILE={args[3]} {args[6]} {args[1]}",
                         "--", sys.executable, "-c", program, *args)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -111,10 +111,10 @@ def test_unknown_host_key_refused_then_accepted_and_recorded(cluster, tmp_path, 
     host = cluster.hosts[0]
     hosts = cluster.hosts_file(tmp_path / "one.txt", [host])
     started = time.monotonic()
-    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--runs-dir", str(runs),
                         "--", "true", home=home)
     _fails_fast(result, started, [f"{host.address}", "unknown", "--accept-new-host-keys"], 30)
-    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--runs-dir", str(runs),
                         "--accept-new-host-keys", "--", "true", home=home)
     assert result.returncode == 0, result.stderr
     recorded = (home / ".ssh" / "known_hosts").read_text()
@@ -129,7 +129,7 @@ def test_changed_host_key_is_always_refused(cluster, tmp_path, runs):
     (home / ".ssh" / "known_hosts").write_text(f"[{host.address}]:{host.port} {other[0]} {other[1]}\n")
     hosts = cluster.hosts_file(tmp_path / "one.txt", [host])
     started = time.monotonic()
-    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--runs-dir", str(runs),
                         "--accept-new-host-keys", "--", "true", home=home)
     _fails_fast(result, started, ["CHANGED", "ssh-keygen -R"], 30)
 
@@ -139,7 +139,7 @@ def test_wrong_user_key_names_user_and_keys(cluster, tmp_path, runs):
     _keygen(wrong)
     hosts = cluster.hosts_file(tmp_path / "one.txt", cluster.hosts[:1])
     started = time.monotonic()
-    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--run-dir", str(runs),
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--runs-dir", str(runs),
                         "--ssh-key", str(wrong), "--", "true")
     _fails_fast(result, started, ["authentication failed for user 'root'", str(wrong)], 30)
 
@@ -156,7 +156,7 @@ def test_closed_port_silent_server_and_unknown_name_each_say_why(cluster, tmp_pa
                      "no-such-host.invalid\n")
     started = time.monotonic()
     result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "mwms", "--connect-timeout", "3",
-                        "--run-dir", str(runs), "--", "true")
+                        "--runs-dir", str(runs), "--", "true")
     _fails_fast(result, started, ["cannot reach 3 hosts", f"connection refused at root@127.0.0.2:{closed}",
                                   "timed out after 3s", "'no-such-host.invalid' could not be resolved",
                                   f"{hosts}:1", f"{hosts}:2", f"{hosts}:3"], 20)
@@ -167,7 +167,7 @@ def start_endless_run(cluster, hosts_file, runs) -> subprocess.Popen:
     """An mwms run over the SSH hosts that will not end by itself, returned once the cluster is up."""
     proc = subprocess.Popen(
         ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "1000000",
-                   "--run-dir", str(runs)),
+                   "--runs-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
     for line in proc.stdout:
         if "cluster up" in line:
@@ -198,7 +198,7 @@ def test_two_runs_on_the_same_hosts_do_not_disturb_each_other(cluster, hosts_fil
     for i in range(2):
         procs.append((tmp_path / f"r{i}", subprocess.Popen(
             ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "20",
-                       "--run-dir", str(tmp_path / f"r{i}")),
+                       "--runs-dir", str(tmp_path / f"r{i}")),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)))
     ports = set()
     for root, proc in procs:
@@ -272,7 +272,7 @@ def test_ssh_config_alias_hostname_port_user_and_identity(cluster, tmp_path, run
         f"Host beta\n  HostName {b.address}\n  Port {b.port}\n  User root\n  IdentityFile {key}\n")
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(f"alpha python={sys.executable}\nbeta python={sys.executable}\n")
-    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "mwms", "--steps", "10", "--run-dir", str(runs),
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "mwms", "--steps", "10", "--runs-dir", str(runs),
                         home=home)
     assert result.returncode == 0, result.stderr[-3000:]
     plan = json.loads((only_run_dir(runs) / "plan.json").read_text())

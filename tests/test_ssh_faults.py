@@ -30,7 +30,7 @@ def cluster(tmp_path_factory):
 def test_twelve_tasks_on_one_host_with_default_max_sessions(cluster, tmp_path, runs):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(cluster.hosts[0].hosts_line(slots=12) + "\n")
-    done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--workers", "12", "--run-dir", str(runs),
+    done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--workers", "12", "--runs-dir", str(runs),
                       "--", *PRINT_TASK, env=cluster.env, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     for i in range(12):
@@ -45,7 +45,7 @@ def test_sixteen_hosts(tmp_path, runs):
     many = SshTestCluster(tmp_path / "sixteen", 16)
     try:
         hosts = many.hosts_file(tmp_path / "hosts16.txt")
-        done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--run-dir", str(runs), "--", *PRINT_TASK,
+        done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--runs-dir", str(runs), "--", *PRINT_TASK,
                           env=many.env, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
         assert sorted(int(line.rsplit("worker:", 1)[1]) for line in done.stdout.splitlines()

@@ -29,6 +29,13 @@ class _TimerState:
         self._begin: int | None = None
         self._start = self._wall = 0.0
 
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Declare the run's total (epochs x steps per epoch) unless the program already did."""
+        params = getattr(self, "params", None) or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        if self.recorder.total is None and epochs and steps:
+            self.recorder.total = int(epochs) * int(steps)
+
 
 @lru_cache(maxsize=4)
 def step_timer_class(base: type) -> type:

@@ -98,20 +98,40 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
                             ("accuracy", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     summarized = {t.name: t for t in summary.tasks}
+    work = {w.task: w for w in summary.work}
     for outcome in result.tasks:
         s = summarized.get(outcome.name)
         ended = outcome.state.value
         if outcome.status is not None and outcome.state is TaskState.FAILED:
             ended = f"failed ({outcome.status.describe()})"
+        ran = work.get(outcome.name)
         table.add_row(outcome.name, outcome.host, ended,
-                      str(s.steps) if s else "-", _ms(s.step_time_p50_s if s else None),
+                      str(s.steps) if s else (f"{ran.steps} ran" if ran and ran.steps is not None
+                                              else "-"), _ms(s.step_time_p50_s if s else None),
                       fmt(s.samples_per_s if s else None, ",.0f"),
                       fmt(s.loss if s else None, ".4f"), fmt(s.accuracy if s else None, ".4f"))
     console.print(table)
     console.print(_throughput_line(summary))
+    render_work(summary, console)
     render_faults(summary, console)
     for line in summary.diagnosis:
         console.print(Text(f"• {line}", style="yellow"))
+
+
+def render_work(summary: RunSummary, console: Console) -> None:
+    """ps: what each worker did (steps it ran, share, busy time, CPU), or why that is unknown."""
+    if not summary.work:
+        return
+    table = Table(title="work per worker (ps: the coordinator hands steps to whichever worker is free)",
+                  title_justify="left")
+    for column in ("worker", "host", "steps run", "share", "busy s", "busy %", "CPU %"):
+        table.add_column(column, justify="left" if column in ("worker", "host") else "right")
+    for w in summary.work:
+        table.add_row(w.task, w.host or "-", fmt(w.steps, "d"), fmt(w.share, ".0%"), fmt(w.busy_s, ".1f"),
+                      fmt(None if w.busy_fraction is None else 100 * w.busy_fraction, ".0f"), fmt(w.cpu_mean, ".0f"))
+    console.print(table)
+    if summary.work_note:
+        console.print(Text(f"  {summary.work_note}", style="dim"), soft_wrap=True)
 
 
 def render_faults(summary: RunSummary, console: Console) -> None:
@@ -180,6 +200,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
                              f"{_bytes(g.mem_peak_bytes)} / {_bytes(g.mem_total_bytes)}",
                              f"{fmt(g.power_mean_w, '.0f')} / {fmt(g.power_peak_w, '.0f')}")
         console.print(gpus)
+    render_work(summary, console)
     render_faults(summary, console)
     if summary.diagnosis:
         console.print(Text("diagnosis", style="bold"))

@@ -78,6 +78,8 @@ class TaskSteps:
     sync_s: array = field(default_factory=lambda: array("d"))  # -1: not recorded
     block: int = 1  # steps per record (steps_per_execution)
     bad_lines: int = 0
+    worker: list = field(default_factory=list)  # per record: the task that ran it (ps), or None
+    total: int | None = None  # steps the task declared it would run
 
 
 def parse_json_lines(data: bytes) -> tuple[list, int]:
@@ -113,8 +115,11 @@ def read_steps(path: Path, name: str) -> TaskSteps:
         steps.input_s = array("d", [-1.0 if r.get("input_s") is None else float(r["input_s"]) for r in records])
         steps.sync_s = array("d", [-1.0 if r.get("sync_s") is None else float(r["sync_s"]) for r in records])
         steps.block = max([int(r.get("steps", 1)) for r in records], default=1)
+        workers = [r.get("worker") for r in records]
+        steps.worker = workers if any(workers) else []
         if records and records[-1].get("task"):
             steps.name = str(records[-1]["task"])
+        steps.total = _declared_total(records)
         return steps
     except (KeyError, TypeError, ValueError, AttributeError):
         pass
@@ -132,9 +137,21 @@ def read_steps(path: Path, name: str) -> TaskSteps:
                                   steps.sync_s), row, strict=False):
             column.append(value)
         steps.block = max(steps.block, row[6])
+        steps.worker.append(raw.get("worker"))
         if raw.get("task"):
             steps.name = str(raw["task"])
+    if not any(steps.worker):
+        steps.worker = []
+    steps.total = _declared_total(records)
     return steps
+
+
+def _declared_total(records: list) -> int | None:
+    """The last ``total`` a task declared in its records (None: never)."""
+    for record in reversed(records):
+        if isinstance(record, dict) and isinstance(record.get("total"), int):
+            return int(record["total"])
+    return None
 
 
 def last_end_us(starts: Sequence[int], durations: Sequence[float]) -> float:
@@ -165,6 +182,23 @@ class TaskSummary:
     accuracy: float | None
     cpu_mean: float | None = None
     rss_peak_bytes: int | None = None
+    steps_in_flight_mean: float | None = None  # summed step time / span: > 1 when steps overlap (ps)
+    total_steps_declared: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerWork:
+    """What one ps worker did: the steps it ran (attributed by the coordinator's records), their
+    share of the job, and how long it was busy running them; ``steps`` is None when the program's
+    closures do not say which worker ran them (then only CPU is known)."""
+
+    task: str
+    host: str | None
+    steps: int | None
+    share: float | None
+    busy_s: float | None
+    busy_fraction: float | None  # busy_s / the job's training window
+    cpu_mean: float | None
 
 
 @dataclass(frozen=True)
@@ -216,11 +250,15 @@ class RunSummary:
     steps_lost: int = 0
     degraded: tuple[dict, ...] = ()
     hosts_lost: tuple[dict, ...] = ()
+    work: tuple[WorkerWork, ...] = ()
+    work_note: str | None = None
 
     def to_dict(self) -> dict[str, object]:
-        """``summary.json`` (``schema`` 2: schema 1 plus restarts, goodput, steps_lost, degraded, hosts_lost)."""
+        """``summary.json`` (``schema`` 3: schema 1 plus restarts, goodput, steps_lost, degraded,
+        hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
+        total_steps_declared (3))."""
         data = asdict(self)
-        data = {"schema": 2, **data}
+        data = {"schema": 3, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -512,7 +550,8 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
             samples_per_s=rate, input_fraction=input_fraction,
             arrival_lateness_p50_s=late, straggler=reason is not None, straggler_reason=reason,
             loss=results.get(steps.name, {}).get("loss"), accuracy=results.get(steps.name, {}).get("accuracy"),
-            cpu_mean=mean(cpu) if cpu else None, rss_peak_bytes=int(max(rss)) if rss else None))
+            cpu_mean=mean(cpu) if cpu else None, rss_peak_bytes=int(max(rss)) if rss else None,
+            steps_in_flight_mean=_in_flight(steps, kept), total_steps_declared=steps.total))
 
     throughput, record_rate = _rates(list(windows.values()))
     step_rate = None
@@ -542,6 +581,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         if h.get("name") in {u.split("@")[-1].split(":")[0] for u in used_hosts if u})
 
     lead = _lead(all_steps, plan.get("strategy"))
+    work, work_note = _worker_work(plan, lead, procs)
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
                                   lead.start_us if lead else [],
@@ -556,8 +596,53 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         tasks=tuple(tasks), hosts=hosts, diagnosis=(), restarts=restarts,
         goodput=goodput(lead.start_us, lead.duration, redone) if lead is not None else None,
         steps_lost=sum(redone) * (lead.block if lead is not None else 1),
-        degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])))
+        degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])),
+        work=work, work_note=work_note)
     return _with_diagnosis(summary, outcome, run_end)
+
+
+def _in_flight(steps: TaskSteps, kept: slice) -> float | None:
+    """Mean number of this task's steps running at once over its kept records: the summed step
+    time over the span. About 1 for a task that steps itself; under ps the coordinator's records
+    overlap (closures run on several workers at once), and this is how stale gradients get."""
+    starts, durations = steps.start_us[kept], steps.duration[kept]
+    if len(starts) < 2:
+        return None
+    span = (last_end_us(starts, durations) - min(starts)) / 1e6
+    return sum(durations) / span if span > 0 else None
+
+
+def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple[WorkerWork, ...], str | None]:
+    """Under ps: per worker, steps run, share, busy time (from the coordinator's attributed
+    records), and CPU; with a note when the records do not say who ran what."""
+    if plan.get("strategy") != "ps":
+        return (), None
+    workers = [t for t in plan.get("tasks", []) if t.get("role") == "worker"]
+    if not workers:
+        return (), None
+    cpu = {name: mean(figures[0]) if figures[0] else None for name, figures in procs.items()}
+    if lead is None or not lead.worker:
+        note = ("steps per worker are unknown: under ps the coordinator runs every step, and this program's "
+                "closures do not say which worker ran them (ddlctl's built-in workload does: see README "
+                "'Work per worker'); CPU per worker is shown instead")
+        return tuple(WorkerWork(w["name"], w.get("host"), None, None, None, None, cpu.get(w["name"]))
+                     for w in workers), note
+    counted: dict[str, int] = {}
+    busy: dict[str, float] = {}
+    for who, duration in zip(lead.worker, lead.duration, strict=True):
+        if who:
+            counted[who] = counted.get(who, 0) + lead.block
+            busy[who] = busy.get(who, 0.0) + duration
+    total = sum(counted.values())
+    window = (last_end_us(lead.start_us, lead.duration) - min(lead.start_us)) / 1e6 if lead.start_us else 0.0
+    rows = []
+    for w in workers:
+        name = w["name"]
+        steps = counted.get(name, 0)
+        rows.append(WorkerWork(name, w.get("host"), steps, steps / total if total else None,
+                               busy.get(name, 0.0), busy.get(name, 0.0) / window if window > 0 else None,
+                               cpu.get(name)))
+    return tuple(rows), None
 
 
 def _lead(all_steps: Sequence[TaskSteps], strategy: str | None) -> TaskSteps | None:
@@ -572,6 +657,11 @@ def _lead(all_steps: Sequence[TaskSteps], strategy: str | None) -> TaskSteps | N
 def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = None) -> RunSummary:
     """Add the few lines a person can act on (``run_end``: when the last step ended)."""
     lines = []
+    if not summary.total_steps and summary.tasks_count:
+        failed = outcome.get("failure")
+        lines.append("no task recorded a step; see outcome.json" + (f" ({failed})" if failed else "")
+                     + " and tasks/*/output.log (a program of your own records steps with ddlctl.step, "
+                       "or with model.fit through --auto-steps)")
     for task in summary.tasks:
         if task.straggler:
             lines.append(f"straggler: {task.name} on {task.host}: {task.straggler_reason}")

@@ -5,3 +5,9 @@ WORKLOADS: tuple[str, ...] = ("cnn", "mlp")
 
 #: Workloads whose input pipeline does heavy augmentation.
 AUGMENTED: frozenset[str] = frozenset({"cnn"})
+
+#: Execution modes of the built-in workloads (``--execution``): pipelined (tf.data with parallel
+#: map and prefetch, input overlapping compute), linear (the same tf.data input with no prefetch and
+#: no parallel map: input and compute strictly alternate) and python-feed (batches built in Python
+#: sample by sample and fed one step per call: the strawman, kept under its own name).
+EXECUTIONS: tuple[str, ...] = ("pipelined", "linear", "python-feed")

@@ -52,7 +52,7 @@ def make_sample_fn(seed: int, augment: bool = False):
 
 
 def make_batch_fn(seed: int, augment: bool = False):
-    """Linear execution's input: a batch built in Python, one sample at a time (as a Python
+    """The python-feed execution's input: a batch built in Python, one sample at a time (as a Python
     generator or a ``feed_dict`` loop produces data), with the same ops as the pipelined map, so
     both modes see identical data: ids -> ``(images, labels, ids)``."""
     import tensorflow as tf
@@ -86,18 +86,34 @@ def shard_dataset(seed: int, augment: bool, batch: int, shard: int = 0, num_shar
         # Infinite cardinality on purpose: with a finite dataset, MWMS makes every next() an
         # all-reduce of "has data" across workers (a hidden barrier per step).
         ids = ids.repeat()
-    calls = tf.data.AUTOTUNE if parallel else None
-    dataset = ids.map(make_sample_fn(seed, augment), num_parallel_calls=calls, deterministic=True)
-    return dataset.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE if parallel else 0)
+    return _batches(ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
+                            deterministic=True), batch, parallel)
 
 
-def range_dataset(seed: int, augment: bool, batch: int, first_id, count):
+def range_dataset(seed: int, augment: bool, batch: int, first_id, count, parallel: bool = True):
     """Ids ``[first_id, first_id + count)`` as batches (ps: a closure's own id range)."""
     import tensorflow as tf
 
     ids = tf.data.Dataset.range(first_id, first_id + count)
-    dataset = ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return dataset.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return _batches(ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
+                            deterministic=True), batch, parallel)
+
+
+def _batches(samples, batch: int, parallel: bool):
+    """Batches of ``samples``; pipelined (``parallel``): prefetched, so the next batch is made while
+    a step computes. Otherwise strictly sequential: no prefetch, and none of the optimisations that
+    tf.data would otherwise apply behind the program's back (injected prefetch, parallelised map)."""
+    import tensorflow as tf
+
+    dataset = samples.batch(batch, drop_remainder=True)
+    if parallel:
+        return dataset.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
+    options.experimental_optimization.map_parallelization = False
+    options.experimental_optimization.parallel_batch = False
+    return dataset.with_options(options)
 
 
 def eval_batch(seed: int, size: int = 1024):

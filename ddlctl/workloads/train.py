@@ -3,17 +3,21 @@
 Keras 3 ``model.fit`` does not work under ParameterServerStrategy or MultiWorkerMirroredStrategy,
 so these are custom loops: ``ClusterCoordinator.schedule`` for ps, ``strategy.run`` otherwise.
 
-Two execution modes (the research result ddlctl reproduces: pipelined beats linear):
+Three execution modes (the research result ddlctl reproduces: pipelined beats linear):
 
-* **linear** (``--no-pipeline``): each step's batch is produced in Python, sample by sample (as a
-  Python generator or ``feed_dict`` loop does), then one training step runs: input and compute
-  never overlap, one step per call, no prefetch, no parallel map (ps: the coordinator produces the
-  batch and ships it with a one-step closure).
-* **pipelined** (``--pipeline``, default): tf.data with parallel map and prefetch (AUTOTUNE)
-  feeds ``--steps-per-call`` steps per traced call, so input overlaps with compute (ps: each
-  scheduled closure runs that many steps over its own id range with its own tf.data pipeline).
+* **pipelined** (``--execution pipelined``, default): tf.data with parallel map and prefetch
+  (AUTOTUNE) feeds ``--steps-per-call`` steps per traced call, so input overlaps with compute
+  (ps: each scheduled closure runs that many steps over its own id range with its own tf.data
+  pipeline).
+* **linear** (``--execution linear``; ``--no-pipeline``): the honest baseline the research
+  describes. The same tf.data input, the same steps per call and (ps) the same closures in flight,
+  executed without overlap: no prefetch, no parallel map, no tf.data optimisation that would add
+  either, so input and compute strictly alternate. Only the overlap differs from pipelined.
+* **python-feed** (``--execution python-feed``): each step's batch is built in Python, sample by
+  sample (as a Python generator or ``feed_dict`` loop does), and fed to a one-step call (ps: the
+  coordinator builds it and ships it with a one-step closure). A strawman, named for what it is.
 
-Both modes read exactly the same sample ids at each step (see ``synthetic.step_ids``), so they
+All modes read exactly the same sample ids at each step (see ``synthetic.step_ids``), so they
 train on the same data. Every step is recorded in ``steps.jsonl`` with timestamps taken inside the
 graph (``tf.timestamp()``); the final loss and accuracy on a held-out set are printed and written
 to ``result.json``. Sharding: under mwms each worker reads its own shard of the id stream; under ps
@@ -33,7 +37,7 @@ from pathlib import Path
 
 from ddlctl.runtime.tfenv import TaskContext, min_inter_op_threads, quiet_tensorflow_logs, task_context
 from ddlctl.steps import StepRecorder
-from ddlctl.workloads import AUGMENTED, WORKLOADS
+from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,11 +48,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=200, help="training steps")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="global batch per step (ps: batch of one step on one worker)")
-    parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
-                        help="pipelined execution (tf.data parallel map + prefetch, several steps per call); "
-                             "--no-pipeline: linear execution")
+    parser.add_argument("--execution", choices=EXECUTIONS, default="pipelined",
+                        help="pipelined (tf.data parallel map + prefetch), linear (the same input without overlap) "
+                             "or python-feed (batches built in Python, one step per call)")
+    parser.add_argument("--pipeline", dest="execution", action="store_const", const="pipelined",
+                        help="same as --execution pipelined")
+    parser.add_argument("--no-pipeline", dest="execution", action="store_const", const="linear",
+                        help="same as --execution linear")
     parser.add_argument("--steps-per-call", type=int, default=8,
-                        help="steps per traced call in pipelined mode (ps: per scheduled closure)")
+                        help="steps per traced call, pipelined and linear (ps: per scheduled closure)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--epoch-size", type=int, default=0,
@@ -72,8 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.epoch_size % args.batch_size:
             parser.error("--epoch-size must be a multiple of --batch-size")
         args.steps = args.epoch_size // args.batch_size
-    if not args.pipeline or args.slow_task:
-        args.steps_per_call = 1  # linear: one step per call; a straggler is injected between steps
+    args.pipeline = args.execution == "pipelined"
+    if args.execution == "python-feed" or args.slow_task:
+        args.steps_per_call = 1  # python-feed: one step per call; a straggler is injected between steps
     args.augment = args.workload in AUGMENTED
     return args
 
@@ -166,9 +175,15 @@ class Trainer:
                 ends = ends.write(i, end)
             return losses.stack(), starts.stack(), readies.stack(), synceds.stack(), ends.stack()
 
+        # ps: a closure also says which worker ran it (read on that worker), so work is attributed
+        attribute = isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+        def attributed(figures):
+            return (*figures, executing_task()) if attribute else figures
+
         @tf.function
         def run_batch(images, labels, ids):
-            return one_step(images, labels, ids)
+            return attributed(one_step(images, labels, ids))
 
         @tf.function
         def run_block(iterator, steps: int):
@@ -176,16 +191,28 @@ class Trainer:
 
         @tf.function
         def run_range(first_id, steps: int):
-            """ps, pipelined: a closure reads its own id range through its own tf.data pipeline."""
+            """ps (pipelined, linear): a closure reads its own id range through its own tf.data pipeline."""
             dataset = range_dataset(args.seed, args.augment, args.batch_size, first_id,
-                                    steps * args.batch_size)
-            return block(iter(dataset), steps)
+                                    steps * args.batch_size, parallel=args.pipeline)
+            return attributed(block(iter(dataset), steps))
 
         self.run_batch, self.run_block, self.run_range = run_batch, run_block, run_range
 
     def evaluate(self) -> tuple[float, float]:
         """Loss and accuracy on the held-out set."""
         return evaluate(self.model, self.args.seed)
+
+
+def executing_task():  # -> tf.Tensor (string scalar)
+    """In a graph: the ``DDLCTL_TASK`` of the process that runs the op ("" when unknown), read from
+    ``/proc/self/environ`` on that process's host. Under ps a scheduled function runs on whichever
+    worker the coordinator picked, and this is how the coordinator learns which one it was."""
+    import tensorflow as tf
+
+    environ = tf.io.read_file("/proc/self/environ")
+    pattern = r"(?s)^(?:.*\x00)?DDLCTL_TASK=([^\x00]*).*$"
+    return tf.where(tf.strings.regex_full_match(environ, pattern),
+                    tf.strings.regex_replace(environ, pattern, r"\1"), tf.constant(""))
 
 
 def evaluate(model, seed: int) -> tuple[float, float]:
@@ -272,15 +299,21 @@ class Progress:
 
 def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int,
                   start_override: float | None = None) -> float:
-    """Write one record per step of a block of (loss, start, ready, synced, end) figures (tensors or
-    arrays; scalars for a one-step block); the last loss."""
+    """Write one record per step of a block of (loss, start, ready, synced, end[, worker]) figures
+    (tensors or arrays; scalars for a one-step block; ``worker``: who ran the block, under ps); the
+    last loss."""
     import numpy as np
 
+    worker = None
+    if len(figures) == 6:
+        worker = bytes(np.asarray(figures[5]).item()).decode("utf-8", "replace") or None
+        figures = figures[:5]
     losses, starts, readies, synceds, ends = (np.atleast_1d(np.asarray(f)) for f in figures)
     for i in range(len(losses)):
         start = start_override if (start_override is not None and i == 0) else float(starts[i])
         recorder.record(first_step + i, start, float(ends[i]) - start, samples,
-                        input_s=max(0.0, float(readies[i]) - start), sync_s=max(0.0, float(synceds[i]) - start))
+                        input_s=max(0.0, float(readies[i]) - start), sync_s=max(0.0, float(synceds[i]) - start),
+                        worker=worker)
     return float(losses[-1])
 
 
@@ -305,10 +338,17 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     resumed = checkpointer.restore() if checkpointer is not None else 0
     progress = Progress(args, resumed)
     slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
-    if args.pipeline:
+    feed = args.execution == "python-feed"
+    if not feed:
+        import tensorflow as tf
+
+        # linear: no device prefetch either (the distributed iterator would otherwise fetch the
+        # next batch while a step runs)
+        options = None if args.pipeline else tf.distribute.InputOptions(experimental_fetch_to_device=False)
         dist = strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
             args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
-            ictx.num_input_pipelines, args.epoch_size or None, first_step=resumed))
+            ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=resumed),
+            options=options)
         iterator = iter(dist)
     else:
         make_batch = make_batch_fn(args.seed, args.augment)
@@ -317,7 +357,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         wall = time.time()
         if slow_s:
             time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
-        if args.pipeline:
+        if not feed:
             figures = trainer.run_block(iterator, count)
             loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None)
         else:
@@ -339,9 +379,9 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
 def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> Trainer:
     """Coordinator loop: schedule blocks of steps on workers, at most two in flight per worker.
 
-    Step ``k`` reads ids ``[k * batch, (k + 1) * batch)`` whichever worker runs it: pipelined, the
-    closure gets its first id and runs its own tf.data pipeline; linear, the coordinator
-    generates the batch and ships it with a one-step closure.
+    Step ``k`` reads ids ``[k * batch, (k + 1) * batch)`` whichever worker runs it: pipelined and
+    linear, the closure gets its first id and runs its own tf.data pipeline (prefetching or not);
+    python-feed, the coordinator generates the batch and ships it with a one-step closure.
     """
     import tensorflow as tf
 
@@ -352,7 +392,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     trainer = Trainer(strategy, args, args.batch_size)
     checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer) if args.checkpoint_dir else None
     resumed = checkpointer.restore() if checkpointer is not None else 0
-    make_batch = None if args.pipeline else make_batch_fn(args.seed, args.augment)
+    make_batch = make_batch_fn(args.seed, args.augment) if args.execution == "python-feed" else None
     window = 2 * max(1, ctx.num_workers)
     pending: deque = deque()
     progress = Progress(args, resumed)
@@ -360,7 +400,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     scheduled = 0
     done = 0
     def schedule(first: int, count: int):  # noqa: ANN202 - a RemoteValue
-        if args.pipeline:
+        if make_batch is None:
             return coordinator.schedule(trainer.run_range, args=(tf.constant(first * args.batch_size, tf.int64), count))
         return coordinator.schedule(trainer.run_batch, args=make_batch(step_ids(first, args.batch_size)))
 
@@ -426,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     recorder = StepRecorder.from_env()
+    recorder.total = args.steps
     started = time.monotonic()
     with recorder:
         if ctx.strategy == "ps":
@@ -434,11 +475,12 @@ def main(argv: list[str] | None = None) -> int:
             trainer = train_synchronous(ctx, args, recorder, make_strategy(ctx))
     train_time = time.monotonic() - started
     loss, accuracy = trainer.evaluate()
-    mode = "pipelined" if args.pipeline else "linear"
+    mode = args.execution
     print(f"final loss {loss:.4f} accuracy {accuracy:.4f} ({args.steps} steps, {train_time:.1f}s, "
           f"{args.workload}, {mode})", flush=True)
     if ctx.task_dir:
-        result = {"task": ctx.name, "workload": args.workload, "pipeline": args.pipeline, "steps": args.steps,
+        result = {"task": ctx.name, "workload": args.workload, "pipeline": args.pipeline,
+                  "execution": args.execution, "steps": args.steps,
                   "batch_size": args.batch_size, "loss": loss, "accuracy": accuracy, "train_time_s": train_time}
         Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
         (Path(ctx.task_dir) / "result.json").write_text(json.dumps(result, indent=1) + "\n")
