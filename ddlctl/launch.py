@@ -371,15 +371,23 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
     options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s,
                                 max_restarts=opts.max_restarts, restart_on=opts.restart_on,
                                 hang_timeout_s=opts.hang_timeout_s, host_timeout_s=opts.host_timeout_s)
-    live = LiveView(out) if opts.profile and not opts.quiet else None
+    live = None
+    if opts.profile and not opts.quiet:
+        live = LiveView(out)  # progress and the live table; status lines when not on a terminal
+    elif out.is_terminal and not opts.quiet and not opts.json_out:
+        live = LiveView(out, table=False, plain=False)  # launch on a terminal: the progress bar
+    on_terminal = live is not None and live.live is not None
     if opts.quiet:
         writer = PrefixedWriter(open(os.devnull, "wb"))  # noqa: SIM115 - closed with the process
-    elif live is not None and live.live is not None:
-        writer = ConsoleLineWriter(out)  # scrolls above the live table
+    elif on_terminal:
+        writer = ConsoleLineWriter(out)  # scrolls above the live region
     else:
         writer = PrefixedWriter(sys.stderr.buffer if opts.json_out else sys.stdout.buffer)
+    # While a live region is up, everything goes through its console (another stream writing to
+    # the terminal would leave copies of the region in the scrollback).
+    messages = out if on_terminal else err
     notify = (lambda _msg: None) if opts.quiet else \
-        (lambda msg: err.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
+        (lambda msg: messages.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     if not opts.verbose and not opts.quiet:
         writer = QuietWriter(writer, is_startup_noise, lambda: notify(
             f"TensorFlow's start-up notices are left out here (all output is in {plan.run_dir}/tasks/*/output.log; "
@@ -387,6 +395,7 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
     try:
         supervisor = Supervisor(plan, connected.sessions, writer, options, notify=notify,  # type: ignore[arg-type]
                                 on_sample=live.on_sample if live is not None else None,
+                                on_progress=live.on_progress if live is not None else None,
                                 reconnect=reconnector(plan, connected.transports, opts.ssh))
         try:
             with live if live is not None else contextlib.nullcontext():

@@ -1,40 +1,85 @@
-"""The live view of ``ddlctl profile``: per-task step rate, per-host CPU and GPU figures.
+"""The live view while a job runs: a progress bar for the job and, under ``profile``, a table of
+per-task steps, step rate and CPU, and per-host CPU and GPU figures.
 
-Fed by the agents' samples (which carry each task's step count). On a terminal it is a rich
-``Live`` table with the tasks' output scrolling above it; otherwise a plain status line every
-``plain_every_s`` seconds.
+Fed by two callbacks: ``on_progress`` (the host agents' step reports: highest step reached and the
+declared total per task, with or without telemetry) and ``on_sample`` (the telemetry agents'
+samples: step counts, per-task CPU, host CPU and GPUs). On a terminal it is one rich ``Live``
+region, redrawn in place, with the tasks' output scrolling above it (everything printed while it
+is up must go through its console). Elsewhere (CI, ``| tee``) it stays line-oriented: a status line
+every ``plain_every_s`` seconds under ``profile``, nothing extra under ``launch``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
 
+RATE_WINDOW_S = 5.0
+
+
+class WindowRate:
+    """A rate over at least ``window_s`` seconds of (time, count) marks: never from two records that
+    happen to arrive together (results that come in bursts would show absurd rates)."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.marks: deque[tuple[float, float]] = deque()
+
+    def add(self, t: float, count: float) -> None:
+        if self.marks and count < self.marks[-1][1]:  # the count went back (a restarted task): start over
+            self.marks.clear()
+        self.marks.append((t, count))
+        while len(self.marks) > 2 and t - self.marks[1][0] >= self.window_s:
+            self.marks.popleft()  # keep the newest mark that is at least window_s old
+
+    @property
+    def rate(self) -> float | None:
+        if len(self.marks) < 2:
+            return None
+        (t0, c0), (t1, c1) = self.marks[0], self.marks[-1]
+        return (c1 - c0) / (t1 - t0) if t1 - t0 >= min(1.0, self.window_s) else None
+
+
+def job_progress(figures: Mapping[str, tuple[int, int | None]]) -> tuple[int, int | None]:
+    """The job's (steps done, total steps) from each task's (highest step, declared total): the
+    furthest task (ps: the coordinator; synchronous workers move together), and the largest
+    declared total (None when no task declared one)."""
+    done = max((last for last, _ in figures.values()), default=0)
+    totals = [total for _, total in figures.values() if total]
+    return done, max(totals) if totals else None
+
 
 @dataclass
-class _TaskRate:
+class _TaskFigures:
     count: int = 0
-    rate: float | None = None
-    t: float | None = None
+    rate: WindowRate = field(default_factory=WindowRate)
+    cpu: float | None = None
 
 
 @dataclass
 class LiveState:
     """Latest figures, updated from agent samples (pure bookkeeping, no I/O)."""
 
-    tasks: dict[str, _TaskRate] = field(default_factory=dict)
+    tasks: dict[str, _TaskFigures] = field(default_factory=dict)
     hosts: dict[str, dict] = field(default_factory=dict)
     fields: dict[str, list[str]] = field(default_factory=dict)
+    done: int = 0
+    total: int | None = None
+    job_rate: WindowRate = field(default_factory=WindowRate)
 
     def update(self, host: str, record: dict) -> None:
+        """Take one telemetry record (``hello`` or ``sample``) from ``host``'s agent."""
         if record.get("type") == "hello":
             self.fields[host] = list(record.get("gpu_fields") or GPU_FIELDS)
         if record.get("type") != "sample":
@@ -44,11 +89,17 @@ class LiveState:
         t = float(record.get("t", time.time()))
         self.hosts[host] = record
         for task, count in (record.get("steps") or {}).items():
-            entry = self.tasks.setdefault(task, _TaskRate())
-            if entry.t is not None and t > entry.t and count >= entry.count:
-                rate = (count - entry.count) / (t - entry.t)
-                entry.rate = rate if entry.rate is None else 0.5 * entry.rate + 0.5 * rate
-            entry.count, entry.t = count, t
+            entry = self.tasks.setdefault(task, _TaskFigures())
+            entry.count = int(count)
+            entry.rate.add(t, count)
+        for task, figures in (record.get("procs") or {}).items():  # [cpu %, rss] per task
+            entry = self.tasks.setdefault(task, _TaskFigures())
+            entry.cpu = float(figures[0]) if figures and figures[0] is not None else None
+
+    def progress(self, figures: Mapping[str, tuple[int, int | None]], t: float) -> None:
+        """Take the host agents' per-task (highest step, declared total)."""
+        self.done, self.total = job_progress(figures)
+        self.job_rate.add(t, self.done)
 
     def table(self) -> Table:
         table = Table(title="ddlctl profile (live)", title_justify="left", expand=False)
@@ -58,53 +109,99 @@ class LiveState:
         table.add_column("CPU %", justify="right")
         table.add_column("GPU util % / memory", justify="left")
         for task, entry in sorted(self.tasks.items()):
-            table.add_row(task, str(entry.count), "-" if entry.rate is None else f"{entry.rate:.1f}", "", "")
+            rate = entry.rate.rate
+            table.add_row(task, str(entry.count), "-" if rate is None else f"{rate:.1f}",
+                          "-" if entry.cpu is None else f"{entry.cpu:.0f}", "")
         for host, record in sorted(self.hosts.items()):
-            gpus = record.get("gpus") or []
-            text = "  ".join(
-                f"{g['index']}: {g.get('util', '-')}% {(g.get('mem_used') or 0) / 2**30:.1f}/"
-                f"{(g.get('mem_total') or 0) / 2**30:.0f} GiB" for g in gpus) or "no GPU"
-            cpu = record.get("cpu")
-            table.add_row(Text(host, style="bold"), "", "", "-" if cpu is None else f"{cpu:.0f}", text)
+            table.add_row(Text(host, style="bold"), "", "", _fmt_cpu(record.get("cpu")), _gpu_text(record))
         return table
 
     def line(self) -> str:
-        parts = [f"{task} {e.count} steps" + ("" if e.rate is None else f" {e.rate:.1f}/s")
-                 for task, e in sorted(self.tasks.items())]
+        """The non-terminal status line."""
+        rate = self.job_rate.rate
+        parts = [f"steps {self.done}/{self.total or '?'}" + ("" if rate is None else f" {rate:.1f}/s")
+                 + ("" if not (rate and self.total) else f" ETA {_eta(max(0, self.total - self.done) / rate)}")]
+        for task, e in sorted(self.tasks.items()):
+            parts.append(f"{task} {e.count} steps" + ("" if e.cpu is None else f" cpu {e.cpu:.0f}%"))
         for host, record in sorted(self.hosts.items()):
-            gpus = record.get("gpus") or []
-            gpu = " ".join(f"gpu{g['index']} {g.get('util', '-')}%" for g in gpus) or "no GPU"
-            cpu = record.get("cpu")
-            parts.append(f"{host} cpu {'-' if cpu is None else f'{cpu:.0f}%'} {gpu}")
+            gpu = " ".join(f"gpu{g['index']} {g.get('util', '-')}%" for g in record.get("gpus") or []) or "no GPU"
+            parts.append(f"{host} cpu {_fmt_cpu(record.get('cpu'))}% {gpu}")
         return "ddlctl live | " + " | ".join(parts)
 
 
-class LiveView:
-    """Shows :class:`LiveState` while a job runs; ``on_sample`` is the supervisor's callback."""
+def _fmt_cpu(cpu: float | None) -> str:
+    return "-" if cpu is None else f"{cpu:.0f}"
 
-    def __init__(self, console: Console, plain_every_s: float = 5.0) -> None:
+
+def _gpu_text(record: dict) -> str:
+    return "  ".join(f"{g['index']}: {g.get('util', '-')}% {(g.get('mem_used') or 0) / 2**30:.1f}/"
+                     f"{(g.get('mem_total') or 0) / 2**30:.0f} GiB" for g in record.get("gpus") or []) or "no GPU"
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class LiveView:
+    """Shows the job's progress (and under ``profile`` the :class:`LiveState` table) while it runs.
+
+    ``on_sample`` and ``on_progress`` are the supervisor's callbacks. ``table``: show the per-task
+    table (``profile``); ``plain``: print status lines when the console is not a terminal."""
+
+    def __init__(self, console: Console, table: bool = True, plain: bool = True,
+                 plain_every_s: float = 5.0) -> None:
         self.console = console
         self.state = LiveState()
         self.lock = threading.Lock()
+        self.show_table = table
+        self.plain = plain
         self.plain_every_s = plain_every_s
         self.last_plain = 0.0
         self.live: Live | None = None
+        self.bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]}"), TextColumn("ETA"), TimeRemainingColumn(),
+                            TextColumn("elapsed"), TimeElapsedColumn(), console=console, auto_refresh=False,
+                            speed_estimate_period=10.0)
+        self.bar_task = self.bar.add_task("training", total=None, rate="")
         if console.is_terminal:
-            self.live = Live(console=console, get_renderable=self._render, refresh_per_second=2,
+            self.live = Live(console=console, get_renderable=self._render, refresh_per_second=4,
                              transient=True, redirect_stdout=False, redirect_stderr=False)
 
-    def _render(self) -> Table:
+    @property
+    def active(self) -> bool:
+        """True while a terminal live region is up (print through ``self.console`` then)."""
+        return self.live is not None and self.live.is_started
+
+    def _render(self) -> RenderableType:
         with self.lock:
-            return self.state.table()
+            parts: list[RenderableType] = [self.state.table()] if self.show_table else []
+            return Group(*parts, self.bar)
 
     def on_sample(self, host: str, record: dict) -> None:
         with self.lock:
             self.state.update(host, record)
-        if self.live is None and record.get("type") == "sample":
-            now = time.monotonic()
-            if now - self.last_plain >= self.plain_every_s:
-                self.last_plain = now
-                self.console.print(self.state.line(), highlight=False, soft_wrap=True)
+        if self.live is None and self.plain and record.get("type") == "sample":
+            self._plain_line()
+
+    def on_progress(self, figures: Mapping[str, tuple[int, int | None]]) -> None:
+        done, total = job_progress(figures)
+        with self.lock:
+            if done == self.state.done and total == self.state.total:
+                return
+            self.state.progress(figures, time.monotonic())
+            rate = self.state.job_rate.rate
+            self.bar.update(self.bar_task, completed=done, total=total,
+                            rate="" if rate is None else f"{rate:.1f} steps/s")
+
+    def _plain_line(self) -> None:
+        now = time.monotonic()
+        if now - self.last_plain >= self.plain_every_s:
+            self.last_plain = now
+            with self.lock:
+                line = self.state.line()
+            self.console.print(line, highlight=False, soft_wrap=True)
 
     def __enter__(self) -> LiveView:
         if self.live is not None:

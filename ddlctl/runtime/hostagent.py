@@ -11,7 +11,8 @@ talks to it over its stdin/stdout (wire format: :mod:`ddlctl.runtime.frames`). T
 * reports ``started`` (pids), ``listening`` (a process of the task listens on its port, seen in
   /proc on this host: no port forwarding needed, and a port someone else took does not count),
   ``exit`` (code or signal, after the task's last output), ``steps``
-  (how many step records each task has written: ddlctl's hang watch), and a ``beat`` every 2 s;
+  (per task: steps recorded, the highest step reached and the declared total: ddlctl's hang watch
+  and progress bar), and a ``beat`` every 2 s;
 * signals a task's group when asked (``signal``: TERM/INT/HUP, then SIGKILL after the grace
   period; KILL at once; a stopped process takes no SIGTERM, so the SIGKILL always follows);
 * on ``dump`` reports the state of every process of the named tasks (``T`` = stopped) and asks
@@ -155,12 +156,17 @@ def fresh_port() -> int:
 
 
 class StepFile:
-    """Counts complete lines appended to a task's ``steps.jsonl``, reading only what is new."""
+    """Follows a task's ``steps.jsonl``, reading only what is new: ``count`` training steps
+    recorded (a record of a block counts its ``steps``), ``last`` the highest step number reached
+    (a resumed run records steps again from its checkpoint: ``last`` is progress, ``count`` work)
+    and ``total`` the steps the task declared it will run (None: unknown)."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.expanduser(path)
         self.offset = 0
         self.count = 0
+        self.last = 0
+        self.total: int | None = None
 
     def poll(self) -> int:
         try:
@@ -170,7 +176,18 @@ class StepFile:
         except OSError:
             return self.count
         complete = chunk.rfind(b"\n") + 1
-        self.count += chunk[:complete].count(b"\n")
+        for line in chunk[:complete].splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                steps = int(record.get("steps", 1))
+                self.last = max(self.last, int(record["step"]) + steps - 1)
+                if isinstance(record.get("total"), int):
+                    self.total = record["total"]
+            except (ValueError, TypeError, KeyError, AttributeError):
+                steps = 1  # an unreadable line still counts as a record
+            self.count += steps
         self.offset += complete
         return self.count
 
@@ -422,15 +439,18 @@ class HostAgent:
                 self.send({"k": "listening", "task": task.name, "t": time.time()})
 
     def report_steps(self) -> None:
-        counts = {}
+        counts, last, totals = {}, {}, {}
         for task in self.tasks.values():
             if task.steps is not None:
                 count = task.steps.poll()
                 if count != task.reported_steps:
                     task.reported_steps = count
                     counts[task.name] = count
+                    last[task.name] = task.steps.last
+                    if task.steps.total is not None:
+                        totals[task.name] = task.steps.total
         if counts:
-            self.send({"k": "steps", "t": time.time(), "counts": counts})
+            self.send({"k": "steps", "t": time.time(), "counts": counts, "last": last, "totals": totals})
 
     def run(self) -> int:
         def on_signal(signum: int, _frame: object) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 
@@ -49,6 +50,21 @@ def quiet_tensorflow_logs() -> None:
     Level 1 does not hide the INFO lines TF 2.21 prints before absl logging is initialised.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+class _CheckpointRetracing(logging.Filter):
+    """Drops TF's "N out of the last N calls to MultiDeviceSaver.save... triggered tf.function
+    retracing" warning: TF 2.21 retraces its own checkpoint-saving function on every save under
+    ParameterServerStrategy, which says nothing about the program (and repeats every save)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("MultiDeviceSaver" in message and "retracing" in message)
+
+
+def quiet_checkpoint_retracing() -> None:
+    """Install :class:`_CheckpointRetracing` on TensorFlow's Python logger (the built-in workload)."""
+    logging.getLogger("tensorflow").addFilter(_CheckpointRetracing())
 
 
 def min_inter_op_threads(num_workers: int) -> int:

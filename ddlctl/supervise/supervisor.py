@@ -188,9 +188,11 @@ class Supervisor:
     def __init__(self, plan: Plan, sessions: Mapping[str, HostSession], writer: PrefixedWriter,
                  options: SupervisorOptions, notify: Callable[[str], None] = lambda _msg: None,
                  on_sample: Callable[[str, dict], None] | None = None,
-                 reconnect: Reconnect | None = None) -> None:
+                 reconnect: Reconnect | None = None,
+                 on_progress: Callable[[dict[str, tuple[int, int | None]]], None] | None = None) -> None:
         self.plan = plan
         self.on_sample = on_sample
+        self.on_progress = on_progress  # (task -> (highest step, declared total)) as the agents report it
         self.telemetry_gaps: list[str] = []
         self.sessions: dict[str, HostSession] = dict(sessions)
         self.writer = writer
@@ -287,6 +289,9 @@ class Supervisor:
         self._handle_signals()
         self._watch_sessions(now)
         self._poll_exits(now)
+        if self.on_progress is not None:
+            self.on_progress({name: figures for session in self.sessions.values()
+                              for name, figures in session.progress.items()})
         if self.stopping_since is None:
             self._feed_hang_watch(now)
             self._probe_ports(now)

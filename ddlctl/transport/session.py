@@ -143,7 +143,8 @@ class HostSession:
         self.pythonpath = tuple(pythonpath)  # for tasks: where ddlctl's code is on that host
         self.reader = FrameReader()
         self.tasks: dict[str, AgentTask] = {}
-        self.steps: dict[str, tuple[int, float]] = {}  # task -> (records so far, when it last grew)
+        self.steps: dict[str, tuple[int, float]] = {}  # task -> (steps recorded so far, when it last grew)
+        self.progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
         self.dumps: dict[str, dict] = {}
         self.ports_reply: dict | None = None
         self.replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
@@ -213,8 +214,10 @@ class HostSession:
             task.listening = True
         elif kind == "steps":
             when = float(header.get("t") or time.time())
+            last, totals = header.get("last") or {}, header.get("totals") or {}
             for name, count in header.get("counts", {}).items():
                 self.steps[name] = (int(count), when)
+                self.progress[name] = (int(last.get(name, count)), totals.get(name))
         elif kind == "dump":
             self.dumps[header["task"]] = header
         elif kind == "ports":

@@ -35,7 +35,13 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ddlctl.runtime.tfenv import TaskContext, min_inter_op_threads, quiet_tensorflow_logs, task_context
+from ddlctl.runtime.tfenv import (
+    TaskContext,
+    min_inter_op_threads,
+    quiet_checkpoint_retracing,
+    quiet_tensorflow_logs,
+    task_context,
+)
 from ddlctl.steps import StepRecorder
 from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
 
@@ -455,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: train under the strategy ddlctl chose, report loss and accuracy."""
     args = parse_args(argv)
     quiet_tensorflow_logs()
+    quiet_checkpoint_retracing()
     ctx = task_context()
     import tensorflow as tf
 

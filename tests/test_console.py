@@ -1,0 +1,95 @@
+"""The live view: progress from the agents' step reports, windowed rates, the CPU column, and a
+live region that redraws in place in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from ddlctl.report.live import LiveState, WindowRate, job_progress
+from ddlctl.runtime.hostagent import StepFile
+from tests.conftest import ROOT
+
+
+def test_job_progress_is_the_furthest_task_and_the_declared_total():
+    assert job_progress({}) == (0, None)
+    assert job_progress({"chief:0": (120, 400), "worker:0": (0, None)}) == (120, 400)
+    assert job_progress({"worker:0": (33, None), "worker:1": (35, None)}) == (35, None)
+
+
+def test_a_burst_of_step_reports_does_not_make_an_absurd_rate():
+    rate = WindowRate(window_s=5.0)
+    # 10 steps/s, but two reports arrive 1 ms apart with 8 steps between them (ps closures)
+    for t, count in ((0.0, 0), (4.0, 40), (4.001, 48), (8.0, 80), (12.0, 120)):
+        rate.add(t, count)
+    assert rate.rate == pytest.approx(10.0, rel=0.15)
+    rate.add(12.5, 3)  # a restarted task counts from its checkpoint again: no negative rate
+    assert rate.rate is None
+
+
+def test_live_state_fills_the_cpu_column_from_samples_and_counts_steps():
+    state = LiveState()
+    state.update("h", {"type": "hello", "gpu_fields": []})
+    state.update("h", {"type": "sample", "t": 100.0, "cpu": 90.0, "gpus": [],
+                       "steps": {"chief:0": 10}, "procs": {"chief:0": [8.0, 1], "worker:1": [88.5, 1]}})
+    state.update("h", {"type": "sample", "t": 106.0, "cpu": 91.0, "gpus": [],
+                       "steps": {"chief:0": 70}, "procs": {"chief:0": [9.0, 1], "worker:1": [87.0, 1]}})
+    state.progress({"chief:0": (70, 200)}, 106.0)
+    assert state.tasks["worker:1"].cpu == 87.0 and state.tasks["chief:0"].rate.rate == pytest.approx(10.0)
+    line = state.line()
+    assert "steps 70/200" in line and "worker:1 0 steps cpu 87%" in line and "h cpu 91%" in line
+
+
+def test_the_host_agent_counts_steps_of_blocks_and_reads_the_declared_total(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    follow = StepFile(str(path))
+    assert follow.poll() == 0 and follow.total is None
+    records = [{"step": 1, "steps": 8, "total": 64}, {"step": 9, "steps": 8, "total": 64}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 17, "ste')  # a half-written line
+    assert follow.poll() == 16 and (follow.last, follow.total) == (16, 64)
+    with path.open("a") as handle:  # the rest of the line, then a resumed run redoing steps 9..16
+        handle.write('ps": 8, "total": 64}\n' + json.dumps({"step": 9, "steps": 8, "total": 64}) + "\n")
+    assert follow.poll() == 32 and follow.last == 24
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux) for a real terminal")
+def test_in_a_terminal_the_live_region_redraws_in_place_above_scrolling_output(tmp_path):
+    session = f"ddlctl-{uuid.uuid4().hex[:8]}"
+    done = tmp_path / "exit-code"
+    command = (f"cd {ROOT} && {sys.executable} -m ddlctl profile -s ps --steps 600 --runs-dir {tmp_path / 'runs'}; "
+               f"echo $? > {done}; sleep 300")
+    _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", command)
+    try:
+        seen_bar = seen_cpu = None
+        deadline = time.monotonic() + 240
+        while not done.exists() and time.monotonic() < deadline:
+            screen = _tmux("capture-pane", "-p", "-t", session)
+            bar = re.search(r"training .* (\d+)/600 .*steps/s ETA \d+:\d\d", screen)
+            if bar and int(bar.group(1)) > 0:
+                seen_bar = bar.group(0)
+            if re.search(r"worker:1\s+│\s+0\s+│\s+-\s+│\s+\d+", screen):  # a ps worker: no steps, CPU shown
+                seen_cpu = True
+            time.sleep(0.5)
+        assert done.exists() and done.read_text().strip() == "0"
+        scrollback = _tmux("capture-pane", "-p", "-t", session, "-S", "-", "-E", "-")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert seen_bar, "no progress bar with steps/total, rate and ETA was shown"
+    assert seen_cpu, "the live table's CPU column was empty for a ps worker"
+    # the live region was redrawn in place and removed at the end: no copy of it in the scrollback
+    assert "ddlctl profile (live)" not in scrollback and "training ━" not in scrollback, scrollback
+    progress_lines = re.findall(r"\[chief:0@localhost\] step (\d+)/600", scrollback)
+    assert progress_lines and len(progress_lines) == len(set(progress_lines)), scrollback  # each line once
+    assert "run " in scrollback and "work per worker" in scrollback  # the report follows
