@@ -133,7 +133,7 @@ def test_telemetry_statistics_gaps_and_diagnosis(tmp_path):
     assert summary.gpus_count == 1
     text = "\n".join(summary.diagnosis)
     assert "GPU 0 on h1 mostly idle: busy 35%" in text
-    assert "memory near full" in text
+    assert "memory nearly full" in text
     assert "telemetry gap on h1: no samples for 5.0s" in text
     task = summary.tasks[0]
     assert task.cpu_mean == 90.0 and task.rss_peak_bytes == 5 * 2**20

@@ -191,14 +191,18 @@ def render_report(summary: RunSummary, console: Console) -> None:
     console.print(hosts)
     if any(h.gpus for h in summary.hosts):
         gpus = Table(title="GPUs", title_justify="left")
-        for column in ("host", "GPU", "util % mean / p5", "SM active %", "memory peak / total", "power W mean / peak"):
+        for column in ("host", "GPU", "util % mean / p5", "SM active %", "memory peak / total",
+                       "power W mean / peak / limit", "SM MHz busy / max", "capped (power / thermal)"):
             gpus.add_column(column, justify="left" if column in ("host", "GPU") else "right")
         for h in summary.hosts:
             for g in h.gpus:
                 gpus.add_row(h.host, f"{g.index} {g.name or ''}".strip(),
-                             f"{fmt(g.util_mean, '.0f')} / {fmt(g.util_p5, '.0f')}", fmt(g.sm_active_mean, ".0f"),
+                             f"{fmt(g.util_mean, '.0f')} / {fmt(g.util_p5, '.0f')}", fmt(g.sm_active_mean, ".1f"),
                              f"{_bytes(g.mem_peak_bytes)} / {_bytes(g.mem_total_bytes)}",
-                             f"{fmt(g.power_mean_w, '.0f')} / {fmt(g.power_peak_w, '.0f')}")
+                             f"{fmt(g.power_mean_w, '.0f')} / {fmt(g.power_peak_w, '.0f')} / "
+                             f"{fmt(g.power_limit_w, '.0f')}",
+                             f"{fmt(g.sm_clock_busy_mean_mhz, '.0f')} / {fmt(g.sm_clock_max_mhz, '.0f')}",
+                             f"{fmt(g.power_capped_share, '.0%')} / {fmt(g.thermal_capped_share, '.0%')}")
         console.print(gpus)
     render_work(summary, console)
     render_faults(summary, console)

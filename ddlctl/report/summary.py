@@ -33,6 +33,7 @@ from itertools import repeat
 from pathlib import Path
 
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
+from ddlctl.report.gpudiag import Sample, diagnose_gpu, throttling
 from ddlctl.rundir import task_dirs
 from ddlctl.telemetry.nvml import GPU_FIELDS
 
@@ -41,7 +42,6 @@ STRAGGLER_RATIO = 1.10
 LATE_ARRIVAL_FRACTION = 0.10
 INPUT_BOUND_FRACTION = 0.30
 GPU_IDLE_UTIL = 50.0
-MEMORY_FULL_FRACTION = 0.95
 CPU_SATURATED = 90.0
 GAP_INTERVALS = 3.0
 
@@ -212,6 +212,13 @@ class GpuSummary:
     mem_total_bytes: int | None
     power_mean_w: float | None
     power_peak_w: float | None
+    power_limit_w: float | None = None
+    sm_clock_busy_mean_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    power_capped_share: float | None = None
+    thermal_capped_share: float | None = None
+    temp_peak_c: float | None = None
+    diagnosis: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -275,6 +282,9 @@ class _GpuSeries:
     mem: array = field(default_factory=lambda: array("d"))
     mem_total: float | None = None
     power: array = field(default_factory=lambda: array("d"))
+    samples: list = field(default_factory=list)  # gpudiag.Sample per reading (clock, throttle reasons...)
+    sm_clock_max: float | None = None
+    power_limit: float | None = None
 
 
 @dataclass
@@ -322,6 +332,8 @@ def read_telemetry(path: Path) -> _HostSeries:
                 entry = series.gpus.setdefault(int(gpu["index"]), _GpuSeries())
                 entry.name = gpu.get("name")
                 entry.mem_total = gpu.get("memory_total_bytes")
+                entry.sm_clock_max = gpu.get("sm_clock_max_mhz")
+                entry.power_limit = gpu.get("power_limit_w")
         elif kind != "error":  # agents report problems as {"type": "error"}; anything else is unreadable
             series.bad_lines += 1
     series.t = _column(samples, "t")
@@ -344,6 +356,10 @@ def read_telemetry(path: Path) -> _HostSeries:
         entry.mem, entry.power = _values(rows, position.get("mem_used")), _values(rows, position.get("power_w"))
         totals = _values(rows, position.get("mem_total"))
         entry.mem_total = totals[-1] if totals else entry.mem_total
+        at = {name: position.get(name) for name in ("util", "sm_active", "sm_clock_mhz", "throttle", "power_w",
+                                                      "temp_c")}
+        entry.samples = [Sample(*(row[i] if i is not None and i < len(row) else None for i in at.values()))
+                         for row in rows]
     by_task: dict[str, list[list]] = {}
     for procs in [r.get("procs") or {} for r in samples]:
         for task, figures in procs.items():
@@ -373,11 +389,18 @@ def _host_summary(series: _HostSeries, run_start: float | None, run_end: float |
     gpus = []
     for index, gpu in sorted(series.gpus.items()):
         util = sorted(gpu.util)
+        throttled = throttling(gpu.samples)
+        mem_peak = int(max(gpu.mem)) if gpu.mem else None
+        mem_total = int(gpu.mem_total) if gpu.mem_total else None
         gpus.append(GpuSummary(
             index=index, name=gpu.name, util_mean=mean(gpu.util), util_p5=percentile(util, 5),
-            sm_active_mean=mean(gpu.sm), mem_peak_bytes=int(max(gpu.mem)) if gpu.mem else None,
-            mem_total_bytes=int(gpu.mem_total) if gpu.mem_total else None,
-            power_mean_w=mean(gpu.power), power_peak_w=max(gpu.power) if gpu.power else None))
+            sm_active_mean=mean(gpu.sm), mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
+            power_mean_w=mean(gpu.power), power_peak_w=max(gpu.power) if gpu.power else None,
+            power_limit_w=gpu.power_limit, sm_clock_busy_mean_mhz=throttled.sm_clock_busy_mean_mhz,
+            sm_clock_max_mhz=gpu.sm_clock_max, power_capped_share=throttled.power_capped_share,
+            thermal_capped_share=throttled.thermal_capped_share, temp_peak_c=throttled.temp_peak_c,
+            diagnosis=tuple(diagnose_gpu(f"GPU {index} on {series.host}", mean(gpu.util), mean(gpu.sm), throttled,
+                                         gpu.sm_clock_max, gpu.power_limit, mem_peak, mem_total))))
     sent = recv = None
     if len(series.net) >= 2 and series.net[-1][0] > series.net[0][0]:
         span = series.net[-1][0] - series.net[0][0]
@@ -673,10 +696,7 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
             if gpu.util_mean is not None and gpu.util_mean < GPU_IDLE_UTIL:
                 lines.append(f"GPU {gpu.index} on {host.host} mostly idle: busy {gpu.util_mean:.0f}% of the "
                              f"time (idle {100 - gpu.util_mean:.0f}%)")
-            if gpu.mem_peak_bytes and gpu.mem_total_bytes and \
-                    gpu.mem_peak_bytes > MEMORY_FULL_FRACTION * gpu.mem_total_bytes:
-                lines.append(f"GPU {gpu.index} on {host.host} memory near full: peak "
-                             f"{gpu.mem_peak_bytes / gpu.mem_total_bytes:.0%} of {gpu.mem_total_bytes / 2**30:.0f} GiB")
+            lines.extend(gpu.diagnosis)  # kernels too small, power/thermal capped, memory nearly full
         if host.cpu_util_mean is not None and host.cpu_util_mean > CPU_SATURATED:
             lines.append(f"CPU saturated on {host.host}: mean {host.cpu_util_mean:.0f}% (input pipeline, or "
                          f"too many tasks for its cores)")

@@ -26,6 +26,8 @@ class GpuInfo:
     name: str
     memory_total_bytes: int | None
     uuid: str | None = None
+    sm_clock_max_mhz: int | None = None
+    power_limit_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,13 @@ def inventory() -> GpuInventory:
             if handle is None:
                 continue
             memory = _query(pynvml.nvmlDeviceGetMemoryInfo, handle)
+            limit = _query(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
             gpus.append(GpuInfo(index=index, name=_text(_query(pynvml.nvmlDeviceGetName, handle, default="?")),
                                 memory_total_bytes=getattr(memory, "total", None),
-                                uuid=_text(_query(pynvml.nvmlDeviceGetUUID, handle, default="")) or None))
+                                uuid=_text(_query(pynvml.nvmlDeviceGetUUID, handle, default="")) or None,
+                                sm_clock_max_mhz=_query(pynvml.nvmlDeviceGetMaxClockInfo, handle,
+                                                        pynvml.NVML_CLOCK_SM),
+                                power_limit_w=None if limit is None else limit / 1000.0))
         note = None if gpus else "NVML found no GPU"
         return GpuInventory(tuple(gpus), _text(driver) if driver else None, note)
     finally:
