@@ -115,3 +115,13 @@ def test_each_worker_reads_its_own_shard_disjoint_and_complete(runs, strategy, t
     assert sorted(everything) == list(range(512)), "every id of the epoch read exactly once"
     if strategy == "mwms":  # a static shard each: worker w reads ids = w (mod 2)
         assert all(i % 2 == 0 for i in per_worker["worker-0"]) and all(i % 2 == 1 for i in per_worker["worker-1"])
+    else:  # the coordinator's records name the worker that ran each step: the one that read its ids
+        lines = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        for task in tasks:
+            attributed = {r["step"] for r in records if r["worker"] == task.replace("-", ":")}
+            read = {i // 64 + 1 for i in per_worker[task]}  # step k reads ids [(k-1)*64, k*64)
+            assert attributed == read, (task, sorted(attributed), sorted(read))
+        work = {w["task"]: w for w in json.loads((run_dir / "summary.json").read_text())["work"]}
+        assert sum(w["steps"] for w in work.values()) == 8 and sum(w["share"] for w in work.values()) == 1.0
+        assert all(w["steps"] == len({i // 64 for i in per_worker[w["task"].replace(":", "-")]}) for w in work.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -40,8 +41,9 @@ PS_STEPS = "120"  # asynchronous updates from two workers need more steps than s
 
 
 def test_ps_chief_two_workers_one_ps_trains(runs):
+    # --json: summary.json alone on stdout; task output and the summary table on stderr
     result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--ps", "1",
-                        "--steps", PS_STEPS, "--runs-dir", str(runs))
+                        "--steps", PS_STEPS, "--runs-dir", str(runs), "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -50,13 +52,21 @@ def test_ps_chief_two_workers_one_ps_trains(runs):
     # workers and ps ran ddlctl's server and were stopped when the chief finished
     for name in ("worker-0", "worker-1", "ps-0"):
         assert "ddlctl server:" in (run_dir / "tasks" / name / "output.log").read_text()
-    assert "[chief:0@localhost] final loss" in result.stdout
+    assert "[chief:0@localhost] final loss" in result.stderr
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert {t["name"]: t["state"] for t in outcome["tasks"]} == {
         "chief:0": "succeeded", "worker:0": "stopped", "worker:1": "stopped", "ps:0": "stopped"}
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert json.loads(result.stdout) == summary
     assert summary["throughput_samples_per_s"] > 0
-    assert f"throughput {summary['throughput_samples_per_s']:,.0f} samples/s" in result.stdout
+    assert f"throughput {summary['throughput_samples_per_s']:,.0f} samples/s" in result.stderr
+    # every task accounted for: the steps each worker ran, its share and busy time
+    work = {w["task"]: w for w in summary["work"]}
+    assert set(work) == {"worker:0", "worker:1"} and summary["work_note"] is None
+    assert sum(w["steps"] for w in work.values()) == int(PS_STEPS)
+    assert all(w["busy_s"] > 0 and 0 < w["busy_fraction"] <= 1.0 for w in work.values() if w["steps"]), work
+    assert re.search(r"worker:0\s+│\s+localhost\s+│\s+stopped\s+│\s+\d+ ran", result.stderr)
+    assert "work per worker" in result.stderr
     assert_nothing_left(run_dir)
 
 
