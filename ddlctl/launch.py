@@ -26,6 +26,7 @@ from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
     LaunchRequest,
     Plan,
+    TaskSpec,
     layout,
     make_plan,
     needs_port,
@@ -411,14 +412,25 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
 
 
 def collect_remote_files(plan: Plan, transports: dict[str, Transport]) -> None:
-    """Bring remote tasks' step, result, error and pid files into the local run directory (a host
-    that cannot be reached any more keeps its files; the report says what is missing)."""
+    """Bring remote tasks' step, result, error and pid files into the local run directory (every
+    host in parallel); once every host's files are back, remove the run's folder on the hosts (its
+    checkpoints stay there). Hosts may share a home folder (NFS): nothing is removed while any
+    host's files are still missing. A host that cannot be reached keeps its files; the report says
+    what is missing."""
+    tasks_of: dict[str, list[TaskSpec]] = {}
     for task in plan.tasks:
-        transport = transports[task.host.label]
-        collect = getattr(transport, "collect", None)
-        if collect is not None:
-            with contextlib.suppress(Exception):
-                collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)
+        if hasattr(transports.get(task.host.label), "collect"):
+            tasks_of.setdefault(task.host.label, []).append(task)
+    hosts = [h for h in plan.hosts if h.label in tasks_of]
+    if not hosts:
+        return
+
+    def collect(host: Host) -> None:
+        for task in tasks_of[host.label]:
+            transports[host.label].collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)  # type: ignore[attr-defined]
+
+    if all(not isinstance(r, Exception) for r in each_host(hosts, collect).values()):
+        each_host(hosts, lambda host: transports[host.label].remove_run(plan.run_id))  # type: ignore[attr-defined]
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,

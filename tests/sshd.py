@@ -97,8 +97,10 @@ class SshHost:
 class SshTestCluster:
     """Several sshd test hosts plus a private controller HOME that trusts them."""
 
-    def __init__(self, root: Path, count: int, same_port: bool = False, separate_homes: bool = False) -> None:
+    def __init__(self, root: Path, count: int, same_port: bool = False, separate_homes: bool = False,
+                 sftp: bool = True) -> None:
         self.separate_homes = separate_homes  # each host its own $HOME: ~/.ddlctl is not shared
+        self.sftp = sftp  # False: no SFTP subsystem (some hardened hosts)
         self.root = root
         self.home = root / "home"
         ssh_dir = self.home / ".ssh"
@@ -141,7 +143,7 @@ class SshTestCluster:
             # OpenSSH's defaults (MaxSessions 10, MaxStartups 10:30:100): as strict as a real host.
             "LogLevel VERBOSE",
             *([f"SetEnv HOME={self.host_home(host)}"] if self.separate_homes else []),
-            "Subsystem sftp internal-sftp",
+            *(["Subsystem sftp internal-sftp"] if self.sftp else []),
             "",
         ])
 

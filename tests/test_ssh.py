@@ -66,6 +66,30 @@ def test_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs, stra
     assert len(steps) == 30, "step files come back from the remote host"
     assert json.loads((run_dir / "tasks" / trainer / "result.json").read_text())["accuracy"] > 0.2
     assert processes_of_run(run_dir.name) == []
+    # the hosts' side of the run is removed once its files are back; its checkpoints (the model) stay
+    remote = cluster.host_home(cluster.hosts[0]) / ".ddlctl" / "runs" / run_dir.name
+    assert sorted(p.name for p in remote.iterdir()) == ["checkpoints"]
+    assert list((remote / "checkpoints").glob("ckpt-*.index"))
+
+
+def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, runs):
+    bare = SshTestCluster(tmp_path / "nosftp", 2, separate_homes=True, sftp=False)
+    try:
+        hosts = bare.hosts_file(tmp_path / "hosts.txt")
+        result = ssh_launch(bare, "--hosts", str(hosts), "-s", "mwms", "--steps", "16", "--runs-dir", str(runs))
+        assert result.returncode == 0, result.stderr[-3000:]
+        run_dir = only_run_dir(runs)
+        for i, host in enumerate(bare.hosts):
+            records = (run_dir / "tasks" / f"worker-{i}" / "steps.jsonl").read_text().splitlines()
+            assert len(records) == 16 and json.loads(records[-1])["total"] == 16
+            home = bare.host_home(host) / ".ddlctl"
+            assert len(list((home / "code").glob("ddlctl-*.zip"))) == 1, "the code bundle, cached by content"
+            left = sorted(p.name for p in (home / "runs" / run_dir.name).iterdir()) \
+                if (home / "runs" / run_dir.name).exists() else []
+            assert left == (["checkpoints"] if i == 0 else []), (host.address, left)
+        assert processes_of_run(run_dir.name) == []
+    finally:
+        bare.stop()
 
 
 HOSTILE = ["two words", "it's", 'say "hi"', "$(touch {marker})", "`touch {marker}`",

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import io
 import json
 import logging
 import os
 import socket
+import tarfile
 import threading
 import time
 import uuid
@@ -25,7 +27,7 @@ import paramiko
 
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
-from ddlctl.planning.plan import TaskSpec
+from ddlctl.planning.plan import REMOTE_ROOT, TaskSpec
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.remote import bundle_path, code_bundle, shell_command
 from ddlctl.transport.session import HostSession, agent_argv
@@ -136,13 +138,16 @@ def describe_connect_error(host: Host, target: Target, exc: BaseException, timeo
 
 
 class SshConnection:
-    """An open SSH connection to one host, with helpers to run short commands and copy files."""
+    """An open SSH connection to one host, with helpers to run short commands and move files.
+
+    Everything goes through exec channels (``sh``, ``cat``, ``tar``): no SFTP subsystem is needed,
+    so a host whose sshd has none (or a forced command wrapper) works the same."""
 
     def __init__(self, host: Host, target: Target, client: paramiko.SSHClient) -> None:
         self.host = host
         self.target = target
         self.client = client
-        self._sftp: paramiko.SFTPClient | None = None
+        self._home: str | None = None
         self._lock = threading.Lock()
 
     @property
@@ -152,97 +157,107 @@ class SshConnection:
             raise LaunchError(f"{self.host.label}: the SSH connection was lost")
         return transport
 
-    def sftp(self) -> paramiko.SFTPClient:
-        with self._lock:
-            if self._sftp is None:
-                self._sftp = self.client.open_sftp()
-            return self._sftp
+    def run_bytes(self, argv: Sequence[str], data: bytes = b"", timeout: float = 30.0) -> tuple[int, bytes, str]:
+        """Run a short command with ``data`` on its stdin; (exit status, stdout bytes, stderr)."""
+        channel = self.transport.open_session(timeout=timeout)
+        try:
+            channel.settimeout(timeout)
+            channel.exec_command(shell_command(argv))
+            if data:
+                channel.sendall(data)
+            channel.shutdown_write()
+            out = channel.makefile("rb").read()
+            err = channel.makefile_stderr("rb").read().decode("utf-8", "replace")
+            return channel.recv_exit_status(), out, err
+        finally:
+            channel.close()
 
     def run(self, argv: Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
         """Run a short command; (exit status, stdout, stderr)."""
-        channel = self.transport.open_session(timeout=timeout)
-        channel.settimeout(timeout)
-        channel.exec_command(shell_command(argv))
-        out = channel.makefile("rb").read().decode("utf-8", "replace")
-        err = channel.makefile_stderr("rb").read().decode("utf-8", "replace")
-        return channel.recv_exit_status(), out, err
+        status, out, err = self.run_bytes(argv, timeout=timeout)
+        return status, out.decode("utf-8", "replace"), err
+
+    def sh(self, script: str, *args: str, data: bytes = b"", timeout: float = 30.0) -> tuple[int, bytes, str]:
+        """Run a fixed ``sh`` script; ``args`` are its ``$1``, ``$2``... (never parsed by a shell)."""
+        return self.run_bytes(["sh", "-c", script, "sh", *args], data=data, timeout=timeout)
 
     def home(self) -> str:
-        return self.sftp().normalize(".")
+        """``$HOME`` of this host's sessions (what ``~`` means to the host agent and the tasks)."""
+        with self._lock:
+            if self._home is None:
+                status, out, err = self.sh('printf %s "$HOME"')
+                if status != 0 or not out.startswith(b"/"):
+                    raise LaunchError(f"{self.host.label}: cannot tell the home folder (exit {status}: {err.strip()})")
+                self._home = out.decode()
+            return self._home
 
     def expand(self, path: str) -> str:
-        """``~/x`` -> absolute path on the host (SFTP paths are not shell-expanded)."""
+        """``~/x`` -> absolute path on the host."""
         if path == "~" or path.startswith("~/"):
             return self.home() + path[1:]
         return path
 
     def makedirs(self, path: str) -> None:
-        sftp = self.sftp()
-        current = ""
-        for part in self.expand(path).split("/"):
-            current = f"{current}/{part}" if current or part else ""
-            if not part:
-                continue
-            try:
-                sftp.stat(current)
-            except FileNotFoundError:
-                with contextlib.suppress(OSError):  # a concurrent launch may have made it
-                    sftp.mkdir(current)
+        status, _, err = self.run_bytes(["mkdir", "-p", self.expand(path)])
+        if status != 0:
+            raise LaunchError(f"{self.host.label}: cannot create {path}: {err.strip()}")
 
     def ensure_bundle(self) -> str:
-        """Upload ddlctl's code zip if this exact version is not on the host yet; its path."""
+        """Upload ddlctl's code zip if this exact version is not on the host yet; its path. The
+        bundles are kept by content hash; one unused for 30 days is removed when another is uploaded
+        (using a bundle touches it)."""
         remote = self.expand(bundle_path())
-        sftp = self.sftp()
-        try:
-            sftp.stat(remote)
+        status, _, _ = self.sh('test -f "$1" && touch "$1"', remote)
+        if status == 0:
             return remote
-        except FileNotFoundError:
-            pass
-        self.makedirs(remote.rsplit("/", 1)[0])
         _, data = code_bundle()
-        tmp = f"{remote}.{uuid.uuid4().hex}.tmp"  # unique: hosts may share a file system
-        try:
-            with sftp.open(tmp, "wb") as handle:
-                handle.write(data)
-            sftp.posix_rename(tmp, remote)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                sftp.remove(tmp)
-            try:
-                sftp.stat(remote)  # another launch put the same bundle there first
-            except OSError:
-                raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {remote}: {exc}",
-                                  "check the disk and permissions of ~/.ddlctl on that host") from None
+        # a unique temporary name, renamed into place: hosts may share a file system, and another
+        # launch may be putting the same bundle there at the same moment
+        script = ('set -e; mkdir -p "$(dirname "$1")"; cat > "$1.$2.tmp"; mv -f "$1.$2.tmp" "$1"; '
+                  'find "$(dirname "$1")" -maxdepth 1 -name "ddlctl-*.zip" -mtime +30 -exec rm -f {} + '
+                  '2>/dev/null || true')
+        status, _, err = self.sh(script, remote, uuid.uuid4().hex, data=data, timeout=120)
+        if status != 0:
+            self.sh('rm -f "$1".*.tmp', remote)
+            raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {remote}: {err.strip()}",
+                              "check the disk and permissions of ~/.ddlctl on that host")
         return remote
 
-    def read_json(self, path: str) -> dict | None:
-        try:
-            with self.sftp().open(self.expand(path), "rb") as handle:
-                return json.loads(handle.read().decode("utf-8"))
-        except (OSError, ValueError):
-            return None
-
     def fetch_dir(self, remote_dir: str, local_dir: Path) -> list[str]:
-        """Copy the plain files of ``remote_dir`` into ``local_dir`` (never overwriting output.log)."""
-        sftp = self.sftp()
-        fetched = []
-        try:
-            entries = sftp.listdir(self.expand(remote_dir))
-        except OSError:
-            return fetched
+        """Copy the plain files of ``remote_dir`` into ``local_dir`` (never overwriting output.log):
+        one ``tar`` stream over an exec channel."""
+        status, out, _ = self.sh('cd "$1" 2>/dev/null || exit 3; '
+                                 'find . -maxdepth 1 -type f ! -name output.log ! -name "*.tmp" -print0 | '
+                                 'xargs -0 -r tar -cf - --', self.expand(remote_dir), timeout=300)
+        if status == 3:  # no such folder: the task never ran there
+            return []
+        if status != 0:
+            raise LaunchError(f"{self.host.label}: cannot copy the files of {remote_dir} (exit {status})")
+        if not out:
+            return []
         local_dir.mkdir(parents=True, exist_ok=True)
-        for name in entries:
-            if name == "output.log" or name.endswith(".tmp"):
-                continue
-            with contextlib.suppress(OSError):
-                sftp.get(f"{self.expand(remote_dir)}/{name}", str(local_dir / name))
-                fetched.append(name)
+        fetched = []
+        with tarfile.open(fileobj=io.BytesIO(out), mode="r:") as archive:
+            for member in archive.getmembers():
+                name = member.name.removeprefix("./")
+                if not member.isfile() or "/" in name or name in ("", ".", "..", "output.log"):
+                    continue  # only plain files of that folder, whatever the host sent
+                source = archive.extractfile(member)
+                if source is not None:
+                    (local_dir / name).write_bytes(source.read())
+                    fetched.append(name)
         return fetched
 
+    def remove_run(self, run_root: str, keep: Sequence[str] = ("checkpoints",)) -> None:
+        """Remove a run's folder on this host once its results are back, except ``keep`` (its
+        checkpoints are the trained model); the folder goes too when nothing is kept in it."""
+        script = ('cd "$1" 2>/dev/null || exit 0; shift; '
+                  'for f in * .[!.]*; do [ -e "$f" ] || continue; keep=; '
+                  'for k in "$@"; do [ "$f" = "$k" ] && keep=1; done; [ -n "$keep" ] || rm -rf -- "$f"; done; '
+                  'cd /; rmdir "$OLDPWD" 2>/dev/null; true')
+        self.sh(script, self.expand(run_root), *keep, timeout=120)
+
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            if self._sftp is not None:
-                self._sftp.close()
         self.client.close()
 
 
@@ -386,6 +401,10 @@ class SshTransport:
     def collect(self, spec: TaskSpec, local_dir: Path) -> list[str]:
         """Copy the task's files (steps, results, error/exit/pid records) into the run directory."""
         return self.conn.fetch_dir(spec.task_dir, local_dir)
+
+    def remove_run(self, run_id: str) -> None:
+        """Remove this run's remote folder (its checkpoints stay): the host side stays bounded."""
+        self.conn.remove_run(f"{REMOTE_ROOT}/runs/{run_id}")
 
     def close(self) -> None:
         self.conn.close()
