@@ -226,7 +226,7 @@ app.command("profile", help=PROFILE_HELP, context_settings={"allow_interspersed_
 def ssh_options(ssh_key: str | None, ssh_user: str | None, connect_timeout: float,
                 accept_new_host_keys: bool = False) -> object:
     """The SshOptions the SSH flags describe (shared by every command that reaches hosts)."""
-    from ddlctl.transport.ssh import SshOptions
+    from ddlctl.transport.options import SshOptions
 
     return SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
                       accept_new_host_keys=accept_new_host_keys)

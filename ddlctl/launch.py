@@ -46,7 +46,7 @@ from ddlctl.transport.local import LocalTransport
 from ddlctl.transport.session import HostSession
 
 if TYPE_CHECKING:
-    from ddlctl.transport.ssh import SshOptions
+    from ddlctl.transport.options import SshOptions
 
 DEFAULT_LOCAL_WORKERS = 2
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -189,7 +189,8 @@ def make_transports(cluster: Cluster, ssh: SshOptions | None) -> dict[str, Trans
     transports: dict[str, Transport] = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
     remote = [h for h in cluster.hosts if not h.is_local]
     if remote:
-        from ddlctl.transport.ssh import SshOptions, SshTransport, connect_all
+        from ddlctl.transport.options import SshOptions
+        from ddlctl.transport.ssh import SshTransport, connect_all
 
         connections = connect_all(remote, ssh or SshOptions())
         transports.update({label: SshTransport(conn) for label, conn in connections.items()})
@@ -354,7 +355,8 @@ def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | 
         old = transports[label]
         if isinstance(old, LocalTransport):
             return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
-        from ddlctl.transport.ssh import SshOptions, SshTransport, connect
+        from ddlctl.transport.options import SshOptions
+        from ddlctl.transport.ssh import SshTransport, connect
 
         with contextlib.suppress(Exception):
             old.close()

@@ -32,6 +32,10 @@ WATCHDOG_MARK = "ddlctl.runtime.watchdog"
 RESCAN_S = 5.0
 
 
+class _Stop(Exception):
+    """Raised by the signal handler to end a sleep between samples."""
+
+
 class HostSampler:
     """psutil figures for the host and the run's task processes (None-filled without psutil)."""
 
@@ -109,8 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     """Sample until SIGTERM; one JSON line per sample on stdout."""
     args = parse_args(argv)
     stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    sleeping = []
+
+    def on_signal(*_: object) -> None:
+        stop.append(True)
+        if sleeping:  # leave at once (a sleep is not interrupted by a signal otherwise), never mid-line
+            raise _Stop
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     gpus = GpuSampler()
     host = HostSampler(args.run_id)
     counters = {}
@@ -133,10 +144,15 @@ def main(argv: list[str] | None = None) -> int:
             deadline += args.interval  # fixed schedule: no drift
             delay = deadline - time.monotonic()
             if delay > 0:
-                time.sleep(delay)
+                sleeping.append(True)
+                try:
+                    if not stop:
+                        time.sleep(delay)
+                finally:
+                    sleeping.clear()
             else:
                 deadline = time.monotonic()
-    except BrokenPipeError:
+    except (BrokenPipeError, _Stop):
         pass
     finally:
         gpus.close()

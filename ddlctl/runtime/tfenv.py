@@ -31,10 +31,16 @@ class TaskContext:
 
 
 def task_context(default_strategy: str = "one_device") -> TaskContext:
-    """Read the context from the environment (usable outside ddlctl: one local process)."""
+    """Read the context from the environment (usable outside ddlctl: one local process, or a
+    TF_CONFIG written by hand, whose cluster says the strategy: a ``ps`` job means parameter
+    servers, several workers mean multi-worker mirrored)."""
     tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     task = tf_config.get("task", {})
     cluster = tf_config.get("cluster", {})
+    if cluster.get("ps"):
+        default_strategy = "ps"
+    elif len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
+        default_strategy = "mwms"
     return TaskContext(
         strategy=os.environ.get("DDLCTL_STRATEGY", default_strategy),
         role=task.get("type", "worker"),

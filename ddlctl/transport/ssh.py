@@ -29,6 +29,7 @@ from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT, TaskSpec
 from ddlctl.transport.fanout import all_or_fail, each_host
+from ddlctl.transport.options import SshOptions
 from ddlctl.transport.remote import bundle_path, code_bundle, shell_command
 from ddlctl.transport.session import HostSession, agent_argv
 
@@ -38,19 +39,6 @@ DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 _known_hosts_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    """How to connect: ``--ssh-key``, ``--ssh-user``, ``--connect-timeout``, host-key policy."""
-
-    key_file: str | None = None
-    user: str | None = None
-    connect_timeout_s: float = 10.0
-    accept_new_host_keys: bool = False
-    known_hosts: str = "~/.ssh/known_hosts"
-    ssh_config: str = "~/.ssh/config"
-    max_parallel: int = 32
 
 
 @dataclass(frozen=True)
