@@ -32,10 +32,6 @@ from ddlctl.planning.plan import (
     needs_port,
 )
 from ddlctl.preflight import HostReport, probe_transports, require_usable
-from ddlctl.report.live import ConsoleLineWriter, LiveView
-from ddlctl.report.render import render_failure, render_plan, render_report, render_summary
-from ddlctl.report.summary import summarize
-from ddlctl.report.trace import write_trace
 from ddlctl.rundir import make_dir, new_run_id, write_plan
 from ddlctl.supervise.noise import is_startup_noise
 from ddlctl.supervise.output import PrefixedWriter, QuietWriter
@@ -302,6 +298,8 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
         if opts.json_out:
             sys.stdout.write(json.dumps(plan.to_dict(), indent=1) + "\n")
         else:
+            from ddlctl.report.render import render_plan
+
             render_plan(plan, out)
         return 0
     try:
@@ -374,6 +372,8 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
     options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s,
                                 max_restarts=opts.max_restarts, restart_on=opts.restart_on,
                                 hang_timeout_s=opts.hang_timeout_s, host_timeout_s=opts.host_timeout_s)
+    from ddlctl.report.live import ConsoleLineWriter, LiveView
+
     live = None
     if opts.profile and not opts.quiet:
         live = LiveView(out)  # progress and the live table; status lines when not on a terminal
@@ -455,6 +455,11 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
                     "exit": t.status.describe() if t.status else None} for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }, indent=1) + "\n")
+    # imported here, after the run: nothing of the report delays the tasks' start
+    from ddlctl.report.render import render_failure, render_report, render_summary
+    from ddlctl.report.summary import summarize
+    from ddlctl.report.trace import write_trace
+
     summary = summarize(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1) + "\n")
     write_trace(run_dir, run_dir / "trace.json")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+
+import pytest
 
 from ddlctl.workloads import train
 
@@ -18,3 +21,26 @@ def test_a_burst_of_results_does_not_show_an_absurd_rate(monkeypatch, capsys):
         progress.after(end, 1.0, 800)
     rates = [float(line.split("(")[1].split()[0].replace(",", "")) for line in capsys.readouterr().out.splitlines()]
     assert len(rates) == 5 and all(50 <= r <= 250 for r in rates), rates
+
+
+def test_a_program_declares_its_total_in_code_or_in_the_environment(tmp_path, monkeypatch):
+    import ddlctl
+    from ddlctl import steps
+
+    monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path / "env"))
+    monkeypatch.setenv("DDLCTL_TOTAL_STEPS", "300")
+    recorder = steps.StepRecorder.from_env()
+    recorder.record(1, 0.0, 0.1, 8)
+    recorder.close()
+    assert json.loads((tmp_path / "env" / "steps.jsonl").read_text())["total"] == 300
+
+    monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path / "code"))
+    monkeypatch.delenv("DDLCTL_TOTAL_STEPS")
+    monkeypatch.setattr(steps, "_shared", None)
+    ddlctl.set_total_steps(40)
+    with ddlctl.step(samples=8):
+        pass
+    steps.shared_recorder().close()
+    assert json.loads((tmp_path / "code" / "steps.jsonl").read_text())["total"] == 40
+    with pytest.raises(ValueError):
+        ddlctl.set_total_steps(0)

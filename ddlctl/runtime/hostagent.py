@@ -42,6 +42,7 @@ from ddlctl.runtime.frames import MAGIC, encode_frame
 PR_SET_PDEATHSIG = 1
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "KILL": signal.SIGKILL}
 BEAT_S = 2.0
+TICK_S = 0.25  # longest sleep: task output and commands wake the agent at once
 STEPS_S = 1.0
 PORTS_S = 0.3
 CHUNK = 1 << 20
@@ -466,7 +467,7 @@ class HostAgent:
             live = [t for t in self.tasks.values() if t.fd >= 0 and not t.eof]
             watched = [t.fd for t in live] + ([self.in_fd] if self.input_open else [])
             try:
-                ready, _, _ = select.select(watched, [], [], 0.1)
+                ready, _, _ = select.select(watched, [], [], TICK_S)
             except InterruptedError:
                 ready = []
             now = time.monotonic()

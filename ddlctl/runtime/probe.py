@@ -13,11 +13,12 @@ import platform
 import socket
 import sys
 from dataclasses import asdict
-from importlib import metadata
 
 
 def installed(*names: str) -> str | None:
     """Version of the first installed distribution among ``names``."""
+    from importlib import metadata  # only when asked: it is slow to import
+
     for name in names:
         try:
             return metadata.version(name)
