@@ -43,6 +43,7 @@ PR_SET_PDEATHSIG = 1
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "KILL": signal.SIGKILL}
 BEAT_S = 2.0
 TICK_S = 0.25  # longest sleep: task output and commands wake the agent at once
+ENDING_TICK_S = 0.01
 STEPS_S = 1.0
 PORTS_S = 0.3
 CHUNK = 1 << 20
@@ -466,8 +467,10 @@ class HostAgent:
         while True:
             live = [t for t in self.tasks.values() if t.fd >= 0 and not t.eof]
             watched = [t.fd for t in live] + ([self.in_fd] if self.input_open else [])
+            # a task whose output ended is about to exit: look again soon, its exit is news
+            ending = any(t.eof and t.status is None for t in self.tasks.values())
             try:
-                ready, _, _ = select.select(watched, [], [], TICK_S)
+                ready, _, _ = select.select(watched, [], [], ENDING_TICK_S if ending else TICK_S)
             except InterruptedError:
                 ready = []
             now = time.monotonic()
