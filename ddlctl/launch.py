@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import io
 import json
 import os
 import re
 import sys
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from ddlctl.cluster.template import LaunchDefaults, load_template
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
+    REMOTE_ROOT,
     LaunchRequest,
     Plan,
     TaskSpec,
@@ -403,36 +406,47 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
         try:
             with live if live is not None else contextlib.nullcontext():
                 result = supervisor.run()
+            collect_remote_files(plan, supervisor.sessions)
         finally:
             connected.sessions = supervisor.sessions  # reconnected hosts have new ones
             for session in connected.sessions.values():
                 session.shutdown()
-        collect_remote_files(plan, connected.transports)
     finally:
         connected.close()
     return result
 
 
-def collect_remote_files(plan: Plan, transports: dict[str, Transport]) -> None:
-    """Bring remote tasks' step, result, error and pid files into the local run directory (every
-    host in parallel); once every host's files are back, remove the run's folder on the hosts (its
-    checkpoints stay there). Hosts may share a home folder (NFS): nothing is removed while any
-    host's files are still missing. A host that cannot be reached keeps its files; the report says
-    what is missing."""
+def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> None:
+    """Bring remote tasks' step, result, error and pid files into the local run directory, through
+    the host agents (one tar each, every host in parallel, no process started); once every host's
+    files are back, remove the run's folder on the hosts (its checkpoints stay there). Hosts may
+    share a home folder (NFS): nothing is removed while any host's files are missing. A host that
+    cannot be reached keeps its files; the report says what is missing."""
     tasks_of: dict[str, list[TaskSpec]] = {}
     for task in plan.tasks:
-        if hasattr(transports.get(task.host.label), "collect"):
+        if not task.host.is_local and task.host.label in sessions:
             tasks_of.setdefault(task.host.label, []).append(task)
     hosts = [h for h in plan.hosts if h.label in tasks_of]
     if not hosts:
         return
+    local_root = Path(plan.run_dir) / "tasks"
 
     def collect(host: Host) -> None:
-        for task in tasks_of[host.label]:
-            transports[host.label].collect(task, Path(plan.run_dir) / "tasks" / task.dir_name)  # type: ignore[attr-defined]
+        tasks = {t.dir_name: t.task_dir for t in tasks_of[host.label]}
+        data = sessions[host.label].pack(tasks)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive.getmembers():
+                folder, _, name = member.name.partition("/")
+                if not member.isfile() or folder not in tasks or not name or "/" in name or name in (".", ".."):
+                    continue  # only plain files of the asked folders, whatever the host sent
+                source = archive.extractfile(member)
+                if source is not None:
+                    (local_root / folder).mkdir(parents=True, exist_ok=True)
+                    (local_root / folder / name).write_bytes(source.read())
 
     if all(not isinstance(r, Exception) for r in each_host(hosts, collect).values()):
-        each_host(hosts, lambda host: transports[host.label].remove_run(plan.run_id))  # type: ignore[attr-defined]
+        remote_run = f"{REMOTE_ROOT}/runs/{plan.run_id}"
+        each_host(hosts, lambda host: sessions[host.label].prune(remote_run, keep=("checkpoints",)))
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,

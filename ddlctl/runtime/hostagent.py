@@ -151,6 +151,57 @@ def group_listens(pgid: int, port: int) -> bool:
     return False
 
 
+def pack_folders(dirs: dict) -> bytes:
+    """A tar of the plain files directly in each folder (``name -> path``), as ``name/file``;
+    output.log (streamed already) and temporary files left out; a missing folder gives nothing."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, path in dirs.items():
+            folder = os.path.expanduser(path)
+            try:
+                entries = sorted(os.listdir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                full = os.path.join(folder, entry)
+                if entry == "output.log" or entry.endswith((".tmp", ".ddlctl-partial")) or not os.path.isfile(full):
+                    continue
+                with contextlib.suppress(OSError):  # a file that vanished is simply not there
+                    archive.add(full, arcname=f"{name}/{entry}", recursive=False)
+    return buffer.getvalue()
+
+
+def prune_folder(path: str, keep: list) -> None:
+    """Remove ``path`` except the entries named in ``keep``; ``path`` too when nothing is kept."""
+    import shutil
+
+    try:
+        entries = os.listdir(path)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry in keep:
+            continue
+        full = os.path.join(path, entry)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(full)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)  # only when empty
+
+
+def code_bundle_path() -> str | None:
+    """The zip this agent's code runs from (ddlctl shipped to a host), or None (installed)."""
+    here = os.path.abspath(__file__)
+    at = here.find(".zip" + os.sep)
+    return here[:at + 4] if at >= 0 else None
+
+
 def fresh_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
@@ -280,7 +331,7 @@ class HostAgent:
             self.send({"k": "ports", "id": command.get("id"), "ports": ports})
         elif op == "shutdown":
             self.stop_all(now)
-        elif op in ("ls", "read", "write"):
+        elif op in ("ls", "read", "write", "pack", "prune"):
             self.files(op, command)
 
     def files(self, op: str, command: dict) -> None:
@@ -297,6 +348,11 @@ class HostAgent:
                         info = os.stat(path)
                         listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
                 self.send({"k": "ls", "id": ident, "root": root, "files": listing})
+            elif op == "pack":  # the run's task files at the end: one tar, no process started
+                self.send_chunks(ident, pack_folders(command["dirs"]))
+            elif op == "prune":
+                prune_folder(os.path.expanduser(command["path"]), command.get("keep") or [])
+                self.send({"k": "written", "id": ident})
             elif op == "read":
                 with open(os.path.expanduser(command["path"]), "rb") as handle:
                     while True:
@@ -319,6 +375,12 @@ class HostAgent:
                 self.send({"k": "written", "id": ident})
         except (OSError, KeyError, ValueError) as exc:
             self.send({"k": "file_error", "id": ident, "error": f"{type(exc).__name__}: {exc}"})
+
+    def send_chunks(self, ident: object, data: bytes) -> None:
+        for at in range(0, len(data), CHUNK):
+            self.send({"k": "data", "id": ident, "eof": at + CHUNK >= len(data)}, data[at:at + CHUNK])
+        if not data:
+            self.send({"k": "data", "id": ident, "eof": True})
 
     def start(self, name: str, spec: dict, now: float) -> None:
         previous = self.tasks.get(name)
@@ -462,7 +524,8 @@ class HostAgent:
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(signum, on_signal)
         self.send({"k": "hello", "pid": os.getpid(), "t": time.time(), "probe": self.probe,
-                   "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0]})
+                   "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0],
+                   "code": code_bundle_path()})
         next_beat = next_steps = next_ports = time.monotonic()
         while True:
             live = [t for t in self.tasks.values() if t.fd >= 0 and not t.eof]

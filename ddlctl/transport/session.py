@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -337,6 +337,16 @@ class HostSession:
             self._request({"op": "write", "path": path, "append": i > 0, "final": i == len(chunks) - 1,
                            "mtime_ns": mtime_ns, "data": base64.b64encode(chunk).decode("ascii")},
                           lambda r: bool(r), timeout)
+
+    def pack(self, dirs: Mapping[str, str], timeout: float = 600.0) -> bytes:
+        """A tar of the plain files of each folder (``name -> path`` on the host) as ``name/file``."""
+        replies = self._request({"op": "pack", "dirs": dict(dirs)}, lambda r: any(h.get("eof") for h, _ in r),
+                                timeout)
+        return b"".join(payload for _h, payload in replies)
+
+    def prune(self, path: str, keep: Sequence[str] = (), timeout: float = 120.0) -> None:
+        """Remove ``path`` on the host except the entries named in ``keep``."""
+        self._request({"op": "prune", "path": path, "keep": list(keep)}, lambda r: bool(r), timeout)
 
     def shutdown(self) -> None:
         """Ask the agent to stop every task and leave."""

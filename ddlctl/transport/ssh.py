@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import io
 import json
 import logging
 import os
 import socket
-import tarfile
 import threading
 import time
 import uuid
@@ -27,7 +25,6 @@ import paramiko
 
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
-from ddlctl.planning.plan import REMOTE_ROOT, TaskSpec
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.options import SshOptions
 from ddlctl.transport.remote import bundle_path, code_bundle, shell_command
@@ -125,6 +122,12 @@ def describe_connect_error(host: Host, target: Target, exc: BaseException, timeo
     return f"SSH error with {where}: {exc}"
 
 
+#: ``sh`` prelude: ``$p`` is ``$1`` with a leading ``~/`` made ``$HOME/`` (paths are passed as
+#: arguments, never spliced into a script; the host's own ``$HOME`` is what ``~`` means there).
+EXPAND_1 = 'p="$1"; case "$p" in "~/"*) p="$HOME/${p#"~/"}";; "~") p="$HOME";; esac; '
+NEED_CODE_EXIT = 97
+
+
 class SshConnection:
     """An open SSH connection to one host, with helpers to run short commands and move files.
 
@@ -135,8 +138,6 @@ class SshConnection:
         self.host = host
         self.target = target
         self.client = client
-        self._home: str | None = None
-        self._lock = threading.Lock()
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -169,81 +170,26 @@ class SshConnection:
         """Run a fixed ``sh`` script; ``args`` are its ``$1``, ``$2``... (never parsed by a shell)."""
         return self.run_bytes(["sh", "-c", script, "sh", *args], data=data, timeout=timeout)
 
-    def home(self) -> str:
-        """``$HOME`` of this host's sessions (what ``~`` means to the host agent and the tasks)."""
-        with self._lock:
-            if self._home is None:
-                status, out, err = self.sh('printf %s "$HOME"')
-                if status != 0 or not out.startswith(b"/"):
-                    raise LaunchError(f"{self.host.label}: cannot tell the home folder (exit {status}: {err.strip()})")
-                self._home = out.decode()
-            return self._home
-
-    def expand(self, path: str) -> str:
-        """``~/x`` -> absolute path on the host."""
-        if path == "~" or path.startswith("~/"):
-            return self.home() + path[1:]
-        return path
-
-    def makedirs(self, path: str) -> None:
-        status, _, err = self.run_bytes(["mkdir", "-p", self.expand(path)])
-        if status != 0:
-            raise LaunchError(f"{self.host.label}: cannot create {path}: {err.strip()}")
-
     def ensure_bundle(self) -> str:
-        """Upload ddlctl's code zip if this exact version is not on the host yet; its path. The
-        bundles are kept by content hash; one unused for 30 days is removed when another is uploaded
-        (using a bundle touches it)."""
-        remote = self.expand(bundle_path())
-        status, _, _ = self.sh('test -f "$1" && touch "$1"', remote)
-        if status == 0:
-            return remote
+        """Upload ddlctl's code zip if this exact version is not on the host yet; its absolute path.
+        The bundles are kept by content hash; one unused for 30 days is removed when another is
+        uploaded (using a bundle touches it)."""
+        status, out, _ = self.sh(EXPAND_1 + 'if [ -f "$p" ]; then touch "$p"; printf %s "$p"; exit 0; fi; exit 1',
+                                 bundle_path())
+        if status == 0 and out.startswith(b"/"):
+            return out.decode()
         _, data = code_bundle()
         # a unique temporary name, renamed into place: hosts may share a file system, and another
         # launch may be putting the same bundle there at the same moment
-        script = ('set -e; mkdir -p "$(dirname "$1")"; cat > "$1.$2.tmp"; mv -f "$1.$2.tmp" "$1"; '
-                  'find "$(dirname "$1")" -maxdepth 1 -name "ddlctl-*.zip" -mtime +30 -exec rm -f {} + '
-                  '2>/dev/null || true')
-        status, _, err = self.sh(script, remote, uuid.uuid4().hex, data=data, timeout=120)
-        if status != 0:
-            self.sh('rm -f "$1".*.tmp', remote)
-            raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {remote}: {err.strip()}",
+        script = (EXPAND_1 + 'set -e; mkdir -p "$(dirname "$p")"; cat > "$p.$2.tmp"; mv -f "$p.$2.tmp" "$p"; '
+                  'find "$(dirname "$p")" -maxdepth 1 -name "ddlctl-*.zip" -mtime +30 -exec rm -f {} + '
+                  '2>/dev/null || true; printf %s "$p"')
+        status, out, err = self.sh(script, bundle_path(), uuid.uuid4().hex, data=data, timeout=120)
+        if status != 0 or not out.startswith(b"/"):
+            self.sh(EXPAND_1 + 'rm -f "$p".*.tmp', bundle_path())
+            raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {bundle_path()}: {err.strip()}",
                               "check the disk and permissions of ~/.ddlctl on that host")
-        return remote
-
-    def fetch_dir(self, remote_dir: str, local_dir: Path) -> list[str]:
-        """Copy the plain files of ``remote_dir`` into ``local_dir`` (never overwriting output.log):
-        one ``tar`` stream over an exec channel."""
-        status, out, _ = self.sh('cd "$1" 2>/dev/null || exit 3; '
-                                 'find . -maxdepth 1 -type f ! -name output.log ! -name "*.tmp" -print0 | '
-                                 'xargs -0 -r tar -cf - --', self.expand(remote_dir), timeout=300)
-        if status == 3:  # no such folder: the task never ran there
-            return []
-        if status != 0:
-            raise LaunchError(f"{self.host.label}: cannot copy the files of {remote_dir} (exit {status})")
-        if not out:
-            return []
-        local_dir.mkdir(parents=True, exist_ok=True)
-        fetched = []
-        with tarfile.open(fileobj=io.BytesIO(out), mode="r:") as archive:
-            for member in archive.getmembers():
-                name = member.name.removeprefix("./")
-                if not member.isfile() or "/" in name or name in ("", ".", "..", "output.log"):
-                    continue  # only plain files of that folder, whatever the host sent
-                source = archive.extractfile(member)
-                if source is not None:
-                    (local_dir / name).write_bytes(source.read())
-                    fetched.append(name)
-        return fetched
-
-    def remove_run(self, run_root: str, keep: Sequence[str] = ("checkpoints",)) -> None:
-        """Remove a run's folder on this host once its results are back, except ``keep`` (its
-        checkpoints are the trained model); the folder goes too when nothing is kept in it."""
-        script = ('cd "$1" 2>/dev/null || exit 0; shift; '
-                  'for f in * .[!.]*; do [ -e "$f" ] || continue; keep=; '
-                  'for k in "$@"; do [ "$f" = "$k" ] && keep=1; done; [ -n "$keep" ] || rm -rf -- "$f"; done; '
-                  'cd /; rmdir "$OLDPWD" 2>/dev/null; true')
-        self.sh(script, self.expand(run_root), *keep, timeout=120)
+        return out.decode()
 
     def close(self) -> None:
         self.client.close()
@@ -342,21 +288,36 @@ class SshTransport:
         return [int(p) for p in self.probe(quick_ports=count)["ports"]]  # type: ignore[union-attr]
 
     def open_session(self, run_id: str, log_dir: Path | None = None, ports: int | None = None) -> HostSession:
-        """Start this host's agent in one SSH exec session (ddlctl's code from the shipped bundle);
-        with ``ports``, its hello carries the launch-time probe."""
-        if self._bundle is None:
-            self._bundle = self.conn.ensure_bundle()
-        command = shell_command(["env", f"PYTHONPATH={self._bundle}", f"DDLCTL_RUN_ID={run_id}",
-                                 *agent_argv(self.python, ports)])
-        try:
-            channel = self.conn.transport.open_session(timeout=30)
-            channel.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise LaunchError(f"{self.host.label}: cannot start the ddlctl host agent over SSH: {exc}") from None
-        session = HostSession(self.host, ChannelStream(channel),
-                              [f"{self._bundle}/ddlctl/instrument/autoload", self._bundle], self.python)
-        session.await_hello()
-        return session
+        """Start this host's agent in one SSH exec session, running ddlctl's code from the shipped
+        bundle; with ``ports``, its hello carries the launch-time probe. The bundle is checked in
+        the same exec (one round trip per host when it is there); uploaded, and the agent started
+        again, when it is not."""
+        script = (EXPAND_1 + 'shift; if [ -f "$p" ]; then touch "$p"; PYTHONPATH="$p"; export PYTHONPATH; '
+                  f'exec "$@"; fi; echo "ddlctl: its code is not on this host yet" >&2; exit {NEED_CODE_EXIT}')
+        argv = ["sh", "-c", script, "sh", bundle_path(), "env", f"DDLCTL_RUN_ID={run_id}",
+                *agent_argv(self.python, ports)]
+        for attempt in range(2):
+            try:
+                channel = self.conn.transport.open_session(timeout=30)
+                channel.exec_command(shell_command(argv))
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise LaunchError(f"{self.host.label}: cannot start the ddlctl host agent over SSH: {exc}") from None
+            session = HostSession(self.host, ChannelStream(channel), [], self.python)
+            try:
+                session.await_hello()
+            except LaunchError:
+                if attempt == 0 and channel.exit_status_ready() and channel.recv_exit_status() == NEED_CODE_EXIT:
+                    self._bundle = self.conn.ensure_bundle()
+                    continue
+                raise
+            bundle = (session.hello or {}).get("code") or self._bundle
+            if not bundle:
+                session.close()
+                raise LaunchError(f"{self.host.label}: the host agent did not say where ddlctl's code is")
+            self._bundle = str(bundle)
+            session.pythonpath = (f"{self._bundle}/ddlctl/instrument/autoload", self._bundle)
+            return session
+        raise AssertionError("unreachable")
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle;
@@ -385,14 +346,6 @@ class SshTransport:
             problem = (f"the host probe failed with {self.python!r} (exit {status}): "
                        f"stdout {out.strip()[-200:]!r} stderr {err.strip()[-300:]!r}")
         raise LaunchError(f"{self.host.label}: {problem}")
-
-    def collect(self, spec: TaskSpec, local_dir: Path) -> list[str]:
-        """Copy the task's files (steps, results, error/exit/pid records) into the run directory."""
-        return self.conn.fetch_dir(spec.task_dir, local_dir)
-
-    def remove_run(self, run_id: str) -> None:
-        """Remove this run's remote folder (its checkpoints stay): the host side stays bounded."""
-        self.conn.remove_run(f"{REMOTE_ROOT}/runs/{run_id}")
 
     def close(self) -> None:
         self.conn.close()
