@@ -8,7 +8,11 @@ is ``true``. Figures (median of --repeats runs, seconds):
 * ``ddlctl total``: the whole ``ddlctl launch`` until it returned (tasks finished, files
   collected, summary printed);
 * ``ssh loop``: ``for h in hosts: ssh h true`` one after another;
-* ``pdsh``: ``pdsh -R ssh -w hosts true`` (parallel).
+* ``pdsh``: ``pdsh -R ssh -w hosts true`` (parallel);
+* ``pdsh agent``: pdsh running what ddlctl starts on every host (its Python host agent, from the
+  code bundle, with the launch probe): the floor for any launcher that runs Python there. In this
+  benchmark every "host" shares this machine's cores, so remote start-up costs add up here where
+  on real hosts they would run side by side.
 
 Run as root (sshd needs it):  .venv/bin/python benchmarks/launch_fanout.py [--sizes 1,4,16]
 """
@@ -67,7 +71,7 @@ def main() -> None:
         for n in sizes:
             hosts = cluster.hosts[:n]
             hosts_file = cluster.hosts_file(root / f"hosts{n}.txt", hosts)
-            ddl_start, ddl_total, loop, pdsh = [], [], [], []
+            ddl_start, ddl_total, loop, pdsh, pdsh_agent = [], [], [], [], []
             for _ in range(args.repeats):
                 started, total = timed([sys.executable, "-m", "ddlctl", "launch", "--hosts", str(hosts_file),
                                         "--strategy", "mwms", "--runs-dir", str(root / "runs"), "--", "true"],
@@ -81,18 +85,22 @@ def main() -> None:
                 pdsh_env = {**env, "PDSH_SSH_ARGS_APPEND": " ".join(ssh_opts)}
                 pdsh.append(timed(["pdsh", "-R", "ssh", "-l", "root", "-w",
                                    ",".join(h.address for h in hosts), "true"], pdsh_env)[1])
-            rows.append((n, *(statistics.median(v) for v in (ddl_start, ddl_total, loop, pdsh))))
+                bundle = max((Path.home() / ".ddlctl" / "code").glob("ddlctl-*.zip"), key=lambda p: p.stat().st_mtime)
+                agent = f"env PYTHONPATH={bundle} {sys.executable} -m ddlctl.runtime.hostagent --ports 1 </dev/null"
+                pdsh_agent.append(timed(["pdsh", "-R", "ssh", "-l", "root", "-w",
+                                         ",".join(h.address for h in hosts), agent], pdsh_env)[1])
+            rows.append((n, *(statistics.median(v) for v in (ddl_start, ddl_total, loop, pdsh, pdsh_agent))))
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
     print(f"\nmedian of {args.repeats} runs, seconds; each host a real sshd on loopback, command `true`")
     print(f"{'hosts':>5} {'ddlctl started':>15} {'ddlctl total':>13} {'ssh loop':>9} {'pdsh':>7} "
-          f"{'started/pdsh':>13} {'total/pdsh':>11}")
-    for n, started, total, loop_s, pdsh_s in rows:
-        print(f"{n:>5} {started:>15.2f} {total:>13.2f} {loop_s:>9.2f} {pdsh_s:>7.2f} "
-              f"{started / pdsh_s:>13.2f} {total / pdsh_s:>11.2f}")
+          f"{'pdsh agent':>11} {'started/pdsh':>13} {'total/pdsh':>11} {'started/pdsh agent':>19}")
+    for n, started, total, loop_s, pdsh_s, agent_s in rows:
+        print(f"{n:>5} {started:>15.2f} {total:>13.2f} {loop_s:>9.2f} {pdsh_s:>7.2f} {agent_s:>11.2f} "
+              f"{started / pdsh_s:>13.2f} {total / pdsh_s:>11.2f} {started / agent_s:>19.2f}")
     if len(rows) > 1:
-        (n0, s0, _, l0, p0), (n1, s1, _, l1, p1) = rows[0], rows[-1]
+        (n0, s0, _, l0, p0, _), (n1, s1, _, l1, p1, _) = rows[0], rows[-1]
         print(f"growth {n0}->{n1} hosts: ddlctl started x{s1 / s0:.2f}, ssh loop x{l1 / l0:.2f}, "
               f"pdsh x{p1 / p0:.2f}")
 
