@@ -1,0 +1,353 @@
+"""Model-parallel partition planning: which contiguous run of layers each device holds.
+
+Pure functions over a cost model (no TensorFlow here):
+
+* a model is a sequence of layers, each with its forward+backward time on a reference device
+  (``cost_s``), the bytes of its parameters and optimizer state (``param_bytes``) and of its output
+  activations for one whole batch (``act_bytes``: what a stage boundary sends forward, and its
+  gradient back; what the stage keeps for the backward pass);
+* a device has a speed relative to the reference (time = cost / speed) and a memory limit;
+  consecutive stages talk over a link (``bandwidth_bps``, ``latency_s``).
+
+A plan gives each device in order a contiguous, possibly empty, run of layers. With ``m``
+micro-batches (GPipe-style: the batch split in ``m``, stage *i* of micro-batch *k+1* overlapping
+stage *i+1* of micro-batch *k*), the predicted step time is::
+
+    T = sum(stage times) / m + (m - 1) * max(stage times) / m
+
+where a stage's time is its compute (sum of its layers' costs / speed) plus sending its output
+activation forward and receiving its gradient back (2 x (bytes / bandwidth + latency)), for the
+whole batch. With ``m = 1`` that is the sum (a sequential pipeline); for large ``m`` the slowest
+stage (the bottleneck) decides. A device's memory use is its layers' parameter/optimizer bytes plus
+their activations (kept for the backward pass; ``m`` micro-batches of ``1/m`` of the batch each
+keep as much as the whole batch).
+
+Algorithms (all respect memory limits; a model that cannot be placed is refused with the reason):
+
+* ``random`` -- the baseline TensorFlow's native placement amounts to: stage boundaries drawn at
+  random (seeded), uniformly among the contiguous splits over the devices in order, redrawn (up
+  to 1,000 times) until every stage fits its device's memory.
+* ``greedy`` -- the research's: layers are taken in order and each device, in order, is filled
+  until it holds its share of the total cost in proportion to its speed (``speed_j / sum(speed)``;
+  a layer goes where it overshoots the share less); a layer that would overflow the device's memory
+  moves on to the next device, and a device keeps taking layers past its share while the layers
+  left need more memory than the devices after it can surely hold (their memory less one largest
+  layer each: what filling in order may leave unused). The last device takes the rest.
+  One pass, O(layers + devices).
+* ``optimal`` -- dynamic programming over contiguous partitions, exact for the cost model with the
+  devices in the given order: with micro-batching it minimises the bottleneck stage time (ties:
+  the smaller sum), without it the sum of stage times. O(devices x layers^2), vectorised.
+* ``single`` -- every layer on the fastest device: the baseline row (infeasible when it does not
+  fit its memory; without memory limits it is the best sequential plan).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+ALGORITHMS: tuple[str, ...] = ("random", "greedy", "optimal")
+RANDOM_TRIES = 1000
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of the model as the cost model sees it."""
+
+    name: str
+    cost_s: float  # forward + backward on the reference device, whole batch
+    param_bytes: int = 0  # parameters + optimizer state
+    act_bytes: int = 0  # output activations, whole batch
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device that can hold a stage: its speed relative to the reference and its memory."""
+
+    name: str
+    speed: float = 1.0
+    memory_bytes: float = float("inf")
+
+
+@dataclass(frozen=True)
+class Link:
+    """What a stage boundary costs: bandwidth in bytes/s and a latency per message."""
+
+    bandwidth_bps: float = float("inf")
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A device and the layers ``first..last`` (inclusive, 0-based) it holds; ``first > last``: none."""
+
+    device: str
+    first: int
+    last: int
+    compute_s: float
+    comm_s: float
+    memory_bytes: int
+    memory_limit: float
+
+    @property
+    def layers(self) -> int:
+        return max(0, self.last - self.first + 1)
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """A plan: its stages (every device in order, empty ones included), the predicted step time
+    with ``microbatches``, or why there is none (``feasible`` False, ``reason``)."""
+
+    algorithm: str
+    microbatches: int
+    stages: tuple[Stage, ...] = ()
+    step_time_s: float | None = None
+    bottleneck_s: float | None = None
+    sum_s: float | None = None
+    feasible: bool = True
+    reason: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        for stage, full in zip(data["stages"], self.stages, strict=True):
+            stage["layers"] = full.layers
+            stage["time_s"] = full.time_s
+        return data
+
+    def assignment(self) -> list[int]:
+        """Stage (device position) of every layer, in layer order."""
+        owner: list[int] = []
+        for position, stage in enumerate(self.stages):
+            owner.extend([position] * stage.layers)
+        return owner
+
+
+def step_time(stage_times: Sequence[float], microbatches: int) -> float:
+    """GPipe-style step time from the stages' whole-batch times (empty stages left out)."""
+    times = [t for t in stage_times if t > 0]
+    if not times:
+        return 0.0
+    m = max(1, microbatches)
+    return sum(times) / m + (m - 1) * max(times) / m
+
+
+class _Model:
+    """Prefix sums over the layers: any contiguous run's cost and memory in O(1)."""
+
+    def __init__(self, layers: Sequence[Layer]) -> None:
+        self.layers = list(layers)
+        self.cost = [0.0]
+        self.mem = [0]
+        for layer in self.layers:
+            self.cost.append(self.cost[-1] + layer.cost_s)
+            self.mem.append(self.mem[-1] + layer.param_bytes + layer.act_bytes)
+
+    def stage(self, device: Device, first: int, last: int, link: Link) -> Stage:
+        n = len(self.layers)
+        if first > last:
+            return Stage(device.name, first, last, 0.0, 0.0, 0, device.memory_bytes)
+        compute = (self.cost[last + 1] - self.cost[first]) / device.speed
+        comm = 0.0
+        if last < n - 1:  # sends its output forward and gets the gradient back
+            comm = 2.0 * (self.layers[last].act_bytes / link.bandwidth_bps + link.latency_s)
+        return Stage(device.name, first, last, compute, comm, self.mem[last + 1] - self.mem[first], device.memory_bytes)
+
+
+def _plan(algorithm: str, model: _Model, devices: Sequence[Device], cuts: Sequence[int], link: Link,
+          microbatches: int, notes: Sequence[str] = ()) -> PartitionPlan:
+    """The plan whose stage ``j`` holds layers ``cuts[j]..cuts[j+1]-1`` (``cuts`` has devices+1
+    entries, from 0 to the number of layers, non-decreasing)."""
+    stages = tuple(model.stage(d, cuts[j], cuts[j + 1] - 1, link) for j, d in enumerate(devices))
+    times = [s.time_s for s in stages if s.layers]
+    over = [s for s in stages if s.memory_bytes > s.memory_limit]
+    if over:
+        worst = over[0]
+        return PartitionPlan(algorithm, microbatches, stages, feasible=False,
+                             reason=f"{worst.device} would need {_gib(worst.memory_bytes)} of its "
+                                    f"{_gib(worst.memory_limit)}", notes=tuple(notes))
+    return PartitionPlan(algorithm, microbatches, stages, step_time(times, microbatches), max(times, default=0.0),
+                         sum(times), notes=tuple(notes))
+
+
+def _gib(value: float) -> str:
+    return "unlimited memory" if value == float("inf") else f"{value / 2**30:.2f} GiB"
+
+
+def _refuse(algorithm: str, microbatches: int, reason: str) -> PartitionPlan:
+    return PartitionPlan(algorithm, microbatches, feasible=False, reason=reason)
+
+
+def _check(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int) -> None:
+    if not layers:
+        raise ValueError("the model has no layers to place")
+    if not devices:
+        raise ValueError("there is no device to place layers on")
+    if microbatches < 1:
+        raise ValueError(f"micro-batches must be at least 1, not {microbatches}")
+    for device in devices:
+        if not device.speed > 0:
+            raise ValueError(f"device {device.name}: speed must be positive, not {device.speed}")
+
+
+def fits_at_all(model: _Model, devices: Sequence[Device]) -> str | None:
+    """Why no plan can exist (a layer larger than every device; more memory needed than all
+    devices have), or None."""
+    biggest = max(devices, key=lambda d: d.memory_bytes)
+    for layer in model.layers:
+        need = layer.param_bytes + layer.act_bytes
+        if need > biggest.memory_bytes:
+            return (f"layer {layer.name} alone needs {_gib(need)}, more than any device has "
+                    f"(the largest, {biggest.name}, has {_gib(biggest.memory_bytes)})")
+    total = model.mem[-1]
+    room = sum(d.memory_bytes for d in devices)
+    if total > room:
+        return f"the model needs {_gib(total)} and all devices together have {_gib(room)}"
+    return None
+
+
+def plan_random(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1, link: Link = Link(),
+                seed: int = 0) -> PartitionPlan:
+    """Random contiguous boundaries (seeded), redrawn until the stages fit their memory."""
+    _check(layers, devices, microbatches)
+    model = _Model(layers)
+    why = fits_at_all(model, devices)
+    if why:
+        return _refuse("random", microbatches, why)
+    rng = random.Random(seed)
+    n, k = len(layers), len(devices)
+    for attempt in range(RANDOM_TRIES):
+        inner = sorted(rng.randint(0, n) for _ in range(k - 1))
+        plan = _plan("random", model, devices, [0, *inner, n], link, microbatches,
+                     [f"seed {seed}, draw {attempt + 1}"])
+        if plan.feasible:
+            return plan
+    return _refuse("random", microbatches, f"no random split of {RANDOM_TRIES} fitted the devices' memory")
+
+
+def plan_greedy(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
+                link: Link = Link()) -> PartitionPlan:
+    """Fill each device in order up to its speed-proportional share of the cost, within memory."""
+    _check(layers, devices, microbatches)
+    model = _Model(layers)
+    why = fits_at_all(model, devices)
+    if why:
+        return _refuse("greedy", microbatches, why)
+    total_speed = sum(d.speed for d in devices)
+    total_cost = model.cost[-1]
+    n = len(layers)
+    # what the devices after j can surely take: a device filled in order may leave up to one
+    # layer's worth unused, so count each one's memory less the largest layer
+    largest = max(layer.param_bytes + layer.act_bytes for layer in layers)
+    room_after = [sum(max(0.0, d.memory_bytes - largest) for d in devices[j + 1:]) for j in range(len(devices))]
+    cuts = [0]
+    i = 0
+    for j, device in enumerate(devices):
+        share = total_cost * device.speed / total_speed
+        start, cost, mem = i, 0.0, 0
+        last_device = j == len(devices) - 1
+        while i < n:
+            layer = layers[i]
+            need = layer.param_bytes + layer.act_bytes
+            if mem + need > device.memory_bytes:
+                break  # this layer goes to the next device
+            share_filled = not last_device and i > start and cost + layer.cost_s / 2 > share
+            if share_filled and model.mem[n] - model.mem[i] <= room_after[j]:
+                break  # the share is filled (a layer goes where it overshoots less) and the rest fits after
+            cost += layer.cost_s
+            mem += need
+            i += 1
+        cuts.append(i)
+    if i < n:
+        return _refuse("greedy", microbatches, f"greedy filling ran out of device memory at layer "
+                                               f"{layers[i].name} ({i + 1} of {n})")
+    return _plan("greedy", model, devices, cuts, link, microbatches)
+
+
+def plan_single(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
+                link: Link = Link()) -> PartitionPlan:
+    """Everything on the fastest device (the others empty): the baseline row."""
+    _check(layers, devices, microbatches)
+    model = _Model(layers)
+    fastest = max(range(len(devices)), key=lambda j: devices[j].speed)
+    n = len(layers)
+    cuts = [0] * (fastest + 1) + [n] * (len(devices) - fastest)
+    plan = _plan("single", model, devices, cuts, link, microbatches)
+    return plan if plan.feasible else PartitionPlan(
+        "single", microbatches, plan.stages, feasible=False,
+        reason=f"the whole model does not fit the fastest device: {plan.reason}")
+
+
+def plan_optimal(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
+                 link: Link = Link()) -> PartitionPlan:
+    """Exact for the cost model, devices in the given order: minimal bottleneck (micro-batching;
+    ties: smaller sum) or minimal sum (no micro-batching), by dynamic programming."""
+    import numpy as np
+
+    _check(layers, devices, microbatches)
+    model = _Model(layers)
+    why = fits_at_all(model, devices)
+    if why:
+        return _refuse("optimal", microbatches, why)
+    n, k = len(layers), len(devices)
+    cost = np.asarray(model.cost)
+    mem = np.asarray(model.mem, dtype=np.float64)
+    # boundary[i]: what a stage ending before layer i sends on (nothing after the last layer)
+    boundary = np.zeros(n + 1)
+    for i in range(1, n):
+        boundary[i] = 2.0 * (layers[i - 1].act_bytes / link.bandwidth_bps + link.latency_s)
+    lo = np.arange(n + 1)[:, None]  # a stage holds layers lo..hi-1
+    hi = np.arange(n + 1)[None, :]
+    nonempty, empty = lo < hi, lo == hi
+    span_cost = np.where(nonempty, cost[None, :] - cost[:, None], 0.0)
+    span_mem = np.where(nonempty, mem[None, :] - mem[:, None], 0.0)
+    columns = np.arange(n + 1)
+    micro = microbatches > 1
+    best = np.full(n + 1, np.inf)  # objective of layers 0..i-1 on the devices so far
+    best[0] = 0.0
+    total = np.where(columns == 0, 0.0, np.inf)  # their summed stage time
+    choice = np.zeros((k, n + 1), dtype=np.int64)
+    for j, device in enumerate(devices):
+        stage = np.where(nonempty, span_cost / device.speed + boundary[None, :], 0.0)
+        allowed = empty | (nonempty & (span_mem <= device.memory_bytes))
+        sums = np.where(allowed, total[:, None] + stage, np.inf)
+        if micro:
+            key = np.where(allowed, np.maximum(best[:, None], stage), np.inf)
+            best = key.min(axis=0)
+            # among the splits with the best bottleneck, the one with the smallest sum
+            pick = np.where(key <= best[None, :], sums, np.inf).argmin(axis=0)
+        else:
+            pick = sums.argmin(axis=0)
+        total = sums[pick, columns]
+        if not micro:
+            best = total
+        choice[j] = pick
+    if not np.isfinite(best[n]):
+        return _refuse("optimal", microbatches, "no contiguous split fits the devices' memory")
+    cuts = [n]
+    for j in range(k - 1, -1, -1):
+        cuts.append(int(choice[j][cuts[-1]]))
+    cuts.reverse()
+    cuts[0] = 0
+    objective = "the bottleneck stage (micro-batching)" if micro else "the sum of stage times"
+    return _plan("optimal", model, devices, cuts, link, microbatches, [f"minimises {objective}"])
+
+
+def plan(algorithm: str, layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
+         link: Link = Link(), seed: int = 0) -> PartitionPlan:
+    """The plan of one algorithm (``random``, ``greedy``, ``optimal`` or ``single``)."""
+    if algorithm == "random":
+        return plan_random(layers, devices, microbatches, link, seed)
+    if algorithm == "greedy":
+        return plan_greedy(layers, devices, microbatches, link)
+    if algorithm == "optimal":
+        return plan_optimal(layers, devices, microbatches, link)
+    if algorithm == "single":
+        return plan_single(layers, devices, microbatches, link)
+    raise ValueError(f"unknown algorithm {algorithm!r}: expected one of {', '.join((*ALGORITHMS, 'single'))}")

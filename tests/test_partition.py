@@ -1,0 +1,137 @@
+"""The model-parallel partition planner on synthetic models and clusters (pure, no TensorFlow)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddlctl.planning.partition import Device, Layer, Link, plan, plan_greedy, plan_optimal, plan_random, plan_single
+
+GiB = 2**30
+
+
+def objective(p, micro: bool) -> tuple[float, float]:
+    return (p.bottleneck_s, p.sum_s) if micro else (p.sum_s, 0.0)
+
+
+def brute_force(layers, devices, microbatches, link):
+    """Every contiguous split (devices in order, empty stages allowed) that fits: the best objective."""
+    from ddlctl.planning.partition import _Model, _plan
+
+    model = _Model(layers)
+    n, k = len(layers), len(devices)
+    best = None
+    for inner in itertools.combinations_with_replacement(range(n + 1), k - 1):
+        candidate = _plan("brute", model, devices, [0, *inner, n], link, microbatches)
+        if candidate.feasible:
+            value = objective(candidate, microbatches > 1)
+            best = value if best is None or value < best else best
+    return best
+
+
+def check_well_formed(p, layers, devices):
+    assert p.feasible, p.reason
+    owner = p.assignment()
+    assert len(owner) == len(layers), "every layer placed exactly once"
+    assert owner == sorted(owner), "stages are contiguous, in device order"
+    assert [s.device for s in p.stages] == [d.name for d in devices]
+    for stage, device in zip(p.stages, devices, strict=True):
+        assert stage.memory_bytes <= device.memory_bytes
+        expected = sum(layer.param_bytes + layer.act_bytes for layer in layers[stage.first:stage.last + 1])
+        assert stage.memory_bytes == expected
+
+
+layer_lists = st.lists(st.tuples(st.floats(0.01, 2.0), st.integers(0, 4), st.integers(0, 3)), min_size=1, max_size=7)
+device_lists = st.lists(st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), st.integers(2, 12)),
+                        min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(raw_layers=layer_lists, raw_devices=device_lists, microbatches=st.sampled_from([1, 4]),
+       bandwidth=st.sampled_from([float("inf"), 4.0, 1.0]))
+def test_optimal_matches_brute_force_and_beats_greedy_and_random(raw_layers, raw_devices, microbatches, bandwidth):
+    layers = [Layer(f"l{i}", c, p * GiB, a * GiB) for i, (c, p, a) in enumerate(raw_layers)]
+    devices = [Device(f"d{j}", s, m * GiB) for j, (s, m) in enumerate(raw_devices)]
+    link = Link(bandwidth_bps=bandwidth * GiB, latency_s=0.001)
+    best = brute_force(layers, devices, microbatches, link)
+    found = plan_optimal(layers, devices, microbatches, link)
+    if best is None:
+        assert not found.feasible and found.reason
+        return
+    check_well_formed(found, layers, devices)
+    micro = microbatches > 1
+    assert objective(found, micro) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    for other in (plan_greedy(layers, devices, microbatches, link), plan_random(layers, devices, microbatches, link)):
+        if other.feasible:
+            check_well_formed(other, layers, devices)
+            assert objective(found, micro)[0] <= objective(other, micro)[0] + 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(costs=st.lists(st.floats(0.05, 1.0), min_size=4, max_size=60),
+       speeds=st.lists(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), min_size=2, max_size=8))
+def test_greedy_stays_within_its_bound_of_the_ideal(costs, speeds):
+    """Without memory limits or link costs, greedy's slowest stage is within k x (the largest layer
+    on the slowest device) of the ideal speed-proportional share, a lower bound of any plan."""
+    layers = [Layer(f"l{i}", c) for i, c in enumerate(costs)]
+    devices = [Device(f"d{j}", s) for j, s in enumerate(speeds)]
+    greedy = plan_greedy(layers, devices, microbatches=8)
+    optimal = plan_optimal(layers, devices, microbatches=8)
+    ideal = sum(costs) / sum(speeds)
+    assert optimal.bottleneck_s >= ideal - 1e-9
+    assert greedy.bottleneck_s <= ideal + len(speeds) * max(costs) / min(speeds) + 1e-9
+    assert optimal.bottleneck_s <= greedy.bottleneck_s + 1e-9
+
+
+def test_a_slower_device_gets_fewer_layers():
+    layers = [Layer(f"l{i}", 1.0) for i in range(20)]
+    devices = [Device("fast-a", 1.0), Device("fast-b", 1.0), Device("slow", 0.5)]
+    for algorithm in ("greedy", "optimal"):
+        stages = plan(algorithm, layers, devices, microbatches=4).stages
+        assert [s.layers for s in stages] == [8, 8, 4], (algorithm, stages)
+
+
+def test_memory_limits_force_a_split_that_the_fastest_device_alone_cannot_hold():
+    layers = [Layer(f"l{i}", 1.0, param_bytes=GiB) for i in range(12)]
+    devices = [Device("a", 2.0, 6 * GiB), Device("b", 1.0, 8 * GiB), Device("c", 1.0, 8 * GiB)]
+    single = plan_single(layers, devices)
+    assert not single.feasible and "does not fit the fastest device" in single.reason
+    for algorithm in ("random", "greedy", "optimal"):
+        chosen = plan(algorithm, layers, devices, microbatches=4)
+        check_well_formed(chosen, layers, devices)
+        assert chosen.stages[0].layers <= 6
+    # without the memory cap the single fastest device is the best sequential plan
+    free = [Device(d.name, d.speed) for d in devices]
+    assert plan_single(layers, free).sum_s == pytest.approx(plan_optimal(layers, free).sum_s)
+
+
+def test_an_unplaceable_model_is_refused_with_the_reason():
+    huge = [Layer("embedding", 1.0, param_bytes=20 * GiB), Layer("head", 1.0, param_bytes=GiB)]
+    devices = [Device("a", 1.0, 16 * GiB), Device("b", 1.0, 16 * GiB)]
+    for algorithm in ("random", "greedy", "optimal"):
+        refused = plan(algorithm, huge, devices)
+        assert not refused.feasible and "layer embedding alone needs 20.00 GiB" in refused.reason
+    too_much = [Layer(f"l{i}", 1.0, param_bytes=10 * GiB) for i in range(4)]
+    assert "needs 40.00 GiB and all devices together have 32.00 GiB" in plan_optimal(too_much, devices).reason
+
+
+def test_micro_batching_predicts_the_pipeline_fill_and_the_bottleneck():
+    layers = [Layer(f"l{i}", 1.0) for i in range(6)]
+    devices = [Device(f"d{j}") for j in range(3)]
+    sequential = plan_optimal(layers, devices, microbatches=1)
+    piped = plan_optimal(layers, devices, microbatches=4)
+    assert sequential.step_time_s == pytest.approx(6.0)  # 3 stages of 2 s, one after the other
+    assert piped.step_time_s == pytest.approx(6.0 / 4 + 3 * 2.0 / 4)  # fill + 3 more micro-batches
+    assert [s.layers for s in piped.stages] == [2, 2, 2]
+    with pytest.raises(ValueError, match="micro-batches must be at least 1"):
+        plan_optimal(layers, devices, microbatches=0)
+
+
+def test_random_is_reproducible_from_its_seed():
+    layers = [Layer(f"l{i}", 1.0) for i in range(30)]
+    devices = [Device(f"d{j}") for j in range(4)]
+    assert plan_random(layers, devices, seed=3).assignment() == plan_random(layers, devices, seed=3).assignment()
+    assert len({tuple(plan_random(layers, devices, seed=s).assignment()) for s in range(5)}) > 1
