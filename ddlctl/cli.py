@@ -334,6 +334,61 @@ def compare(
 
 
 @app.command()
+def partition(
+    hosts: Annotated[str | None, typer.Option("--hosts", metavar="FILE", help="Hosts file; speed= and memory= "
+                                              "describe each device (default: this machine).",
+                                              show_default=False)] = None,
+    template: Annotated[str | None, typer.Option("--template", metavar="FILE", help="YAML cluster template.",
+                                                 show_default=False)] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", metavar="MODULE:FUNCTION", help="A function that returns a Keras model (Sequential, or "
+                                                    "functional taken layer by layer).", show_default=False)] = None,
+    workload: Annotated[Workload | None, typer.Option(  # type: ignore[valid-type]
+        "--workload", help="A built-in workload's model instead of --model (default: deep, a deep MLP).",
+        show_default=False)] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", metavar="N", min=1,
+                                            help="Global batch the model is profiled and planned for.")] = 64,
+    algorithm: Annotated[str, typer.Option(
+        "--algorithm", metavar="random|greedy|optimal|all",
+        help="Planning algorithm(s); 'all' prints them side by side. The single-fastest-device plan is always "
+             "shown as the baseline.")] = "all",
+    microbatches: Annotated[int, typer.Option(
+        "--microbatches", metavar="M", min=1, help="Micro-batches per step (pipelining; 1: stages run one after "
+                                                   "the other).")] = 1,
+    bandwidth: Annotated[float, typer.Option("--bandwidth", metavar="GB/S", min=0.001,
+                                             help="Link bandwidth between consecutive stages.")] = 1.25,
+    latency: Annotated[float, typer.Option("--latency-ms", metavar="MS", min=0,
+                                           help="Link latency per message.")] = 0.1,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the random plan.")] = 0,
+    save: Annotated[str | None, typer.Option("--save", metavar="FILE", help="Write the plans and the chosen one "
+                                             "(fastest predicted) as JSON.", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Plan a model's layers over the cluster's devices (model parallelism).
+
+    Profiles the model on this machine (per layer: forward+backward time, parameter and optimizer
+    bytes, activation bytes), takes each device's speed and memory from the hosts file or template
+    (speed=, memory=), and prints, per algorithm (random: TensorFlow's native baseline; greedy: the
+    research's; optimal: dynamic programming, exact for the cost model), the stages and the
+    predicted step time. Exit code 2 when no algorithm can place the model (the reason is printed).
+
+    Example: ddlctl partition --hosts hosts.txt --workload deep --microbatches 4 --save plan.json
+    """
+    from ddlctl.partitioning import PartitionOptions, run_partition
+
+    def run() -> int:
+        if model is not None and workload is not None:
+            raise UserError("give --model or --workload, not both")
+        opts = PartitionOptions(hosts=hosts, template=template, model=model or _value(workload) or "deep",
+                                batch_size=batch_size, algorithm=algorithm, microbatches=microbatches,
+                                bandwidth_gbps=bandwidth, latency_ms=latency, seed=seed, save=save,
+                                json_out=json_out)
+        return run_partition(opts, people_console(), error_console())
+
+    _exit_with(run)
+
+
+@app.command()
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run directory (runs/<run-id>), possibly "
                                                                    "copied from elsewhere.")],

@@ -21,7 +21,32 @@ HOST_KEYS: dict[str, str] = {
     "roles": f"a comma-separated subset of {','.join(ROLES)}",
     "python": "the Python interpreter to run tasks with on this host",
     "workdir": "the directory tasks start in on this host",
+    "speed": "a number > 0: each device's speed relative to the others (model-parallel planning; default 1)",
+    "memory": "each device's memory, e.g. 16GiB, 512MiB or 8GB (model-parallel planning; default: unlimited)",
 }
+
+_MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 2**10, "M": 1000**2, "MB": 1000**2, "MIB": 2**20,
+          "G": 1000**3, "GB": 1000**3, "GIB": 2**30, "T": 1000**4, "TB": 1000**4, "TIB": 2**40}
+
+
+def parse_memory(value: object, where: str) -> int:
+    """``16GiB``, ``512MiB``, ``8GB``, ``1.5T`` or a number of bytes -> bytes."""
+    match = _MEMORY_RE.match(str(value)) if not isinstance(value, bool) else None
+    unit = (match.group(2) or "").upper() if match else ""
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(f"{where}: memory={value!r} is not a memory size", f"memory must be {HOST_KEYS['memory']}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _speed(value: object, where: str) -> float:
+    try:
+        speed = float(str(value)) if not isinstance(value, bool) else 0.0
+    except ValueError:
+        speed = 0.0
+    if not speed > 0 or speed == float("inf"):
+        raise ConfigError(f"{where}: speed={value!r} is not valid", f"speed must be {HOST_KEYS['speed']}")
+    return speed
 
 _USER_RE = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -95,6 +120,8 @@ def make_host(name: str, user: str | None, fields: Mapping[str, object], where: 
         roles=_roles(fields["roles"], where) if "roles" in fields else (),
         python=_text(fields["python"], "python", where) if "python" in fields else None,
         workdir=_text(fields["workdir"], "workdir", where) if "workdir" in fields else None,
+        speed=_speed(fields["speed"], where) if "speed" in fields else 1.0,
+        memory_bytes=parse_memory(fields["memory"], where) if "memory" in fields else None,
         source=where,
     )
 

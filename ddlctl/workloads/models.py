@@ -31,3 +31,17 @@ def mlp():
         keras.layers.Dense(1024, activation="relu"),
         keras.layers.Dense(CLASSES),
     ])
+
+
+def deep(depth: int = 16, width: int = 1024):
+    """A deep multi-layer perceptron for model parallelism: ``depth`` equal Dense layers of
+    ``width`` units (~1 M parameters each, ~12 MiB with Adam's two slots), so that a memory limit
+    per device forces a split and the layers can be spread over many devices."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((IMAGE_SIZE, IMAGE_SIZE, CHANNELS)),
+        keras.layers.Flatten(),
+        *[keras.layers.Dense(width, activation="relu", name=f"dense_{i}") for i in range(depth)],
+        keras.layers.Dense(CLASSES, name="logits"),
+    ])

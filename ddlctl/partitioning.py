@@ -1,0 +1,155 @@
+"""``ddlctl partition``: profile a model, plan its layers over the cluster's devices with each
+algorithm, print the plans side by side and save the chosen one.
+
+Devices: one per GPU of a host (``gpus=``), else one per slot (``slots=``), each with the host's
+``speed=`` (relative to the machine running this command, which profiles the model: speed 1) and
+``memory=`` (default: unlimited). The planning itself is :mod:`ddlctl.planning.partition` (pure).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ddlctl.cluster.model import Cluster
+from ddlctl.errors import ConfigError
+from ddlctl.planning.partition import ALGORITHMS, Device, Layer, Link, PartitionPlan, plan
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class PartitionOptions:
+    """What ``ddlctl partition`` was asked for."""
+
+    hosts: str | None = None
+    template: str | None = None
+    model: str = "deep"
+    batch_size: int = 64
+    algorithm: str = "all"
+    microbatches: int = 1
+    bandwidth_gbps: float = 1.25
+    latency_ms: float = 0.1
+    seed: int = 0
+    save: str | None = None
+    json_out: bool = False
+
+
+def devices_of(cluster: Cluster) -> list[Device]:
+    """One device per GPU of each host that takes workers, else one per slot."""
+    devices = []
+    for host in cluster.hosts:
+        if not host.accepts("worker"):
+            continue
+        kind, count = ("gpu", host.gpus) if host.gpus else ("cpu", host.slots)
+        memory = float(host.memory_bytes) if host.memory_bytes else math.inf
+        devices.extend(Device(f"{host.label}/{kind}:{i}", host.speed, memory) for i in range(count))
+    if not devices:
+        raise ConfigError("no host of the cluster takes workers: there is no device to place layers on")
+    return devices
+
+
+def algorithms(choice: str) -> tuple[str, ...]:
+    if choice == "all":
+        return ALGORITHMS
+    if choice not in ALGORITHMS:
+        raise ConfigError(f"--algorithm {choice!r} is not one of: all, " + ", ".join(ALGORITHMS))
+    return (choice,)
+
+
+def plans_for(layers: list[Layer], devices: list[Device], opts: PartitionOptions) -> list[PartitionPlan]:
+    """Every asked algorithm's plan, then the single-fastest-device baseline."""
+    link = Link(opts.bandwidth_gbps * 1e9, opts.latency_ms / 1e3)
+    chosen = [plan(a, layers, devices, opts.microbatches, link, opts.seed) for a in algorithms(opts.algorithm)]
+    return [*chosen, plan("single", layers, devices, opts.microbatches, link)]
+
+
+def document(opts: PartitionOptions, layers: list[Layer], devices: list[Device],
+             plans: list[PartitionPlan]) -> dict[str, object]:
+    """The JSON of ``--json`` and of the saved plan (``chosen``: the plan ``launch`` uses)."""
+    feasible = [p for p in plans if p.feasible and p.algorithm != "single"]
+    rank = {"optimal": 0, "greedy": 1, "random": 2}  # on a tie, the exact one
+    chosen = min(feasible, key=lambda p: (p.step_time_s or math.inf, rank.get(p.algorithm, 3))).algorithm \
+        if feasible else None
+    return {"schema": SCHEMA, "model": opts.model, "batch_size": opts.batch_size,
+            "microbatches": opts.microbatches,
+            "link": {"bandwidth_gbps": opts.bandwidth_gbps, "latency_ms": opts.latency_ms},
+            "devices": [asdict(d) | {"memory_bytes": None if math.isinf(d.memory_bytes) else d.memory_bytes}
+                        for d in devices],
+            "layers": [asdict(layer) for layer in layers], "plans": [p.to_dict() for p in plans], "chosen": chosen}
+
+
+def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
+    """Profile, plan, print; exit code 0 when some algorithm found a plan, 2 when none could."""
+    from ddlctl.launch import load_cluster
+    from ddlctl.planning.profile_model import load_model_factory, profile
+
+    if opts.microbatches < 1 or opts.batch_size < 1:
+        raise ConfigError("--microbatches and --batch-size must be at least 1")
+    if opts.batch_size % opts.microbatches:
+        raise ConfigError(f"--batch-size {opts.batch_size} cannot be split into {opts.microbatches} micro-batches",
+                          "use a multiple of --microbatches")
+    cluster, _, _ = load_cluster(opts.hosts, opts.template, 1)
+    devices = devices_of(cluster)
+    factory = load_model_factory(opts.model)
+    err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size}, forward + backward per layer)…",
+              highlight=False)
+    layers = profile(factory(), opts.batch_size)
+    plans = plans_for(layers, devices, opts)
+    data = document(opts, layers, devices, plans)
+    if opts.save:
+        Path(opts.save).write_text(json.dumps(data, indent=1) + "\n")
+    if opts.json_out:
+        out.print_json(data=data)
+    else:
+        render(plans, layers, devices, opts, out)
+        if opts.save:
+            out.print(f"plan saved to {opts.save} (chosen: {data['chosen'] or 'none'})", highlight=False)
+    return 0 if data["chosen"] else 2
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:,.1f}"
+
+
+def _gib(value: float) -> str:
+    return "unlimited" if math.isinf(value) else f"{value / 2**30:.2f} GiB"
+
+
+def render(plans: list[PartitionPlan], layers: list[Layer], devices: list[Device], opts: PartitionOptions,
+           console: Console) -> None:
+    """A summary row per algorithm, then each feasible plan's stages."""
+    total = sum(layer.cost_s for layer in layers)
+    memory = sum(layer.param_bytes + layer.act_bytes for layer in layers)
+    console.print(f"{opts.model}: {len(layers)} layers, {_ms(total)} ms forward+backward on this machine, "
+                  f"{memory / 2**30:.2f} GiB with optimizer state and activations; {len(devices)} device(s); "
+                  f"batch {opts.batch_size}, {opts.microbatches} micro-batch(es)", highlight=False)
+    random_time = next((p.step_time_s for p in plans if p.algorithm == "random" and p.feasible), None)
+    summary = Table(title="predicted step time per plan", title_justify="left")
+    for column in ("plan", "step ms", "slowest stage ms", "all stages ms", "vs random", "note"):
+        summary.add_column(column, justify="left" if column in ("plan", "note") else "right")
+    for p in plans:
+        name = "single fastest device" if p.algorithm == "single" else p.algorithm
+        if not p.feasible:
+            summary.add_row(name, "-", "-", "-", "-", Text(f"infeasible: {p.reason}", style="red"))
+            continue
+        ratio = f"{random_time / p.step_time_s:.2f}x" if random_time and p.step_time_s else "-"
+        summary.add_row(name, _ms(p.step_time_s), _ms(p.bottleneck_s), _ms(p.sum_s), ratio, "; ".join(p.notes))
+    console.print(summary)
+    for p in plans:
+        if not p.feasible or p.algorithm == "single":
+            continue
+        table = Table(title=f"{p.algorithm}: stages", title_justify="left")
+        for column in ("device", "layers", "count", "compute ms", "link ms", "memory / limit"):
+            table.add_column(column, justify="left" if column in ("device", "layers") else "right")
+        for stage in p.stages:
+            span = f"{layers[stage.first].name} … {layers[stage.last].name}" if stage.layers else "-"
+            table.add_row(stage.device, span, str(stage.layers), _ms(stage.compute_s), _ms(stage.comm_s),
+                          f"{_gib(stage.memory_bytes)} / {_gib(stage.memory_limit)}")
+        console.print(table)
