@@ -74,9 +74,9 @@ AcceptNewOption = Annotated[bool, typer.Option(
     "--accept-new-host-keys", help="Accept and record unknown SSH host keys in ~/.ssh/known_hosts "
                                    "(a changed key is always refused).")]
 
-STRATEGY_HELP = ("ps (chief + workers + parameter servers), mwms (multi-worker mirrored), or a "
-                 "single-host strategy: mirrored, central_storage, one_device. "
-                 "Default: the template's, else mwms.")
+STRATEGY_HELP = ("ps (chief + workers + parameter servers), mwms (multi-worker mirrored), model (model "
+                 "parallelism: a stage task per device, your program as the chief), or a single-host strategy: "
+                 "mirrored, central_storage, one_device. Default: the template's, else mwms.")
 RUNS_DIR_HELP = "Folder that receives run directories (<folder>/<run-id>/). --run-dir is an old spelling."
 JSON_HELP = "Machine-readable output: JSON on stdout, and nothing else there."
 EXECUTION_HELP = ("Built-in workload's execution: pipelined (tf.data parallel map + prefetch: input overlaps "
@@ -205,6 +205,10 @@ def launch(
     execution: Annotated[Execution | None, typer.Option(  # type: ignore[valid-type]
         "--execution", help=EXECUTION_HELP + " Default: pipelined.", show_default=False)] = None,
     pipeline: Annotated[bool | None, typer.Option("--pipeline/--no-pipeline", hidden=True)] = None,
+    partition: Annotated[str | None, typer.Option(
+        "--partition", metavar="FILE", help="--strategy model: the plan saved by 'ddlctl partition --save' (layers "
+                                            "per stage task). Without it the chief plans with the greedy algorithm.",
+        show_default=False)] = None,
 ) -> None:
     """Start a TensorFlow cluster, supervise every task, and print a summary.
 
@@ -261,7 +265,8 @@ def _launch(profile: bool = False, **p: object) -> None:
         sample_interval_s=p["sample_interval"], auto_steps=p["auto_steps"], profile=profile,
         ssh=ssh_options(p["ssh_key"], p["ssh_user"], p["connect_timeout"], p["accept_new_host_keys"]),
         workload=_value(p["workload"]), steps=p["steps"], batch_size=p["batch_size"],
-        execution=_execution(p["execution"], p["pipeline"]), command=tuple(p["command"] or ()),
+        execution=_execution(p["execution"], p["pipeline"]), partition=p["partition"],
+        command=tuple(p["command"] or ()),
         verbose=p["verbose"],
     )
     _exit_with(lambda: run_launch(opts, people_console(), error_console()))

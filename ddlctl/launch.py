@@ -81,6 +81,7 @@ class LaunchOptions:
     steps: int | None = None
     batch_size: int | None = None
     execution: str | None = None
+    partition: str | None = None  # a plan file of ddlctl partition (--strategy model)
     quiet: bool = False
     verbose: bool = False
     command: Sequence[str] = field(default_factory=tuple)
@@ -103,6 +104,19 @@ def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) ->
             value = environ[key]
         env[key] = value
     return env
+
+
+def partition_counts(path: str) -> list[int]:
+    """Layers per stage of the chosen plan in a ``ddlctl partition --save`` file."""
+    try:
+        data = json.loads(Path(path).expanduser().read_text())
+        chosen = next(p for p in data["plans"] if p["algorithm"] == data["chosen"])
+        return [int(stage["layers"]) for stage in chosen["stages"]]
+    except OSError as exc:
+        raise ConfigError(f"--partition {path}: cannot read it: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, StopIteration):
+        raise ConfigError(f"--partition {path}: not a plan saved by ddlctl partition --save (or no plan in it "
+                          "could place the model)") from None
 
 
 def load_cluster(hosts: str | None, template: str | None,
@@ -144,6 +158,10 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
                          "--batch-size", str(opts.batch_size or 64),
                          "--execution", opts.execution or "pipelined")
     env = {**defaults.env, **parse_env(opts.env)}
+    if opts.partition:
+        if strategy != "model":
+            raise ConfigError(f"--partition applies to --strategy model, not {strategy}")
+        env["DDLCTL_PARTITION"] = ",".join(map(str, partition_counts(opts.partition)))
     run_root = Path(opts.run_dir).expanduser().resolve()
     evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
     return LaunchRequest(
@@ -261,6 +279,11 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
     request = build_request(opts, defaults, implicit, legacy, run_id)
     placements = layout(cluster, request)  # refuse impossible requests before touching any host
     request = fit_batch_to_workers(opts, request, sum(p.role == "worker" for p in placements))
+    stages = request.env.get("DDLCTL_PARTITION")
+    if stages and len(stages.split(",")) != sum(p.role == "worker" for p in placements):
+        raise ConfigError(f"--partition {opts.partition} has {len(stages.split(','))} stage(s) but the cluster has "
+                          f"{sum(p.role == 'worker' for p in placements)} stage task(s)",
+                          "plan for this cluster (ddlctl partition --hosts ...) or give --workers to match")
     if opts.dry_run:  # touch no host: local ports are real, remote ones shown as "auto"
         remote = next((h for h in cluster.hosts if not h.is_local), None)
         if remote is not None:

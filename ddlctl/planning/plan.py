@@ -28,7 +28,9 @@ from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import PlanError
 
 SINGLE_HOST_STRATEGIES: tuple[str, ...] = ("mirrored", "central_storage", "one_device")
-MULTI_HOST_STRATEGIES: tuple[str, ...] = ("ps", "mwms")
+MULTI_HOST_STRATEGIES: tuple[str, ...] = ("ps", "mwms", "model")
+#: Strategies whose worker tasks are ``tf.distribute.Server`` processes driven by the chief.
+SERVER_STRATEGIES: tuple[str, ...] = ("ps", "model")
 STRATEGIES: tuple[str, ...] = MULTI_HOST_STRATEGIES + SINGLE_HOST_STRATEGIES
 
 #: Where ddlctl keeps its files on remote hosts (``~`` is expanded on the host by the watchdog).
@@ -236,7 +238,7 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
     if not worker_hosts:
         raise _no_host(cluster, "worker")
     total = sum(h.slots for h in worker_hosts)
-    default_workers = total if strategy == "ps" else len(worker_hosts)
+    default_workers = total if strategy in SERVER_STRATEGIES else len(worker_hosts)
     workers = default_workers if request.workers is None else request.workers
     if workers < 1:
         raise PlanError(f"--workers must be at least 1 (got {workers})")
@@ -247,7 +249,7 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
             "lower --workers, or raise slots= on hosts in " + (cluster.source or "the hosts file"),
         )
     counts = dict.fromkeys(worker_hosts, 0)
-    if strategy == "ps":
+    if strategy in SERVER_STRATEGIES:
         remaining = workers
         for host in worker_hosts:  # fill slots in file order
             counts[host] = min(host.slots, remaining)
@@ -261,7 +263,7 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
                     placed += 1
 
     placements: list[Placement] = []
-    if strategy == "ps":
+    if strategy in SERVER_STRATEGIES:
         chief_hosts = _preferred(cluster, "chief")
         if not chief_hosts:
             raise _no_host(cluster, "chief")
@@ -331,7 +333,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     tasks: list[TaskSpec] = []
     for p in placements:
         python = p.host.python or (request.local_python if p.host.is_local else "python3")
-        server = strategy == "ps" and p.role in ("worker", "ps")
+        server = strategy in SERVER_STRATEGIES and p.role in ("worker", "ps")
         if server:
             argv: tuple[str, ...] = (python, "-m", "ddlctl.runtime.server")
         elif request.command:
@@ -359,6 +361,10 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif p.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
+        if strategy == "model" and p.role == "chief":  # what the chief plans its stages over
+            env["DDLCTL_DEVICES"] = json.dumps([
+                {"name": w.name, "speed": w.host.speed, "memory_bytes": w.host.memory_bytes}
+                for w in placements if w.role == "worker"])
         if multi and request.command and request.legacy_keras:
             env["TF_USE_LEGACY_KERAS"] = "1"
         if request.command and request.auto_steps and not server:

@@ -18,6 +18,8 @@ ps ps task     restart every task (variables are   fail
                gone; resume from checkpoint)
 mwms worker    restart the whole group (never one  fail
                worker into a running group)
+model any      restart every task (each stage      fail
+               holds part of the model)
 evaluator      restart it alone                    go on without it
 single host    restart the task                    fail
 =============  ==================================  ==========================================
@@ -72,7 +74,7 @@ class Decision:
 
 def leader_of(strategy: str) -> str:
     """The task that leads TensorFlow's coordination service."""
-    return "chief:0" if strategy == "ps" else "worker:0"
+    return "chief:0" if strategy in ("ps", "model") else "worker:0"
 
 
 def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
@@ -164,6 +166,12 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
         everyone = [t for t, r in roles.items() if r in ("chief", "worker", "ps")]
         if allowed:
             return restart(everyone, "all", "its variables are gone: restarting every task (resume from checkpoint)")
+        return Decision("fail", message=failed)
+    if strategy == "model":  # every stage holds part of the model: all restart from the checkpoint
+        everyone = [t for t, r in roles.items() if r in ("chief", "worker")]
+        if allowed:
+            return restart(everyone, "all", "a stage of the model is gone: restarting every task "
+                                            "(resume from checkpoint)")
         return Decision("fail", message=failed)
     if strategy == "mwms":
         group = [t for t, r in roles.items() if r == "worker"]

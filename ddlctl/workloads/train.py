@@ -74,14 +74,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="make this task (e.g. worker:1) slow on purpose: a straggler for testing")
     parser.add_argument("--slow-ms", type=float, default=0.0,
                         help="extra milliseconds of input time per step for --slow-task")
+    parser.add_argument("--microbatches", type=int, default=4,
+                        help="model strategy: micro-batches per step (pipelining across the stages)")
+    parser.add_argument("--partition", default=os.environ.get("DDLCTL_PARTITION"), metavar="N,N,...",
+                        help="model strategy: layers per stage task, in order (default $DDLCTL_PARTITION, "
+                             "else planned here with the greedy algorithm)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("DDLCTL_CHECKPOINT_DIR"),
                         help="where the chief saves checkpoints and every task resumes from "
                              "(the evaluator reads them too); default $DDLCTL_CHECKPOINT_DIR")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="steps between checkpoints (0: a quarter of the run, at most 100)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.batch_size < 1 or args.steps_per_call < 1:
-        parser.error("--steps, --batch-size and --steps-per-call must be at least 1")
+    if args.steps < 1 or args.batch_size < 1 or args.steps_per_call < 1 or args.microbatches < 1:
+        parser.error("--steps, --batch-size, --steps-per-call and --microbatches must be at least 1")
     if args.epoch_size:
         if args.epoch_size % args.batch_size:
             parser.error("--epoch-size must be a multiple of --batch-size")
@@ -434,6 +439,79 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     return trainer
 
 
+class _Evaluated:
+    """What ``main`` needs of a trained model: its held-out loss and accuracy."""
+
+    def __init__(self, evaluate) -> None:  # noqa: ANN001 - a function
+        self.evaluate = evaluate
+
+
+def stage_counts(args: argparse.Namespace, model, n_devices: int) -> tuple[list[int], str]:
+    """Layers per stage: ``--partition`` / ``$DDLCTL_PARTITION``, else the greedy plan for this
+    model (profiled here) over the devices ddlctl described in ``$DDLCTL_DEVICES``."""
+    from ddlctl.planning.partition import Device, plan_greedy
+    from ddlctl.planning.profile_model import profile
+
+    if args.partition:
+        return [int(c) for c in str(args.partition).split(",")], "given"
+    described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
+    if len(described) != n_devices:
+        described = [{} for _ in range(n_devices)]
+    devices = [Device(d.get("name") or f"worker:{i}", float(d.get("speed") or 1.0),
+                      float(d.get("memory_bytes") or float("inf"))) for i, d in enumerate(described)]
+    planned = plan_greedy(profile(model, args.batch_size, repeats=3), devices, args.microbatches)
+    if not planned.feasible:
+        raise SystemExit(f"cannot place the model on the {n_devices} stage task(s): {planned.reason}")
+    return [stage.layers for stage in planned.stages], "greedy"
+
+
+def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> _Evaluated:
+    """The chief of ``--strategy model``: the workload's layers as stages on the worker tasks,
+    trained with micro-batching; every step recorded."""
+    import keras
+    import tensorflow as tf
+
+    from ddlctl import modelparallel as mp
+    from ddlctl.workloads import models
+    from ddlctl.workloads.synthetic import eval_batch, shard_dataset
+
+    if args.batch_size % args.microbatches:
+        raise SystemExit(f"--batch-size {args.batch_size} cannot be split into {args.microbatches} micro-batches")
+    devices = mp.connect()
+    keras.utils.set_random_seed(args.seed)
+    model = getattr(models, args.workload)()
+    counts, how = stage_counts(args, model, len(devices))
+    pipeline = mp.Pipeline.from_model(model, devices, counts, args.microbatches,
+                                      make_optimizer=lambda: keras.optimizers.Adam(args.learning_rate))
+    placement = pipeline.placement()
+    for stage in placement:
+        print(f"stage {stage['device']}: {len(stage['layers'])} layer(s) {stage['layers'][0]}..{stage['layers'][-1]} "
+              f"(variables on {', '.join(stage['variable_devices']) or 'none'})", flush=True)
+    iterator = iter(shard_dataset(args.seed, args.augment, args.batch_size, parallel=args.pipeline))
+    progress = Progress(args)
+    for step in range(1, args.steps + 1):
+        wall, start = time.time(), time.monotonic()
+        images, labels, _ = next(iterator)
+        ready = time.monotonic()
+        loss = pipeline.train_step(images, labels)
+        recorder.record(step, wall, time.monotonic() - start, args.batch_size, input_s=ready - start)
+        progress.after(step, loss, args.batch_size)
+    if ctx.task_dir:  # where the stages and their work really were (the report's stage table)
+        Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
+        (Path(ctx.task_dir) / "stages.json").write_text(json.dumps(
+            {"partition": counts, "how": how, "microbatches": args.microbatches, "stages": placement,
+             "matmul_ops": pipeline.op_devices(images, labels)}, indent=1) + "\n")
+
+    def evaluate() -> tuple[float, float]:
+        images, labels = eval_batch(args.seed)
+        logits = pipeline.predict(images)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
+        correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
+        return float(loss), float(tf.reduce_mean(tf.cast(correct, tf.float32)))
+
+    return _Evaluated(evaluate)
+
+
 def run_evaluator(ctx: TaskContext, args: argparse.Namespace) -> int:
     """Side-car evaluator: evaluate each new checkpoint the chief writes, until stopped."""
     import tensorflow as tf
@@ -478,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     with recorder:
         if ctx.strategy == "ps":
             trainer = train_ps(ctx, args, recorder)
+        elif ctx.strategy == "model":
+            trainer = train_model_parallel(ctx, args, recorder)
         else:
             trainer = train_synchronous(ctx, args, recorder, make_strategy(ctx))
     train_time = time.monotonic() - started

@@ -1,0 +1,214 @@
+"""Model parallelism for programs ddlctl launches with ``--strategy model``.
+
+The cluster: one ``tf.distribute.Server`` per device (job ``worker``) and your program as the
+chief (client). ``TF_CONFIG`` names them all. In the program::
+
+    import ddlctl.modelparallel as mp
+
+    devices = mp.connect()                       # port-checks every stage, then connects
+    pipeline = mp.Pipeline.from_model(model, devices, counts=[6, 6, 6], microbatches=4)
+    for images, labels in dataset:
+        loss = pipeline.train_step(images, labels)
+
+``Pipeline`` places each stage's layers (copies of the model's layers, built under the stage's
+device scope, so their variables live there) and trains them in one ``tf.function`` per step:
+the batch is split into micro-batches; the forward pass runs stage by stage; the backward pass runs
+per stage, in reverse, inside each stage's device scope (a plain ``tape.gradient`` over every
+variable would run the backward pass on the client: measured), with the stage input behind
+``tf.stop_gradient`` and the gradient of the next stage passed in as ``output_gradients``; each
+stage's optimizer (its slots on that stage's device) applies the averaged gradients. TensorFlow's
+dataflow executor runs stage *i* of micro-batch *k+1* while stage *i+1* works on micro-batch *k*.
+
+Keras 3 ``model.fit`` runs on the client only: a model-parallel program trains through
+``train_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+
+from ddlctl.errors import UserError
+
+DEFAULT_CONNECT_TIMEOUT_S = 120.0
+
+
+def cluster_from_env() -> tuple[dict[str, list[str]], str, int]:
+    """(cluster, this task's job, its index) from ``TF_CONFIG``."""
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    cluster = config.get("cluster") or {}
+    if not cluster.get("worker"):
+        raise UserError("TF_CONFIG names no worker task to place stages on",
+                        "run the program with ddlctl launch --strategy model")
+    task = config.get("task") or {}
+    return cluster, str(task.get("type", "chief")), int(task.get("index", 0))
+
+
+def wait_for_ports(addresses: Sequence[str], timeout_s: float) -> None:
+    """Wait until every ``host:port`` accepts a TCP connection; raises naming the missing ones
+    (TensorFlow's connect would hang forever on a task that is down)."""
+    deadline = time.monotonic() + timeout_s
+    missing = list(addresses)
+    while missing:
+        still = []
+        for address in missing:
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                    pass
+            except OSError:
+                still.append(address)
+        missing = still
+        if missing and time.monotonic() > deadline:
+            raise UserError(f"stage task(s) not reachable after {timeout_s:g}s: {', '.join(missing)}",
+                            "check that every worker task started (see its output)")
+        if missing:
+            time.sleep(0.2)
+
+
+def connect(timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:
+    """Connect this program to the stage tasks of ``TF_CONFIG``; their device names, in order."""
+    import tensorflow as tf
+
+    cluster, job, index = cluster_from_env()
+    wait_for_ports(cluster["worker"], timeout_s)
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
+                                              make_master_device_default=False)
+    return [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(len(cluster["worker"]))]
+
+
+def split_counts(counts: Sequence[int], n_layers: int, n_devices: int) -> list[int]:
+    """Validate a plan's per-device layer counts against the model and the cluster."""
+    counts = [int(c) for c in counts]
+    if len(counts) != n_devices:
+        raise UserError(f"the partition has {len(counts)} stage(s) but the cluster has {n_devices} device(s)",
+                        "plan again for this cluster (ddlctl partition --hosts ...)")
+    if sum(counts) != n_layers or min(counts) < 0:
+        raise UserError(f"the partition places {sum(counts)} layer(s) but the model has {n_layers}",
+                        "plan again for this model (ddlctl partition --model ...)")
+    return counts
+
+
+class Pipeline:
+    """A model's layers as stages on devices, trained with micro-batching (see the module doc)."""
+
+    def __init__(self, stages: Sequence[Sequence[object]], devices: Sequence[str], microbatches: int,
+                 loss_fn: Callable, make_optimizer: Callable[[], object]) -> None:
+        import tensorflow as tf
+
+        self.devices = [d for d, layers in zip(devices, stages, strict=True) if layers]
+        self.stages = [list(layers) for layers in stages if layers]
+        self.microbatches = max(1, int(microbatches))
+        self.loss_fn = loss_fn
+        self.variables = [[v for layer in layers for v in layer.trainable_variables] for layers in self.stages]
+        self.optimizers = []
+        for device, variables in zip(self.devices, self.variables, strict=True):
+            with tf.device(device):
+                optimizer = make_optimizer()
+                optimizer.build(variables)  # its slots live with the stage's variables
+            self.optimizers.append(optimizer)
+        self._step = tf.function(self._train_step)
+        self._forward = tf.function(self._predict)
+
+    @classmethod
+    def from_model(cls, model: object, devices: Sequence[str], counts: Sequence[int], microbatches: int = 1,
+                   loss_fn: Callable | None = None, make_optimizer: Callable[[], object] | None = None) -> Pipeline:
+        """Copies of ``model``'s layers (Sequential, or functional taken in layer order), ``counts[j]``
+        of them on ``devices[j]``, built there."""
+        import keras
+        import tensorflow as tf
+
+        layers = [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]  # type: ignore[attr-defined]
+        counts = split_counts(counts, len(layers), len(devices))
+        shape = (None, *model.input_shape[1:])  # type: ignore[attr-defined]
+        stages: list[list[object]] = []
+        at = 0
+        for device, count in zip(devices, counts, strict=True):
+            placed = []
+            with tf.device(device):
+                for layer in layers[at:at + count]:
+                    copy = layer.__class__.from_config(layer.get_config())
+                    copy.build(shape)
+                    if layer.get_weights():
+                        copy.set_weights(layer.get_weights())  # same initial values as the model
+                    shape = copy.compute_output_shape(shape)
+                    placed.append(copy)
+            stages.append(placed)
+            at += count
+        loss_fn = loss_fn or keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return cls(stages, devices, microbatches, loss_fn,
+                   make_optimizer or (lambda: keras.optimizers.Adam(1e-3)))
+
+    def placement(self) -> list[dict[str, object]]:
+        """Each stage: its device, its layers, and where their variables really are."""
+        return [{"device": device, "layers": [layer.name for layer in layers],
+                 "variable_devices": sorted({v.value.device for v in variables})}
+                for device, layers, variables in zip(self.devices, self.stages, self.variables, strict=True)]
+
+    def op_devices(self, x, y, op_type: str = "MatMul") -> dict[str, int]:
+        """How many ops of ``op_type`` the traced training step puts on each task (forward and
+        backward matrix products should all be on the stages, none on the client)."""
+        graph = self._step.get_concrete_function(x, y).graph
+        counts: dict[str, int] = {}
+        for op in graph.get_operations():
+            if op.type == op_type:
+                where = op.device.split("/device:")[0] or "(client)"
+                counts[where] = counts.get(where, 0) + 1
+        return counts
+
+    def _train_step(self, x, y):  # noqa: ANN001, ANN202 - tensors in, loss out
+        import tensorflow as tf
+
+        m = self.microbatches
+        xs, ys = tf.split(x, m), tf.split(y, m)
+        sums = [[tf.zeros_like(v) for v in variables] for variables in self.variables]
+        total = tf.constant(0.0)
+        last = len(self.stages) - 1
+        for k in range(m):  # unrolled: the executor overlaps micro-batches across stages
+            inputs, outputs, tapes = [], [], []
+            h = xs[k]
+            for s, (device, layers) in enumerate(zip(self.devices, self.stages, strict=True)):
+                with tf.device(device):
+                    stage_in = tf.stop_gradient(h)
+                    with tf.GradientTape() as tape:
+                        tape.watch(stage_in)
+                        h = stage_in
+                        for layer in layers:
+                            h = layer(h, training=True)
+                        out = tf.reduce_mean(self.loss_fn(ys[k], h)) if s == last else h
+                inputs.append(stage_in)
+                outputs.append(out)
+                tapes.append(tape)
+            total += outputs[last]
+            grad = None
+            for s in range(last, -1, -1):
+                with tf.device(self.devices[s]):
+                    grads = tapes[s].gradient(outputs[s], [*self.variables[s], inputs[s]], output_gradients=grad)
+                    sums[s] = [a + g / m for a, g in zip(sums[s], grads[:-1], strict=True)]
+                    grad = grads[-1]
+        for device, optimizer, variables, grads in zip(self.devices, self.optimizers, self.variables, sums,
+                                                       strict=True):
+            with tf.device(device):
+                optimizer.apply_gradients(zip(grads, variables, strict=True))
+        return total / m
+
+    def _predict(self, x):  # noqa: ANN001, ANN202
+        import tensorflow as tf
+
+        h = x
+        for device, layers in zip(self.devices, self.stages, strict=True):
+            with tf.device(device):
+                for layer in layers:
+                    h = layer(h, training=False)
+        return h
+
+    def train_step(self, x, y) -> float:  # noqa: ANN001
+        """One training step on the batch ``(x, y)``; the mean loss."""
+        return float(self._step(x, y))
+
+    def predict(self, x):  # noqa: ANN001, ANN201
+        """The model's output for ``x`` (forward through the stages)."""
+        return self._forward(x)

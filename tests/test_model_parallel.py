@@ -1,0 +1,67 @@
+"""``--strategy model``: stage tasks on localhost, the built-in deep model placed by a plan and
+trained; placement checked from the tasks themselves (where variables and matrix products are)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.conftest import only_run_dir, run_ddlctl
+
+pytestmark = pytest.mark.cluster
+STEPS = "40"
+
+
+def workload(*extra: str) -> list[str]:
+    return ["--", sys.executable, "-m", "ddlctl.workloads", "--workload", "deep", "--steps", STEPS, *extra]
+
+
+def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path):
+    single = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path / "one"),
+                        *workload())
+    assert single.returncode == 0, single.stderr[-2000:]
+    split = run_ddlctl("launch", "-s", "model", "--workers", "2", "--no-telemetry", "--runs-dir", str(tmp_path / "mp"),
+                       *workload("--microbatches", "1"))
+    assert split.returncode == 0, split.stderr[-3000:]
+    one = json.loads((only_run_dir(tmp_path / "one") / "tasks" / "worker-0" / "result.json").read_text())
+    run_dir = only_run_dir(tmp_path / "mp")
+    mp = json.loads((run_dir / "tasks" / "chief-0" / "result.json").read_text())
+    # the same model, data and optimizer: model parallelism changes where, not what, is computed
+    assert mp["loss"] == pytest.approx(one["loss"], rel=1e-3) and mp["accuracy"] == pytest.approx(one["accuracy"])
+    stages = json.loads((run_dir / "tasks" / "chief-0" / "stages.json").read_text())
+    assert stages["how"] == "greedy" and sum(stages["partition"]) == 14 and min(stages["partition"]) > 0
+    for i, stage in enumerate(stages["stages"]):
+        assert stage["device"] == f"/job:worker/replica:0/task:{i}/device:CPU:0"
+        assert stage["variable_devices"] == [stage["device"]], "each stage's variables live on its task"
+    # every matrix product of the step, forward and backward, runs on a stage task, none on the client
+    assert set(stages["matmul_ops"]) == {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"}
+    assert len((run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()) == int(STEPS)
+
+
+def test_a_saved_partition_is_followed_and_micro_batches_train(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=3 memory=16MiB\n")
+    plan_file = tmp_path / "plan.json"
+    planned = run_ddlctl("partition", "--hosts", str(hosts), "--workload", "deep", "--microbatches", "4",
+                         "--save", str(plan_file), "--json", timeout=300)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    data = json.loads(plan_file.read_text())
+    counts = next(p for p in data["plans"] if p["algorithm"] == data["chosen"])["stages"]
+    counts = [s["layers"] for s in counts]
+    done = run_ddlctl("launch", "-s", "model", "--hosts", str(hosts), "--partition", str(plan_file),
+                      "--runs-dir", str(tmp_path / "runs"), *workload("--microbatches", "4"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "runs")
+    stages = json.loads((run_dir / "tasks" / "chief-0" / "stages.json").read_text())
+    assert stages["how"] == "given" and stages["partition"] == counts and stages["microbatches"] == 4
+    assert [len(s["layers"]) for s in stages["stages"]] == [c for c in counts if c]
+    result = json.loads((run_dir / "tasks" / "chief-0" / "result.json").read_text())
+    assert result["accuracy"] > 0.3, "chance is 1/8: the pipelined model must learn"
+    records = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
+    assert len(records) == int(STEPS) and json.loads(records[-1])["total"] == int(STEPS)
+    # a plan for another cluster is refused before anything starts
+    wrong = run_ddlctl("launch", "-s", "model", "--workers", "2", "--partition", str(plan_file),
+                       "--runs-dir", str(tmp_path / "wrong"), *workload())
+    assert wrong.returncode == 2 and f"has {len(counts)} stage(s) but the cluster has 2" in wrong.stderr
