@@ -59,6 +59,10 @@ def test_a_saved_partition_is_followed_and_micro_batches_train(tmp_path):
     assert [len(s["layers"]) for s in stages["stages"]] == [c for c in counts if c]
     result = json.loads((run_dir / "tasks" / "chief-0" / "result.json").read_text())
     assert result["accuracy"] > 0.3, "chance is 1/8: the pipelined model must learn"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [s["layers"] for s in summary["stages"]] == [c for c in counts if c]
+    assert all(s["variables_on_stage"] and s["matmuls"] > 0 and s["cpu_mean"] is not None for s in summary["stages"])
+    assert "stages (model parallelism)" in done.stdout
     records = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
     assert len(records) == int(STEPS) and json.loads(records[-1])["total"] == int(STEPS)
     # a plan for another cluster is refused before anything starts

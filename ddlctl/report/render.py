@@ -113,9 +113,25 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
     console.print(table)
     console.print(_throughput_line(summary))
     render_work(summary, console)
+    render_stages(summary, console)
     render_faults(summary, console)
     for line in summary.diagnosis:
         console.print(Text(f"• {line}", style="yellow"))
+
+
+def render_stages(summary: RunSummary, console: Console) -> None:
+    """Model strategy: each stage task, its layers, whether its variables live there, its share
+    of the step's matrix products, and how busy it was (CPU)."""
+    if not summary.stages:
+        return
+    table = Table(title="stages (model parallelism)", title_justify="left")
+    for column in ("stage task", "layers", "first … last", "variables there", "matmuls", "CPU %"):
+        table.add_column(column, justify="left" if column in ("stage task", "first … last") else "right")
+    for stage in summary.stages:
+        table.add_row(stage["task"], str(stage["layers"]), f"{stage['first']} … {stage['last']}",
+                      "yes" if stage["variables_on_stage"] else Text("no", style="red"), str(stage["matmuls"]),
+                      fmt(stage["cpu_mean"], ".0f"))
+    console.print(table)
 
 
 def render_work(summary: RunSummary, console: Console) -> None:
@@ -205,6 +221,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
                              f"{fmt(g.power_capped_share, '.0%')} / {fmt(g.thermal_capped_share, '.0%')}")
         console.print(gpus)
     render_work(summary, console)
+    render_stages(summary, console)
     render_faults(summary, console)
     if summary.diagnosis:
         console.print(Text("diagnosis", style="bold"))

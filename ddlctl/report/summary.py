@@ -259,6 +259,7 @@ class RunSummary:
     hosts_lost: tuple[dict, ...] = ()
     work: tuple[WorkerWork, ...] = ()
     work_note: str | None = None
+    stages: tuple[dict, ...] = ()  # model strategy: per stage task, its layers and CPU
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 3: schema 1 plus restarts, goodput, steps_lost, degraded,
@@ -605,6 +606,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
 
     lead = _lead(all_steps, plan.get("strategy"))
     work, work_note = _worker_work(plan, lead, procs)
+    stages = _stages(run_dir, procs) if plan.get("strategy") == "model" else ()
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
                                   lead.start_us if lead else [],
@@ -620,8 +622,27 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         goodput=goodput(lead.start_us, lead.duration, redone) if lead is not None else None,
         steps_lost=sum(redone) * (lead.block if lead is not None else 1),
         degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])),
-        work=work, work_note=work_note)
+        work=work, work_note=work_note, stages=stages)
     return _with_diagnosis(summary, outcome, run_end)
+
+
+def _stages(run_dir: Path, procs: dict) -> tuple[dict, ...]:
+    """The model strategy's stages as the chief recorded them (``stages.json``), with each stage
+    task's mean CPU % from telemetry (how busy the stage was) and its share of the matmuls."""
+    recorded = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
+    ops = recorded.get("matmul_ops") or {}
+    rows = []
+    for stage in recorded.get("stages") or []:
+        device = str(stage.get("device", ""))
+        task = device.split("/job:")[-1].split("/")[0] + ":" + device.split("/task:")[-1].split("/")[0] \
+            if "/task:" in device else device
+        cpu = procs.get(task, ((), ()))[0]
+        layers = list(stage.get("layers") or [])
+        rows.append({"task": task, "device": device, "layers": len(layers),
+                     "first": layers[0] if layers else None, "last": layers[-1] if layers else None,
+                     "variables_on_stage": stage.get("variable_devices") == [device],
+                     "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu) if cpu else None})
+    return tuple(rows)
 
 
 def _in_flight(steps: TaskSteps, kept: slice) -> float | None:
