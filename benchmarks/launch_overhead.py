@@ -50,6 +50,7 @@ def hand_launch(steps: int, folder: Path) -> tuple[float, dict[str, float]]:
     cluster = {"chief": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
                "ps": [f"localhost:{ports[3]}"]}
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     def spawn(role: str, index: int, argv: list[str]) -> subprocess.Popen:
         config = json.dumps({"cluster": cluster, "task": {"type": role, "index": index}})
@@ -73,11 +74,12 @@ def hand_launch(steps: int, folder: Path) -> tuple[float, dict[str, float]]:
 
 def ddlctl_launch(steps: int, folder: Path, telemetry: bool) -> tuple[float, dict[str, float]]:
     started = time.monotonic()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run([sys.executable, "-m", "ddlctl", "launch", "-s", "ps", "--workers", "2", "--ps", "1",
                            "--runs-dir", str(folder), "--telemetry" if telemetry else "--no-telemetry",
                            "--", sys.executable, "-m", "ddlctl.workloads", "--steps", str(steps),
                            "--checkpoint-dir", ""],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"ddlctl launch failed (exit {done.returncode}): {done.stderr[-2000:]}")
@@ -104,6 +106,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="ddlctl-overhead-bench-"))
     hand, on, off = [], [], []
     split_of: dict[str, list[dict[str, float]]] = {"hand": [], "on": [], "off": []}
+    for kind in ("hand", "ddlctl"):
+        warm = root / f"warm-up-{kind}"
+        warm.mkdir()
+        hand_launch(args.steps, warm) if kind == "hand" else ddlctl_launch(args.steps, warm, True)
     for i in range(args.rounds):
         for kind in ("hand", "on", "off") if i % 2 == 0 else ("off", "on", "hand"):
             folder = root / f"{kind}-{i}"
