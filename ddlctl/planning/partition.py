@@ -16,11 +16,11 @@ stage *i+1* of micro-batch *k*), the predicted step time is::
     T = sum(stage times) / m + (m - 1) * max(stage times) / m
 
 where a stage's time is its compute (sum of its layers' costs / speed) plus sending its output
-activation forward and receiving its gradient back (2 x (bytes / bandwidth + latency)), for the
-whole batch. With ``m = 1`` that is the sum (a sequential pipeline); for large ``m`` the slowest
-stage (the bottleneck) decides. A device's memory use is its layers' parameter/optimizer bytes plus
-their activations (kept for the backward pass; ``m`` micro-batches of ``1/m`` of the batch each
-keep as much as the whole batch).
+activation forward and receiving its gradient back (2 x (bytes / bandwidth + m x latency): every
+micro-batch crosses the boundary), for the whole batch. With ``m = 1`` that is the sum (a
+sequential pipeline); for large ``m`` the slowest stage (the bottleneck) decides. A device's memory
+use is its layers' parameter/optimizer bytes plus their activations (kept for the backward pass;
+``m`` micro-batches of ``1/m`` of the batch each keep as much as the whole batch).
 
 Algorithms (all respect memory limits; a model that cannot be placed is refused with the reason):
 
@@ -149,14 +149,14 @@ class _Model:
             self.cost.append(self.cost[-1] + layer.cost_s)
             self.mem.append(self.mem[-1] + layer.param_bytes + layer.act_bytes)
 
-    def stage(self, device: Device, first: int, last: int, link: Link) -> Stage:
+    def stage(self, device: Device, first: int, last: int, link: Link, microbatches: int = 1) -> Stage:
         n = len(self.layers)
         if first > last:
             return Stage(device.name, first, last, 0.0, 0.0, 0, device.memory_bytes)
         compute = (self.cost[last + 1] - self.cost[first]) / device.speed
         comm = 0.0
-        if last < n - 1:  # sends its output forward and gets the gradient back
-            comm = 2.0 * (self.layers[last].act_bytes / link.bandwidth_bps + link.latency_s)
+        if last < n - 1:  # sends its output forward and gets the gradient back, per micro-batch
+            comm = 2.0 * (self.layers[last].act_bytes / link.bandwidth_bps + microbatches * link.latency_s)
         return Stage(device.name, first, last, compute, comm, self.mem[last + 1] - self.mem[first], device.memory_bytes)
 
 
@@ -164,7 +164,7 @@ def _plan(algorithm: str, model: _Model, devices: Sequence[Device], cuts: Sequen
           microbatches: int, notes: Sequence[str] = ()) -> PartitionPlan:
     """The plan whose stage ``j`` holds layers ``cuts[j]..cuts[j+1]-1`` (``cuts`` has devices+1
     entries, from 0 to the number of layers, non-decreasing)."""
-    stages = tuple(model.stage(d, cuts[j], cuts[j + 1] - 1, link) for j, d in enumerate(devices))
+    stages = tuple(model.stage(d, cuts[j], cuts[j + 1] - 1, link, microbatches) for j, d in enumerate(devices))
     times = [s.time_s for s in stages if s.layers]
     over = [s for s in stages if s.memory_bytes > s.memory_limit]
     if over:
@@ -301,7 +301,7 @@ def plan_optimal(layers: Sequence[Layer], devices: Sequence[Device], microbatche
     # boundary[i]: what a stage ending before layer i sends on (nothing after the last layer)
     boundary = np.zeros(n + 1)
     for i in range(1, n):
-        boundary[i] = 2.0 * (layers[i - 1].act_bytes / link.bandwidth_bps + link.latency_s)
+        boundary[i] = 2.0 * (layers[i - 1].act_bytes / link.bandwidth_bps + microbatches * link.latency_s)
     lo = np.arange(n + 1)[:, None]  # a stage holds layers lo..hi-1
     hi = np.arange(n + 1)[None, :]
     nonempty, empty = lo < hi, lo == hi
