@@ -144,7 +144,7 @@ def test_partition_profiles_the_built_in_model_and_plans_it_under_memory_caps(tm
     from tests.conftest import run_ddlctl
 
     hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost slots=2 memory=100MiB\n127.0.0.1 slots=1 speed=0.5 memory=100MiB\n")
+    hosts.write_text("localhost slots=2 memory=24MiB\n127.0.0.1 slots=1 speed=0.5 memory=24MiB\n")
     saved = tmp_path / "plan.json"
     done = run_ddlctl("partition", "--hosts", str(hosts), "--workload", "deep", "--microbatches", "4",
                       "--save", str(saved), "--json", timeout=300)
@@ -153,17 +153,17 @@ def test_partition_profiles_the_built_in_model_and_plans_it_under_memory_caps(tm
     assert json.loads(saved.read_text()) == data
     assert [d["name"] for d in data["devices"]] == ["localhost/cpu:0", "localhost/cpu:1", "127.0.0.1/cpu:0"]
     names = [layer["name"] for layer in data["layers"]]
-    assert names[0] == "flatten" and names[-1] == "logits" and len(names) == 18
+    assert names[0] == "flatten" and names[-1] == "logits" and len(names) == 14
     assert all(layer["cost_s"] > 0 for layer in data["layers"][1:])  # measured, not declared
     dense = next(layer for layer in data["layers"] if layer["name"] == "dense_1")
-    assert dense["param_bytes"] == (1024 * 1024 + 1024) * 4 * 3  # weights + bias, float32, with Adam's 2 slots
+    assert dense["param_bytes"] == (512 * 512 + 512) * 4 * 3  # weights + bias, float32, with Adam's 2 slots
     plans = {p["algorithm"]: p for p in data["plans"]}
     assert set(plans) == {"random", "greedy", "optimal", "single"}
     assert not plans["single"]["feasible"] and "does not fit the fastest device" in plans["single"]["reason"]
     for name in ("greedy", "optimal"):
         stages = plans[name]["stages"]
-        assert sum(s["layers"] for s in stages) == 18
-        assert all(s["memory_bytes"] <= 100 * 2**20 for s in stages)
+        assert sum(s["layers"] for s in stages) == 14
+        assert all(s["memory_bytes"] <= 24 * 2**20 for s in stages)
         assert stages[2]["layers"] < max(stages[0]["layers"], stages[1]["layers"]), "the slow device gets fewer"
     assert plans["optimal"]["bottleneck_s"] <= plans["greedy"]["bottleneck_s"] + 1e-12
     assert data["chosen"] in ("optimal", "greedy")

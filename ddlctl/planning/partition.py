@@ -308,33 +308,50 @@ def plan_optimal(layers: Sequence[Layer], devices: Sequence[Device], microbatche
     span_cost = np.where(nonempty, cost[None, :] - cost[:, None], 0.0)
     span_mem = np.where(nonempty, mem[None, :] - mem[:, None], 0.0)
     columns = np.arange(n + 1)
+
+    kinds: dict[tuple[float, float], tuple] = {}  # devices of one kind share their matrices
+
+    def stage_of(device: Device):  # noqa: ANN202 - (time of layers lo..hi-1 on it, where they do NOT fit)
+        key = (device.speed, device.memory_bytes)
+        if key not in kinds:
+            time_ = np.where(nonempty, span_cost / device.speed + boundary[None, :], 0.0)
+            kinds[key] = (time_, ~(empty | (nonempty & (span_mem <= device.memory_bytes))))
+        return kinds[key]
+
+    buffer = np.empty((n + 1, n + 1))
+
+    def min_sum(cap: float) -> tuple[float, list[int]]:
+        """Smallest summed stage time with every stage <= ``cap``, and its cuts (DP)."""
+        total = np.where(columns == 0, 0.0, np.inf)  # layers 0..i-1 on the devices so far
+        choice = np.zeros((k, n + 1), dtype=np.int64)
+        excluded: dict[tuple[float, float], object] = {}
+        for j, device in enumerate(devices):
+            time_, misfit = stage_of(device)
+            key = (device.speed, device.memory_bytes)
+            if key not in excluded:
+                excluded[key] = misfit | (time_ > cap) if np.isfinite(cap) else misfit
+            np.add(total[:, None], time_, out=buffer)
+            np.copyto(buffer, np.inf, where=excluded[key])
+            choice[j] = buffer.argmin(axis=0)
+            total = buffer[choice[j], columns]
+        cuts = [n]
+        for j in range(k - 1, -1, -1):
+            cuts.append(int(choice[j][cuts[-1]]))
+        return float(total[n]), [0, *reversed(cuts[:-1])]
+
     micro = microbatches > 1
-    best = np.full(n + 1, np.inf)  # objective of layers 0..i-1 on the devices so far
-    best[0] = 0.0
-    total = np.where(columns == 0, 0.0, np.inf)  # their summed stage time
-    choice = np.zeros((k, n + 1), dtype=np.int64)
-    for j, device in enumerate(devices):
-        stage = np.where(nonempty, span_cost / device.speed + boundary[None, :], 0.0)
-        allowed = empty | (nonempty & (span_mem <= device.memory_bytes))
-        sums = np.where(allowed, total[:, None] + stage, np.inf)
-        if micro:
-            key = np.where(allowed, np.maximum(best[:, None], stage), np.inf)
-            best = key.min(axis=0)
-            # among the splits with the best bottleneck, the one with the smallest sum
-            pick = np.where(key <= best[None, :], sums, np.inf).argmin(axis=0)
-        else:
-            pick = sums.argmin(axis=0)
-        total = sums[pick, columns]
-        if not micro:
-            best = total
-        choice[j] = pick
-    if not np.isfinite(best[n]):
+    cap = np.inf
+    if micro:  # first the smallest possible bottleneck, then the smallest sum under it
+        best = np.where(columns == 0, 0.0, np.inf)
+        for device in devices:
+            time_, misfit = stage_of(device)
+            np.maximum(best[:, None], time_, out=buffer)
+            np.copyto(buffer, np.inf, where=misfit)
+            best = buffer.min(axis=0)
+        cap = float(best[n]) * (1 + 1e-12)
+    total, cuts = min_sum(cap)
+    if not np.isfinite(total):
         return _refuse("optimal", microbatches, "no contiguous split fits the devices' memory")
-    cuts = [n]
-    for j in range(k - 1, -1, -1):
-        cuts.append(int(choice[j][cuts[-1]]))
-    cuts.reverse()
-    cuts[0] = 0
     objective = "the bottleneck stage (micro-batching)" if micro else "the sum of stage times"
     return _plan("optimal", model, devices, cuts, link, microbatches, [f"minimises {objective}"])
 
