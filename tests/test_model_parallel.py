@@ -69,3 +69,30 @@ def test_a_saved_partition_is_followed_and_micro_batches_train(tmp_path):
     wrong = run_ddlctl("launch", "-s", "model", "--workers", "2", "--partition", str(plan_file),
                        "--runs-dir", str(tmp_path / "wrong"), *workload())
     assert wrong.returncode == 2 and f"has {len(counts)} stage(s) but the cluster has 2" in wrong.stderr
+
+
+def test_a_lost_stage_restarts_every_task_and_training_resumes_from_the_checkpoint(tmp_path):
+    import signal
+
+    from tests.conftest import processes_of_run
+    from tests.faults import Job
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    job = Job(runs, "-s", "model", "--workers", "2", "--max-restarts", "1", "--no-telemetry", "--grace", "2",
+              "--", sys.executable, "-m", "ddlctl.workloads", "--workload", "deep", "--steps", "60",
+              "--checkpoint-every", "10")
+    job.wait_steps("chief-0", 25)
+    job.kill("worker-1", signal.SIGKILL)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    outcome = job.outcome()
+    (restart,) = outcome["restarts"]
+    assert restart["task"] == "worker:1" and restart["scope"] == "all"
+    assert set(restart["tasks"]) == {"chief:0", "worker:0", "worker:1"}
+    log = (job.run_dir / "tasks" / "chief-0" / "output.log").read_text()
+    assert "resumed from checkpoint ckpt-20 at step 20" in log or "resumed from checkpoint ckpt-30 at step 30" in log
+    lines = (job.run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines]
+    assert steps[-1] == 60 and max(steps) == 60
+    assert json.loads((job.run_dir / "tasks" / "chief-0" / "result.json").read_text())["accuracy"] > 0.3
+    assert processes_of_run(job.run_dir.name) == []

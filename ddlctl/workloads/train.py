@@ -487,15 +487,34 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
     for stage in placement:
         print(f"stage {stage['device']}: {len(stage['layers'])} layer(s) {stage['layers'][0]}..{stage['layers'][-1]} "
               f"(variables on {', '.join(stage['variable_devices']) or 'none'})", flush=True)
-    iterator = iter(shard_dataset(args.seed, args.augment, args.batch_size, parallel=args.pipeline))
-    progress = Progress(args)
-    for step in range(1, args.steps + 1):
+    # checkpoints: every stage's variables and optimizer slots (read from the stage tasks), in the
+    # run's checkpoint folder; a restarted job (every task: a stage holds part of the model) resumes
+    resumed = 0
+    saver = None
+    if args.checkpoint_dir:
+        step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+        checkpoint = tf.train.Checkpoint(step=step_var, stages=[list(layers) for layers in pipeline.stages],
+                                         optimizers=list(pipeline.optimizers))
+        saver = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir, max_to_keep=2)
+        every = args.checkpoint_every or max(1, min(100, args.steps // 4))
+        if saver.latest_checkpoint:
+            checkpoint.restore(saver.latest_checkpoint).expect_partial()
+            resumed = int(step_var.numpy())
+            print(f"resumed from checkpoint {Path(saver.latest_checkpoint).name} at step {resumed} "
+                  f"(restart {os.environ.get('DDLCTL_RESTART_COUNT', '0')})", flush=True)
+    iterator = iter(shard_dataset(args.seed, args.augment, args.batch_size, parallel=args.pipeline,
+                                  first_step=resumed))
+    progress = Progress(args, resumed)
+    for step in range(resumed + 1, args.steps + 1):
         wall, start = time.time(), time.monotonic()
         images, labels, _ = next(iterator)
         ready = time.monotonic()
         loss = pipeline.train_step(images, labels)
         recorder.record(step, wall, time.monotonic() - start, args.batch_size, input_s=ready - start)
         progress.after(step, loss, args.batch_size)
+        if saver is not None and (step % every == 0 or step == args.steps):
+            step_var.assign(step)
+            saver.save(checkpoint_number=step)
     if ctx.task_dir:  # where the stages and their work really were (the report's stage table)
         Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
         (Path(ctx.task_dir) / "stages.json").write_text(json.dumps(
