@@ -62,7 +62,8 @@ def main() -> None:
         raise SystemExit("pdsh is not installed: apt-get install -y pdsh")
     root = Path(tempfile.mkdtemp(prefix="ddlctl-bench-"))
     cluster = SshTestCluster(root, max(sizes), same_port=True)
-    env = {**cluster.env, "NO_COLOR": "1"}
+    # as on any machine where Python has run once: bytecode caches written and used
+    env = {k: v for k, v in {**cluster.env, "NO_COLOR": "1"}.items() if k != "PYTHONDONTWRITEBYTECODE"}
     port = cluster.hosts[0].port
     ssh_opts = ["-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={cluster.home}/.ssh/known_hosts",
                 "-i", str(cluster.user_key), "-p", str(port)]
