@@ -126,6 +126,7 @@ def describe_connect_error(host: Host, target: Target, exc: BaseException, timeo
 #: arguments, never spliced into a script; the host's own ``$HOME`` is what ``~`` means there).
 EXPAND_1 = 'p="$1"; case "$p" in "~/"*) p="$HOME/${p#"~/"}";; "~") p="$HOME";; esac; '
 NEED_CODE_EXIT = 97
+NEED_CODE_TEXT = "ddlctl: its code is not on this host yet"
 
 
 class SshConnection:
@@ -293,7 +294,7 @@ class SshTransport:
         the same exec (one round trip per host when it is there); uploaded, and the agent started
         again, when it is not."""
         script = (EXPAND_1 + 'shift; if [ -f "$p" ]; then touch "$p"; PYTHONPATH="$p"; export PYTHONPATH; '
-                  f'exec "$@"; fi; echo "ddlctl: its code is not on this host yet" >&2; exit {NEED_CODE_EXIT}')
+                  f'exec "$@"; fi; echo "{NEED_CODE_TEXT}" >&2; exit {NEED_CODE_EXIT}')
         argv = ["sh", "-c", script, "sh", bundle_path(), "env", f"DDLCTL_RUN_ID={run_id}",
                 *agent_argv(self.python, ports)]
         for attempt in range(2):
@@ -305,8 +306,12 @@ class SshTransport:
             session = HostSession(self.host, ChannelStream(channel), [], self.python)
             try:
                 session.await_hello()
-            except LaunchError:
-                if attempt == 0 and channel.exit_status_ready() and channel.recv_exit_status() == NEED_CODE_EXIT:
+            except LaunchError as exc:
+                # the exit status may arrive just after the channel's end: wait for it a moment
+                channel.status_event.wait(5)
+                missing = (channel.exit_status_ready() and channel.recv_exit_status() == NEED_CODE_EXIT) \
+                    or NEED_CODE_TEXT in exc.message
+                if attempt == 0 and missing:
                     self._bundle = self.conn.ensure_bundle()
                     continue
                 raise
