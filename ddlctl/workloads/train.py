@@ -454,6 +454,9 @@ def stage_counts(args: argparse.Namespace, model, n_devices: int) -> tuple[list[
 
     if args.partition:
         return [int(c) for c in str(args.partition).split(",")], "given"
+    kept = Path(args.checkpoint_dir or "") / "partition.json"
+    if args.checkpoint_dir and kept.is_file():  # a restart resumes the plan its checkpoint was made with
+        return [int(c) for c in json.loads(kept.read_text())["partition"]], "resumed"
     described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
     if len(described) != n_devices:
         described = [{} for _ in range(n_devices)]
@@ -481,6 +484,9 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
     keras.utils.set_random_seed(args.seed)
     model = getattr(models, args.workload)()
     counts, how = stage_counts(args, model, len(devices))
+    if args.checkpoint_dir and how != "resumed":
+        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.checkpoint_dir) / "partition.json").write_text(json.dumps({"partition": counts}) + "\n")
     pipeline = mp.Pipeline.from_model(model, devices, counts, args.microbatches,
                                       make_optimizer=lambda: keras.optimizers.Adam(args.learning_rate))
     placement = pipeline.placement()
@@ -493,8 +499,10 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
     saver = None
     if args.checkpoint_dir:
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-        checkpoint = tf.train.Checkpoint(step=step_var, stages=[list(layers) for layers in pipeline.stages],
-                                         optimizers=list(pipeline.optimizers))
+        # layers by name (their place in the model), optimizers by stage (the plan is kept above)
+        checkpoint = tf.train.Checkpoint(step=step_var, optimizers=list(pipeline.optimizers),
+                                         **{f"layer_{layer.name}": layer for layers in pipeline.stages
+                                            for layer in layers})
         saver = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir, max_to_keep=2)
         every = args.checkpoint_every or max(1, min(100, args.steps // 4))
         if saver.latest_checkpoint:
