@@ -82,6 +82,9 @@ class LaunchOptions:
     batch_size: int | None = None
     execution: str | None = None
     partition: str | None = None  # a plan file of ddlctl partition (--strategy model)
+    worker_per: str = "auto"
+    balance: str = "off"
+    speeds: str | None = None  # a cluster profile of ddlctl check --bench (--balance speed)
     quiet: bool = False
     verbose: bool = False
     command: Sequence[str] = field(default_factory=tuple)
@@ -117,6 +120,13 @@ def partition_counts(path: str) -> list[int]:
     except (ValueError, KeyError, TypeError, StopIteration):
         raise ConfigError(f"--partition {path}: not a plan saved by ddlctl partition --save (or no plan in it "
                           "could place the model)") from None
+
+
+def load_speeds(path: str) -> dict[str, float]:
+    """Per-host device speeds from a cluster profile (``ddlctl check --bench --save FILE``)."""
+    from ddlctl.bench import load_profile
+
+    return {label: host.speed for label, host in load_profile(path).hosts.items()}
 
 
 def load_cluster(hosts: str | None, template: str | None,
@@ -162,6 +172,8 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
         if strategy != "model":
             raise ConfigError(f"--partition applies to --strategy model, not {strategy}")
         env["DDLCTL_PARTITION"] = ",".join(map(str, partition_counts(opts.partition)))
+    if opts.speeds and opts.balance != "speed":
+        raise ConfigError("--speeds applies with --balance speed", "add --balance speed, or drop --speeds")
     run_root = Path(opts.run_dir).expanduser().resolve()
     evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
     return LaunchRequest(
@@ -180,6 +192,9 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
         telemetry=opts.telemetry,
         sample_interval_s=opts.sample_interval_s,
         auto_steps=opts.auto_steps,
+        worker_per=opts.worker_per,
+        balance=opts.balance,
+        speeds=load_speeds(opts.speeds) if opts.speeds else {},
     )
 
 
@@ -187,6 +202,12 @@ def fit_batch_to_workers(opts: LaunchOptions, request: LaunchRequest, workers: i
     """mwms splits each step's batch evenly over workers: round the default batch up to a multiple,
     refuse a given one that does not divide (before anything starts)."""
     if opts.command or request.strategy != "mwms" or workers <= 1:
+        return request
+    if request.balance == "speed":  # shares by speed: any batch with an example per worker
+        batch = opts.batch_size or 64
+        if batch < workers:
+            raise ConfigError(f"--batch-size {batch} cannot give each of {workers} mwms workers an example",
+                              f"use at least --batch-size {workers}")
         return request
     if opts.batch_size is not None:
         if opts.batch_size % workers:

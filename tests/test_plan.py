@@ -163,8 +163,57 @@ def test_gpu_split_and_ps_without_gpus():
     assert [gpus[f"worker:{i}"] for i in range(4)] == ["0", "1", "2", "3"]
     assert [gpus[f"worker:{i}"] for i in range(4, 8)] == ["0", "1", "0", "1"]
     assert gpus["ps:0"] == ""
-    mw = make_plan(cluster, request("mwms", workers=3), {})
+    mw = make_plan(cluster, request("mwms", workers=3, worker_per="host"), {})
     assert [t.env.get("CUDA_VISIBLE_DEVICES") for t in mw.tasks] == ["0,1", "2,3", "0,1"]
+
+
+def cuda(plan):
+    return [(t.name, t.host.name, t.env.get("CUDA_VISIBLE_DEVICES")) for t in plan.tasks if t.role == "worker"]
+
+
+def test_mwms_unequal_gpu_counts_get_one_worker_per_gpu_by_default():
+    cluster = parse_hosts("big gpus=4\nsmall gpus=2\n", "h")
+    plan = make_plan(cluster, request("mwms"), {})
+    assert cuda(plan) == [("worker:0", "big", "0"), ("worker:1", "big", "1"), ("worker:2", "big", "2"),
+                          ("worker:3", "big", "3"), ("worker:4", "small", "0"), ("worker:5", "small", "1")]
+    assert json.loads(plan.tasks[0].env["TF_CONFIG"])["task"] == {"type": "worker", "index": 0}
+    assert plan.tasks[5].env["DDLCTL_NUM_WORKERS"] == "6"
+    # fewer workers: spread one per host first, each still with one GPU
+    assert cuda(make_plan(cluster, request("mwms", workers=3), {})) == [
+        ("worker:0", "big", "0"), ("worker:1", "big", "1"), ("worker:2", "small", "0")]
+    # equal counts: one worker per host keeps every GPU of its host
+    same = parse_hosts("a gpus=2\nb gpus=2\n", "h")
+    assert cuda(make_plan(same, request("mwms"), {})) == [("worker:0", "a", "0,1"), ("worker:1", "b", "0,1")]
+    assert len(cuda(make_plan(same, request("mwms", worker_per="gpu"), {}))) == 4
+
+
+def test_mwms_plans_that_cannot_give_every_worker_the_same_gpus_are_refused_with_the_reason():
+    cluster = parse_hosts("big gpus=4\nsmall gpus=2\n", "h")
+    with pytest.raises(PlanError) as err:
+        layout(cluster, request("mwms", worker_per="host"))
+    assert "worker:0 on big: 4, worker:1 on small: 2" in str(err.value) and "#47203" in str(err.value)
+    assert "--worker-per gpu" in (err.value.hint or "")
+    mixed = parse_hosts("g gpus=2\ncpu slots=2\n", "h")
+    with pytest.raises(PlanError) as err:
+        layout(mixed, request("mwms"))
+    assert "worker:2 on cpu: 0" in str(err.value) and "roles=ps" in (err.value.hint or "")
+    with pytest.raises(PlanError) as err:
+        layout(cluster, request("mwms", workers=7))
+    assert "7 workers requested but the cluster has 6 worker devices" in str(err.value)
+    with pytest.raises(PlanError, match="no worker host declares gpus"):
+        layout(FOUR, request("mwms", worker_per="gpu"))
+    with pytest.raises(PlanError, match="does not apply to the mirrored strategy"):
+        layout(parse_hosts("g gpus=2\n", "h"), request("mirrored", worker_per="gpu"))
+
+
+def test_ps_tasks_go_to_cpu_only_hosts_and_gpu_workers_get_one_gpu_each():
+    mixed = parse_hosts("g1 gpus=4\ng2 gpus=2\ncpu slots=1\n", "h")
+    plan = make_plan(mixed, request("ps", ps=2, worker_per="gpu"), {})
+    assert [(t.name, t.host.name) for t in plan.tasks if t.role == "ps"] == [("ps:0", "cpu"), ("ps:1", "cpu")]
+    assert cuda(plan)[-3:] == [("worker:4", "g2", "0"), ("worker:5", "g2", "1"), ("worker:6", "cpu", None)]
+    # an explicit roles=ps still wins over the CPU-only default
+    chosen = parse_hosts("g1 gpus=2 roles=chief,worker,ps\ncpu slots=1\n", "h")
+    assert {t.host.name for t in make_plan(chosen, request("ps"), {}).tasks if t.role == "ps"} == {"g1"}
 
 
 def test_user_env_overrides_and_secrets_are_redacted_in_plan_json():

@@ -23,6 +23,8 @@ HOST_KEYS: dict[str, str] = {
     "workdir": "the directory tasks start in on this host",
     "speed": "a number > 0: each device's speed relative to the others (model-parallel planning; default 1)",
     "memory": "each device's memory, e.g. 16GiB, 512MiB or 8GB (model-parallel planning; default: unlimited)",
+    "cpu_quota": "a number of CPUs >= 0.01 that each task on this host may use, enforced with a cgroup CPU quota "
+                 "(emulates a slower machine; needs a writable cgroup cpu controller, e.g. root)",
 }
 
 _MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -39,14 +41,14 @@ def parse_memory(value: object, where: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def _speed(value: object, where: str) -> float:
+def _positive(value: object, key: str, where: str, low: float = 0.0) -> float:
     try:
-        speed = float(str(value)) if not isinstance(value, bool) else 0.0
+        number = float(str(value)) if not isinstance(value, bool) else 0.0
     except ValueError:
-        speed = 0.0
-    if not speed > 0 or speed == float("inf"):
-        raise ConfigError(f"{where}: speed={value!r} is not valid", f"speed must be {HOST_KEYS['speed']}")
-    return speed
+        number = 0.0
+    if not number > 0 or number < low or number == float("inf"):
+        raise ConfigError(f"{where}: {key}={value!r} is not valid", f"{key} must be {HOST_KEYS[key]}")
+    return number
 
 _USER_RE = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -120,8 +122,9 @@ def make_host(name: str, user: str | None, fields: Mapping[str, object], where: 
         roles=_roles(fields["roles"], where) if "roles" in fields else (),
         python=_text(fields["python"], "python", where) if "python" in fields else None,
         workdir=_text(fields["workdir"], "workdir", where) if "workdir" in fields else None,
-        speed=_speed(fields["speed"], where) if "speed" in fields else 1.0,
+        speed=_positive(fields["speed"], "speed", where) if "speed" in fields else 1.0,
         memory_bytes=parse_memory(fields["memory"], where) if "memory" in fields else None,
+        cpu_quota=_positive(fields["cpu_quota"], "cpu_quota", where, 0.01) if "cpu_quota" in fields else None,
         source=where,
     )
 

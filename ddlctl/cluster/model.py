@@ -18,7 +18,8 @@ class Host:
     ``slots`` is how many worker tasks the host takes; ``gpus`` how many GPUs it has (0: none or
     unknown); ``roles`` restricts which task roles may be placed there (empty: any role).
     ``speed`` and ``memory_bytes`` describe each of its devices (a GPU, or a slot on a CPU host)
-    for model-parallel planning: relative speed and memory (None: unlimited).
+    for model-parallel planning: relative speed and memory (None: unlimited). ``cpu_quota`` caps the
+    CPUs each of its tasks may use (a cgroup CPU quota: emulates a slower machine; None: no cap).
     ``source`` is ``file:line`` of the description it came from, for error messages.
     """
 
@@ -34,6 +35,7 @@ class Host:
     address: str | None = None  # network address when ``name`` is an ~/.ssh/config alias
     speed: float = 1.0
     memory_bytes: int | None = None
+    cpu_quota: float | None = None
 
     @property
     def is_local(self) -> bool:

@@ -8,10 +8,15 @@ Placement rules (also in the README):
   host with ``roles=evaluator`` if any, else the last host.
 * ``mwms``: ``--workers`` (default: one per host) placed one per host in file order, then a second
   per host while slots allow, and so on; worker 0 is the chief.
+* ``--worker-per gpu`` (mwms default when worker hosts have different GPU counts, since
+  MultiWorkerMirroredStrategy needs the same number of GPUs in every worker): one worker per GPU,
+  each with one GPU in ``CUDA_VISIBLE_DEVICES`` (``slots=`` workers on CPU-only hosts); a 4 + 2 GPU
+  cluster gets 6 equal workers. Under mwms a plan whose workers would hold different GPU counts is
+  refused with the reason.
 * ``mirrored``, ``central_storage``, ``one_device``: one process on the only host.
 * GPUs: worker tasks sharing a host with ``gpus=N`` get disjoint ``CUDA_VISIBLE_DEVICES`` (a
   contiguous split, or one GPU each round-robin when there are more tasks than GPUs); ``ps`` tasks
-  get no GPU.
+  get no GPU, and go to CPU-only hosts when the cluster has some (and no host says ``roles=ps``).
 
 Everything here is pure: the same inputs give the same plan, so ``--dry-run`` shows exactly what
 ``launch`` will start.
@@ -32,6 +37,8 @@ MULTI_HOST_STRATEGIES: tuple[str, ...] = ("ps", "mwms", "model")
 #: Strategies whose worker tasks are ``tf.distribute.Server`` processes driven by the chief.
 SERVER_STRATEGIES: tuple[str, ...] = ("ps", "model")
 STRATEGIES: tuple[str, ...] = MULTI_HOST_STRATEGIES + SINGLE_HOST_STRATEGIES
+WORKER_PER: tuple[str, ...] = ("auto", "gpu", "host")
+BALANCE: tuple[str, ...] = ("off", "speed")
 
 #: Where ddlctl keeps its files on remote hosts (``~`` is expanded on the host by the watchdog).
 REMOTE_ROOT = "~/.ddlctl"
@@ -64,6 +71,9 @@ class LaunchRequest:
     telemetry: bool = True
     sample_interval_s: float = 1.0
     auto_steps: bool = True
+    worker_per: str = "auto"
+    balance: str = "off"
+    speeds: Mapping[str, float] = field(default_factory=dict)  # host label -> measured device speed
 
 
 @dataclass(frozen=True)
@@ -199,9 +209,13 @@ def _address_host(host: Host) -> str:
 
 
 def _preferred(cluster: Cluster, role: str) -> list[Host]:
-    """Hosts that name ``role`` explicitly, else every host that accepts it."""
+    """Hosts that name ``role`` explicitly, else every host that accepts it (for ``ps``: the CPU-only
+    ones among them when the cluster also has GPU hosts)."""
     explicit = [h for h in cluster.hosts if role in h.roles]
-    return explicit or [h for h in cluster.hosts if h.accepts(role)]
+    accepting = [h for h in cluster.hosts if h.accepts(role)]
+    if not explicit and role == "ps" and any(h.gpus for h in cluster.hosts):
+        return [h for h in accepting if not h.gpus] or accepting
+    return explicit or accepting
 
 
 def _no_host(cluster: Cluster, role: str) -> PlanError:
@@ -237,28 +251,32 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
     worker_hosts = [h for h in cluster.hosts if h.accepts("worker")]
     if not worker_hosts:
         raise _no_host(cluster, "worker")
-    total = sum(h.slots for h in worker_hosts)
-    default_workers = total if strategy in SERVER_STRATEGIES else len(worker_hosts)
+    per_gpu = worker_per_gpu(worker_hosts, request)
+    capacity = {h: (h.gpus or h.slots) if per_gpu else h.slots for h in worker_hosts}
+    total = sum(capacity.values())
+    default_workers = total if strategy in SERVER_STRATEGIES or per_gpu else len(worker_hosts)
     workers = default_workers if request.workers is None else request.workers
     if workers < 1:
         raise PlanError(f"--workers must be at least 1 (got {workers})")
     if workers > total:
+        what = "worker devices (one per GPU, slots= on CPU-only hosts)" if per_gpu else "worker slots"
         raise PlanError(
-            f"{workers} workers requested but the cluster has {total} worker slots "
-            f"({_slot_table(worker_hosts)})",
-            "lower --workers, or raise slots= on hosts in " + (cluster.source or "the hosts file"),
+            f"{workers} workers requested but the cluster has {total} {what} "
+            f"({', '.join(f'{h.label}: {capacity[h]}' for h in worker_hosts)})",
+            "lower --workers, or raise " + ("gpus=/" if per_gpu else "") + "slots= on hosts in "
+            + (cluster.source or "the hosts file"),
         )
     counts = dict.fromkeys(worker_hosts, 0)
     if strategy in SERVER_STRATEGIES:
         remaining = workers
         for host in worker_hosts:  # fill slots in file order
-            counts[host] = min(host.slots, remaining)
+            counts[host] = min(capacity[host], remaining)
             remaining -= counts[host]
     else:
         placed = 0
         while placed < workers:  # one per host, then a second per host, ...
             for host in worker_hosts:
-                if placed < workers and counts[host] < host.slots:
+                if placed < workers and counts[host] < capacity[host]:
                     counts[host] += 1
                     placed += 1
 
@@ -270,9 +288,12 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
         placements.append(Placement("chief", 0, chief_hosts[0]))
     index = 0
     for host in worker_hosts:
-        for gpus in _gpu_split(counts[host], host.gpus):
+        split = [(g,) for g in range(counts[host])] if per_gpu and host.gpus else _gpu_split(counts[host], host.gpus)
+        for gpus in split:
             placements.append(Placement("worker", index, host, gpus))
             index += 1
+    if strategy == "mwms":
+        _require_equal_gpus([p for p in placements if p.role == "worker"])
     if strategy == "ps":
         ps_hosts = _preferred(cluster, "ps")
         if not ps_hosts:
@@ -285,6 +306,37 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
             raise _no_host(cluster, "evaluator")
         placements.append(Placement("evaluator", 0, eval_hosts[-1]))
     return placements
+
+
+def worker_per_gpu(worker_hosts: Sequence[Host], request: LaunchRequest) -> bool:
+    """Whether workers are placed one per GPU (``--worker-per``; ``auto``: under mwms when the worker
+    hosts' GPU counts differ)."""
+    if request.worker_per not in WORKER_PER:
+        raise PlanError(f"unknown --worker-per {request.worker_per!r}", "expected one of: " + ", ".join(WORKER_PER))
+    if request.worker_per == "gpu":
+        if not any(h.gpus for h in worker_hosts):
+            raise PlanError("--worker-per gpu: no worker host declares gpus=N",
+                            "declare gpus=N on GPU hosts, or use slots=N for CPU workers (--worker-per host)")
+        return True
+    if request.worker_per == "host":
+        return False
+    return request.strategy == "mwms" and len({h.gpus for h in worker_hosts}) > 1 and any(h.gpus for h in worker_hosts)
+
+
+def _require_equal_gpus(workers: Sequence[Placement]) -> None:
+    """MultiWorkerMirroredStrategy needs the same number of GPUs in every worker (TensorFlow #47203)."""
+    counts = {p.name: len(p.gpus or ()) for p in workers}
+    if len(set(counts.values())) <= 1:
+        return
+    listing = ", ".join(f"{p.name} on {p.host.label}: {counts[p.name]}" for p in workers)
+    if 0 in counts.values():
+        raise PlanError(
+            f"mwms needs the same number of GPUs in every worker, but some workers would have none ({listing})",
+            "give CPU-only hosts roles=ps or roles=evaluator (or leave them out), or use --strategy ps, "
+            "whose ps tasks go to CPU-only hosts")
+    raise PlanError(
+        f"mwms needs the same number of GPUs in every worker (TensorFlow #47203), but the plan gives {listing}",
+        "use --worker-per gpu (one worker per GPU, each with one GPU), or equal gpus=/slots= per host")
 
 
 def _layout_single(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
@@ -301,6 +353,9 @@ def _layout_single(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
                             f"{strategy} runs one process; drop {flag}")
     if request.evaluator:
         raise PlanError(f"--evaluator does not apply to the {strategy} strategy")
+    if request.worker_per != "auto":
+        raise PlanError(f"--worker-per {request.worker_per} does not apply to the {strategy} strategy",
+                        f"{strategy} runs one process on one host; use --strategy mwms for one worker per GPU")
     host = cluster.hosts[0]
     gpus = tuple(range(host.gpus)) if host.gpus else None
     if strategy == "one_device" and host.gpus:
@@ -326,6 +381,7 @@ def tf_config_cluster(placements: Sequence[Placement], ports: Mapping[str, int])
 def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]) -> Plan:
     """The full plan. ``ports`` maps task names to the free port chosen on their host (0: later)."""
     placements = layout(cluster, request)
+    check_balance(placements, request)
     strategy = request.strategy
     multi = strategy in MULTI_HOST_STRATEGIES
     spec_cluster = tf_config_cluster(placements, ports) if multi else None
@@ -365,6 +421,11 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["DDLCTL_DEVICES"] = json.dumps([
                 {"name": w.name, "speed": w.host.speed, "memory_bytes": w.host.memory_bytes}
                 for w in placements if w.role == "worker"])
+        if request.balance == "speed" and p.role == "worker":
+            env["DDLCTL_BALANCE"] = "speed"
+            if request.speeds:
+                env["DDLCTL_SPEEDS"] = json.dumps([request.speeds[w.host.label] for w in placements
+                                                   if w.role == "worker"])
         if multi and request.command and request.legacy_keras:
             env["TF_USE_LEGACY_KERAS"] = "1"
         if request.command and request.auto_steps and not server:
@@ -388,6 +449,31 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     agents = make_agents(tasks, request) if request.telemetry else ()
     return Plan(run_id=request.run_id, run_dir=request.run_dir, strategy=strategy,
                 cluster=cluster, tasks=tuple(tasks), request=request, agents=agents)
+
+
+def check_balance(placements: Sequence[Placement], request: LaunchRequest) -> None:
+    """``--balance speed`` applies to mwms workers holding at most one device each, and speeds from a
+    profile must cover every worker host."""
+    if request.balance not in BALANCE:
+        raise PlanError(f"unknown --balance {request.balance!r}", "expected one of: " + ", ".join(BALANCE))
+    if request.balance == "off":
+        return
+    if request.strategy == "ps":
+        raise PlanError("--balance speed does not apply to ps: it is asynchronous and balances itself (a faster "
+                        "worker runs more steps; the report's 'work per worker' shows each worker's share)")
+    if request.strategy != "mwms":
+        raise PlanError(f"--balance speed applies to mwms, not {request.strategy}")
+    workers = [p for p in placements if p.role == "worker"]
+    crowded = [p for p in workers if p.gpus and len(p.gpus) > 1]
+    if crowded:
+        raise PlanError(f"--balance speed splits the batch per worker, but {crowded[0].name} on "
+                        f"{crowded[0].host.label} holds {len(crowded[0].gpus or ())} GPUs",
+                        "add --worker-per gpu (one worker per GPU)")
+    missing = sorted({p.host.label for p in workers if p.host.label not in request.speeds}) if request.speeds else []
+    if missing:
+        raise PlanError(f"the speeds profile has no speed for {', '.join(missing)}",
+                        "measure them with 'ddlctl check --bench --save FILE', or leave --speeds out to measure "
+                        "at the start of the run")
 
 
 def checkpoint_dir(request: LaunchRequest, host: Host) -> str:

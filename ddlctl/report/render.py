@@ -113,6 +113,7 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
     console.print(table)
     console.print(_throughput_line(summary))
     render_work(summary, console)
+    render_balance(summary, console)
     render_stages(summary, console)
     render_faults(summary, console)
     for line in summary.diagnosis:
@@ -148,6 +149,28 @@ def render_work(summary: RunSummary, console: Console) -> None:
     console.print(table)
     if summary.work_note:
         console.print(Text(f"  {summary.work_note}", style="dim"), soft_wrap=True)
+
+
+def render_balance(summary: RunSummary, console: Console) -> None:
+    """mwms: each worker's share of the batch, measured speed, compute and wait per step, and what
+    the equal and the speed-proportional split give (predicted from the measured speeds)."""
+    section = summary.balance
+    if not section:
+        return
+    table = Table(title=f"balance (mwms, {section['split']} split: a step lasts as long as its slowest worker)",
+                  title_justify="left")
+    for column in ("worker", "host", "batch", "share", "speed samples/s", "compute ms", "wait + all-reduce ms"):
+        table.add_column(column, justify="left" if column in ("worker", "host") else "right")
+    for w in section["workers"]:
+        table.add_row(w["task"], w["host"] or "-", str(w["batch"]), fmt(w["share"], ".0%"), fmt(w["speed"], ",.0f"),
+                      _ms(w["compute_s"]), _ms(w["wait_s"]))
+    console.print(table)
+    equal, balanced = section["predicted_equal_samples_per_s"], section["predicted_balanced_samples_per_s"]
+    console.print(Text(
+        f"  measured {section['measured_samples_per_s']:,.0f} samples/s (step {section['step_s'] * 1e3:.1f} ms, "
+        f"all-reduce about {section['comm_s'] * 1e3:.1f} ms); predicted from these speeds: equal split "
+        f"{equal:,.0f}, split by speed {balanced:,.0f} ({balanced / equal:.2f}x), ideal (sum of speeds) "
+        f"{section['ideal_samples_per_s']:,.0f}", style="dim"), soft_wrap=True)
 
 
 def render_faults(summary: RunSummary, console: Console) -> None:
@@ -221,6 +244,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
                              f"{fmt(g.power_capped_share, '.0%')} / {fmt(g.thermal_capped_share, '.0%')}")
         console.print(gpus)
     render_work(summary, console)
+    render_balance(summary, console)
     render_stages(summary, console)
     render_faults(summary, console)
     if summary.diagnosis:

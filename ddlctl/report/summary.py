@@ -26,12 +26,13 @@ import multiprocessing
 import operator
 import os
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from itertools import repeat
 from pathlib import Path
 
+from ddlctl.report.balance import WorkerSteps, balance_note, balance_section
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.gpudiag import Sample, diagnose_gpu, throttling
 from ddlctl.rundir import task_dirs
@@ -260,13 +261,14 @@ class RunSummary:
     work: tuple[WorkerWork, ...] = ()
     work_note: str | None = None
     stages: tuple[dict, ...] = ()  # model strategy: per stage task, its layers and CPU
+    balance: dict | None = None  # mwms: per-worker speed, share, compute and wait; predictions
 
     def to_dict(self) -> dict[str, object]:
-        """``summary.json`` (``schema`` 3: schema 1 plus restarts, goodput, steps_lost, degraded,
+        """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
-        total_steps_declared (3))."""
+        total_steps_declared (3), plus stages and balance (4))."""
         data = asdict(self)
-        data = {"schema": 3, **data}
+        data = {"schema": 4, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -607,6 +609,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     lead = _lead(all_steps, plan.get("strategy"))
     work, work_note = _worker_work(plan, lead, procs)
     stages = _stages(run_dir, procs) if plan.get("strategy") == "model" else ()
+    balance = _balance(run_dir, all_steps, kept_of, planned) if plan.get("strategy") == "mwms" else None
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
                                   lead.start_us if lead else [],
@@ -622,8 +625,22 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         goodput=goodput(lead.start_us, lead.duration, redone) if lead is not None else None,
         steps_lost=sum(redone) * (lead.block if lead is not None else 1),
         degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])),
-        work=work, work_note=work_note, stages=stages)
+        work=work, work_note=work_note, stages=stages, balance=balance)
     return _with_diagnosis(summary, outcome, run_end)
+
+
+def _balance(run_dir: Path, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice],
+             planned: Mapping[str, dict]) -> dict | None:
+    """mwms: the balance section (:mod:`ddlctl.report.balance`) from the workers' kept records and
+    the split they used (``balance.json`` of the built-in workload or ddlctl.balance)."""
+    workers = sorted((s for s in all_steps if s.name.startswith("worker:") and s.step),
+                     key=lambda s: int(s.name.split(":")[1]))
+    rows = [WorkerSteps(s.name, planned.get(s.name, {}).get("host"), s.start_us[kept_of[s.name]],
+                        s.sync_s[kept_of[s.name]], s.samples[kept_of[s.name]]) for s in workers]
+    recorded = _load_json(run_dir / "tasks" / "worker-0" / "balance.json")
+    source = recorded.get("source", "equal")
+    split = "equal" if source == "equal" else f"speed ({source})"
+    return balance_section(rows, split, recorded.get("speeds") or ())
 
 
 def _stages(run_dir: Path, procs: dict) -> tuple[dict, ...]:
@@ -731,5 +748,8 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
         lines.append(f"ran degraded{how_long}: {event.get('task')} was lost ({event.get('detail')}) and not replaced")
     for lost in summary.hosts_lost:
         lines.append(f"connection to {lost.get('host')} lost: {lost.get('reason')}")
+    note = balance_note(summary.balance)
+    if note:
+        lines.append(note)
     return RunSummary(**{**{f: getattr(summary, f) for f in summary.__dataclass_fields__},
                          "diagnosis": tuple(lines)})

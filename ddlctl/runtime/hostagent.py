@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 
+from ddlctl.runtime import cgroup
 from ddlctl.runtime.frames import MAGIC, encode_frame
 
 PR_SET_PDEATHSIG = 1
@@ -51,9 +52,11 @@ DRAIN_S = 2.0
 DUMP_WAIT_S = 1.5
 
 
-def _child_setup() -> None:
-    """In the task before exec: its own process group, and death with the agent."""
+def _child_setup(cgroup_procs: str | None = None) -> None:
+    """In the task before exec: its own process group, death with the agent, and its CPU quota."""
     os.setpgid(0, 0)
+    if cgroup_procs:
+        cgroup.join(cgroup_procs)
     try:
         import ctypes
 
@@ -263,8 +266,17 @@ class Task:
         for folder in spec.get("mkdirs", []):
             os.makedirs(os.path.expanduser(folder), exist_ok=True)
         cwd = os.path.expanduser(spec["cwd"]) if spec.get("cwd") else None
-        self.popen = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, preexec_fn=_child_setup, env=env, cwd=cwd)
+        self.cgroup = None
+        if spec.get("cpu_quota"):
+            group = f"{os.environ.get('DDLCTL_RUN_ID', 'run')}-{name.replace(':', '-')}-{os.getpid()}"
+            self.cgroup = cgroup.create(group, float(spec["cpu_quota"]))
+        try:
+            self.popen = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, preexec_fn=lambda: _child_setup(self.cgroup),
+                                          env=env, cwd=cwd)
+        except OSError:
+            self.release()
+            raise
         assert self.popen.stdout is not None
         self.fd = self.popen.stdout.fileno()
         os.set_blocking(self.fd, False)
@@ -277,6 +289,11 @@ class Task:
         self.reported_steps = -1
         self.port = int(spec.get("port") or 0)
         self.listening = not self.port
+
+    def release(self) -> None:
+        """Remove the task's CPU-quota group (once nothing runs in it)."""
+        if self.cgroup:
+            cgroup.remove(self.cgroup)
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -392,8 +409,10 @@ class HostAgent:
         except OSError as exc:
             cwd = spec.get("cwd")
             what = (f"working directory {cwd!r} does not exist" if cwd and not os.path.isdir(os.path.expanduser(cwd))
+                    else f"cpu_quota={spec['cpu_quota']} on this host" if isinstance(exc, cgroup.QuotaError)
                     else f"cannot start {spec['argv'][0]!r}")
-            self.send({"k": "start_failed", "task": name, "error": f"{what}: {exc.strerror or exc}",
+            reason = exc if isinstance(exc, cgroup.QuotaError) else (exc.strerror or exc)
+            self.send({"k": "start_failed", "task": name, "error": f"{what}: {reason}",
                        "code": 127 if isinstance(exc, FileNotFoundError) else 126})
             return
         self.tasks[name] = task
@@ -487,6 +506,7 @@ class HostAgent:
                 with contextlib.suppress(OSError):
                     task.popen.stdout.close()  # type: ignore[union-attr]
                 task.fd = -1
+                task.release()
                 record = {"code": task.status if task.status >= 0 else None,
                           "signal": -task.status if task.status < 0 else None}
                 if task.task_dir:

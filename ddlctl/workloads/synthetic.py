@@ -90,6 +90,30 @@ def shard_dataset(seed: int, augment: bool, batch: int, shard: int = 0, num_shar
                             deterministic=True), batch, parallel)
 
 
+def slice_ids(step: int, global_batch: int, offset: int, batch: int):
+    """Ids a worker reads at 0-based ``step`` when it takes ``batch`` examples starting at ``offset``
+    of every global batch (``--balance speed``; numpy int64 vector)."""
+    import numpy as np
+
+    first = step * global_batch + offset
+    return np.arange(first, first + batch, dtype=np.int64)
+
+
+def slice_dataset(seed: int, augment: bool, global_batch: int, offset: int, batch: int,
+                  epoch_size: int | None = None, parallel: bool = True, first_step: int = 0):
+    """A worker's contiguous slice ``[offset, offset + batch)`` of every global batch, as batches of
+    ``batch``: over all workers, step ``k`` reads ids ``[k * global_batch, (k + 1) * global_batch)``,
+    the same examples as the equal split of :func:`shard_dataset`, whatever the shares."""
+    import tensorflow as tf
+
+    steps = tf.data.Dataset.range(first_step, epoch_size // global_batch if epoch_size else 1 << 62)
+    if not epoch_size:
+        steps = steps.repeat()  # infinite cardinality (see shard_dataset)
+    ids = steps.flat_map(lambda k: tf.data.Dataset.range(k * global_batch + offset, k * global_batch + offset + batch))
+    return _batches(ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
+                            deterministic=True), batch, parallel)
+
+
 def range_dataset(seed: int, augment: bool, batch: int, first_id, count, parallel: bool = True):
     """Ids ``[first_id, first_id + count)`` as batches (ps: a closure's own id range)."""
     import tensorflow as tf

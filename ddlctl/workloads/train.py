@@ -154,6 +154,10 @@ class Trainer:
             grads = tape.gradient(loss, model.trainable_variables)
             with tf.control_dependencies([g for g in grads if g is not None]):
                 synced = tf.timestamp()
+            # a fence: the synchronisation (inside apply_gradients) starts after the timestamp, so
+            # sync_s - input_s is this replica's compute and the rest of the step its wait + all-reduce
+            with tf.control_dependencies([synced]):
+                grads = [None if g is None else tf.identity(g) for g in grads]
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss, ready, synced
 
@@ -339,11 +343,21 @@ def _blocks(total: int, size: int, start: int = 0):
 def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
     """mwms and the single-host strategies: every step is ``strategy.run`` on all replicas."""
 
-    from ddlctl.workloads.synthetic import make_batch_fn, shard_dataset, step_ids
+    from ddlctl import balance
+    from ddlctl.workloads.synthetic import make_batch_fn, shard_dataset, slice_dataset, slice_ids, step_ids
 
     shards = max(1, ctx.num_workers) if ctx.strategy == "mwms" else 1
     shard = ctx.index if ctx.strategy == "mwms" else 0
     local_batch = args.batch_size // shards
+    split = None
+    if ctx.strategy == "mwms" and balance.enabled():
+        # --balance speed: this worker's share by measured speed, a contiguous slice of each global batch
+        equal = args.batch_size // shards or 1
+        split = balance.split(strategy, args.batch_size, calibrate=calibration_step(args, equal),
+                              samples_per_call=equal)
+        local_batch = split.local_batch
+        print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker "
+              f"(speeds {', '.join(f'{v:,.0f}' for v in split.speeds)} samples/s, {split.source})", flush=True)
     trainer = Trainer(strategy, args, args.batch_size)
     checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer) if args.checkpoint_dir else None
     resumed = checkpointer.restore() if checkpointer is not None else 0
@@ -356,10 +370,15 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         # linear: no device prefetch either (the distributed iterator would otherwise fetch the
         # next batch while a step runs)
         options = None if args.pipeline else tf.distribute.InputOptions(experimental_fetch_to_device=False)
-        dist = strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
-            args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
-            ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=resumed),
-            options=options)
+        if split is not None:
+            dist = strategy.distribute_datasets_from_function(lambda _ictx: slice_dataset(
+                args.seed, args.augment, args.batch_size, split.offset, split.local_batch, args.epoch_size or None,
+                parallel=args.pipeline, first_step=resumed), options=options)
+        else:
+            dist = strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
+                args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
+                ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=resumed),
+                options=options)
         iterator = iter(dist)
     else:
         make_batch = make_batch_fn(args.seed, args.augment)
@@ -372,7 +391,9 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
             figures = trainer.run_block(iterator, count)
             loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None)
         else:
-            images, labels, ids = make_batch(step_ids(first, local_batch, shard, shards))
+            ids = (step_ids(first, local_batch, shard, shards) if split is None
+                   else slice_ids(first, args.batch_size, split.offset, split.local_batch))
+            images, labels, ids = make_batch(ids)
 
             def value_fn(vctx, images=images, labels=labels, ids=ids):
                 part = local_batch // replicas
@@ -385,6 +406,30 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         if checkpointer is not None:
             checkpointer.after(first + count)
     return trainer
+
+
+def calibration_step(args: argparse.Namespace, batch: int):  # noqa: ANN201 - a function
+    """One local training step of the workload's model on ``batch`` examples from its own input
+    pipeline, with no synchronisation: what ``--balance speed`` times on every worker."""
+    import keras
+    import tensorflow as tf
+
+    from ddlctl.workloads import models
+    from ddlctl.workloads.synthetic import shard_dataset
+
+    model = getattr(models, args.workload)()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    iterator = iter(shard_dataset(args.seed + 1, args.augment, batch, parallel=args.pipeline))
+
+    @tf.function
+    def step():  # noqa: ANN202
+        images, labels, _ = next(iterator)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        return tf.add_n([tf.reduce_sum(g) for g in grads])
+
+    return lambda: step().numpy()
 
 
 def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> Trainer:
@@ -573,7 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(min_inter_op_threads(ctx.num_workers))
     if ctx.role == "evaluator":
         return run_evaluator(ctx, args)
-    if ctx.strategy == "mwms" and args.batch_size % ctx.num_workers:
+    from ddlctl import balance
+
+    if ctx.strategy == "mwms" and args.batch_size % ctx.num_workers and not balance.enabled():
         print(f"--batch-size {args.batch_size} must be divisible by the {ctx.num_workers} workers",
               file=sys.stderr)
         return 2

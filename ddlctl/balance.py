@@ -1,0 +1,175 @@
+"""Balanced synchronous data parallelism: each worker's share of the global batch proportional to
+its speed (``ddlctl launch --strategy mwms --balance speed``).
+
+The maths. With a global batch of ``B`` examples split into per-worker batches ``b_i`` (``sum b_i =
+B``), worker ``i`` computes ``L_i = (1 / B) * sum over its examples of loss(x)`` (its local mean
+weighted by ``w_i = b_i / B``: ``tf.nn.compute_average_loss(per_example, global_batch_size=B)``
+does exactly this), and the all-reduce *sums* the gradients. The result is ``(1 / B) * sum over all B
+examples of grad loss(x)``: the gradient of the mean loss over the global batch, whatever the
+split. With ddlctl's data order (step ``k`` reads ids ``[k*B, (k+1)*B)``, worker ``i`` a contiguous
+slice of them), an equal and a balanced split see the same examples at every step, so they train
+the same model up to floating-point summation order. Only the time changes: a synchronous step
+lasts as long as its slowest worker, ``max_i b_i / s_i``, which the proportional split ``b_i = B *
+s_i / sum s`` brings down to ``B / sum s`` (ideal: the sum of the workers' speeds).
+
+Custom training loops use it like this (TensorFlow is imported lazily)::
+
+    from ddlctl import balance
+    split = balance.split(strategy, GLOBAL_BATCH, calibrate=one_local_step)  # equal unless --balance speed
+    dataset = make_dataset(batch=split.local_batch, first_example=split.offset)  # per step
+    loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=GLOBAL_BATCH)
+
+Speeds come from ``DDLCTL_SPEEDS`` (set by ``--speeds FILE``, a profile saved by ``ddlctl check
+--bench``) or are measured at the start of the run: every worker times ``calibrate()`` for
+``seconds`` at the same moment (after a barrier, so the workers compete for shared machines as they
+will while training) and the rates are exchanged with one all-reduce.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: ``--balance`` choices.
+MODES: tuple[str, ...] = ("off", "speed")
+
+
+def enabled() -> bool:
+    """Whether ddlctl asked this task to balance (``DDLCTL_BALANCE=speed``)."""
+    return os.environ.get("DDLCTL_BALANCE", "off") == "speed"
+
+
+def shares(speeds: Sequence[float], global_batch: int) -> list[int]:
+    """``global_batch`` split proportionally to ``speeds`` (largest remainder), at least 1 each."""
+    n = len(speeds)
+    if n == 0 or global_batch < n:
+        raise ValueError(f"a global batch of {global_batch} cannot give each of {n} workers an example")
+    if any(not s > 0 for s in speeds):
+        raise ValueError(f"speeds must be positive, got {list(speeds)}")
+    total = sum(speeds)
+    exact = [global_batch * s / total for s in speeds]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[:global_batch - sum(counts)]:
+        counts[i] += 1
+    for i in range(n):  # a worker too slow for even one example still takes one, from the largest share
+        if counts[i] == 0:
+            counts[i] = 1
+            counts[max(range(n), key=lambda j: (counts[j], -j))] -= 1
+    return counts
+
+
+@dataclass(frozen=True)
+class Split:
+    """This worker's part of every global batch."""
+
+    global_batch: int
+    batches: tuple[int, ...]  # per worker, in worker order
+    index: int  # this worker
+    speeds: tuple[float, ...]  # per worker, samples/s (or relative); () when not known
+    source: str  # "equal" (not balancing), "measured" or "profile"
+
+    @property
+    def local_batch(self) -> int:
+        return self.batches[self.index]
+
+    @property
+    def offset(self) -> int:
+        """Position of this worker's slice inside each global batch."""
+        return sum(self.batches[:self.index])
+
+    @property
+    def weight(self) -> float:
+        """Factor for a *local mean* loss so that summed gradients equal the global mean's."""
+        return self.local_batch / self.global_batch
+
+    def predicted_step_s(self, batches: Sequence[int] | None = None) -> float | None:
+        """Compute time of a step with ``batches`` (default: this split) at the known speeds."""
+        if not self.speeds:
+            return None
+        return max(b / s for b, s in zip(batches or self.batches, self.speeds, strict=True))
+
+
+def equal_shares(global_batch: int, workers: int) -> list[int]:
+    """The equal split (the first ``global_batch % workers`` workers take one more)."""
+    return [global_batch // workers + (1 if i < global_batch % workers else 0) for i in range(workers)]
+
+
+def speeds_from_env() -> list[float] | None:
+    """Per-worker speeds ddlctl passed in ``DDLCTL_SPEEDS`` (a profile), if any."""
+    text = os.environ.get("DDLCTL_SPEEDS")
+    if not text:
+        return None
+    return [float(v) for v in json.loads(text)]
+
+
+def measure(step: Callable[[], object], seconds: float = 1.5, warmup: int = 1) -> float:
+    """Calls of ``step`` per second over at least ``seconds`` (after ``warmup`` untimed calls).
+    ``step`` must block until its work is done (return a numpy value, or call ``.numpy()``)."""
+    for _ in range(warmup):
+        step()
+    count, start = 0, time.perf_counter()
+    while True:
+        step()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return count / elapsed
+
+
+def exchange(strategy, value: float) -> list[float]:  # noqa: ANN001 - a tf.distribute strategy
+    """Every worker's ``value`` in worker order, on every worker (one all-reduce of a one-hot vector
+    through ``strategy``; each worker must call it). One replica per worker is assumed."""
+    import tensorflow as tf
+
+    n = strategy.num_replicas_in_sync
+
+    def one_hot(ctx):  # noqa: ANN001, ANN202
+        return tf.one_hot(ctx.replica_id_in_sync_group, n, dtype=tf.float64) * value
+
+    values = strategy.experimental_distribute_values_from_function(one_hot)
+    return [float(v) for v in strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy()]
+
+
+def split(strategy, global_batch: int, calibrate: Callable[[], object] | None = None,  # noqa: ANN001
+          samples_per_call: int | None = None, seconds: float = 1.5) -> Split:
+    """This worker's split of ``global_batch``: proportional to the workers' speeds under
+    ``--balance speed``, equal otherwise. Without speeds from ddlctl, every worker measures
+    ``calibrate`` (one local step on an equal share, ``samples_per_call`` examples) and the
+    rates are exchanged. Saved as ``balance.json`` in the task's folder for the report."""
+    workers = strategy.num_replicas_in_sync
+    index = int(strategy.cluster_resolver.task_id) if getattr(strategy, "cluster_resolver", None) else 0
+    if not enabled():
+        result = Split(global_batch, tuple(equal_shares(global_batch, workers)), index, (), "equal")
+    else:
+        if workers != int(os.environ.get("DDLCTL_NUM_WORKERS", workers)):
+            raise SystemExit(f"--balance speed needs one replica per worker, but the "
+                             f"{os.environ['DDLCTL_NUM_WORKERS']} workers have {workers} replicas: "
+                             "use --worker-per gpu")
+        speeds = speeds_from_env()
+        source = "profile"
+        if speeds is None:
+            if calibrate is None:
+                raise ValueError("--balance speed without measured speeds needs a calibrate function")
+            exchange(strategy, 0.0)  # a barrier: every worker measures at the same time
+            rate = measure(calibrate, seconds) * (samples_per_call or 1)
+            speeds, source = exchange(strategy, rate), "measured"
+        if len(speeds) != workers:
+            raise SystemExit(f"DDLCTL_SPEEDS lists {len(speeds)} speeds for {workers} workers")
+        result = Split(global_batch, tuple(shares(speeds, global_batch)), index, tuple(speeds), source)
+    save(result)
+    return result
+
+
+def save(result: Split, task_dir: str | None = None) -> None:
+    """Write ``balance.json`` into the task folder (``DDLCTL_TASK_DIR``), if there is one."""
+    folder = task_dir or os.environ.get("DDLCTL_TASK_DIR")
+    if not folder:
+        return
+    record = {**asdict(result), "local_batch": result.local_batch, "offset": result.offset}
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / "balance.json").write_text(json.dumps(record))

@@ -1,0 +1,88 @@
+"""Balanced data parallelism, pure parts: the split, the report's balance section, the data order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddlctl.balance import Split, equal_shares, shares
+from ddlctl.report.balance import WorkerSteps, balance_note, balance_section
+
+
+@given(st.lists(st.floats(0.01, 1000), min_size=1, max_size=16), st.integers(16, 4096))
+def test_shares_sum_to_the_batch_follow_speed_and_give_everyone_an_example(speeds, batch):
+    counts = shares(speeds, batch)
+    assert sum(counts) == batch and min(counts) >= 1
+    total = sum(speeds)
+    raised = counts.count(1)  # examples moved to workers too slow for one of their own
+    for count, speed in zip(counts, speeds, strict=True):
+        assert count == 1 or abs(count - batch * speed / total) < 1.0 + raised + 1e-9  # rounding only
+    for i, faster in enumerate(speeds):
+        assert all(counts[i] >= counts[j] for j, slower in enumerate(speeds) if faster > slower)
+
+
+def test_shares_examples_and_refusals():
+    assert shares([2.0, 1.0], 64) == [43, 21]
+    assert shares([1.0, 1.0, 1.0], 10) == [4, 3, 3]
+    assert equal_shares(10, 3) == [4, 3, 3]
+    with pytest.raises(ValueError, match="cannot give each of 3"):
+        shares([1.0, 1.0, 1.0], 2)
+    with pytest.raises(ValueError, match="positive"):
+        shares([1.0, 0.0], 8)
+
+
+def test_split_offsets_and_weights_cover_the_global_batch():
+    batches = (43, 21)
+    parts = [Split(64, batches, i, (2.0, 1.0), "measured") for i in range(2)]
+    assert [(p.offset, p.local_batch) for p in parts] == [(0, 43), (43, 21)]
+    assert sum(p.weight for p in parts) == pytest.approx(1.0)
+    # at 2 and 1 examples per unit of time: the equal split waits for the slow worker's 32 examples
+    assert parts[0].predicted_step_s((32, 32)) == 32.0 and parts[0].predicted_step_s() == max(43 / 2.0, 21 / 1.0)
+
+
+def lockstep(speeds, batches, comm_s, steps=20):
+    """Records of workers in lockstep: each computes batch/speed, the step lasts the slowest + comm."""
+    period = max(b / s for b, s in zip(batches, speeds, strict=True)) + comm_s
+    return [WorkerSteps(f"worker:{i}", f"h{i}", [int(k * period * 1e6) for k in range(steps)],
+                        [b / s] * steps, [b] * steps) for i, (s, b) in enumerate(zip(speeds, batches, strict=True))]
+
+
+def test_balance_section_recovers_speeds_and_predicts_both_splits():
+    speeds, comm = [1000.0, 500.0], 0.01
+    section = balance_section(lockstep(speeds, [64, 64], comm), "equal")
+    assert [round(w["speed"]) for w in section["workers"]] == [1000, 500]
+    assert section["comm_s"] == pytest.approx(comm, rel=1e-3)
+    assert section["predicted_equal_samples_per_s"] == pytest.approx(128 / (64 / 500 + comm), rel=1e-3)
+    assert section["measured_samples_per_s"] == pytest.approx(section["predicted_equal_samples_per_s"], rel=1e-3)
+    balanced = shares(speeds, 128)
+    assert section["predicted_balanced_samples_per_s"] == pytest.approx(
+        128 / (max(b / s for b, s in zip(balanced, speeds, strict=True)) + comm), rel=1e-3)
+    assert section["ideal_samples_per_s"] == pytest.approx(1500)
+    assert section["workers"][0]["wait_s"] == pytest.approx(64 / 500 - 64 / 1000 + comm, rel=1e-3)
+    note = balance_note(section)
+    assert note and "worker:1 on h1 computes 2.0x slower" in note and "--balance speed" in note
+
+
+def test_no_suggestion_when_balanced_or_equal_workers():
+    assert balance_note(balance_section(lockstep([1000.0, 990.0], [64, 64], 0.01), "equal")) is None
+    done = balance_section(lockstep([1000.0, 500.0], [85, 43], 0.01), "speed (measured)")
+    assert done["workers"][1]["share"] == pytest.approx(43 / 128) and balance_note(done) is None
+    assert balance_section(lockstep([1000.0], [64], 0.01)) is None  # one worker: nothing to balance
+
+
+def test_balanced_slices_read_the_same_examples_per_step_as_the_equal_split():
+    import numpy as np
+
+    from ddlctl.workloads.synthetic import shard_dataset, slice_dataset
+
+    def ids(dataset, steps):
+        return [set(np.asarray(batch[2]).tolist()) for batch, _ in zip(dataset, range(steps), strict=False)]
+
+    equal = [ids(shard_dataset(1, False, 8, shard, 2, first_step=3), 3) for shard in range(2)]
+    split = [ids(slice_dataset(1, False, 16, offset, size, first_step=3), 3) for offset, size in ((0, 11), (11, 5))]
+    for step in range(3):
+        union = equal[0][step] | equal[1][step]
+        assert union == set(range((3 + step) * 16, (4 + step) * 16))
+        assert split[0][step] | split[1][step] == union and not split[0][step] & split[1][step]
+        assert len(split[0][step]) == 11 and len(split[1][step]) == 5

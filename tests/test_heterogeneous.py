@@ -1,0 +1,106 @@
+"""Heterogeneous machines emulated for real: a cgroup CPU quota per task (host key ``cpu_quota=``),
+and mwms with ``--balance speed`` on two workers, one of them throttled."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlctl.runtime import cgroup
+from tests.conftest import only_run_dir, processes_of_run, run_ddlctl
+
+BUSY = ("import time; t0 = time.time(); c0 = time.process_time()\n"
+        "while time.time() - t0 < 2.0: pass\n"
+        "print('cpu-ratio', round((time.process_time() - c0) / (time.time() - t0), 3))")
+
+
+def can_throttle() -> bool:
+    try:
+        path = cgroup.create(f"probe-{os.getpid()}", 0.5)
+    except OSError:
+        return False
+    cgroup.remove(path)
+    return True
+
+
+needs_cgroup = pytest.mark.skipif(not can_throttle(), reason="no writable cgroup cpu controller (run as root)")
+
+
+def cpu_ratio(tmp_path: Path, runs: Path, host_line: str) -> tuple[float, Path]:
+    hosts = tmp_path / f"hosts-{len(list(tmp_path.iterdir()))}.txt"
+    hosts.write_text(host_line + "\n")
+    done = run_ddlctl("launch", "-s", "one_device", "--hosts", str(hosts), "--no-telemetry", "--runs-dir", str(runs),
+                      "--", sys.executable, "-c", BUSY, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run_dir = sorted(p for p in runs.iterdir() if p.is_dir())[-1]
+    (ratio,) = re.findall(r"cpu-ratio ([0-9.]+)", (run_dir / "tasks" / "worker-0" / "output.log").read_text())
+    return float(ratio), run_dir
+
+
+@needs_cgroup
+def test_cpu_quota_slows_the_task_down_to_its_share_of_a_cpu_and_leaves_no_group(tmp_path, runs):
+    throttled, run_dir = cpu_ratio(tmp_path, runs, "127.0.0.1 cpu_quota=0.25")
+    free, _ = cpu_ratio(tmp_path, runs, "127.0.0.1")
+    print(f"CPU time per second of wall time: {throttled} with cpu_quota=0.25, {free} without")
+    assert 0.15 < throttled < 0.33
+    assert free > 0.6
+    left = list(Path(cgroup.V1_ROOT, "ddlctl").glob(f"{run_dir.name}-*")) if os.path.isdir(cgroup.V1_ROOT) else []
+    assert not left, left
+
+
+def test_a_bad_quota_is_refused_naming_the_line(tmp_path, runs):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\n127.0.0.1 cpu_quota=fast\n")
+    done = run_ddlctl("launch", "--hosts", str(hosts), "--dry-run")
+    assert done.returncode == 2
+    assert f"{hosts}:2: cpu_quota='fast' is not valid" in done.stderr
+
+
+def test_balance_is_refused_where_it_does_not_apply(runs):
+    done = run_ddlctl("launch", "-s", "ps", "--balance", "speed", "--dry-run")
+    assert done.returncode == 2 and "balances itself" in done.stderr
+    done = run_ddlctl("launch", "-s", "mwms", "--speeds", "x.json", "--dry-run")
+    assert done.returncode == 2 and "--speeds applies with --balance speed" in done.stderr
+
+
+def mwms(tmp_path: Path, runs: Path, balance: str) -> tuple[dict, Path]:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\n127.0.0.1 cpu_quota=0.5\n")
+    folder = runs / balance
+    folder.mkdir()
+    done = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--balance", balance, "--steps", "40",
+                      "--batch-size", "512", "--no-telemetry", "--runs-dir", str(folder), "--json", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(folder)
+    assert not processes_of_run(run_dir.name)
+    return json.loads(done.stdout), run_dir
+
+
+@needs_cgroup
+def test_balance_speed_gives_the_throttled_worker_a_smaller_share_same_training_more_throughput(tmp_path, runs):
+    equal, _ = mwms(tmp_path, runs, "off")
+    balanced, run_dir = mwms(tmp_path, runs, "speed")
+    split = json.loads((run_dir / "tasks" / "worker-1" / "balance.json").read_text())
+    fast, slow = split["speeds"]
+    assert split["source"] == "measured" and slow < fast
+    share = split["batches"][1] / 512
+    assert share == pytest.approx(slow / (fast + slow), abs=1 / 512 + 1e-9)  # proportional to measured speed
+    assert 0.1 < share < 0.45
+    records = [json.loads(line) for line in (run_dir / "tasks" / "worker-1" / "steps.jsonl").read_text().splitlines()]
+    assert {r["samples"] for r in records} == {split["batches"][1]}
+    # the same examples at every step: the same model, up to summation order
+    results = [json.loads((d / "tasks" / "worker-0" / "result.json").read_text())
+               for d in (only_run_dir(runs / "off"), run_dir)]
+    assert results[1]["loss"] == pytest.approx(results[0]["loss"], rel=0.02)
+    assert results[1]["accuracy"] == pytest.approx(results[0]["accuracy"], abs=0.02)
+    ratio = balanced["throughput_samples_per_s"] / equal["throughput_samples_per_s"]
+    print(f"throughput: equal split {equal['throughput_samples_per_s']:,.0f} samples/s, balanced "
+          f"{balanced['throughput_samples_per_s']:,.0f} ({ratio:.2f}x); speeds {fast:,.0f} / {slow:,.0f}")
+    assert ratio > 1.0
+    assert equal["balance"]["split"] == "equal" and balanced["balance"]["split"] == "speed (measured)"
+    assert [w["batch"] for w in balanced["balance"]["workers"]] == split["batches"]
