@@ -56,10 +56,11 @@ def shares(speeds: Sequence[float], global_batch: int) -> list[int]:
     by_remainder = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
     for i in by_remainder[:global_batch - sum(counts)]:
         counts[i] += 1
-    for i in range(n):  # a worker too slow for even one example still takes one, from the largest share
+    for i in range(n):  # a worker too slow for even one example still takes one
         if counts[i] == 0:
             counts[i] = 1
-            counts[max(range(n), key=lambda j: (counts[j], -j))] -= 1
+            donors = [j for j in range(n) if counts[j] > 1]
+            counts[max(donors, key=lambda j: (counts[j] - exact[j], -j))] -= 1  # the most over its exact share
     return counts
 
 
