@@ -69,8 +69,57 @@ def render(reports: list[HostReport], console: Console) -> None:
     console.print(f"{len(reports) - bad} of {len(reports)} host(s) usable")
 
 
-def check(hosts: str | None, template: str | None, ssh: object | None, json_out: bool, out: Console) -> int:
-    """Run ``ddlctl check``; 0 when every host is usable, 1 otherwise."""
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f} MiB/s"
+
+
+def _latency(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f} ms"
+
+
+def render_profile(profile: object, console: Console) -> None:
+    """The measured device speeds and links of ``check --bench``."""
+    from ddlctl.bench import ClusterProfile
+
+    assert isinstance(profile, ClusterProfile)
+    fastest = max(h.speed for h in profile.hosts.values())
+    table = Table(title="measured devices (matmul throughput in each host's TensorFlow) and controller links",
+                  title_justify="left")
+    for column in ("host", "devices", "GFLOP/s per device", "relative", "latency", "to host", "from host"):
+        table.add_column(column, justify="left" if column in ("host", "devices") else "right")
+    for label, h in profile.hosts.items():
+        kinds = sorted({str(d.get("kind")) for d in h.devices})
+        table.add_row(label, f"{len(h.devices)} x {'/'.join(kinds)}", f"{h.speed:,.1f}", f"{h.speed / fastest:.2f}",
+                      _latency(h.latency_s), _rate(h.to_host_bytes_per_s), _rate(h.from_host_bytes_per_s))
+    console.print(table)
+    if profile.links:
+        links = Table(title="host-to-host links (direct TCP between the hosts)", title_justify="left")
+        for column in ("from", "to", "latency", "bandwidth"):
+            links.add_column(column, justify="left" if column in ("from", "to") else "right")
+        for link in profile.links:
+            links.add_row(link["from"], link["to"], _latency(link["latency_s"]), _rate(link["bandwidth_bytes_per_s"]))
+        console.print(links)
+
+
+def check(hosts: str | None, template: str | None, ssh: object | None, json_out: bool, out: Console,
+          bench: bool = False, bench_seconds: float = 1.0, save: str | None = None) -> int:
+    """Run ``ddlctl check``; 0 when every host is usable, 1 otherwise. With ``bench``: measure
+    every host's devices and links instead (and ``save`` the cluster profile)."""
+    if bench:
+        from ddlctl.bench import bench as run_bench
+        from ddlctl.bench import save_profile
+
+        profile = run_bench(hosts, template, ssh, bench_seconds)
+        if save:
+            save_profile(profile, save)
+        if json_out:
+            sys.stdout.write(json.dumps(profile.to_dict(), indent=1) + "\n")
+        else:
+            render_profile(profile, out)
+            if save:
+                out.print(f"saved the cluster profile to {save} (use it with: ddlctl launch --balance speed "
+                          f"--speeds {save})")
+        return 0
     reports = gather(hosts, template, ssh)
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")

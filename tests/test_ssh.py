@@ -308,3 +308,43 @@ def test_ssh_config_alias_hostname_port_user_and_identity(cluster, tmp_path, run
     workers = plan["tasks"][0]["tf_config"]["cluster"]["worker"]
     assert [w.rsplit(":", 1)[0] for w in workers] == [a.address, b.address], "TF_CONFIG uses HostName"
     assert [t["host"] for t in plan["tasks"]] == ["alpha", "beta"]
+
+
+@pytest.mark.cluster
+def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(cluster, tmp_path):
+    import psutil
+
+    from ddlctl.bench import load_profile
+
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+    lines = hosts.read_text().splitlines()
+    lines[2] += " cpu_quota=0.25"  # the third host is emulated slow: the measurement must see it
+    hosts.write_text("\n".join(lines) + "\n")
+    profile_path = tmp_path / "profile.json"
+    result = run_ddlctl("check", "--hosts", str(hosts), "--bench", "--bench-seconds", "0.5",
+                        "--save", str(profile_path), env=cluster.env, timeout=240)
+    assert result.returncode == 0, result.stderr
+    labels = [f"{h.address}:{h.port}" for h in cluster.hosts]
+    assert all(label in result.stdout for label in labels) and "host-to-host links" in result.stdout
+    profile = load_profile(profile_path)
+    assert sorted(profile.hosts) == sorted(labels)
+    speeds = {label: profile.hosts[label].speed for label in labels}
+    print("measured GFLOP/s:", speeds)
+    assert all(s > 0 for s in speeds.values())
+    assert speeds[labels[2]] < 0.7 * max(speeds[labels[0]], speeds[labels[1]])
+    for label in labels:
+        host = profile.hosts[label]
+        assert host.devices[0]["kind"] == "cpu" and 0 < host.latency_s < 1
+        assert host.to_host_bytes_per_s > 0 and host.from_host_bytes_per_s > 0
+    assert {(link["from"], link["to"]) for link in profile.links} == {
+        (labels[0], labels[1]), (labels[0], labels[2]), (labels[1], labels[2])}
+    assert all(link["latency_s"] > 0 and link["bandwidth_bytes_per_s"] > 0 for link in profile.links)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "ddlctl.runtime.devbench" in (p.info["cmdline"] or [])]
+    assert not list((Path.home() / ".ddlctl" / "bench").glob("*/*"))  # the scratch folders are gone
+    # the saved profile round-trips into a launch plan: each worker gets its host's measured speed
+    plan = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--balance", "speed", "--speeds",
+                      str(profile_path), "--dry-run", "--json", env=cluster.env)
+    assert plan.returncode == 0, plan.stderr
+    envs = [t["env"] for t in json.loads(plan.stdout)["tasks"]]
+    assert all(json.loads(e["DDLCTL_SPEEDS"]) == [speeds[label] for label in labels] for e in envs)
+    assert all(e["DDLCTL_BALANCE"] == "speed" for e in envs)

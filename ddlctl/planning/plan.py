@@ -199,6 +199,11 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: ("***" if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
 
 
+def address_of(host: Host) -> str:
+    """How other tasks reach ``host`` (as written in TF_CONFIG, without the port)."""
+    return _address_host(host)
+
+
 def _address_host(host: Host) -> str:
     """How other tasks reach this host in TF_CONFIG (``cluster.addresses`` sets ``address`` for this
     machine when remote hosts must reach it, and for SSH aliases)."""

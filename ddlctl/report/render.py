@@ -167,8 +167,8 @@ def render_balance(summary: RunSummary, console: Console) -> None:
     console.print(table)
     equal, balanced = section["predicted_equal_samples_per_s"], section["predicted_balanced_samples_per_s"]
     console.print(Text(
-        f"  measured {section['measured_samples_per_s']:,.0f} samples/s (step {section['step_s'] * 1e3:.1f} ms, "
-        f"all-reduce about {section['comm_s'] * 1e3:.1f} ms); predicted from these speeds: equal split "
+        f"  median step {section['step_s'] * 1e3:.1f} ms = {section['measured_samples_per_s']:,.0f} samples/s "
+        f"(all-reduce about {section['comm_s'] * 1e3:.1f} ms); predicted from these speeds: equal split "
         f"{equal:,.0f}, split by speed {balanced:,.0f} ({balanced / equal:.2f}x), ideal (sum of speeds) "
         f"{section['ideal_samples_per_s']:,.0f}", style="dim"), soft_wrap=True)
 

@@ -356,8 +356,9 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         split = balance.split(strategy, args.batch_size, calibrate=calibration_step(args, equal),
                               samples_per_call=equal)
         local_batch = split.local_batch
+        relative = " : ".join(f"{v / max(split.speeds):.2f}" for v in split.speeds)
         print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker "
-              f"(speeds {', '.join(f'{v:,.0f}' for v in split.speeds)} samples/s, {split.source})", flush=True)
+              f"(worker speeds {relative}, {split.source})", flush=True)
     trainer = Trainer(strategy, args, args.batch_size)
     checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer) if args.checkpoint_dir else None
     resumed = checkpointer.restore() if checkpointer is not None else 0
