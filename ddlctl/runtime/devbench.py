@@ -32,14 +32,14 @@ def device_speeds(seconds: float, size: int | None = None) -> dict[str, object]:
     results = []
     chain = 8
 
-    @tf.function
-    def run(a, b):  # noqa: ANN001, ANN202
+    def chained(a, b):  # noqa: ANN001, ANN202
         for _ in range(chain):
             a = tf.matmul(a, b)
         return tf.reduce_sum(a[:1, :1])
 
     for device in gpus or ["/device:CPU:0"]:
         n = size or (4096 if gpus else 512)
+        run = tf.function(chained)  # traced per device, inside its scope
         with tf.device(device):
             a = tf.random.normal([n, n], seed=1)
             b = tf.random.normal([n, n], seed=2) / (n ** 0.5)  # keeps the chain's magnitude steady
