@@ -94,7 +94,8 @@ def test_single_host_strategies_train(runs, strategy):
 
 @pytest.mark.parametrize("strategy", ["ps", "mwms"])
 def test_model_fit_program_works_with_tf_keras(runs, strategy):
-    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--runs-dir", str(runs),
+    balance = ["--balance", "speed"] if strategy == "mwms" else []  # model.fit cannot be balanced: told so
+    result = run_ddlctl("launch", "--strategy", strategy, "--workers", "2", "--runs-dir", str(runs), *balance,
                         "--", sys.executable, str(PROGRAMS / "fit_program.py"))
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     done = [line for line in result.stdout.splitlines() if "FIT_DONE" in line]
@@ -103,6 +104,10 @@ def test_model_fit_program_works_with_tf_keras(runs, strategy):
     assert report["keras"].startswith("tf_keras") and report["strategy"] == strategy
     assert report["loss"][-1] < report["loss"][0]
     assert_nothing_left(only_run_dir(runs))
+    if balance:
+        assert "--balance speed cannot balance model.fit" in result.stdout
+        summary = json.loads((only_run_dir(runs) / "summary.json").read_text())
+        assert any("--balance speed had no effect" in line for line in summary["diagnosis"])
 
 
 def test_crashing_task_is_the_root_cause_and_everything_stops(runs):

@@ -8,6 +8,7 @@ refuses batch-level callbacks, so there the timer records one block per epoch in
 from __future__ import annotations
 
 import os
+import sys
 import time
 from functools import lru_cache
 
@@ -138,6 +139,11 @@ def patch_fit(module: object) -> bool:
         return False
 
     def fit_with_step_timer(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if os.environ.get("DDLCTL_BALANCE") == "speed" and not getattr(fit_with_step_timer, "warned", False):
+            fit_with_step_timer.warned = True  # type: ignore[attr-defined]
+            print("ddlctl: --balance speed cannot balance model.fit (Keras splits every batch equally over the "
+                  "workers): this run uses the equal split. A custom training loop can, with ddlctl.balance "
+                  "(README 'Heterogeneous clusters').", file=sys.stderr, flush=True)
         positional = len(args) > 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
         callbacks = list((args[5] if positional else kwargs.get("callbacks")) or [])
         if not any(getattr(cb, MARK, False) for cb in callbacks):

@@ -155,7 +155,7 @@ def render_balance(summary: RunSummary, console: Console) -> None:
     """mwms: each worker's share of the batch, measured speed, compute and wait per step, and what
     the equal and the speed-proportional split give (predicted from the measured speeds)."""
     section = summary.balance
-    if not section:
+    if not section or not section.get("workers"):
         return
     table = Table(title=f"balance (mwms, {section['split']} split: a step lasts as long as its slowest worker)",
                   title_justify="left")

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import repeat
 from pathlib import Path
 
-from ddlctl.report.balance import WorkerSteps, balance_note, balance_section
+from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.gpudiag import Sample, diagnose_gpu, throttling
 from ddlctl.rundir import task_dirs
@@ -640,7 +640,10 @@ def _balance(run_dir: Path, all_steps: Sequence[TaskSteps], kept_of: Mapping[str
     recorded = _load_json(run_dir / "tasks" / "worker-0" / "balance.json")
     source = recorded.get("source", "equal")
     split = "equal" if source == "equal" else f"speed ({source})"
-    return balance_section(rows, split, recorded.get("speeds") or ())
+    if source == "equal" and _load_json(run_dir / "plan.json").get("request", {}).get("balance") == "speed":
+        split = NOT_BALANCED
+    return balance_section(rows, split, recorded.get("speeds") or ()) or (
+        {"split": split, "workers": []} if split == NOT_BALANCED else None)
 
 
 def _stages(run_dir: Path, procs: dict) -> tuple[dict, ...]:
