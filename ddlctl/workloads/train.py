@@ -172,8 +172,10 @@ class Trainer:
             return (loss, start, tf.reduce_max(tf.stack(local(ready))), tf.reduce_max(tf.stack(local(synced))),
                     end)
 
-        def block(batches, steps: int):
-            """Run ``steps`` steps over an iterator of batches, collecting per-step figures."""
+        def block(batches, steps):
+            """Run ``steps`` steps over an iterator of batches, collecting per-step figures (``steps``
+            is a tensor: a shorter last block reuses the traced function instead of tracing again)."""
+            steps = tf.cast(steps, tf.int32)
             losses = tf.TensorArray(tf.float32, size=steps)
             starts = tf.TensorArray(tf.float64, size=steps)
             readies = tf.TensorArray(tf.float64, size=steps)
@@ -201,14 +203,14 @@ class Trainer:
             return attributed(one_step(images, labels, ids))
 
         @tf.function
-        def run_block(iterator, steps: int):
+        def run_block(iterator, steps):
             return block(iterator, steps)
 
         @tf.function
-        def run_range(first_id, steps: int):
+        def run_range(first_id, steps):
             """ps (pipelined, linear): a closure reads its own id range through its own tf.data pipeline."""
             dataset = range_dataset(args.seed, args.augment, args.batch_size, first_id,
-                                    steps * args.batch_size, parallel=args.pipeline)
+                                    tf.cast(steps, tf.int64) * args.batch_size, parallel=args.pipeline)
             return attributed(block(iter(dataset), steps))
 
         self.run_batch, self.run_block, self.run_range = run_batch, run_block, run_range
@@ -389,7 +391,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         if slow_s:
             time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
         if not feed:
-            figures = trainer.run_block(iterator, count)
+            figures = trainer.run_block(iterator, tf.constant(count))
             loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None)
         else:
             ids = (step_ids(first, local_batch, shard, shards) if split is None
@@ -458,7 +460,8 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     done = 0
     def schedule(first: int, count: int):  # noqa: ANN202 - a RemoteValue
         if make_batch is None:
-            return coordinator.schedule(trainer.run_range, args=(tf.constant(first * args.batch_size, tf.int64), count))
+            return coordinator.schedule(trainer.run_range, args=(tf.constant(first * args.batch_size, tf.int64),
+                                                                 tf.constant(count)))
         return coordinator.schedule(trainer.run_batch, args=make_batch(step_ids(first, args.batch_size)))
 
     while done < len(blocks):
