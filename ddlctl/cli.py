@@ -57,8 +57,6 @@ WorkerPer = _choices("WorkerPer", WORKER_PER)
 Balance = _choices("Balance", BALANCE)
 DEFAULT_RESTART_ON = RestartOn("fault")
 DEFAULT_WORKLOAD = Workload("cnn")
-DEFAULT_WORKER_PER = WorkerPer("auto")
-DEFAULT_BALANCE = Balance("off")
 
 
 def _value(choice: Enum | None) -> str | None:
@@ -209,17 +207,19 @@ def launch(
     execution: Annotated[Execution | None, typer.Option(  # type: ignore[valid-type]
         "--execution", help=EXECUTION_HELP + " Default: pipelined.", show_default=False)] = None,
     pipeline: Annotated[bool | None, typer.Option("--pipeline/--no-pipeline", hidden=True)] = None,
-    worker_per: Annotated[WorkerPer, typer.Option(  # type: ignore[valid-type]
+    worker_per: Annotated[WorkerPer | None, typer.Option(  # type: ignore[valid-type]
         "--worker-per", help="gpu: one worker per GPU, each pinned with CUDA_VISIBLE_DEVICES (slots= workers on "
                              "CPU-only hosts), so hosts with 4 and 2 GPUs give 6 equal workers; host: workers per "
                              "host as --workers/slots= say, sharing the host's GPUs. auto: gpu under mwms when the "
-                             "hosts' GPU counts differ (mwms needs the same GPUs in every worker), else host.")
-    ] = DEFAULT_WORKER_PER,
-    balance: Annotated[Balance, typer.Option(  # type: ignore[valid-type]
+                             "hosts' GPU counts differ (mwms needs the same GPUs in every worker), else host. "
+                             "Default: the template's, else auto.", show_default=False)
+    ] = None,
+    balance: Annotated[Balance | None, typer.Option(  # type: ignore[valid-type]
         "--balance", help="mwms: speed gives each worker a share of the global batch proportional to its "
                           "speed (measured at the start of the run, or from --speeds), with the loss weighted so "
                           "the gradient equals the equal split's (README 'Heterogeneous clusters'). Built-in "
-                          "workload, or programs that use ddlctl.balance.")] = DEFAULT_BALANCE,
+                          "workload, or programs that use ddlctl.balance. Default: the template's, else off.",
+        show_default=False)] = None,
     speeds: Annotated[str | None, typer.Option(
         "--speeds", metavar="FILE", help="--balance speed: per-host speeds from a profile saved by 'ddlctl check "
                                          "--bench --save FILE' instead of measuring them at the start.",
@@ -285,7 +285,7 @@ def _launch(profile: bool = False, **p: object) -> None:
         ssh=ssh_options(p["ssh_key"], p["ssh_user"], p["connect_timeout"], p["accept_new_host_keys"]),
         workload=_value(p["workload"]), steps=p["steps"], batch_size=p["batch_size"],
         execution=_execution(p["execution"], p["pipeline"]), partition=p["partition"],
-        worker_per=_value(p["worker_per"]) or "auto", balance=_value(p["balance"]) or "off", speeds=p["speeds"],
+        worker_per=_value(p["worker_per"]), balance=_value(p["balance"]), speeds=p["speeds"],
         command=tuple(p["command"] or ()),
         verbose=p["verbose"],
     )

@@ -82,8 +82,8 @@ class LaunchOptions:
     batch_size: int | None = None
     execution: str | None = None
     partition: str | None = None  # a plan file of ddlctl partition (--strategy model)
-    worker_per: str = "auto"
-    balance: str = "off"
+    worker_per: str | None = None  # None: the template's, else "auto"
+    balance: str | None = None  # None: the template's, else "off"
     speeds: str | None = None  # a cluster profile of ddlctl check --bench (--balance speed)
     quiet: bool = False
     verbose: bool = False
@@ -172,8 +172,10 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
         if strategy != "model":
             raise ConfigError(f"--partition applies to --strategy model, not {strategy}")
         env["DDLCTL_PARTITION"] = ",".join(map(str, partition_counts(opts.partition)))
-    if opts.speeds and opts.balance != "speed":
+    balance = opts.balance or defaults.balance or "off"
+    if opts.speeds and balance != "speed":
         raise ConfigError("--speeds applies with --balance speed", "add --balance speed, or drop --speeds")
+    speeds = opts.speeds or (defaults.profile if balance == "speed" else None)
     run_root = Path(opts.run_dir).expanduser().resolve()
     evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
     return LaunchRequest(
@@ -192,9 +194,9 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
         telemetry=opts.telemetry,
         sample_interval_s=opts.sample_interval_s,
         auto_steps=opts.auto_steps,
-        worker_per=opts.worker_per,
-        balance=opts.balance,
-        speeds=load_speeds(opts.speeds) if opts.speeds else {},
+        worker_per=opts.worker_per or defaults.worker_per or "auto",
+        balance=balance,
+        speeds=load_speeds(speeds) if speeds else {},
     )
 
 

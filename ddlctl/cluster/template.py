@@ -3,7 +3,8 @@
 A template describes hosts and may carry launch defaults that command-line options override::
 
     description: One machine, chief + 2 workers + 1 ps
-    strategy: ps          # optional launch defaults: strategy, workers, ps, evaluator, env
+    strategy: ps          # optional launch defaults: strategy, workers, ps, evaluator, env,
+                          # balance, worker_per, profile (a file of ddlctl check --bench --save)
     workers: 2
     ps: 1
     defaults:             # fields applied to every host unless the host sets them
@@ -26,9 +27,11 @@ from ddlctl.cluster.fields import HOST_KEYS, check_unique, make_host, split_targ
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import ConfigError
 
-STRATEGIES: tuple[str, ...] = ("ps", "mwms", "mirrored", "central_storage", "one_device")
+STRATEGIES: tuple[str, ...] = ("ps", "mwms", "model", "mirrored", "central_storage", "one_device")
+CHOICES: dict[str, tuple[str, ...]] = {"balance": ("off", "speed"), "worker_per": ("auto", "gpu", "host")}
 
-TOP_KEYS = ("description", "strategy", "workers", "ps", "evaluator", "env", "defaults", "hosts")
+TOP_KEYS = ("description", "strategy", "workers", "ps", "evaluator", "env", "balance", "worker_per", "profile",
+            "defaults", "hosts")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class LaunchDefaults:
     evaluator: bool | None = None
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    balance: str | None = None
+    worker_per: str | None = None
+    profile: str | None = None  # a cluster profile of ddlctl check --bench (path resolved from the template's folder)
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,18 @@ def parse_template(text: str, source: str = "<template>") -> Template:
         defaults["env"] = {k: str(reader.scalar(v, k)) for k, v in reader.mapping(top["env"], "env")}
     if "description" in top:
         defaults["description"] = str(reader.scalar(top["description"], "description"))
+    for key, choices in CHOICES.items():
+        if key in top:
+            value = reader.scalar(top[key], key)
+            if value not in choices:
+                raise ConfigError(f"{reader.where(top[key])}: {key}: {value!r} is not valid",
+                                  "expected one of: " + ", ".join(choices))
+            defaults[key] = value
+    if "profile" in top:
+        profile = Path(str(reader.scalar(top["profile"], "profile"))).expanduser()
+        if not profile.is_absolute() and not source.startswith("<"):
+            profile = Path(source).parent / profile
+        defaults["profile"] = str(profile)
     return Template(Cluster(hosts=tuple(hosts), source=source), LaunchDefaults(**defaults))
 
 
