@@ -81,6 +81,12 @@ def mwms(tmp_path: Path, runs: Path, balance: str) -> tuple[dict, Path]:
     return json.loads(done.stdout), run_dir
 
 
+def loss_curve(run_dir: Path) -> dict[int, float]:
+    """Step -> loss from the built-in workload's progress lines (the global loss, same on every worker)."""
+    text = (run_dir / "tasks" / "worker-0" / "output.log").read_text()
+    return {int(step): float(loss) for step, loss in re.findall(r"step (\d+)/\d+ loss ([0-9.]+)", text)}
+
+
 @needs_cgroup
 def test_balance_speed_gives_the_throttled_worker_a_smaller_share_same_training_more_throughput(tmp_path, runs):
     equal, _ = mwms(tmp_path, runs, "off")
@@ -93,9 +99,14 @@ def test_balance_speed_gives_the_throttled_worker_a_smaller_share_same_training_
     assert 0.1 < share < 0.45
     records = [json.loads(line) for line in (run_dir / "tasks" / "worker-1" / "steps.jsonl").read_text().splitlines()]
     assert {r["samples"] for r in records} == {split["batches"][1]}
-    # the same examples at every step: the same model, up to summation order
-    results = [json.loads((d / "tasks" / "worker-0" / "result.json").read_text())
-               for d in (only_run_dir(runs / "off"), run_dir)]
+    # the same examples at every step: the same model, up to summation order (the loss curve and the
+    # final evaluation match)
+    dirs = (only_run_dir(runs / "off"), run_dir)
+    curves = [loss_curve(d) for d in dirs]
+    assert len(curves[0]) >= 4 and curves[0].keys() == curves[1].keys()
+    for step, loss in curves[0].items():
+        assert curves[1][step] == pytest.approx(loss, rel=0.02), (step, curves)
+    results = [json.loads((d / "tasks" / "worker-0" / "result.json").read_text()) for d in dirs]
     assert results[1]["loss"] == pytest.approx(results[0]["loss"], rel=0.02)
     assert results[1]["accuracy"] == pytest.approx(results[0]["accuracy"], abs=0.02)
     ratio = balanced["throughput_samples_per_s"] / equal["throughput_samples_per_s"]
@@ -104,3 +115,17 @@ def test_balance_speed_gives_the_throttled_worker_a_smaller_share_same_training_
     assert ratio > 1.0
     assert equal["balance"]["split"] == "equal" and balanced["balance"]["split"] == "speed (measured)"
     assert [w["batch"] for w in balanced["balance"]["workers"]] == split["batches"]
+
+
+def test_dry_run_shows_one_worker_per_gpu_and_refuses_unequal_workers(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("big gpus=4\nsmall gpus=2\n")
+    done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "workers: one per GPU, each with one GPU (the hosts' GPU counts differ: big 4, small 2)" in done.stdout
+    rows = re.findall(r"(worker:\d) +│ (big|small) +│ auto +│ program +│ (\d) ", done.stdout)
+    assert rows == [("worker:0", "big", "0"), ("worker:1", "big", "1"), ("worker:2", "big", "2"),
+                    ("worker:3", "big", "3"), ("worker:4", "small", "0"), ("worker:5", "small", "1")]
+    refused = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--worker-per", "host", "--dry-run")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "worker:0 on big: 4, worker:1 on small: 2" in refused.stderr and "--worker-per gpu" in refused.stderr

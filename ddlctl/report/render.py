@@ -31,6 +31,8 @@ def render_plan(plan: Plan, console: Console) -> None:
         runs = "tf.distribute.Server" if task.kind == "server" else "program"
         table.add_row(task.name, task.host.label, port, runs, gpus)
     console.print(table)
+    for note in plan_notes(plan):
+        console.print(Text(note))
     for task in plan.tasks:
         console.print(Text(f"{task.name}", style="bold"))
         if task.tf_config is not None:
@@ -40,6 +42,23 @@ def render_plan(plan: Plan, console: Console) -> None:
         console.print(Text(f"  cwd: {task.workdir}"))
         console.print(Text("  argv: " + json.dumps(list(task.argv))), soft_wrap=True)
     console.print(Text(f"run directory: {plan.run_dir}"))
+
+
+def plan_notes(plan: Plan) -> list[str]:
+    """How the workers were placed and the batch split, when that is not the plain default."""
+    from ddlctl.planning.plan import worker_per_gpu
+
+    notes = []
+    request = plan.request
+    worker_hosts = [h for h in plan.cluster.hosts if h.accepts("worker")]
+    if plan.strategy in ("ps", "mwms") and worker_hosts and worker_per_gpu(worker_hosts, request):
+        why = " (the hosts' GPU counts differ: " + ", ".join(f"{h.label} {h.gpus}" for h in worker_hosts) + ")" \
+            if request.worker_per == "auto" else ""
+        notes.append(f"workers: one per GPU, each with one GPU{why}")
+    if request.balance == "speed":
+        source = "the speeds in the profile" if request.speeds else "speeds measured at the start of the run"
+        notes.append(f"batch: split over the workers in proportion to {source} (--balance speed)")
+    return notes
 
 
 def render_failure(failure: Failure, console: Console) -> None:
