@@ -97,6 +97,22 @@ def load_profile(path: str | Path) -> ClusterProfile:
                           created=str(data.get("created", "")))
 
 
+def relative_speeds(profile: ClusterProfile, reference: str | None = None) -> dict[str, float]:
+    """Each host's speed relative to ``reference``'s (when the profile has it), else to the fastest."""
+    speeds = [h.speed for h in profile.hosts.values()]
+    base = profile.hosts[reference].speed if reference in profile.hosts else max(speeds)
+    return {label: host.speed / base for label, host in profile.hosts.items()}
+
+
+def typical_link(profile: ClusterProfile) -> tuple[float, float] | None:
+    """(bandwidth bytes/s, latency s): the median of the measured host-to-host links, if any."""
+    links = [link for link in profile.links if link.get("bandwidth_bytes_per_s") and link.get("latency_s") is not None]
+    if not links:
+        return None
+    return (statistics.median(float(link["bandwidth_bytes_per_s"]) for link in links),
+            statistics.median(float(link["latency_s"]) for link in links))
+
+
 # -- measuring -------------------------------------------------------------------------------------
 
 

@@ -380,10 +380,17 @@ def partition(
     microbatches: Annotated[int, typer.Option(
         "--microbatches", metavar="M", min=1, help="Micro-batches per step (pipelining; 1: stages run one after "
                                                    "the other).")] = 1,
-    bandwidth: Annotated[float, typer.Option("--bandwidth", metavar="GB/S", min=0.001,
-                                             help="Link bandwidth between consecutive stages.")] = 1.25,
-    latency: Annotated[float, typer.Option("--latency-ms", metavar="MS", min=0,
-                                           help="Link latency per message.")] = 0.1,
+    bandwidth: Annotated[float | None, typer.Option(
+        "--bandwidth", metavar="GB/S", min=0.001, help="Link bandwidth between consecutive stages. Default: the "
+                                                       "profile's median measured link (--speeds), else 1.25.",
+        show_default=False)] = None,
+    latency: Annotated[float | None, typer.Option(
+        "--latency-ms", metavar="MS", min=0, help="Link latency per message. Default: the profile's median "
+                                                  "measured link (--speeds), else 0.1.", show_default=False)] = None,
+    speeds: Annotated[str | None, typer.Option(
+        "--speeds", metavar="FILE", help="Measured device speeds and links from 'ddlctl check --bench --save FILE' "
+                                         "instead of the hosts' speed= (relative to localhost when the profile has "
+                                         "it, else to the fastest host).", show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the random plan.")] = 0,
     save: Annotated[str | None, typer.Option("--save", metavar="FILE", help="Write the plans and the chosen one "
                                              "(fastest predicted) as JSON.", show_default=False)] = None,
@@ -393,8 +400,9 @@ def partition(
 
     Profiles the model on this machine (per layer: forward+backward time, parameter and optimizer
     bytes, activation bytes), takes each device's speed and memory from the hosts file or template
-    (speed=, memory=), and prints, per algorithm (random: TensorFlow's native baseline; greedy: the
-    research's; optimal: dynamic programming, exact for the cost model), the stages and the
+    (speed=, memory=; measured speeds with --speeds), and prints, per algorithm (random:
+    TensorFlow's native baseline; greedy: the research's; optimal: dynamic programming, exact for
+    the cost model), the stages and the
     predicted step time. Exit code 2 when no algorithm can place the model (the reason is printed).
 
     Example: ddlctl partition --hosts hosts.txt --workload deep --microbatches 4 --save plan.json
@@ -407,7 +415,7 @@ def partition(
         opts = PartitionOptions(hosts=hosts, template=template, model=model or _value(workload) or "deep",
                                 batch_size=batch_size, algorithm=algorithm, microbatches=microbatches,
                                 bandwidth_gbps=bandwidth, latency_ms=latency, seed=seed, save=save,
-                                json_out=json_out)
+                                json_out=json_out, speeds=speeds)
         return run_partition(opts, people_console(), error_console())
 
     _exit_with(run)

@@ -173,9 +173,10 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
             raise ConfigError(f"--partition applies to --strategy model, not {strategy}")
         env["DDLCTL_PARTITION"] = ",".join(map(str, partition_counts(opts.partition)))
     balance = opts.balance or defaults.balance or "off"
-    if opts.speeds and balance != "speed":
-        raise ConfigError("--speeds applies with --balance speed", "add --balance speed, or drop --speeds")
-    speeds = opts.speeds or (defaults.profile if balance == "speed" else None)
+    if opts.speeds and balance != "speed" and strategy != "model":
+        raise ConfigError("--speeds applies with --balance speed (mwms) or --strategy model",
+                          "add --balance speed, or drop --speeds")
+    speeds = opts.speeds or (defaults.profile if balance == "speed" or strategy == "model" else None)
     run_root = Path(opts.run_dir).expanduser().resolve()
     evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
     return LaunchRequest(

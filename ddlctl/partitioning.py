@@ -3,7 +3,11 @@ algorithm, print the plans side by side and save the chosen one.
 
 Devices: one per GPU of a host (``gpus=``), else one per slot (``slots=``), each with the host's
 ``speed=`` (relative to the machine running this command, which profiles the model: speed 1) and
-``memory=`` (default: unlimited). The planning itself is :mod:`ddlctl.planning.partition` (pure).
+``memory=`` (default: unlimited). With ``--speeds FILE`` (a profile of ``ddlctl check --bench``) the
+measured speeds replace ``speed=`` (relative to ``localhost`` when the profile has it, the machine
+that profiles the model; else to the fastest host), and the median measured host-to-host link
+replaces the default ``--bandwidth`` / ``--latency-ms``. The planning itself is
+:mod:`ddlctl.planning.partition` (pure).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from ddlctl.errors import ConfigError
 from ddlctl.planning.partition import ALGORITHMS, Device, Layer, Link, PartitionPlan, plan
 
 SCHEMA = 1
+DEFAULT_BANDWIDTH_GBPS = 1.25
+DEFAULT_LATENCY_MS = 0.1
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,10 @@ class PartitionOptions:
     batch_size: int = 64
     algorithm: str = "all"
     microbatches: int = 1
-    bandwidth_gbps: float = 1.25
-    latency_ms: float = 0.1
+    bandwidth_gbps: float | None = None  # None: the profile's median link, else 1.25
+    latency_ms: float | None = None  # None: the profile's median link, else 0.1
     seed: int = 0
+    speeds: str | None = None  # a cluster profile of ddlctl check --bench
     save: str | None = None
     json_out: bool = False
 
@@ -55,6 +62,28 @@ def devices_of(cluster: Cluster) -> list[Device]:
     return devices
 
 
+def with_profile(cluster: Cluster, opts: PartitionOptions) -> tuple[Cluster, PartitionOptions]:
+    """Measured speeds and link from ``opts.speeds`` (a cluster profile); the defaults otherwise."""
+    import dataclasses
+
+    link = None
+    if opts.speeds:
+        from ddlctl.bench import load_profile, relative_speeds, typical_link
+
+        profile = load_profile(opts.speeds)
+        missing = [h.label for h in cluster.hosts if h.accepts("worker") and h.label not in profile.hosts]
+        if missing:
+            raise ConfigError(f"--speeds {opts.speeds}: no speed for {', '.join(missing)}",
+                              "measure this cluster with: ddlctl check --bench --save FILE")
+        speeds = relative_speeds(profile, "localhost")
+        cluster = dataclasses.replace(cluster, hosts=tuple(
+            dataclasses.replace(h, speed=speeds[h.label]) if h.label in speeds else h for h in cluster.hosts))
+        link = typical_link(profile)
+    bandwidth = opts.bandwidth_gbps or (link[0] / 1e9 if link else DEFAULT_BANDWIDTH_GBPS)
+    latency = opts.latency_ms if opts.latency_ms is not None else (link[1] * 1e3 if link else DEFAULT_LATENCY_MS)
+    return cluster, dataclasses.replace(opts, bandwidth_gbps=bandwidth, latency_ms=latency)
+
+
 def algorithms(choice: str) -> tuple[str, ...]:
     if choice == "all":
         return ALGORITHMS
@@ -65,7 +94,8 @@ def algorithms(choice: str) -> tuple[str, ...]:
 
 def plans_for(layers: list[Layer], devices: list[Device], opts: PartitionOptions) -> list[PartitionPlan]:
     """Every asked algorithm's plan, then the single-fastest-device baseline."""
-    link = Link(opts.bandwidth_gbps * 1e9, opts.latency_ms / 1e3)
+    latency_ms = DEFAULT_LATENCY_MS if opts.latency_ms is None else opts.latency_ms
+    link = Link((opts.bandwidth_gbps or DEFAULT_BANDWIDTH_GBPS) * 1e9, latency_ms / 1e3)
     chosen = [plan(a, layers, devices, opts.microbatches, link, opts.seed) for a in algorithms(opts.algorithm)]
     return [*chosen, plan("single", layers, devices, opts.microbatches, link)]
 
@@ -96,6 +126,7 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
         raise ConfigError(f"--batch-size {opts.batch_size} cannot be split into {opts.microbatches} micro-batches",
                           "use a multiple of --microbatches")
     cluster, _, _ = load_cluster(opts.hosts, opts.template, 1)
+    cluster, opts = with_profile(cluster, opts)
     devices = devices_of(cluster)
     factory = load_model_factory(opts.model)
     err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size}, forward + backward per layer)…",

@@ -172,3 +172,29 @@ def test_partition_profiles_the_built_in_model_and_plans_it_under_memory_caps(tm
     tiny.write_text("localhost slots=2 memory=8MiB\n")
     refused = run_ddlctl("partition", "--hosts", str(tiny), "--workload", "deep", timeout=300)
     assert refused.returncode == 2 and "alone needs" in refused.stdout, refused.stdout[-2000:]
+
+
+def test_measured_speeds_and_link_of_a_profile_replace_the_declared_ones(tmp_path):
+    import json
+
+    from tests.conftest import run_ddlctl
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2 memory=24MiB\n127.0.0.1 slots=1 memory=24MiB\n")
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "kind": "ddlctl-cluster-profile", "hosts": {"localhost": {"speed": 100.0}, "127.0.0.1": {"speed": 25.0}},
+        "links": [{"from": "localhost", "to": "127.0.0.1", "latency_s": 0.0002, "bandwidth_bytes_per_s": 2e9}]}))
+    done = run_ddlctl("partition", "--hosts", str(hosts), "--workload", "deep", "--speeds", str(profile),
+                      "--algorithm", "greedy", "--json", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert [d["speed"] for d in data["devices"]] == [1.0, 1.0, 0.25]  # relative to localhost, which profiles
+    assert data["link"] == {"bandwidth_gbps": 2.0, "latency_ms": pytest.approx(0.2)}
+    stages = next(p for p in data["plans"] if p["algorithm"] == "greedy")["stages"]
+    assert stages[2]["layers"] < min(stages[0]["layers"], stages[1]["layers"])  # the measured-slow device
+    # the model strategy's chief plans over the same measured speeds
+    plan = run_ddlctl("launch", "-s", "model", "--hosts", str(hosts), "--speeds", str(profile), "--dry-run", "--json")
+    assert plan.returncode == 0, plan.stderr
+    chief = next(t for t in json.loads(plan.stdout)["tasks"] if t["name"] == "chief:0")
+    assert [d["speed"] for d in json.loads(chief["env"]["DDLCTL_DEVICES"])] == [1.0, 1.0, 0.25]

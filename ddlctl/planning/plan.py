@@ -424,7 +424,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
         if strategy == "model" and p.role == "chief":  # what the chief plans its stages over
             env["DDLCTL_DEVICES"] = json.dumps([
-                {"name": w.name, "speed": w.host.speed, "memory_bytes": w.host.memory_bytes}
+                {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes}
                 for w in placements if w.role == "worker"])
         if request.balance == "speed" and p.role == "worker":
             env["DDLCTL_BALANCE"] = "speed"
@@ -456,11 +456,21 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
                 cluster=cluster, tasks=tuple(tasks), request=request, agents=agents)
 
 
+def device_speed(host: Host, reference: Host, request: LaunchRequest) -> float:
+    """A device's speed for model-parallel planning: measured (``--speeds``, relative to the host that
+    profiles the model, else to the fastest), else the host's declared ``speed=``."""
+    if not request.speeds:
+        return host.speed
+    base = request.speeds.get(reference.label) or max(request.speeds.values())
+    return request.speeds[host.label] / base
+
+
 def check_balance(placements: Sequence[Placement], request: LaunchRequest) -> None:
     """``--balance speed`` applies to mwms workers holding at most one device each, and speeds from a
     profile must cover every worker host."""
     if request.balance not in BALANCE:
         raise PlanError(f"unknown --balance {request.balance!r}", "expected one of: " + ", ".join(BALANCE))
+    _require_speeds([p for p in placements if p.role == "worker"], request)
     if request.balance == "off":
         return
     if request.strategy == "ps":
@@ -474,11 +484,14 @@ def check_balance(placements: Sequence[Placement], request: LaunchRequest) -> No
         raise PlanError(f"--balance speed splits the batch per worker, but {crowded[0].name} on "
                         f"{crowded[0].host.label} holds {len(crowded[0].gpus or ())} GPUs",
                         "add --worker-per gpu (one worker per GPU)")
+
+
+def _require_speeds(workers: Sequence[Placement], request: LaunchRequest) -> None:
+    """A speeds profile must cover every worker's host."""
     missing = sorted({p.host.label for p in workers if p.host.label not in request.speeds}) if request.speeds else []
     if missing:
         raise PlanError(f"the speeds profile has no speed for {', '.join(missing)}",
-                        "measure them with 'ddlctl check --bench --save FILE', or leave --speeds out to measure "
-                        "at the start of the run")
+                        "measure them with 'ddlctl check --bench --save FILE', or leave --speeds out")
 
 
 def checkpoint_dir(request: LaunchRequest, host: Host) -> str:
