@@ -46,7 +46,7 @@ BEAT_S = 2.0
 TICK_S = 0.25  # longest sleep: task output and commands wake the agent at once
 ENDING_TICK_S = 0.01
 STEPS_S = 1.0
-PORTS_S = 0.3
+PORTS_S = 0.5  # each look at the listening sockets reads /proc/net/tcp*: slow on some kernels
 CHUNK = 1 << 20
 DRAIN_S = 2.0
 DUMP_WAIT_S = 1.5
@@ -115,9 +115,11 @@ def accepts(port: int) -> bool:
     return False
 
 
-def listening_inodes(port: int) -> set[str]:
-    """Inodes of the sockets listening on TCP ``port`` in this network namespace (IPv4 and IPv6)."""
-    inodes = set()
+def listening_sockets() -> dict[int, set[str]]:
+    """Port -> inodes of the sockets listening on it, for every TCP port of this network namespace
+    (IPv4 and IPv6). One read of each table: generating them is the kernel's work, and costly on
+    some kernels (about 4 ms a table here, even with a handful of sockets), so callers share it."""
+    listening: dict[int, set[str]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as handle:
@@ -126,17 +128,18 @@ def listening_inodes(port: int) -> set[str]:
             continue
         for row in rows:
             fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
+            if len(fields) > 9 and fields[3] == "0A":
+                listening.setdefault(int(fields[1].rsplit(":", 1)[1], 16), set()).add(fields[9])
+    return listening
 
 
-def group_listens(pgid: int, port: int) -> bool:
+def group_listens(pgid: int, port: int, listening: dict[int, set[str]] | None = None) -> bool:
     """Whether a process of group ``pgid`` itself listens on ``port`` (not just anyone: a port taken
-    by another program must not pass for the task's). Without /proc/net: whether anyone accepts."""
+    by another program must not pass for the task's). Without /proc/net: whether anyone accepts.
+    ``listening``: a :func:`listening_sockets` reading to use instead of reading the tables again."""
     if not os.path.exists("/proc/net/tcp"):
         return accepts(port)
-    inodes = listening_inodes(port)
+    inodes = (listening_sockets() if listening is None else listening).get(port)
     if not inodes:
         return False
     for pid, _state, _cmd in group_processes(pgid):
@@ -517,8 +520,12 @@ class HostAgent:
                 task.kill_at = now + 1.0  # again if it has not gone (never trust one signal)
 
     def report_listening(self) -> None:
-        for task in self.tasks.values():
-            if task.status is None and not task.listening and group_listens(task.pgid, task.port):
+        waiting = [t for t in self.tasks.values() if t.status is None and not t.listening]
+        if not waiting:
+            return
+        listening = listening_sockets() if os.path.exists("/proc/net/tcp") else None  # one reading for all
+        for task in waiting:
+            if group_listens(task.pgid, task.port, listening):
                 task.listening = True
                 self.send({"k": "listening", "task": task.name, "t": time.time()})
 
