@@ -224,6 +224,10 @@ def launch(
         "--speeds", metavar="FILE", help="--balance speed: per-host speeds from a profile saved by 'ddlctl check "
                                          "--bench --save FILE' instead of measuring them at the start.",
         show_default=False)] = None,
+    bench: Annotated[bool, typer.Option(
+        "--bench", help="Measure every host first, as 'ddlctl check --bench' does (saved as "
+                        "<run>/cluster-profile.json), and use the measured speeds for --balance speed and "
+                        "--strategy model.")] = False,
     partition: Annotated[str | None, typer.Option(
         "--partition", metavar="FILE", help="--strategy model: the plan saved by 'ddlctl partition --save' (layers "
                                             "per stage task). Without it the chief plans with the greedy algorithm.",
@@ -285,7 +289,7 @@ def _launch(profile: bool = False, **p: object) -> None:
         ssh=ssh_options(p["ssh_key"], p["ssh_user"], p["connect_timeout"], p["accept_new_host_keys"]),
         workload=_value(p["workload"]), steps=p["steps"], batch_size=p["batch_size"],
         execution=_execution(p["execution"], p["pipeline"]), partition=p["partition"],
-        worker_per=_value(p["worker_per"]), balance=_value(p["balance"]), speeds=p["speeds"],
+        worker_per=_value(p["worker_per"]), balance=_value(p["balance"]), speeds=p["speeds"], bench=p["bench"],
         command=tuple(p["command"] or ()),
         verbose=p["verbose"],
     )

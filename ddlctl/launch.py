@@ -85,6 +85,7 @@ class LaunchOptions:
     worker_per: str | None = None  # None: the template's, else "auto"
     balance: str | None = None  # None: the template's, else "off"
     speeds: str | None = None  # a cluster profile of ddlctl check --bench (--balance speed)
+    bench: bool = False  # measure the hosts first (as check --bench) and use those speeds
     quiet: bool = False
     verbose: bool = False
     command: Sequence[str] = field(default_factory=tuple)
@@ -173,6 +174,8 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
             raise ConfigError(f"--partition applies to --strategy model, not {strategy}")
         env["DDLCTL_PARTITION"] = ",".join(map(str, partition_counts(opts.partition)))
     balance = opts.balance or defaults.balance or "off"
+    if opts.speeds and opts.bench:
+        raise ConfigError("give --speeds FILE or --bench, not both", "--bench measures now; --speeds reads a profile")
     if opts.speeds and balance != "speed" and strategy != "model":
         raise ConfigError("--speeds applies with --balance speed (mwms) or --strategy model",
                           "add --balance speed, or drop --speeds")
@@ -282,6 +285,23 @@ def choose_ports(cluster: Cluster, request: LaunchRequest, transports: dict[str,
     return ports
 
 
+def measure_first(opts: LaunchOptions, request: LaunchRequest, console: Console) -> LaunchRequest:
+    """``--bench``: measure every host as ``ddlctl check --bench`` does, save the profile in the run
+    directory (``cluster-profile.json``) and use its speeds (``--balance speed``, ``--strategy model``)."""
+    from ddlctl.bench import bench, save_profile
+
+    console.print("measuring every host's devices and links (--bench)…", highlight=False)
+    profile = bench(opts.hosts, opts.template, opts.ssh, 1.0)
+    run_dir = make_dir(request.run_dir)
+    save_profile(profile, run_dir / "cluster-profile.json")
+    console.print("measured GFLOP/s per device: " + ", ".join(f"{label} {host.speed:,.1f}"
+                                                           for label, host in profile.hosts.items())
+                  + f" (saved in {run_dir / 'cluster-profile.json'})", highlight=False)
+    if request.balance != "speed" and request.strategy != "model":
+        return request
+    return dataclasses.replace(request, speeds={label: host.speed for label, host in profile.hosts.items()})
+
+
 def tf_keras_available() -> bool:
     """Whether tf-keras (Keras 2, needed for model.fit under ps/mwms) is importable here."""
     return importlib.util.find_spec("tf_keras") is not None
@@ -316,6 +336,8 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), Connected(dict(local))
     make_dir(Path(opts.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
+    if opts.bench:
+        request = measure_first(opts, request, console)
     connected = Connected(make_transports(cluster, opts.ssh))
     try:
         cluster = with_ssh_addresses(cluster, connected.transports)

@@ -129,3 +129,18 @@ def test_dry_run_shows_one_worker_per_gpu_and_refuses_unequal_workers(tmp_path):
     refused = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--worker-per", "host", "--dry-run")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "worker:0 on big: 4, worker:1 on small: 2" in refused.stderr and "--worker-per gpu" in refused.stderr
+
+
+def test_launch_bench_measures_first_and_balances_by_the_saved_profile(tmp_path, runs):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\n127.0.0.1\n")
+    done = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--balance", "speed", "--bench", "--steps", "16",
+                      "--no-telemetry", "--runs-dir", str(runs), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    profile = json.loads((run_dir / "cluster-profile.json").read_text())
+    speeds = [profile["hosts"][label]["speed"] for label in ("localhost", "127.0.0.1")]
+    assert all(s > 0 for s in speeds) and "measured GFLOP/s per device" in done.stdout + done.stderr
+    split = json.loads((run_dir / "tasks" / "worker-0" / "balance.json").read_text())
+    assert split["source"] == "profile" and split["speeds"] == speeds and sum(split["batches"]) == 64
+    assert not processes_of_run(run_dir.name)
