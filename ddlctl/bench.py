@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -119,7 +120,7 @@ def typical_link(profile: ClusterProfile) -> tuple[float, float] | None:
 def _spec(host, name: str, argv: list[str], task_dir: str):  # noqa: ANN001, ANN202 - Host -> TaskSpec
     from ddlctl.planning.plan import TaskSpec
 
-    python = host.python or (__import__("sys").executable if host.is_local else "python3")
+    python = host.python or (sys.executable if host.is_local else "python3")
     return TaskSpec(name=name, role="bench", index=0, host=host, port=None, kind="program",
                     argv=(python, "-m", "ddlctl.runtime.devbench", *argv), env={"PYTHONUNBUFFERED": "1"},
                     unset_env=("TF_CONFIG",), workdir=host.workdir or (os.getcwd() if host.is_local else "~"),
