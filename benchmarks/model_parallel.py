@@ -1,7 +1,7 @@
 """Model-parallel plans measured: random vs greedy vs optimal, with and without micro-batching.
 
-Three stage tasks on this machine, the third emulated at half speed (a cgroup v1 CPU quota of 1 ms
-per 2 ms period on its process, as soon as it starts; root needed), and a memory cap per device
+Three stage tasks on this machine, the third emulated at half speed (host key ``cpu_quota=0.5``: a
+cgroup CPU quota of 1 ms per 2 ms period, set by the host agent; root needed), and a memory cap per device
 that the built-in ``deep`` model does not fit on one device. ``ddlctl partition`` profiles the
 model and plans it for that cluster (declared ``speed=0.5`` for the slow one); every plan is then
 run with ``ddlctl launch --strategy model`` and its median step time measured, next to the cost
@@ -22,46 +22,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-CGROUP = Path("/sys/fs/cgroup/cpu/ddlctl-bench-slow")
-
-
-def slow_group(period_us: int = 2000, quota_us: int = 1000) -> Path:
-    CGROUP.mkdir(exist_ok=True)
-    (CGROUP / "cpu.cfs_period_us").write_text(str(period_us))
-    (CGROUP / "cpu.cfs_quota_us").write_text(str(quota_us))
-    return CGROUP
-
-
-def confine(run_root: Path, task: str, stop: threading.Event) -> None:
-    """Move ``task``'s process into the slow cgroup as soon as the run's pids.json names it."""
-    while not stop.is_set():
-        for pids in run_root.glob("*/pids.json"):
-            try:
-                entry = json.loads(pids.read_text()).get(task)
-            except (OSError, ValueError):
-                continue
-            if entry and entry.get("task_pid"):
-                (CGROUP / "cgroup.procs").write_text(str(entry["task_pid"]))
-                return
-        time.sleep(0.05)
 
 
 def run_plan(counts: list[int], microbatches: int, steps: int, hosts: Path, root: Path) -> float:
     """Median step time (s) of the model strategy with these layers per stage."""
     run_root = Path(tempfile.mkdtemp(dir=root))
-    stop = threading.Event()
-    watcher = threading.Thread(target=confine, args=(run_root, "worker:2", stop), daemon=True)
-    watcher.start()
     done = subprocess.run([sys.executable, "-m", "ddlctl", "launch", "-s", "model", "--hosts", str(hosts),
                            "--no-telemetry", "--runs-dir", str(run_root), "--", sys.executable, "-m",
                            "ddlctl.workloads", "--workload", "deep", "--steps", str(steps),
                            "--microbatches", str(microbatches), "--partition", ",".join(map(str, counts))],
                           capture_output=True, text=True)
-    stop.set()
     if done.returncode != 0:
         raise SystemExit(f"run {counts} m={microbatches} failed: {done.stderr[-2000:]}")
     (run_dir,) = [p for p in run_root.iterdir() if p.is_dir()]
@@ -89,10 +61,10 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the slow stage is emulated with a cgroup CPU quota)")
-    slow_group()
     root = Path(tempfile.mkdtemp(prefix="ddlctl-mp-bench-"))
     hosts = root / "hosts.txt"
-    hosts.write_text(f"localhost slots=2 memory={args.memory}\n127.0.0.1 slots=1 speed=0.5 memory={args.memory}\n")
+    hosts.write_text(f"localhost slots=2 memory={args.memory}\n"
+                     f"127.0.0.1 slots=1 speed=0.5 memory={args.memory} cpu_quota=0.5\n")
     rows = []
     for microbatches in (1, 4):
         plans = {}
