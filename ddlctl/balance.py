@@ -34,9 +34,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-#: ``--balance`` choices.
-MODES: tuple[str, ...] = ("off", "speed")
-
 
 def enabled() -> bool:
     """Whether ddlctl asked this task to balance (``DDLCTL_BALANCE=speed``)."""

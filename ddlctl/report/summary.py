@@ -609,7 +609,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     lead = _lead(all_steps, plan.get("strategy"))
     work, work_note = _worker_work(plan, lead, procs)
     stages = _stages(run_dir, procs) if plan.get("strategy") == "model" else ()
-    balance = _balance(run_dir, all_steps, kept_of, planned) if plan.get("strategy") == "mwms" else None
+    balance = _balance(run_dir, plan, all_steps, kept_of) if plan.get("strategy") == "mwms" else None
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
                                   lead.start_us if lead else [],
@@ -629,18 +629,18 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     return _with_diagnosis(summary, outcome, run_end)
 
 
-def _balance(run_dir: Path, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice],
-             planned: Mapping[str, dict]) -> dict | None:
+def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice]) -> dict | None:
     """mwms: the balance section (:mod:`ddlctl.report.balance`) from the workers' kept records and
     the split they used (``balance.json`` of the built-in workload or ddlctl.balance)."""
+    hosts = {t["name"]: t.get("host") for t in plan.get("tasks", [])}
     workers = sorted((s for s in all_steps if s.name.startswith("worker:") and s.step),
                      key=lambda s: int(s.name.split(":")[1]))
-    rows = [WorkerSteps(s.name, planned.get(s.name, {}).get("host"), s.start_us[kept_of[s.name]],
+    rows = [WorkerSteps(s.name, hosts.get(s.name), s.start_us[kept_of[s.name]],
                         s.sync_s[kept_of[s.name]], s.samples[kept_of[s.name]]) for s in workers]
     recorded = _load_json(run_dir / "tasks" / "worker-0" / "balance.json")
     source = recorded.get("source", "equal")
     split = "equal" if source == "equal" else f"speed ({source})"
-    if source == "equal" and _load_json(run_dir / "plan.json").get("request", {}).get("balance") == "speed":
+    if source == "equal" and plan.get("request", {}).get("balance") == "speed":
         split = NOT_BALANCED
     return balance_section(rows, split, recorded.get("speeds") or ()) or (
         {"split": split, "workers": []} if split == NOT_BALANCED else None)
