@@ -232,6 +232,16 @@ def launch(
         "--partition", metavar="FILE", help="--strategy model: the plan saved by 'ddlctl partition --save' (layers "
                                             "per stage task). Without it the chief plans with the greedy algorithm.",
         show_default=False)] = None,
+    slurm: Annotated[bool, typer.Option(
+        "--slurm", help="Run inside a Slurm allocation (salloc, sbatch): the cluster is the job's nodes (their "
+                        "NodeAddr, tasks per node as worker slots, the job's GPUs), and each node's tasks start "
+                        "in one srun job step, never over SSH (README 'Slurm').")] = False,
+    python: Annotated[str | None, typer.Option(
+        "--python", metavar="PATH", help="--slurm: the Python the nodes run tasks with. Default: the one "
+                                         "running ddlctl (same path on every node).", show_default=False)] = None,
+    run_id: Annotated[str | None, typer.Option(
+        "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
+                                         "and a random suffix).", show_default=False)] = None,
 ) -> None:
     """Start a TensorFlow cluster, supervise every task, and print a summary.
 
@@ -273,6 +283,13 @@ def _execution(execution: Enum | None, pipeline: bool | None) -> str | None:
     return _value(execution)
 
 
+def _run_id(name: str | None) -> str | None:
+    """``--run-id``: a plain folder name."""
+    if name is not None and (not name or "/" in name or name in (".", "..") or name.startswith("-")):
+        _fail(UserError(f"--run-id {name!r} is not a folder name", "use letters, digits, '-', '_' and '.'"))
+    return name
+
+
 def _launch(profile: bool = False, **p: object) -> None:
     """Shared body of ``launch`` and ``profile`` (same options)."""
     from ddlctl.launch import LaunchOptions
@@ -290,6 +307,7 @@ def _launch(profile: bool = False, **p: object) -> None:
         workload=_value(p["workload"]), steps=p["steps"], batch_size=p["batch_size"],
         execution=_execution(p["execution"], p["pipeline"]), partition=p["partition"],
         worker_per=_value(p["worker_per"]), balance=_value(p["balance"]), speeds=p["speeds"], bench=p["bench"],
+        slurm=p["slurm"], python=p["python"], run_id=_run_id(p["run_id"]),
         command=tuple(p["command"] or ()),
         verbose=p["verbose"],
     )

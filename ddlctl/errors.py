@@ -36,3 +36,7 @@ class LaunchError(UserError):
     """Something that stopped the launch before or while tasks were starting."""
 
     exit_code = 1
+
+
+class HostGoneError(LaunchError):
+    """A host that cannot come back, so retrying is pointless (e.g. its Slurm job has ended)."""

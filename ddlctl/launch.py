@@ -45,6 +45,7 @@ from ddlctl.transport.local import LocalTransport
 from ddlctl.transport.session import HostSession
 
 if TYPE_CHECKING:
+    from ddlctl.slurm.allocation import Allocation
     from ddlctl.transport.options import SshOptions
 
 DEFAULT_LOCAL_WORKERS = 2
@@ -86,6 +87,9 @@ class LaunchOptions:
     balance: str | None = None  # None: the template's, else "off"
     speeds: str | None = None  # a cluster profile of ddlctl check --bench (--balance speed)
     bench: bool = False  # measure the hosts first (as check --bench) and use those speeds
+    slurm: bool = False  # the cluster is the Slurm allocation ddlctl runs in; tasks start through srun
+    python: str | None = None  # --slurm: the nodes' interpreter (default: the one running ddlctl)
+    run_id: str | None = None  # the run directory's name (default: generated)
     quiet: bool = False
     verbose: bool = False
     command: Sequence[str] = field(default_factory=tuple)
@@ -131,10 +135,22 @@ def load_speeds(path: str) -> dict[str, float]:
 
 
 def load_cluster(hosts: str | None, template: str | None,
-                 local_slots: int = DEFAULT_LOCAL_WORKERS) -> tuple[Cluster, LaunchDefaults, bool]:
-    """The cluster from --hosts or --template, or this machine; and whether it is implicit."""
+                 local_slots: int = DEFAULT_LOCAL_WORKERS,
+                 allocation: Allocation | None = None, python: str | None = None
+                 ) -> tuple[Cluster, LaunchDefaults, bool]:
+    """The cluster from --hosts or --template, the Slurm ``allocation``, or this machine; and
+    whether it is implicit."""
     if hosts and template:
         raise ConfigError("give --hosts or --template, not both")
+    if allocation is not None:
+        if hosts or template:
+            raise ConfigError(f"--slurm takes the cluster from the allocation (job {allocation.job_id}): "
+                              f"drop {'--hosts' if hosts else '--template'}")
+        from ddlctl.slurm.allocation import allocation_cluster
+
+        return allocation_cluster(allocation, python), LaunchDefaults(), False
+    if python:
+        raise ConfigError("--python applies with --slurm", "set python= per host in the hosts file instead")
     if hosts:
         return load_hosts(hosts), LaunchDefaults(), False
     if template:
@@ -227,9 +243,15 @@ def fit_batch_to_workers(opts: LaunchOptions, request: LaunchRequest, workers: i
     return dataclasses.replace(request, workload_args=tuple(args))
 
 
-def make_transports(cluster: Cluster, ssh: SshOptions | None) -> dict[str, Transport]:
-    """One transport per host: local subprocesses, or one SSH connection per remote host
-    (opened in parallel; one error message names every host that could not be reached)."""
+def make_transports(cluster: Cluster, ssh: SshOptions | None,
+                    allocation: Allocation | None = None) -> dict[str, Transport]:
+    """One transport per host: local subprocesses, srun steps of a Slurm ``allocation``, or one SSH
+    connection per remote host (opened in parallel; one error message names every host that could
+    not be reached)."""
+    if allocation is not None:
+        from ddlctl.slurm.transport import slurm_transports
+
+        return dict(slurm_transports(cluster.hosts, allocation))
     transports: dict[str, Transport] = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
     remote = [h for h in cluster.hosts if not h.is_local]
     if remote:
@@ -310,7 +332,13 @@ def tf_keras_available() -> bool:
 def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
     """Cluster, request, host agents, ports and plan: everything before tasks start. A dry run
     touches no host (and starts no agent)."""
-    cluster, defaults, implicit = load_cluster(opts.hosts, opts.template, opts.workers or DEFAULT_LOCAL_WORKERS)
+    allocation = None
+    if opts.slurm:
+        from ddlctl.slurm.allocation import read_allocation
+
+        allocation = read_allocation()
+    cluster, defaults, implicit = load_cluster(opts.hosts, opts.template, opts.workers or DEFAULT_LOCAL_WORKERS,
+                                               allocation, opts.python)
     strategy = resolve_strategy(opts, defaults)
     legacy = opts.legacy_keras
     if opts.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
@@ -319,7 +347,7 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
             "note: tf-keras is not installed: a program that calls model.fit under "
             f"{strategy} will fail (Keras 3 does not support it, keras-team/keras#18624). "
             "Custom training loops are fine. To use model.fit: pip install 'ddlctl[keras]'.")
-    run_id = new_run_id(strategy)
+    run_id = opts.run_id or new_run_id(strategy)
     request = build_request(opts, defaults, implicit, legacy, run_id)
     placements = layout(cluster, request)  # refuse impossible requests before touching any host
     request = fit_batch_to_workers(opts, request, sum(p.role == "worker" for p in placements))
@@ -329,6 +357,8 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
                           f"{sum(p.role == 'worker' for p in placements)} stage task(s)",
                           "plan for this cluster (ddlctl partition --hosts ...) or give --workers to match")
     if opts.dry_run:  # touch no host: local ports are real, remote ones shown as "auto"
+        if allocation is not None:
+            return make_plan(cluster, request, {}), Connected({}, allocation=allocation)
         remote = next((h for h in cluster.hosts if not h.is_local), None)
         if remote is not None:
             cluster = with_reachable_addresses(cluster, route_source_address(remote.address or remote.name))
@@ -336,9 +366,12 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), Connected(dict(local))
     make_dir(Path(opts.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
+    if opts.run_id and (Path(request.run_dir) / "plan.json").exists():
+        raise ConfigError(f"--run-id {opts.run_id}: {request.run_dir} already holds a run",
+                          "choose another name, or leave --run-id out")
     if opts.bench:
         request = measure_first(opts, request, console)
-    connected = Connected(make_transports(cluster, opts.ssh))
+    connected = Connected(make_transports(cluster, opts.ssh, allocation), allocation=allocation)
     try:
         cluster = with_ssh_addresses(cluster, connected.transports)
         cluster = with_reachable_addresses(cluster, connection_source_address(connected.transports))
@@ -373,6 +406,8 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
             from ddlctl.report.render import render_plan
 
             render_plan(plan, out)
+            if connected.allocation is not None:
+                render_srun_commands(plan, connected.allocation, out)
         return 0
     try:
         write_plan(plan)
@@ -398,6 +433,7 @@ class Connected:
 
     transports: dict[str, Transport]
     sessions: dict[str, HostSession] = field(default_factory=dict)
+    allocation: Allocation | None = None  # --slurm: the job the tasks run in
 
     def close(self) -> None:
         """Ask every agent to stop its tasks and leave; release the connections."""
@@ -424,6 +460,10 @@ def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | 
     def reconnect(label: str) -> HostSession:
         old = transports[label]
         if isinstance(old, LocalTransport):
+            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
+        check_job = getattr(old, "check_job", None)
+        if check_job is not None:  # a Slurm node: a new agent step, while the job still runs
+            check_job()
             return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
         from ddlctl.transport.options import SshOptions
         from ddlctl.transport.ssh import SshTransport, connect
@@ -557,3 +597,20 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     if not result.ok:
         err.print(Text.assemble(("ddlctl: job failed", "red"), f" (exit code {result.exit_code}); "
                                 f"logs in {plan.run_dir}/tasks/"))
+
+
+def render_srun_commands(plan: Plan, allocation: Allocation, out: Console) -> None:
+    """``--dry-run --slurm``: the srun command of each node's host agent step (tasks start inside it)."""
+    import shlex
+
+    from ddlctl.slurm.transport import srun_argv
+    from ddlctl.transport.remote import bundled_agent_argv
+
+    used = {t.host.label for t in plan.tasks}
+    out.print(f"srun job steps (job {allocation.job_id}; one host agent per node, which starts that node's "
+              "tasks inside its step):", highlight=False)
+    for host in plan.hosts:
+        if host.label in used:
+            argv = srun_argv(allocation.job_id, allocation.node(host.name),
+                             bundled_agent_argv(host.python or "python3", plan.run_id, None), whole_node=True)
+            out.print(f"  {host.label}: {shlex.join(argv)}", highlight=False, soft_wrap=True)

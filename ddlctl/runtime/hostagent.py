@@ -552,7 +552,7 @@ class HostAgent:
             signal.signal(signum, on_signal)
         self.send({"k": "hello", "pid": os.getpid(), "t": time.time(), "probe": self.probe,
                    "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0],
-                   "code": code_bundle_path()})
+                   "code": code_bundle_path(), "slurm_step": slurm_step()})
         next_beat = next_steps = next_ports = time.monotonic()
         while True:
             live = [t for t in self.tasks.values() if t.fd >= 0 and not t.eof]
@@ -587,6 +587,12 @@ class HostAgent:
                     self.send({"k": "bye"})
                     break
         return 0
+
+
+def slurm_step() -> str | None:
+    """``JOB.STEP`` when this agent runs as a Slurm job step (so a wedged agent can be cancelled)."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    return f"{job}.{step}" if job and step else None
 
 
 def main(argv: list[str] | None = None) -> int:

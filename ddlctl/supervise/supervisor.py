@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ddlctl.errors import LaunchError
+from ddlctl.errors import HostGoneError, LaunchError
 from ddlctl.planning.plan import Plan, TaskSpec, retarget
 from ddlctl.supervise.checkpoints import sync_folder
 from ddlctl.supervise.hangwatch import HangWatch
@@ -608,7 +608,7 @@ class Supervisor:
             self.lost_since.pop(label, None)
             self.notify(f"reconnected to {label}")
             return True
-        self._host_gone(label, getattr(result, "message", str(result)))
+        self._host_gone(label, getattr(result, "message", str(result)), isinstance(result, HostGoneError))
         return False
 
     def _reconnect_loop(self, label: str, box: list) -> None:
@@ -619,19 +619,22 @@ class Supervisor:
             try:
                 box.append(self.reconnect(label))  # type: ignore[misc]
                 return
+            except HostGoneError as exc:  # it cannot come back (its Slurm job ended): stop now
+                box.append(exc)
+                return
             except Exception as exc:  # noqa: BLE001 - any failure: try again until the deadline
                 last = exc
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
         box.append(last or LaunchError("gave up"))
 
-    def _host_gone(self, label: str, why: str) -> None:
+    def _host_gone(self, label: str, why: str, gone: bool = False) -> None:
         restart = self.restart
         self.restart = None
         event = restart.event if restart else {}
         name = next((n for n in (restart.tasks if restart else []) if self.tasks[n].host == label), label)
-        message = (f"host {label} did not come back within --host-timeout {self.options.host_timeout_s:g}s "
-                   f"({why})")
+        message = (f"host {label} cannot come back: {why}" if gone else
+                   f"host {label} did not come back within --host-timeout {self.options.host_timeout_s:g}s ({why})")
         fault = Fault(task=name, cause="host-lost", reporter=name, status=ExitStatus(lost=True), detail=message)
         event["action"] = "fail"
         self._fail(fault, Decision("fail", message=message))

@@ -22,6 +22,33 @@ from ddlctl.planning.plan import REMOTE_ROOT
 PACKAGE_DIR = Path(ddlctl.__file__).resolve().parent
 
 
+#: ``sh`` prelude: ``$p`` is ``$1`` with a leading ``~/`` made ``$HOME/`` (paths are passed as
+#: arguments, never spliced into a script; the host's own ``$HOME`` is what ``~`` means there).
+EXPAND_1 = 'p="$1"; case "$p" in "~/"*) p="$HOME/${p#"~/"}";; "~") p="$HOME";; esac; '
+NEED_CODE_EXIT = 97
+NEED_CODE_TEXT = "ddlctl: its code is not on this host yet"
+#: ``sh -c FIND_BUNDLE sh PATH``: prints the bundle's absolute path (and touches it) if it is there.
+FIND_BUNDLE = EXPAND_1 + 'if [ -f "$p" ]; then touch "$p"; printf %s "$p"; exit 0; fi; exit 1'
+#: ``sh -c UPLOAD_BUNDLE sh PATH UNIQUE`` with the zip on stdin: written under a unique temporary name
+#: and renamed (hosts may share a file system, and another launch may be writing the same bundle);
+#: bundles unused for 30 days are removed; prints the absolute path.
+UPLOAD_BUNDLE = (EXPAND_1 + 'set -e; mkdir -p "$(dirname "$p")"; cat > "$p.$2.tmp"; mv -f "$p.$2.tmp" "$p"; '
+                 'find "$(dirname "$p")" -maxdepth 1 -name "ddlctl-*.zip" -mtime +30 -exec rm -f {} + '
+                 '2>/dev/null || true; printf %s "$p"')
+#: ``sh -c RUN_BUNDLED sh PATH COMMAND...``: runs COMMAND with the bundle on PYTHONPATH, or exits
+#: with NEED_CODE_EXIT when the bundle is not on the host yet.
+RUN_BUNDLED = (EXPAND_1 + 'shift; if [ -f "$p" ]; then touch "$p"; PYTHONPATH="$p"; export PYTHONPATH; '
+               f'exec "$@"; fi; echo "{NEED_CODE_TEXT}" >&2; exit {NEED_CODE_EXIT}')
+
+
+def bundled_agent_argv(python: str, run_id: str, ports: int | None) -> list[str]:
+    """The argv that starts a host agent of run ``run_id`` from the shipped code bundle."""
+    from ddlctl.transport.session import agent_argv
+
+    return ["sh", "-c", RUN_BUNDLED, "sh", bundle_path(), "env", f"DDLCTL_RUN_ID={run_id}",
+            *agent_argv(python, ports)]
+
+
 def shell_command(argv: Sequence[str]) -> str:
     """The POSIX shell command line that runs ``argv`` exactly, as the shell's only command."""
     if not argv:

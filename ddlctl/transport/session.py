@@ -180,7 +180,8 @@ class HostSession:
             if data is None:
                 return
             if data == b"":
-                self._lose("connection closed")
+                said = getattr(self.stream, "ended", lambda: "")()
+                self._lose("connection closed" + (f": {said}" if said else ""))
                 return
             self.last_heard = time.monotonic()
             try:

@@ -27,8 +27,18 @@ from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.options import SshOptions
-from ddlctl.transport.remote import bundle_path, code_bundle, shell_command
-from ddlctl.transport.session import HostSession, agent_argv
+from ddlctl.transport.remote import (
+    EXPAND_1,
+    FIND_BUNDLE,
+    NEED_CODE_EXIT,
+    NEED_CODE_TEXT,
+    UPLOAD_BUNDLE,
+    bundle_path,
+    bundled_agent_argv,
+    code_bundle,
+    shell_command,
+)
+from ddlctl.transport.session import HostSession
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 
@@ -122,11 +132,6 @@ def describe_connect_error(host: Host, target: Target, exc: BaseException, timeo
     return f"SSH error with {where}: {exc}"
 
 
-#: ``sh`` prelude: ``$p`` is ``$1`` with a leading ``~/`` made ``$HOME/`` (paths are passed as
-#: arguments, never spliced into a script; the host's own ``$HOME`` is what ``~`` means there).
-EXPAND_1 = 'p="$1"; case "$p" in "~/"*) p="$HOME/${p#"~/"}";; "~") p="$HOME";; esac; '
-NEED_CODE_EXIT = 97
-NEED_CODE_TEXT = "ddlctl: its code is not on this host yet"
 
 
 class SshConnection:
@@ -175,17 +180,13 @@ class SshConnection:
         """Upload ddlctl's code zip if this exact version is not on the host yet; its absolute path.
         The bundles are kept by content hash; one unused for 30 days is removed when another is
         uploaded (using a bundle touches it)."""
-        status, out, _ = self.sh(EXPAND_1 + 'if [ -f "$p" ]; then touch "$p"; printf %s "$p"; exit 0; fi; exit 1',
-                                 bundle_path())
+        status, out, _ = self.sh(FIND_BUNDLE, bundle_path())
         if status == 0 and out.startswith(b"/"):
             return out.decode()
         _, data = code_bundle()
         # a unique temporary name, renamed into place: hosts may share a file system, and another
         # launch may be putting the same bundle there at the same moment
-        script = (EXPAND_1 + 'set -e; mkdir -p "$(dirname "$p")"; cat > "$p.$2.tmp"; mv -f "$p.$2.tmp" "$p"; '
-                  'find "$(dirname "$p")" -maxdepth 1 -name "ddlctl-*.zip" -mtime +30 -exec rm -f {} + '
-                  '2>/dev/null || true; printf %s "$p"')
-        status, out, err = self.sh(script, bundle_path(), uuid.uuid4().hex, data=data, timeout=120)
+        status, out, err = self.sh(UPLOAD_BUNDLE, bundle_path(), uuid.uuid4().hex, data=data, timeout=120)
         if status != 0 or not out.startswith(b"/"):
             self.sh(EXPAND_1 + 'rm -f "$p".*.tmp', bundle_path())
             raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {bundle_path()}: {err.strip()}",
@@ -293,10 +294,7 @@ class SshTransport:
         bundle; with ``ports``, its hello carries the launch-time probe. The bundle is checked in
         the same exec (one round trip per host when it is there); uploaded, and the agent started
         again, when it is not."""
-        script = (EXPAND_1 + 'shift; if [ -f "$p" ]; then touch "$p"; PYTHONPATH="$p"; export PYTHONPATH; '
-                  f'exec "$@"; fi; echo "{NEED_CODE_TEXT}" >&2; exit {NEED_CODE_EXIT}')
-        argv = ["sh", "-c", script, "sh", bundle_path(), "env", f"DDLCTL_RUN_ID={run_id}",
-                *agent_argv(self.python, ports)]
+        argv = bundled_agent_argv(self.python, run_id, ports)
         for attempt in range(2):
             try:
                 channel = self.conn.transport.open_session(timeout=30)
