@@ -10,10 +10,21 @@ from rich.table import Table
 from rich.text import Text
 
 import ddlctl
+from ddlctl.errors import ConfigError
 from ddlctl.launch import load_cluster
 from ddlctl.preflight import HostReport, probe_transports
 from ddlctl.transport.base import Transport
 from ddlctl.transport.local import LocalTransport
+
+
+def gather_slurm(python: str | None = None) -> list[HostReport]:
+    """Reports for every node of the Slurm allocation ddlctl runs in, each probed in a job step."""
+    from ddlctl.slurm.allocation import read_allocation
+    from ddlctl.slurm.transport import slurm_transports
+
+    allocation = read_allocation()
+    cluster, _, _ = load_cluster(None, None, 1, allocation, python)
+    return probe_transports(slurm_transports(cluster.hosts, allocation), cluster.hosts)
 
 
 def gather(hosts: str | None, template: str | None, ssh: object | None) -> list[HostReport]:
@@ -102,9 +113,15 @@ def render_profile(profile: object, console: Console) -> None:
 
 
 def check(hosts: str | None, template: str | None, ssh: object | None, json_out: bool, out: Console,
-          bench: bool = False, bench_seconds: float = 1.0, save: str | None = None) -> int:
+          bench: bool = False, bench_seconds: float = 1.0, save: str | None = None, slurm: bool = False,
+          python: str | None = None) -> int:
     """Run ``ddlctl check``; 0 when every host is usable, 1 otherwise. With ``bench``: measure
-    every host's devices and links instead (and ``save`` the cluster profile)."""
+    every host's devices and links instead (and ``save`` the cluster profile). With ``slurm``: the
+    nodes of the allocation ddlctl runs in, through srun."""
+    if slurm and (hosts or template or bench):
+        raise ConfigError("check --slurm checks the allocation's nodes: drop "
+                          + ", ".join(o for o, v in (("--hosts", hosts), ("--template", template), ("--bench", bench))
+                                      if v))
     if bench:
         from ddlctl.bench import bench as run_bench
         from ddlctl.bench import save_profile
@@ -120,7 +137,7 @@ def check(hosts: str | None, template: str | None, ssh: object | None, json_out:
                 out.print(f"saved the cluster profile to {save} (use it with: ddlctl launch --balance speed "
                           f"--speeds {save})")
         return 0
-    reports = gather(hosts, template, ssh)
+    reports = gather_slurm(python) if slurm else gather(hosts, template, ssh)
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
     else:

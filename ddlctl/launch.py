@@ -411,6 +411,8 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
         return 0
     try:
         write_plan(plan)
+        if connected.allocation is not None:
+            write_slurm_record(plan, connected)
     except BaseException:
         connected.close()
         raise
@@ -614,3 +616,12 @@ def render_srun_commands(plan: Plan, allocation: Allocation, out: Console) -> No
             argv = srun_argv(allocation.job_id, allocation.node(host.name),
                              bundled_agent_argv(host.python or "python3", plan.run_id, None), whole_node=True)
             out.print(f"  {host.label}: {shlex.join(argv)}", highlight=False, soft_wrap=True)
+
+
+def write_slurm_record(plan: Plan, connected: Connected) -> None:
+    """``slurm.json``: the job and the agents' steps of a ``--slurm`` run (``ddlctl stop`` cancels them)."""
+    assert connected.allocation is not None
+    steps = [getattr(s.stream, "step", None) for s in connected.sessions.values()]
+    (Path(plan.run_dir) / "slurm.json").write_text(json.dumps({
+        "job_id": connected.allocation.job_id, "steps": [s for s in steps if s],
+        "nodes": {n.name: n.address for n in connected.allocation.nodes}}, indent=1) + "\n")

@@ -32,10 +32,44 @@ def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
     return plan["run_id"], hosts
 
 
+def slurm_targets(run_dir: Path) -> tuple[list[str], str] | None:
+    """What ``scancel`` must cancel for a Slurm run: the whole job when ``ddlctl submit`` created it
+    (``submit.json``), else the steps of its host agents (``slurm.json``); None: not a Slurm run."""
+    for name, key in (("submit.json", "job_id"), ("slurm.json", "steps")):
+        path = run_dir / name
+        if path.is_file():
+            try:
+                value = json.loads(path.read_text())[key]
+            except (ValueError, KeyError) as exc:
+                raise ConfigError(f"{path}: not what ddlctl wrote ({exc})") from None
+            targets = [str(value)] if name == "submit.json" else [str(v) for v in value]
+            return targets, ("job" if name == "submit.json" else "the host agents' job steps")
+    return None
+
+
+def stop_slurm(targets: list[str], what: str, console: Console) -> int:
+    """``scancel`` the run's job or steps (Slurm kills every process in them)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scancel", *targets], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise LaunchError("this run ran on Slurm, but scancel is not on PATH",
+                          "run ddlctl stop where the Slurm client commands are") from None
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        console.print(f"scancel {' '.join(targets)} failed: {done.stderr.strip()}", highlight=False)
+        return 1
+    console.print(f"cancelled Slurm {what}: {', '.join(targets)}", highlight=False)
+    return 0
+
+
 def stop(run_dir: str, ssh: object | None, console: Console) -> int:
     """Kill the run's processes everywhere; 0 when every host was reached, else 1."""
     from ddlctl.transport.ssh import SshOptions, connect_each
 
+    slurm = slurm_targets(Path(run_dir))
+    if slurm is not None:
+        return stop_slurm(*slurm, console)
     run_id, hosts = plan_hosts(Path(run_dir))
     results: dict[str, str] = {}
     for host in (h for h in hosts if h.is_local):
