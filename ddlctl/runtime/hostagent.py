@@ -545,6 +545,10 @@ class HostAgent:
 
     def run(self) -> int:
         def on_signal(signum: int, _frame: object) -> None:
+            # Say so first: the tasks got the same signal (a Slurm step cancelled, a host shutting
+            # down), and their exits are the host's end, not the program's failure.
+            with contextlib.suppress(OSError):
+                self.send({"k": "signalled", "sig": signum, "t": time.time()})
             self.input_open = False  # treat as "controller gone"
             self.stop_all(time.monotonic())
 

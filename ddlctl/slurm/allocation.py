@@ -164,6 +164,25 @@ def scontrol(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout:
     return done.stdout
 
 
+def job_state(job_id: str, env: Mapping[str, str] | None = None, timeout: float = 30.0) -> tuple[str, str, str]:
+    """(JobState, Reason, ExitCode) of a job; ``("GONE", "", "")`` once Slurm has forgotten it."""
+    try:
+        text = scontrol(["show", "job", job_id], env, timeout)
+    except LaunchError as exc:
+        if "Invalid job id" in exc.message:
+            return "GONE", "", ""
+        raise
+    fields = dict(f.split("=", 1) for f in text.split() if "=" in f)
+    return fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("ExitCode", "")
+
+
+def describe_job_end(job_id: str, state: str) -> str:
+    """``"Slurm job 12 is CANCELLED (scancel)"`` for a job that has ended."""
+    why = {"CANCELLED": " (scancel)", "TIMEOUT": " (its --time limit was reached)", "GONE": " (Slurm forgot it)",
+           "NODE_FAIL": " (a node failed)", "PREEMPTED": " (preempted by another job)"}.get(state, "")
+    return f"Slurm job {job_id} is {state}{why}"
+
+
 def read_allocation(env: Mapping[str, str] | None = None, run: Runner | None = None) -> Allocation:
     """The allocation ddlctl runs inside (``salloc`` / ``sbatch``), asked of Slurm."""
     env = os.environ if env is None else env

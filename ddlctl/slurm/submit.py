@@ -24,6 +24,7 @@ from rich.console import Console
 
 from ddlctl.errors import ConfigError, LaunchError
 from ddlctl.rundir import make_dir, new_run_id
+from ddlctl.slurm.allocation import job_state
 
 #: Job states after which nothing more happens (``scontrol show job``'s JobState).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
@@ -115,18 +116,6 @@ def submit(opts: SubmitOptions, out: Console, err: Console, env: Mapping[str, st
         err.print(f"output: {run_dir}/slurm-{job_id}.out · stop it: ddlctl stop {run_dir}", highlight=False)
         return 0
     return follow(job_id, run_dir, err, env, opts.poll_s)
-
-
-def job_state(job_id: str, env: Mapping[str, str]) -> tuple[str, str, str]:
-    """(JobState, Reason, ExitCode) of a job; ``("GONE", "", "")`` once Slurm has forgotten it."""
-    done = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=dict(env),
-                          timeout=30)
-    if done.returncode != 0:
-        if "Invalid job id" in done.stderr:
-            return "GONE", "", ""
-        raise LaunchError(f"scontrol show job {job_id} failed: {done.stderr.strip()}")
-    fields = dict(f.split("=", 1) for f in done.stdout.split() if "=" in f)
-    return fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("ExitCode", "")
 
 
 def exit_code_of(run_dir: Path, state: str, slurm_exit: str) -> int:

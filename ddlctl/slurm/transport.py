@@ -13,15 +13,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ddlctl.cluster.model import Host
 from ddlctl.errors import HostGoneError, LaunchError
-from ddlctl.slurm.allocation import Allocation, Node, scontrol
+from ddlctl.slurm.allocation import Allocation, Node, describe_job_end, job_state
 from ddlctl.transport.remote import (
     NEED_CODE_EXIT,
     NEED_CODE_TEXT,
@@ -60,10 +60,12 @@ class SrunStream(PipeStream):
     """An agent's ``srun`` process as a stream; ``abandon`` cancels its step (a stopped agent
     takes no signal from srun, so the step is killed through Slurm)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stderr_path: Path, env: Mapping[str, str]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], stderr_path: Path, env: Mapping[str, str],
+                 job_id: str) -> None:
         super().__init__(popen, stderr_path)
         self.step: str | None = None
         self.env = dict(env)
+        self.job_id = job_id
 
     def abandon(self) -> None:
         if self.step:
@@ -73,10 +75,20 @@ class SrunStream(PipeStream):
         super().abandon()
 
     def ended(self) -> str:
-        """What Slurm said when the step ended (a cancelled job, a failed node), for messages."""
+        """Why the step ended as Slurm tells it (the job's state when it has ended, what slurmstepd
+        or srun said), for messages."""
         said = [line.strip() for line in self.errors().splitlines()
                 if "CANCELLED" in line or "srun: error" in line or "DUE TO" in line or "slurmstepd" in line]
-        return said[-1] if said else ""
+        parts = said[-1:]
+        with contextlib.suppress(Exception):  # a message, never a new failure
+            state, _, _ = job_state(self.job_id, self.env, timeout=5)
+            deadline = time.monotonic() + 2.0
+            while state == "COMPLETING" and time.monotonic() < deadline:  # its final state comes soon
+                time.sleep(0.2)
+                state, _, _ = job_state(self.job_id, self.env, timeout=5)
+            if state not in ("RUNNING", "SUSPENDED"):
+                parts.insert(0, describe_job_end(self.job_id, state))
+        return "; ".join(parts)
 
 
 class SlurmTransport:
@@ -118,16 +130,9 @@ class SlurmTransport:
 
     def check_job(self) -> None:
         """Raise :class:`HostGoneError` when the allocation has ended (nothing can start again)."""
-        try:
-            text = scontrol(["show", "job", self.allocation.job_id], self.env, timeout=15)
-        except LaunchError as exc:
-            if "Invalid job id" in exc.message:
-                raise HostGoneError(f"Slurm job {self.allocation.job_id} is gone") from None
-            raise
-        state = re.search(r"JobState=(\S+)", text)
-        if state and state.group(1) not in ("RUNNING", "SUSPENDED"):
-            raise HostGoneError(f"Slurm job {self.allocation.job_id} is {state.group(1)}"
-                                + (" (scancel)" if state.group(1) == "CANCELLED" else ""))
+        state, _, _ = job_state(self.allocation.job_id, self.env, timeout=15)
+        if state not in ("RUNNING", "SUSPENDED", "COMPLETING"):
+            raise HostGoneError(describe_job_end(self.allocation.job_id, state))
 
     def open_session(self, run_id: str, log_dir: Path, ports: int | None = None) -> HostSession:
         """Start this node's agent as a job step; with ``ports``, its hello carries the launch-time
@@ -144,7 +149,7 @@ class SlurmTransport:
                                              env=self.env, close_fds=True, start_new_session=True)
                 except FileNotFoundError:
                     raise no_srun() from None
-            stream = SrunStream(popen, stderr_path, self.env)
+            stream = SrunStream(popen, stderr_path, self.env, self.allocation.job_id)
             session = HostSession(self.host, stream, [], self.python)
             try:
                 session.await_hello()

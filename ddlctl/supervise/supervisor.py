@@ -384,6 +384,9 @@ class Supervisor:
         task.state = TaskState.FAILED
         alive = {t.name for t in self.tasks.values() if t.alive and not t.is_agent}
         fault = classify(task.name, status, text, self.plan.strategy, alive, set(self.roles))
+        session = self.sessions.get(task.host)
+        if fault.cause == "host-lost" and session is not None and session.lost:  # say why the host went
+            fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
         if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
             folder, _ = self._collect_stacks(sorted(alive))
             fault = dataclasses.replace(fault, detail=f"{fault.detail}; stacks in {folder}")

@@ -225,6 +225,10 @@ class HostSession:
             self.ports_reply = header
         elif kind in ("ls", "data", "written", "file_error"):
             self.replies.setdefault(header.get("id"), []).append((header, payload))
+        elif kind == "signalled":  # the agent itself was signalled: its tasks end with the host
+            said = getattr(self.stream, "ended", lambda: "")()
+            self._lose(f"its host agent received {signal.Signals(int(header.get('sig', 15))).name}"
+                       + (f": {said}" if said else " (its Slurm step cancelled, or the host shutting down)"))
         elif kind == "hello":
             self.hello = header
         elif kind == "bye":

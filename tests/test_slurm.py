@@ -1,0 +1,321 @@
+"""Slurm: the allocation's parsing (pure), and launch/check/submit/stop against a real Slurm cluster
+(one slurmctld, three slurmd on this machine; see tests/slurm.py). Faults are caused for real:
+``kill -9`` of a task, ``scancel`` of the job, SIGINT to ddlctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddlctl.errors import ConfigError
+from ddlctl.slurm.allocation import (
+    Node,
+    allocation_cluster,
+    allocation_from,
+    expand_counts,
+    expand_hostlist,
+    parse_job_gpus,
+    parse_node_addresses,
+)
+from ddlctl.slurm.submit import SubmitOptions, check_options, exit_code_of, sbatch_script
+from ddlctl.slurm.transport import srun_argv
+from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, processes_of_run
+from tests.faults import step_count, wait_for
+from tests.slurm import ADDRESSES, NODES, SlurmCluster, unavailable_reason
+
+# -- pure ------------------------------------------------------------------------------------------
+
+
+def test_host_lists_and_counts_expand_like_slurm():
+    assert expand_hostlist("n[1-3]") == ["n1", "n2", "n3"]
+    assert expand_hostlist("gpu[01-03,7],login") == ["gpu01", "gpu02", "gpu03", "gpu7", "login"]
+    assert expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    assert expand_counts("2(x3),1") == [2, 2, 2, 1]
+    assert expand_counts("4") == [4]
+    with pytest.raises(ValueError):
+        expand_hostlist("n[1-3")
+
+
+JOB_D = """JobId=42 JobName=train
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=g[1-2],c1
+   JOB_GRES=gpu:a100:6
+     Nodes=g1 CPU_IDs=0-15 Mem=0 GRES=gpu:a100:4(IDX:0-3)
+     Nodes=g2 CPU_IDs=0-7 Mem=0 GRES=gpu:a100:2(IDX:0-1)
+     Nodes=c1 CPU_IDs=0-3 Mem=0 GRES=
+"""
+NODES_O = ("NodeName=g1 Arch=x86_64 NodeAddr=10.0.0.11 NodeHostName=g1 Port=0\n"
+           "NodeName=g2 Arch=x86_64 NodeAddr=10.0.0.12 NodeHostName=g2 Port=0\n"
+           "NodeName=c1 Arch=x86_64 NodeAddr=c1 NodeHostName=c1 Port=0\n")
+
+
+def test_an_allocation_becomes_a_cluster_with_node_addresses_tasks_and_gpus():
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "g[1-2],c1", "SLURM_TASKS_PER_NODE": "2(x2),1",
+           "SLURM_JOB_CPUS_PER_NODE": "16,8,4"}
+    assert parse_job_gpus(JOB_D) == {"g1": 4, "g2": 2}
+    assert parse_node_addresses(NODES_O)["g2"] == "10.0.0.12"
+    allocation = allocation_from(env, JOB_D, NODES_O)
+    assert [(n.name, n.address, n.tasks, n.cpus, n.gpus) for n in allocation.nodes] == [
+        ("g1", "10.0.0.11", 2, 16, 4), ("g2", "10.0.0.12", 2, 8, 2), ("c1", "c1", 1, 4, 0)]
+    cluster = allocation_cluster(allocation, python="/opt/py/bin/python")
+    assert [(h.name, h.address, h.slots, h.gpus, h.python) for h in cluster.hosts] == [
+        ("g1", "10.0.0.11", 2, 4, "/opt/py/bin/python"), ("g2", "10.0.0.12", 2, 2, "/opt/py/bin/python"),
+        ("c1", None, 1, 0, "/opt/py/bin/python")]
+    assert "Slurm job 42" in cluster.hosts[0].source
+    with pytest.raises(ConfigError, match="not inside a Slurm allocation"):
+        allocation_from({}, "", "")
+
+
+def test_the_agent_step_holds_the_whole_node_and_a_probe_step_one_cpu():
+    node = Node(name="g1", address="10.0.0.11", tasks=2, cpus=16, gpus=4)
+    agent = srun_argv("42", node, ["python3", "-m", "x"], whole_node=True)
+    assert agent[:5] == ["srun", "--jobid=42", "--nodelist=g1", "--nodes=1", "--ntasks=1"]
+    assert {"--overlap", "--cpus-per-task=16", "--cpu-bind=none", "--gres=gpu:4"} <= set(agent)
+    assert agent[-3:] == ["python3", "-m", "x"]
+    probe = srun_argv("42", node, ["true"])
+    assert "--cpus-per-task=1" in probe and not any(a.startswith("--gres") for a in probe)
+
+
+def test_the_batch_script_runs_launch_slurm_with_the_given_options(tmp_path):
+    opts = SubmitOptions(nodes=3, partition="gpu", time_limit="1:00:00", gpus_per_node=4,
+                         sbatch_args=("--account=proj",), launch_args=("-s", "ps", "--", "python", "t.py", "a b"))
+    script = sbatch_script(opts, tmp_path / "runs" / "r1", "r1", "/py/bin/python", "/work")
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for line in ("#SBATCH --nodes=3", "#SBATCH --partition=gpu", "#SBATCH --time=1:00:00",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --account=proj", "#SBATCH --chdir=/work",
+                 f"#SBATCH --output={tmp_path}/runs/r1/slurm-%j.out"):
+        assert line in lines
+    assert lines[-1] == (f"exec /py/bin/python -m ddlctl launch --slurm --runs-dir {tmp_path}/runs --run-id r1 "
+                         "-s ps -- python t.py 'a b'")
+    with pytest.raises(ConfigError, match="--time"):
+        check_options(SubmitOptions(time_limit="soon"))
+    with pytest.raises(ConfigError, match="--hosts"):
+        check_options(SubmitOptions(launch_args=("--hosts", "h.txt")))
+
+
+def test_the_exit_code_is_ddlctls_own_else_slurms(tmp_path):
+    assert exit_code_of(tmp_path, "FAILED", "3:0") == 3
+    assert exit_code_of(tmp_path, "CANCELLED", "0:15") == 143
+    assert exit_code_of(tmp_path, "CANCELLED", "0:0") == 1
+    (tmp_path / "outcome.json").write_text(json.dumps({"exit_code": 7}))
+    assert exit_code_of(tmp_path, "FAILED", "1:0") == 7
+
+
+# -- a real Slurm cluster ----------------------------------------------------------------------------
+
+WHY_NOT = unavailable_reason()
+needs_slurm = pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm test cluster: {WHY_NOT}")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if WHY_NOT is not None:
+        pytest.skip(WHY_NOT)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def idle(slurm):
+    yield slurm
+    slurm.cancel_all()
+
+
+def salloc(cluster: SlurmCluster, *args: str, nodes: int = 3) -> list[str]:
+    return ["salloc", f"-N{nodes}", "--ntasks-per-node=1", "--quiet", *args]
+
+
+def run_in_allocation(cluster: SlurmCluster, *args: str, nodes: int = 3, timeout: float = 240):
+    env = {**cluster.env, "NO_COLOR": "1", "COLUMNS": "200"}
+    return subprocess.run(salloc(cluster, *ddlctl_cmd(*args), nodes=nodes), capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=timeout)
+
+
+def remote_steps(run_id: str, task: str) -> int:
+    """Steps a task on a node recorded so far (nodes keep task files under ~/.ddlctl until the end)."""
+    return step_count(Path.home() / ".ddlctl" / "runs" / run_id / "tasks" / task / "steps.jsonl")
+
+
+def run_dir_of(runs: Path) -> Path:
+    return wait_for(lambda: next((p for p in runs.iterdir() if (p / "plan.json").exists()), None), 120,
+                    "the run directory")
+
+
+@needs_slurm
+def test_host_lists_expand_as_scontrol_does(slurm):
+    for expression in ("n[1-3]", "a[01-03,7],b", "r[1-2]n[1-2]"):
+        out = slurm.run("scontrol", "show", "hostnames", expression).stdout.split()
+        assert expand_hostlist(expression) == out
+
+
+@needs_slurm
+def test_mwms_runs_in_job_steps_with_node_addresses_and_leaves_nothing(idle, runs):
+    done = run_in_allocation(idle, "launch", "--slurm", "-s", "mwms", "--steps", "12", "--batch-size", "48",
+                             "--runs-dir", str(runs))
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    run_dir = next(runs.iterdir())
+    plan = json.loads((run_dir / "plan.json").read_text())
+    workers = [t for t in plan["tasks"] if t["role"] == "worker"]
+    assert sorted(t["host"] for t in workers) == list(NODES)
+    spec = json.loads(workers[0]["env"]["TF_CONFIG"])["cluster"]["worker"]
+    # the cluster spec carries each node's NodeAddr, never its (unresolvable) name
+    assert sorted(a.rsplit(":", 1)[0] for a in spec) == sorted(ADDRESSES.values())
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["ok"] and all(t["state"] == "succeeded" for t in outcome["tasks"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {t["name"]: t["steps"] for t in summary["tasks"]} == {f"worker:{i}": 12 for i in range(3)}
+    assert sorted(p.name for p in (run_dir / "telemetry").glob("*.jsonl")) == [f"{n}.jsonl" for n in NODES]
+    record = json.loads((run_dir / "slurm.json").read_text())
+    assert len(record["steps"]) == 3 and all(s.startswith(record["job_id"] + ".") for s in record["steps"])
+    assert not processes_of_run(run_dir.name)
+
+
+@needs_slurm
+def test_a_crashed_task_is_the_root_cause_with_its_own_exit_code(idle, runs):
+    done = run_in_allocation(idle, "launch", "--slurm", "-s", "mwms", "--grace", "1", "--runs-dir", str(runs), "--",
+                             sys.executable, str(PROGRAMS / "crash_program.py"))
+    assert done.returncode == 7, done.stderr[-3000:]
+    assert "worker:1 on n2" in done.stderr and "exit code 7" in done.stderr
+    assert "disk full on purpose" in done.stderr + done.stdout
+    run_dir = next(runs.iterdir())
+    assert json.loads((run_dir / "outcome.json").read_text())["root_cause"]["task"] == "worker:1"
+    assert not processes_of_run(run_dir.name)
+
+
+@needs_slurm
+def test_a_ps_worker_killed_with_sigkill_is_restarted_through_its_nodes_step(idle, runs):
+    env = {**idle.env, "NO_COLOR": "1"}
+    proc = subprocess.Popen(salloc(idle, *ddlctl_cmd("launch", "--slurm", "-s", "ps", "--steps", "160",
+                                                     "--max-restarts", "1", "--runs-dir", str(runs))),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    run_dir = run_dir_of(runs)
+    wait_for(lambda: remote_steps(run_dir.name, "chief-0") >= 20 or proc.poll() is not None, 180, "chief steps")
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    pids = json.loads((run_dir / "pids.json").read_text())
+    victim = pids["worker:1"]["task_pid"]
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert [t["restarts"] for t in outcome["tasks"] if t["name"] == "worker:1"] == [1]
+    assert any("worker:1" in json.dumps(r) for r in outcome["restarts"])
+    assert not processes_of_run(run_dir.name)
+
+
+def _ddlctl_child(salloc_proc: subprocess.Popen) -> psutil.Process:
+    def find():
+        for child in psutil.Process(salloc_proc.pid).children(recursive=True):
+            if "ddlctl" in " ".join(child.cmdline()) and "launch" in child.cmdline():
+                return child
+        return None
+
+    return wait_for(find, 30, "ddlctl under salloc")
+
+
+@needs_slurm
+def test_scancel_of_the_job_fails_the_run_naming_it_and_leaves_no_process(idle, runs):
+    env = {**idle.env, "NO_COLOR": "1"}
+    proc = subprocess.Popen(salloc(idle, *ddlctl_cmd("launch", "--slurm", "-s", "ps", "--steps", "100000",
+                                                     "--runs-dir", str(runs))),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    run_dir = run_dir_of(runs)
+    wait_for(lambda: remote_steps(run_dir.name, "chief-0") >= 5 or proc.poll() is not None, 180, "chief steps")
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    job = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    started = time.monotonic()
+    assert idle.run("scancel", job).returncode == 0
+    out, err = proc.communicate(timeout=120)
+    assert time.monotonic() - started < 60  # no waiting out --host-timeout: the job cannot come back
+    assert proc.returncode not in (0, None), err[-3000:]
+    assert f"Slurm job {job} is" in err and "CANCELLED" in err  # the job's state, or the step's end
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert "CANCELLED" in outcome["failure"]
+    assert not processes_of_run(run_dir.name)
+
+
+@needs_slurm
+def test_ctrl_c_stops_every_task_and_leaves_the_allocation_to_its_owner(idle, runs, tmp_path):
+    env = {**idle.env, "NO_COLOR": "1"}
+    after = tmp_path / "after.txt"
+    launch = " ".join(ddlctl_cmd("launch", "--slurm", "-s", "mwms", "--steps", "100000", "--runs-dir", str(runs)))
+    script = f'{launch}; echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'
+    proc = subprocess.Popen(salloc(idle, "bash", "-c", script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT)
+    run_dir = run_dir_of(runs)
+    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 3 or proc.poll() is not None, 180, "worker steps")
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    _ddlctl_child(proc).send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    rc, state = after.read_text().split()
+    assert rc == "rc=130"
+    assert state == "RUNNING"  # ddlctl cancelled its steps, not the owner's allocation
+    assert not processes_of_run(run_dir.name)
+
+
+@needs_slurm
+def test_check_slurm_probes_every_node_through_srun(idle):
+    env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
+    done = subprocess.run(salloc(idle, *ddlctl_cmd("check", "--slurm", "--json")), capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = json.loads(done.stdout)
+    assert [r["host"] for r in reports] == list(NODES)
+    assert all(r["usable"] and r["tensorflow"] for r in reports)
+    outside = subprocess.run(ddlctl_cmd("check", "--slurm"), capture_output=True, text=True, env=env, cwd=ROOT)
+    assert outside.returncode == 2 and "not inside a Slurm allocation" in outside.stderr
+
+
+@needs_slurm
+def test_dry_run_shows_each_nodes_srun_command_and_starts_nothing(idle, runs):
+    done = run_in_allocation(idle, "launch", "--slurm", "-s", "ps", "--dry-run", "--runs-dir", str(runs), nodes=2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for node in ("n1", "n2"):
+        assert "srun --jobid=" in done.stdout and f"--nodelist={node} --nodes=1 --ntasks=1" in done.stdout
+    assert "ddlctl.runtime.hostagent" in done.stdout
+    assert not any(runs.iterdir())
+
+
+@needs_slurm
+def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
+    env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
+    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "3", "--time", "10", "--runs-dir", str(runs), "--follow",
+                                     "-s", "ps", "--steps", "12"),
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = done.stdout.split()[0]
+    run_dir = next(runs.iterdir())
+    assert f"submitted Slurm job {job}; run directory {run_dir}" in done.stderr
+    assert "final loss" in done.stdout and "throughput" in done.stdout  # the streamed report
+    assert (run_dir / "submit.sbatch").read_text().startswith("#!/bin/bash")
+    assert (run_dir / f"slurm-{job}.out").is_file()
+    assert json.loads((run_dir / "outcome.json").read_text())["ok"]
+    assert job not in idle.jobs()
+
+
+@needs_slurm
+def test_stop_cancels_a_submitted_job(idle, runs):
+    env = {**idle.env, "NO_COLOR": "1"}
+    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "2", "--runs-dir", str(runs), "-s", "mwms", "--steps",
+                                     "100000"), capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.split()[0]
+    run_dir = next(runs.iterdir())
+    wait_for(lambda: (run_dir / "plan.json").exists(), 120, "the job to start ddlctl")
+    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 2, 180, "worker steps")
+    stopped = subprocess.run(ddlctl_cmd("stop", str(run_dir)), capture_output=True, text=True, env=env, cwd=ROOT)
+    assert stopped.returncode == 0 and f"cancelled Slurm job: {job}" in stopped.stdout
+    wait_for(lambda: job not in idle.jobs(), 60, "the job to end")
+    wait_for(lambda: not processes_of_run(run_dir.name), 30, "every process of the run to end")
