@@ -113,7 +113,10 @@ def test_the_exit_code_is_ddlctls_own_else_slurms(tmp_path):
 # -- a real Slurm cluster ----------------------------------------------------------------------------
 
 WHY_NOT = unavailable_reason()
-needs_slurm = pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm test cluster: {WHY_NOT}")
+def needs_slurm(test):  # noqa: ANN001, ANN201
+    """A test on the real Slurm cluster: slow (TensorFlow), skipped with the reason when none can start."""
+    skip = pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm test cluster: {WHY_NOT}")
+    return pytest.mark.cluster(skip(test))
 
 
 @pytest.fixture(scope="module")
