@@ -25,7 +25,7 @@ from ddlctl.slurm.allocation import (
     parse_job_gpus,
     parse_node_addresses,
 )
-from ddlctl.slurm.submit import SubmitOptions, check_options, exit_code_of, sbatch_script
+from ddlctl.slurm.submit import SubmitOptions, check_options, exit_code_of, sbatch_script, strategy_of
 from ddlctl.slurm.transport import srun_argv
 from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, processes_of_run
 from tests.faults import step_count, wait_for
@@ -96,6 +96,7 @@ def test_the_batch_script_runs_launch_slurm_with_the_given_options(tmp_path):
         assert line in lines
     assert lines[-1] == (f"exec /py/bin/python -m ddlctl launch --slurm --runs-dir {tmp_path}/runs --run-id r1 "
                          "-s ps -- python t.py 'a b'")
+    assert strategy_of(["--strategy=ps"]) == "ps" and strategy_of(["--", "x", "-s", "ps"]) == "mwms"
     with pytest.raises(ConfigError, match="--time"):
         check_options(SubmitOptions(time_limit="soon"))
     with pytest.raises(ConfigError, match="--hosts"):
@@ -218,6 +219,31 @@ def test_a_ps_worker_killed_with_sigkill_is_restarted_through_its_nodes_step(idl
     assert not processes_of_run(run_dir.name)
 
 
+@needs_slurm
+def test_a_nodes_agent_step_killed_is_replaced_by_a_new_step_and_the_group_resumes(idle, runs):
+    env = {**idle.env, "NO_COLOR": "1"}
+    proc = subprocess.Popen(salloc(idle, *ddlctl_cmd("launch", "--slurm", "-s", "mwms", "--steps", "300",
+                                                     "--max-restarts", "1", "--runs-dir", str(runs))),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    run_dir = run_dir_of(runs)
+    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 30 or proc.poll() is not None, 180, "worker steps")
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    record = json.loads((run_dir / "slurm.json").read_text())
+    pids = json.loads((run_dir / "pids.json").read_text())
+    listed = dict(line.split() for line in idle.run("squeue", "-h", "-s", "-j", record["job_id"], "-o",
+                                                      "%i %N").stdout.splitlines())
+    step_of_n2 = next(s for s in record["steps"] if listed.get(s) == "n2")
+    assert idle.run("scancel", "--signal=KILL", step_of_n2).returncode == 0  # the agent and its tasks die
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert [h["host"] for h in outcome["hosts_lost"]] == ["n2"]
+    assert outcome["restarts"] and all(t["restarts"] == 1 for t in outcome["tasks"])
+    assert json.loads((run_dir / "pids.json").read_text())["worker:1"]["agent_pid"] != pids["worker:1"]["agent_pid"]
+    assert "reconnected to n2" in err
+    assert not processes_of_run(run_dir.name)
+
+
 def _ddlctl_child(salloc_proc: subprocess.Popen) -> psutil.Process:
     def find():
         for child in psutil.Process(salloc_proc.pid).children(recursive=True):
@@ -309,15 +335,21 @@ def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
 
 
 @needs_slurm
-def test_stop_cancels_a_submitted_job(idle, runs):
+def test_ctrl_c_of_submit_follow_leaves_the_job_running_and_stop_cancels_it(idle, runs):
     env = {**idle.env, "NO_COLOR": "1"}
-    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "2", "--runs-dir", str(runs), "-s", "mwms", "--steps",
-                                     "100000"), capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
-    assert done.returncode == 0, done.stderr
-    job = done.stdout.split()[0]
-    run_dir = next(runs.iterdir())
+    proc = subprocess.Popen(ddlctl_cmd("submit", "--nodes", "2", "--runs-dir", str(runs), "--follow", "-s", "mwms",
+                                       "--steps", "100000"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    run_dir = wait_for(lambda: next(runs.iterdir(), None), 60, "the run directory")
+    wait_for(lambda: (run_dir / "submit.json").exists(), 60, "the submission")
+    job = json.loads((run_dir / "submit.json").read_text())["job_id"]
     wait_for(lambda: (run_dir / "plan.json").exists(), 120, "the job to start ddlctl")
     wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 2, 180, "worker steps")
+    proc.send_signal(signal.SIGINT)  # no terminal to ask on: the job keeps running
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert f"job {job} keeps running" in err and f"ddlctl stop {run_dir}" in err
+    assert job in idle.jobs()
     stopped = subprocess.run(ddlctl_cmd("stop", str(run_dir)), capture_output=True, text=True, env=env, cwd=ROOT)
     assert stopped.returncode == 0 and f"cancelled Slurm job: {job}" in stopped.stdout
     wait_for(lambda: job not in idle.jobs(), 60, "the job to end")

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -86,14 +87,24 @@ def check_options(opts: SubmitOptions) -> None:
                 " here: give submit's own --runs-dir"))
 
 
+def strategy_of(launch_args: Sequence[str]) -> str:
+    """The strategy named in launch's arguments (for the run id), else mwms."""
+    for i, arg in enumerate(launch_args):
+        if arg == "--":
+            break
+        if arg in ("-s", "--strategy") and i + 1 < len(launch_args):
+            return launch_args[i + 1]
+        if arg.startswith("--strategy="):
+            return arg.split("=", 1)[1]
+    return "mwms"
+
+
 def submit(opts: SubmitOptions, out: Console, err: Console, env: Mapping[str, str] | None = None) -> int:
     """Write the script, submit it, print the job id and the run directory; with ``follow``, stream
     the job's output until it ends and return the run's exit code."""
     env = dict(os.environ if env is None else env)
     check_options(opts)
-    strategy = next((opts.launch_args[i + 1] for i, a in enumerate(opts.launch_args[:-1])
-                     if a in ("-s", "--strategy")), "mwms")
-    run_id = new_run_id(strategy)
+    run_id = new_run_id(strategy_of(opts.launch_args))
     run_dir = make_dir(Path(opts.runs_dir).expanduser().resolve() / run_id, "--runs-dir")
     script = run_dir / "submit.sbatch"
     script.write_text(sbatch_script(opts, run_dir, run_id, sys.executable, os.getcwd()))
@@ -136,6 +147,8 @@ def follow(job_id: str, run_dir: Path, err: Console, env: Mapping[str, str], pol
            write: Callable[[bytes], None] | None = None, confirm: Callable[[str], bool] | None = None) -> int:
     """Stream ``slurm-<job>.out`` while the job lives; Ctrl-C asks whether to cancel it."""
     write = write or (lambda data: (sys.stdout.buffer.write(data), sys.stdout.buffer.flush()))
+    # every Ctrl-C is a question here (not "the second one leaves at once" as elsewhere in ddlctl)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     output = run_dir / f"slurm-{job_id}.out"
     offset, said, state, reason, slurm_exit = 0, "", "PENDING", "", ""
     cancelled = False
