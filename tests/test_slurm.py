@@ -354,3 +354,15 @@ def test_ctrl_c_of_submit_follow_leaves_the_job_running_and_stop_cancels_it(idle
     assert stopped.returncode == 0 and f"cancelled Slurm job: {job}" in stopped.stdout
     wait_for(lambda: job not in idle.jobs(), 60, "the job to end")
     wait_for(lambda: not processes_of_run(run_dir.name), 30, "every process of the run to end")
+
+
+@needs_slurm
+def test_a_missing_python_on_the_nodes_is_named_with_what_to_do(idle, runs):
+    done = run_in_allocation(idle, "launch", "--slurm", "--python", "/nonexistent/bin/python", "--runs-dir",
+                             str(runs), nodes=2)
+    assert done.returncode == 1, done.stderr[-2000:]
+    for node in ("n1", "n2"):
+        assert f"Python '/nonexistent/bin/python' not found on node {node}" in done.stderr
+    assert "--python PATH" in done.stderr and "Traceback" not in done.stderr
+    with_hosts = run_in_allocation(idle, "launch", "--slurm", "--hosts", "hosts.txt", nodes=1)
+    assert with_hosts.returncode == 2 and "drop --hosts" in with_hosts.stderr

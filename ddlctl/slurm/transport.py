@@ -159,6 +159,10 @@ class SlurmTransport:
                 if attempt == 0 and (popen.returncode == NEED_CODE_EXIT or NEED_CODE_TEXT in exc.message):
                     self.ensure_bundle()
                     continue
+                if "not found on the host" in exc.message:
+                    raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on node {self.node.name} "
+                                      f"(job {self.allocation.job_id}): give the nodes' Python with --python PATH",
+                                      "--python PATH") from None
                 raise LaunchError(f"{exc.message} [srun step on node {self.node.name} of job "
                                   f"{self.allocation.job_id}]", exc.hint) from None
             stream.step = (session.hello or {}).get("slurm_step")
