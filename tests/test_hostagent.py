@@ -186,3 +186,24 @@ def test_checkpoint_folders_are_copied_only_where_they_are_not_shared(tmp_path):
             s.shutdown()
             s.close()
     assert files_to_copy({"a": (1, 2), "b": (3, 4)}, {"a": (1, 2), "b": (3, 5)}) == ["b"]
+
+
+def test_a_tasks_gpus_are_taken_from_the_list_the_host_gave_the_agent(tmp_path, monkeypatch):
+    from ddlctl.runtime.hostagent import visible_devices
+
+    assert visible_devices("0", "2,3") == "2" and visible_devices("1", "2,3") == "3"
+    assert visible_devices("0,1", "GPU-aa,GPU-bb") == "GPU-aa,GPU-bb"
+    assert visible_devices("", "2,3") == "" and visible_devices("1", None) == "1"
+    assert visible_devices("5", "2,3") == "5"  # outside the list: the plan's value stands
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # e.g. a Slurm step that holds GPUs 2 and 3
+    s = session(tmp_path)
+    try:
+        code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+        tasks = [s.start(spec(f"worker:{i}", code, tmp_path / f"w{i}", env={"CUDA_VISIBLE_DEVICES": str(i)}), 5)
+                 for i in range(2)]
+        ps = s.start(spec("ps:0", code, tmp_path / "p0", env={"CUDA_VISIBLE_DEVICES": ""}), 5)
+        assert s.wait_for(lambda: all(t.poll() for t in (*tasks, ps)), 30)
+        assert [output(t) for t in (*tasks, ps)] == [b"2\n", b"3\n", b"\n"]
+    finally:
+        s.shutdown()
+        s.close()

@@ -263,6 +263,9 @@ class Task:
             env.pop(key, None)
         for key, value in spec.get("env", {}).items():
             env[key] = os.path.expanduser(value) if key in ("DDLCTL_TASK_DIR", "DDLCTL_CHECKPOINT_DIR") else value
+        if "CUDA_VISIBLE_DEVICES" in spec.get("env", {}):
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(spec["env"]["CUDA_VISIBLE_DEVICES"],
+                                                          os.environ.get("CUDA_VISIBLE_DEVICES"))
         if spec.get("pythonpath"):
             path = os.pathsep.join(os.path.expanduser(p) for p in spec["pythonpath"])
             env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -591,6 +594,19 @@ class HostAgent:
                     self.send({"k": "bye"})
                     break
         return 0
+
+
+def visible_devices(planned: str, given: str | None) -> str:
+    """A task's ``CUDA_VISIBLE_DEVICES``: the plan numbers the GPUs the host gives ddlctl 0..N-1;
+    where the agent itself was given a list (a Slurm step holding GPUs 2 and 3 of its node sets
+    ``2,3``), plan index i is the i-th of that list, so a task never uses a GPU of another job."""
+    if not planned or not given:
+        return planned
+    offered = [d.strip() for d in given.split(",") if d.strip()]
+    try:
+        return ",".join(offered[int(i)] for i in planned.split(","))
+    except (ValueError, IndexError):
+        return planned  # not plain indexes within the list: leave the plan's value
 
 
 def slurm_step() -> str | None:
