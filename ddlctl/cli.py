@@ -25,8 +25,10 @@ def _plain_arguments() -> None:
     line, whatever its metavar; with a metavar, show just the metavar."""
     from typer.core import TyperArgument
 
-    display, usage = TyperArgument.display_type_rich, getattr(TyperArgument, "_usage_display_name", None)
-    TyperArgument.display_type_rich = lambda self, ctx: None if self.metavar else display(self, ctx)
+    display = getattr(TyperArgument, "display_type_rich", None)
+    usage = getattr(TyperArgument, "_usage_display_name", None)
+    if display is not None:  # (older Typer shows arguments plainly already)
+        TyperArgument.display_type_rich = lambda self, ctx: None if self.metavar else display(self, ctx)
     if usage is not None:
         TyperArgument._usage_display_name = lambda self: self.metavar if self.metavar else usage(self)
 

@@ -61,7 +61,7 @@ def test_dry_run_table_shows_tf_config(runs):
         (["--strategy", "horovod"], "localhost\n", ["'horovod' is not one of 'ps', 'mwms'", "--help"]),
         (["--restart-on", "always"], "localhost\n", ["'always' is not one of 'fault', 'any'"]),
         (["--execution", "fast"], "localhost\n", ["'fast' is not one of 'pipelined', 'linear', 'python-feed'"]),
-        (["--workers", "0"], "localhost\n", ["--workers", "greater than or equal to 1"]),
+        (["--workers", "0"], "localhost\n", ["--workers", "x>=1"]),
         (["--env", "1BAD=x"], "localhost\n", ["--env '1BAD=x' is not KEY=VALUE"]),
         (["--steps", "5", "--", "python", "x.py"], "localhost\n", ["--steps only applies to the built-in"]),
     ],
