@@ -333,6 +333,8 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
     """Cluster, request, host agents, ports and plan: everything before tasks start. A dry run
     touches no host (and starts no agent)."""
     allocation = None
+    if opts.slurm and opts.bench:
+        raise ConfigError("--bench does not measure Slurm nodes yet", "drop --bench (or give --speeds FILE)")
     if opts.slurm:
         from ddlctl.slurm.allocation import read_allocation
 
