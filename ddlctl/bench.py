@@ -225,8 +225,10 @@ def measure(sessions: Mapping[str, object], hosts, folders: Mapping[str, str], s
     return ClusterProfile(hosts=profiles, links=tuple(links))
 
 
-def bench(hosts_file: str | None, template: str | None, ssh: object | None, seconds: float) -> ClusterProfile:
-    """Reach every host of the cluster, start its agent and measure it (nothing left behind)."""
+def bench(hosts_file: str | None, template: str | None, ssh: object | None, seconds: float,
+          allocation: object | None = None) -> ClusterProfile:
+    """Reach every host of the cluster (or every node of a Slurm ``allocation``, through srun),
+    start its agent and measure it (nothing left behind)."""
     from ddlctl.cluster.addresses import with_reachable_addresses
     from ddlctl.launch import (
         connection_source_address,
@@ -239,10 +241,10 @@ def bench(hosts_file: str | None, template: str | None, ssh: object | None, seco
     from ddlctl.rundir import new_run_id
     from ddlctl.transport.fanout import each_host
 
-    cluster, _, _ = load_cluster(hosts_file, template, 1)
+    cluster, _, _ = load_cluster(hosts_file, template, 1, allocation)  # type: ignore[arg-type]
     run_id = new_run_id("bench")
     scratch = Path(tempfile.mkdtemp(prefix="ddlctl-bench-"))
-    transports = make_transports(cluster, ssh)  # type: ignore[arg-type]
+    transports = make_transports(cluster, ssh, allocation)  # type: ignore[arg-type]
     sessions: dict = {}
     try:
         cluster = with_ssh_addresses(cluster, transports)

@@ -118,15 +118,19 @@ def check(hosts: str | None, template: str | None, ssh: object | None, json_out:
     """Run ``ddlctl check``; 0 when every host is usable, 1 otherwise. With ``bench``: measure
     every host's devices and links instead (and ``save`` the cluster profile). With ``slurm``: the
     nodes of the allocation ddlctl runs in, through srun."""
-    if slurm and (hosts or template or bench):
+    if slurm and (hosts or template):
         raise ConfigError("check --slurm checks the allocation's nodes: drop "
-                          + ", ".join(o for o, v in (("--hosts", hosts), ("--template", template), ("--bench", bench))
-                                      if v))
+                          + ", ".join(o for o, v in (("--hosts", hosts), ("--template", template)) if v))
     if bench:
         from ddlctl.bench import bench as run_bench
         from ddlctl.bench import save_profile
 
-        profile = run_bench(hosts, template, ssh, bench_seconds)
+        allocation = None
+        if slurm:
+            from ddlctl.slurm.allocation import read_allocation
+
+            allocation = read_allocation()
+        profile = run_bench(hosts, template, ssh, bench_seconds, allocation)
         if save:
             save_profile(profile, save)
         if json_out:

@@ -307,13 +307,14 @@ def choose_ports(cluster: Cluster, request: LaunchRequest, transports: dict[str,
     return ports
 
 
-def measure_first(opts: LaunchOptions, request: LaunchRequest, console: Console) -> LaunchRequest:
+def measure_first(opts: LaunchOptions, request: LaunchRequest, console: Console,
+                  allocation: Allocation | None = None) -> LaunchRequest:
     """``--bench``: measure every host as ``ddlctl check --bench`` does, save the profile in the run
     directory (``cluster-profile.json``) and use its speeds (``--balance speed``, ``--strategy model``)."""
     from ddlctl.bench import bench, save_profile
 
     console.print("measuring every host's devices and links (--bench)…", highlight=False)
-    profile = bench(opts.hosts, opts.template, opts.ssh, 1.0)
+    profile = bench(opts.hosts, opts.template, opts.ssh, 1.0, allocation)
     run_dir = make_dir(request.run_dir)
     save_profile(profile, run_dir / "cluster-profile.json")
     console.print("measured GFLOP/s per device: " + ", ".join(f"{label} {host.speed:,.1f}"
@@ -333,8 +334,6 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
     """Cluster, request, host agents, ports and plan: everything before tasks start. A dry run
     touches no host (and starts no agent)."""
     allocation = None
-    if opts.slurm and opts.bench:
-        raise ConfigError("--bench does not measure Slurm nodes yet", "drop --bench (or give --speeds FILE)")
     if opts.slurm:
         from ddlctl.slurm.allocation import read_allocation
 
@@ -372,7 +371,7 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
         raise ConfigError(f"--run-id {opts.run_id}: {request.run_dir} already holds a run",
                           "choose another name, or leave --run-id out")
     if opts.bench:
-        request = measure_first(opts, request, console)
+        request = measure_first(opts, request, console, allocation)
     connected = Connected(make_transports(cluster, opts.ssh, allocation), allocation=allocation)
     try:
         cluster = with_ssh_addresses(cluster, connected.transports)

@@ -366,3 +366,19 @@ def test_a_missing_python_on_the_nodes_is_named_with_what_to_do(idle, runs):
     assert "--python PATH" in done.stderr and "Traceback" not in done.stderr
     with_hosts = run_in_allocation(idle, "launch", "--slurm", "--hosts", "hosts.txt", nodes=1)
     assert with_hosts.returncode == 2 and "drop --hosts" in with_hosts.stderr
+
+
+@needs_slurm
+def test_check_bench_measures_every_node_through_its_step(idle, tmp_path):
+    env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
+    saved = tmp_path / "profile.json"
+    done = subprocess.run(salloc(idle, *ddlctl_cmd("check", "--slurm", "--bench", "--bench-seconds", "0.2", "--save",
+                                                   str(saved)), nodes=2),
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    profile = json.loads(saved.read_text())
+    assert sorted(profile["hosts"]) == ["n1", "n2"]
+    assert all(h["speed"] > 0 for h in profile["hosts"].values())
+    assert [(link["from"], link["to"]) for link in profile["links"]] == [("n1", "n2")]
+    assert profile["links"][0]["bandwidth_bytes_per_s"] > 0
+    assert not list((Path.home() / ".ddlctl" / "bench").glob("*/*"))  # nothing of it stays on the nodes
