@@ -615,7 +615,7 @@ def render_srun_commands(plan: Plan, allocation: Allocation, out: Console) -> No
     for host in plan.hosts:
         if host.label in used:
             argv = srun_argv(allocation.job_id, allocation.node(host.name),
-                             bundled_agent_argv(host.python or "python3", plan.run_id, None), whole_node=True)
+                             bundled_agent_argv(host.python or "python3", plan.run_id, None), plan.run_id)
             out.print(f"  {host.label}: {shlex.join(argv)}", highlight=False, soft_wrap=True)
 
 

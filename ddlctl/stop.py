@@ -47,6 +47,22 @@ def slurm_targets(run_dir: Path) -> tuple[list[str], str] | None:
     return None
 
 
+def run_steps(job_id: str, run_id: str) -> list[str]:
+    """The live agent steps of run ``run_id`` in job ``job_id`` (by step name: steps that later
+    reconnections started are found too)."""
+    import subprocess
+
+    from ddlctl.slurm.transport import step_name
+
+    try:
+        done = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split()[0] for line in done.stdout.splitlines()
+            if len(line.split()) == 2 and line.split()[1] == step_name(run_id)]
+
+
 def stop_slurm(targets: list[str], what: str, console: Console) -> int:
     """``scancel`` the run's job or steps (Slurm kills every process in them)."""
     import subprocess
@@ -69,7 +85,12 @@ def stop(run_dir: str, ssh: object | None, console: Console) -> int:
 
     slurm = slurm_targets(Path(run_dir))
     if slurm is not None:
-        return stop_slurm(*slurm, console)
+        targets, what = slurm
+        if what != "job":  # steps: those recorded at launch and any a reconnection started since
+            record = json.loads((Path(run_dir) / "slurm.json").read_text())
+            run_id = plan_hosts(Path(run_dir))[0]
+            targets = sorted({*targets, *run_steps(str(record["job_id"]), run_id)})
+        return stop_slurm(targets, what, console)
     run_id, hosts = plan_hosts(Path(run_dir))
     results: dict[str, str] = {}
     for host in (h for h in hosts if h.is_local):

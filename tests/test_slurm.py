@@ -76,9 +76,9 @@ def test_an_allocation_becomes_a_cluster_with_node_addresses_tasks_and_gpus():
 
 def test_the_agent_step_holds_the_whole_node_and_a_probe_step_one_cpu():
     node = Node(name="g1", address="10.0.0.11", tasks=2, cpus=16, gpus=4)
-    agent = srun_argv("42", node, ["python3", "-m", "x"], whole_node=True)
+    agent = srun_argv("42", node, ["python3", "-m", "x"], run_id="r1")
     assert agent[:5] == ["srun", "--jobid=42", "--nodelist=g1", "--nodes=1", "--ntasks=1"]
-    assert {"--overlap", "--cpus-per-task=16", "--cpu-bind=none", "--gres=gpu:4"} <= set(agent)
+    assert {"--overlap", "--cpus-per-task=16", "--cpu-bind=none", "--gres=gpu:4", "--job-name=ddlctl-r1"} <= set(agent)
     assert agent[-3:] == ["python3", "-m", "x"]
     probe = srun_argv("42", node, ["true"])
     assert "--cpus-per-task=1" in probe and not any(a.startswith("--gres") for a in probe)
@@ -382,3 +382,24 @@ def test_check_bench_measures_every_node_through_its_step(idle, tmp_path):
     assert [(link["from"], link["to"]) for link in profile["links"]] == [("n1", "n2")]
     assert profile["links"][0]["bandwidth_bytes_per_s"] > 0
     assert not list((Path.home() / ".ddlctl" / "bench").glob("*/*"))  # nothing of it stays on the nodes
+
+
+@needs_slurm
+def test_stop_of_a_run_inside_an_allocation_cancels_its_steps_not_the_job(idle, runs, tmp_path):
+    env = {**idle.env, "NO_COLOR": "1"}
+    after = tmp_path / "after.txt"
+    launch = " ".join(ddlctl_cmd("launch", "--slurm", "-s", "mwms", "--steps", "100000", "--runs-dir", str(runs)))
+    script = f'{launch}; echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'
+    proc = subprocess.Popen(salloc(idle, "bash", "-c", script, nodes=2), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    run_dir = run_dir_of(runs)
+    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 3 or proc.poll() is not None, 180, "worker steps")
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    record = json.loads((run_dir / "slurm.json").read_text())
+    stopped = subprocess.run(ddlctl_cmd("stop", str(run_dir)), capture_output=True, text=True, env=env, cwd=ROOT)
+    assert stopped.returncode == 0, stopped.stderr
+    assert all(step in stopped.stdout for step in record["steps"])
+    proc.communicate(timeout=120)
+    rc, state = after.read_text().split()
+    assert rc != "rc=0" and state == "RUNNING"
+    assert not processes_of_run(run_dir.name)

@@ -34,14 +34,20 @@ from ddlctl.transport.remote import (
 from ddlctl.transport.session import HostSession, PipeStream
 
 
-def srun_argv(job_id: str, node: Node, argv: Sequence[str], whole_node: bool = False) -> list[str]:
+def step_name(run_id: str) -> str:
+    """The name of a run's agent steps (``ddlctl stop`` finds them by it, reconnections included)."""
+    return f"ddlctl-{run_id}"
+
+
+def srun_argv(job_id: str, node: Node, argv: Sequence[str], run_id: str | None = None) -> list[str]:
     """The ``srun`` command that runs ``argv`` as one task of a new step of job ``job_id`` on
-    ``node`` (pure). ``whole_node``: the step gets every CPU and GPU the job has there (the host
-    agent, whose children are the training tasks); otherwise one CPU (probes, uploads).
-    ``--overlap`` lets the steps share the node; ``--cpu-bind=none`` keeps a task plugin from pinning
-    the agent (and so every task it starts) to one core."""
+    ``node`` (pure). With ``run_id``: the host agent's step of that run, which gets every CPU and
+    GPU the job has there (its children are the training tasks); otherwise a one-CPU step (probes,
+    uploads). ``--overlap`` lets the steps share the node; ``--cpu-bind=none`` keeps a task plugin
+    from pinning the agent (and so every task it starts) to one core."""
+    whole_node = run_id is not None
     command = ["srun", f"--jobid={job_id}", f"--nodelist={node.name}", "--nodes=1", "--ntasks=1", "--overlap",
-               "--quiet", f"--job-name=ddlctl-{'agent' if whole_node else 'probe'}"]
+               "--quiet", f"--job-name={step_name(run_id) if run_id else 'ddlctl-probe'}"]
     if whole_node:
         command += [f"--cpus-per-task={max(1, node.cpus)}", "--cpu-bind=none"]
         if node.gpus:
@@ -142,7 +148,7 @@ class SlurmTransport:
         stderr_path = log_dir / f"hostagent-{self.host.label.replace('/', '_')}.log"
         for attempt in range(2):
             argv = srun_argv(self.allocation.job_id, self.node, bundled_agent_argv(self.python, run_id, ports),
-                             whole_node=True)
+                             run_id)
             with open(stderr_path, "ab") as stderr:
                 try:
                     popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
