@@ -158,6 +158,20 @@ def run_dir_of(runs: Path) -> Path:
                     "the run directory")
 
 
+def running_launch(cluster: SlurmCluster, runs: Path, *args: str, task: str = "worker-0", count: int = 3,
+                   nodes: int = 3, shell_after: str | None = None) -> tuple[subprocess.Popen, Path]:
+    """``ddlctl launch --slurm ARGS`` inside a new allocation, once ``task`` has recorded ``count``
+    steps; with ``shell_after``, run through bash followed by that shell text."""
+    launch = ddlctl_cmd("launch", "--slurm", "--runs-dir", str(runs), *args)
+    argv = ["bash", "-c", f"{' '.join(launch)}; {shell_after}"] if shell_after else launch
+    proc = subprocess.Popen(salloc(cluster, *argv, nodes=nodes), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**cluster.env, "NO_COLOR": "1"}, cwd=ROOT)
+    run_dir = run_dir_of(runs)
+    wait_for(lambda: remote_steps(run_dir.name, task) >= count or proc.poll() is not None, 180, f"{task} steps")
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    return proc, run_dir
+
+
 @needs_slurm
 def test_host_lists_expand_as_scontrol_does(slurm):
     for expression in ("n[1-3]", "a[01-03,7],b", "r[1-2]n[1-2]"):
@@ -201,13 +215,8 @@ def test_a_crashed_task_is_the_root_cause_with_its_own_exit_code(idle, runs):
 
 @needs_slurm
 def test_a_ps_worker_killed_with_sigkill_is_restarted_through_its_nodes_step(idle, runs):
-    env = {**idle.env, "NO_COLOR": "1"}
-    proc = subprocess.Popen(salloc(idle, *ddlctl_cmd("launch", "--slurm", "-s", "ps", "--steps", "160",
-                                                     "--max-restarts", "1", "--runs-dir", str(runs))),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    run_dir = run_dir_of(runs)
-    wait_for(lambda: remote_steps(run_dir.name, "chief-0") >= 20 or proc.poll() is not None, 180, "chief steps")
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc, run_dir = running_launch(idle, runs, "-s", "ps", "--steps", "160", "--max-restarts", "1", task="chief-0",
+                                   count=20)
     pids = json.loads((run_dir / "pids.json").read_text())
     victim = pids["worker:1"]["task_pid"]
     os.kill(victim, signal.SIGKILL)
@@ -221,13 +230,7 @@ def test_a_ps_worker_killed_with_sigkill_is_restarted_through_its_nodes_step(idl
 
 @needs_slurm
 def test_a_nodes_agent_step_killed_is_replaced_by_a_new_step_and_the_group_resumes(idle, runs):
-    env = {**idle.env, "NO_COLOR": "1"}
-    proc = subprocess.Popen(salloc(idle, *ddlctl_cmd("launch", "--slurm", "-s", "mwms", "--steps", "300",
-                                                     "--max-restarts", "1", "--runs-dir", str(runs))),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    run_dir = run_dir_of(runs)
-    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 30 or proc.poll() is not None, 180, "worker steps")
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "300", "--max-restarts", "1", count=30)
     record = json.loads((run_dir / "slurm.json").read_text())
     pids = json.loads((run_dir / "pids.json").read_text())
     listed = dict(line.split() for line in idle.run("squeue", "-h", "-s", "-j", record["job_id"], "-o",
@@ -256,13 +259,7 @@ def _ddlctl_child(salloc_proc: subprocess.Popen) -> psutil.Process:
 
 @needs_slurm
 def test_scancel_of_the_job_fails_the_run_naming_it_and_leaves_no_process(idle, runs):
-    env = {**idle.env, "NO_COLOR": "1"}
-    proc = subprocess.Popen(salloc(idle, *ddlctl_cmd("launch", "--slurm", "-s", "ps", "--steps", "100000",
-                                                     "--runs-dir", str(runs))),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    run_dir = run_dir_of(runs)
-    wait_for(lambda: remote_steps(run_dir.name, "chief-0") >= 5 or proc.poll() is not None, 180, "chief steps")
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc, run_dir = running_launch(idle, runs, "-s", "ps", "--steps", "100000", task="chief-0", count=5)
     job = json.loads((run_dir / "slurm.json").read_text())["job_id"]
     started = time.monotonic()
     assert idle.run("scancel", job).returncode == 0
@@ -277,15 +274,9 @@ def test_scancel_of_the_job_fails_the_run_naming_it_and_leaves_no_process(idle, 
 
 @needs_slurm
 def test_ctrl_c_stops_every_task_and_leaves_the_allocation_to_its_owner(idle, runs, tmp_path):
-    env = {**idle.env, "NO_COLOR": "1"}
     after = tmp_path / "after.txt"
-    launch = " ".join(ddlctl_cmd("launch", "--slurm", "-s", "mwms", "--steps", "100000", "--runs-dir", str(runs)))
-    script = f'{launch}; echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'
-    proc = subprocess.Popen(salloc(idle, "bash", "-c", script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
-    run_dir = run_dir_of(runs)
-    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 3 or proc.poll() is not None, 180, "worker steps")
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "100000", shell_after=(
+        f'echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'))
     _ddlctl_child(proc).send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     rc, state = after.read_text().split()
@@ -388,13 +379,8 @@ def test_check_bench_measures_every_node_through_its_step(idle, tmp_path):
 def test_stop_of_a_run_inside_an_allocation_cancels_its_steps_not_the_job(idle, runs, tmp_path):
     env = {**idle.env, "NO_COLOR": "1"}
     after = tmp_path / "after.txt"
-    launch = " ".join(ddlctl_cmd("launch", "--slurm", "-s", "mwms", "--steps", "100000", "--runs-dir", str(runs)))
-    script = f'{launch}; echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'
-    proc = subprocess.Popen(salloc(idle, "bash", "-c", script, nodes=2), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    run_dir = run_dir_of(runs)
-    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 3 or proc.poll() is not None, 180, "worker steps")
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "100000", nodes=2, shell_after=(
+        f'echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'))
     record = json.loads((run_dir / "slurm.json").read_text())
     stopped = subprocess.run(ddlctl_cmd("stop", str(run_dir)), capture_output=True, text=True, env=env, cwd=ROOT)
     assert stopped.returncode == 0, stopped.stderr
