@@ -67,11 +67,19 @@ class SrunStream(PipeStream):
     takes no signal from srun, so the step is killed through Slurm)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], stderr_path: Path, env: Mapping[str, str],
-                 job_id: str) -> None:
+                 job_id: str, offset: int = 0) -> None:
         super().__init__(popen, stderr_path)
         self.step: str | None = None
         self.env = dict(env)
         self.job_id = job_id
+        self._offset = offset  # the log is per node and outlives steps: this step's part starts here
+
+    def errors(self) -> str:
+        assert self.stderr_path is not None
+        with contextlib.suppress(OSError), self.stderr_path.open("rb") as handle:
+            handle.seek(self._offset)
+            return handle.read()[-2000:].decode("utf-8", "replace")
+        return ""
 
     def abandon(self) -> None:
         if self.step:
@@ -149,13 +157,14 @@ class SlurmTransport:
         for attempt in range(2):
             argv = srun_argv(self.allocation.job_id, self.node, bundled_agent_argv(self.python, run_id, ports),
                              run_id)
+            offset = stderr_path.stat().st_size if stderr_path.exists() else 0
             with open(stderr_path, "ab") as stderr:
                 try:
                     popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                              env=self.env, close_fds=True, start_new_session=True)
                 except FileNotFoundError:
                     raise no_srun() from None
-            stream = SrunStream(popen, stderr_path, self.env, self.allocation.job_id)
+            stream = SrunStream(popen, stderr_path, self.env, self.allocation.job_id, offset)
             session = HostSession(self.host, stream, [], self.python)
             try:
                 session.await_hello()
