@@ -40,3 +40,23 @@ def test_tasks_import_ddlctl_from_the_bundle_first(tmp_path):
                          capture_output=True, text=True, env={"PYTHONPATH": str(bundle)}, timeout=30,
                          cwd=tmp_path)
     assert out.stdout.strip().startswith(str(bundle))
+
+
+def test_hosts_use_the_bundles_bytecode_and_fall_back_to_source_for_another_python(tmp_path):
+    _, data = code_bundle()
+    code = "import ddlctl.runtime.hostagent as w; print(w.__file__)"
+    bundle = tmp_path / "ddlctl.zip"
+    bundle.write_bytes(data)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(bundle)}, timeout=30, cwd=tmp_path)
+    assert out.stdout.strip() == f"{bundle}/ddlctl/runtime/hostagent.pyc", out.stderr
+    # a host whose Python writes another bytecode version: the .pyc is skipped, the source compiled
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(other, "w") as target:
+        for info in source.infolist():
+            content = source.read(info)
+            target.writestr(info, b"\0\0\r\n" + content[4:] if info.filename.endswith(".pyc") else content)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(other)}, timeout=30, cwd=tmp_path)
+    assert out.stdout.strip() == f"{other}/ddlctl/runtime/hostagent.py", out.stderr
+    assert len(data) < 1_000_000, "compressed"
