@@ -207,3 +207,23 @@ def test_a_tasks_gpus_are_taken_from_the_list_the_host_gave_the_agent(tmp_path, 
     finally:
         s.shutdown()
         s.close()
+
+
+def test_a_signalled_agent_is_a_lost_host_and_still_stops_its_tasks_however_much_they_print(tmp_path):
+    s = session(tmp_path)
+    # on SIGTERM the task prints 1 MiB (more than any pipe holds) before leaving
+    code = ("import signal, sys, time\n"
+            "def bye(*_):\n    sys.stdout.write('x' * (1 << 20)); sys.stdout.flush(); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\nprint('up', flush=True)\ntime.sleep(60)\n")
+    try:
+        task = s.start(spec("worker:0", code, tmp_path / "w0"), 5)
+        assert s.wait_for(lambda: b"up" in b"".join(task.chunks), 30)
+        agent = psutil.Process(task.pids()["agent_pid"])
+        child = psutil.Process(task.pids()["task_pid"])
+        agent.send_signal(signal.SIGTERM)  # e.g. scancel of its Slurm step, a host shutting down
+        assert s.wait_for(lambda: False, 5) is False and s.lost and "received SIGTERM" in s.lost
+        assert task.poll().lost  # the task ended with its host, not by its own doing
+        psutil.wait_procs([agent, child], timeout=15)  # the agent finishes, never blocked on its output
+        assert not agent.is_running() and not child.is_running()
+    finally:
+        s.close()

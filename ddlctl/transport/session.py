@@ -229,6 +229,7 @@ class HostSession:
             said = getattr(self.stream, "ended", lambda: "")()
             self._lose(f"its host agent received {signal.Signals(int(header.get('sig', 15))).name}"
                        + (f": {said}" if said else " (its Slurm step cancelled, or the host shutting down)"))
+            self._drain()
         elif kind == "hello":
             self.hello = header
         elif kind == "bye":
@@ -242,6 +243,20 @@ class HostSession:
             if task.status is None:
                 task._end(ExitStatus(lost=True), self.lost_at)
             task.eof = True
+
+    def _drain(self) -> None:
+        """Read and drop what a signalled agent still sends while it stops its tasks (its last
+        output, exits), so that it never blocks on a full pipe or window; ends with the stream."""
+        import select
+        import threading
+
+        def drain() -> None:
+            with contextlib.suppress(Exception):  # the stream closed under it: done
+                while select.select([self.stream.fileno()], [], [], 1.0) is not None:
+                    if self.stream.read() == b"":
+                        return
+
+        threading.Thread(target=drain, daemon=True, name=f"drain-{self.host.label}").start()
 
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         """An agent beats every 2 s: nothing heard for ``limit_s`` means the host is gone (network
