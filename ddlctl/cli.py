@@ -613,7 +613,8 @@ def stop(
     """Kill whatever of a run is still alive, on every host of its plan.
 
     For example after the controller was killed. Processes are found by the run id in their
-    environment, never by name."""
+    environment, never by name. A Slurm run: the job ddlctl submit created, or the run's job steps
+    inside your allocation, are cancelled with scancel."""
     from ddlctl.stop import stop as run_stop
     _exit_with(lambda: run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), people_console()))
 
