@@ -353,6 +353,11 @@ def compare(
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,
     accept_new_host_keys: AcceptNewOption = False,
+    slurm: Annotated[bool, typer.Option(
+        "--slurm", help="Every run inside the Slurm allocation ddlctl runs in, as 'launch --slurm'.")] = False,
+    python: Annotated[str | None, typer.Option(
+        "--python", metavar="PATH", help="--slurm: the nodes' Python (default: the one running ddlctl).",
+        show_default=False)] = None,
 ) -> None:
     """Run the same workload under several strategies and compare them side by side.
 
@@ -375,7 +380,8 @@ def compare(
             json_out=json_out,
             launch=LaunchOptions(hosts=hosts, template=template, workers=workers,
                                  run_dir=_runs_dir(runs_dir, old_run_dir), startup_timeout_s=startup_timeout,
-                                 workload=_value(workload), steps=steps, batch_size=batch_size,
+                                 workload=_value(workload), steps=steps, batch_size=batch_size, slurm=slurm,
+                                 python=python,
                                  ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys)))
         return run_compare(opts, people_console(), error_console())
 

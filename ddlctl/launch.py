@@ -341,6 +341,10 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
     cluster, defaults, implicit = load_cluster(opts.hosts, opts.template, opts.workers or DEFAULT_LOCAL_WORKERS,
                                                allocation, opts.python)
     strategy = resolve_strategy(opts, defaults)
+    if allocation is not None and strategy not in MULTI_HOST_STRATEGIES and len(cluster.hosts) > 1:
+        cluster = dataclasses.replace(cluster, hosts=cluster.hosts[:1])
+        console.print(f"note: {strategy} runs on one node: {cluster.hosts[0].label}, the allocation's first "
+                      f"(the job's other {len(allocation.nodes) - 1} node(s) stay idle)", highlight=False)
     legacy = opts.legacy_keras
     if opts.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
         legacy = False

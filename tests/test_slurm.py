@@ -389,3 +389,18 @@ def test_stop_of_a_run_inside_an_allocation_cancels_its_steps_not_the_job(idle, 
     rc, state = after.read_text().split()
     assert rc != "rc=0" and state == "RUNNING"
     assert not processes_of_run(run_dir.name)
+
+
+@needs_slurm
+def test_compare_runs_every_strategy_in_the_allocation_single_host_ones_on_its_first_node(idle, runs):
+    done = run_in_allocation(idle, "compare", "--slurm", "--strategies", "one_device,mwms", "--steps", "8",
+                             "--runs-dir", str(runs), "--json", nodes=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert rows["one_device"]["error"] is None and rows["mwms"]["error"] is None
+    assert rows["mwms"]["workers"] == 2
+    assert "one_device runs on one node: n1" in done.stderr
+    plans = [json.loads(p.read_text()) for p in Path(result["compare_dir"]).glob("*/plan.json")]
+    hosts = {p["strategy"]: sorted({t["host"] for t in p["tasks"] if t["role"] != "agent"}) for p in plans}
+    assert hosts == {"one_device": ["n1"], "mwms": ["n1", "n2"]}
