@@ -74,6 +74,10 @@ SshUserOption = Annotated[str | None, typer.Option(
     show_default=False)]
 ConnectTimeoutOption = Annotated[float, typer.Option(
     "--connect-timeout", metavar="SECONDS", min=0.1, help="Seconds to wait for each SSH connection.")]
+#: ``--python`` of the commands that take ``--slurm`` (launch, profile, check, compare)
+SlurmPythonOption = Annotated[str | None, typer.Option(
+    "--python", metavar="PATH", help="--slurm: the Python the nodes run tasks with. Default: the one running "
+                                     "ddlctl (same path on every node).", show_default=False)]
 AcceptNewOption = Annotated[bool, typer.Option(
     "--accept-new-host-keys", help="Accept and record unknown SSH host keys in ~/.ssh/known_hosts "
                                    "(a changed key is always refused).")]
@@ -238,9 +242,7 @@ def launch(
         "--slurm", help="Run inside a Slurm allocation (salloc, sbatch): the cluster is the job's nodes (their "
                         "NodeAddr, tasks per node as worker slots, the job's GPUs), and each node's tasks start "
                         "in one srun job step, never over SSH (README 'Slurm').")] = False,
-    python: Annotated[str | None, typer.Option(
-        "--python", metavar="PATH", help="--slurm: the Python the nodes run tasks with. Default: the one "
-                                         "running ddlctl (same path on every node).", show_default=False)] = None,
+    python: SlurmPythonOption = None,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
                                          "and a random suffix).", show_default=False)] = None,
@@ -355,9 +357,7 @@ def compare(
     accept_new_host_keys: AcceptNewOption = False,
     slurm: Annotated[bool, typer.Option(
         "--slurm", help="Every run inside the Slurm allocation ddlctl runs in, as 'launch --slurm'.")] = False,
-    python: Annotated[str | None, typer.Option(
-        "--python", metavar="PATH", help="--slurm: the nodes' Python (default: the one running ddlctl).",
-        show_default=False)] = None,
+    python: SlurmPythonOption = None,
 ) -> None:
     """Run the same workload under several strategies and compare them side by side.
 
@@ -590,9 +590,7 @@ def check(
     slurm: Annotated[bool, typer.Option(
         "--slurm", help="Check every node of the Slurm allocation ddlctl runs in (salloc, sbatch), each in a "
                         "job step through srun.")] = False,
-    python: Annotated[str | None, typer.Option(
-        "--python", metavar="PATH", help="--slurm: the Python the nodes run tasks with (default: the one "
-                                         "running ddlctl).", show_default=False)] = None,
+    python: SlurmPythonOption = None,
 ) -> None:
     """Pre-flight every host in parallel, or measure it (--bench).
 
