@@ -98,10 +98,12 @@ def load_profile(path: str | Path) -> ClusterProfile:
                           created=str(data.get("created", "")))
 
 
-def relative_speeds(profile: ClusterProfile, reference: str | None = None) -> dict[str, float]:
-    """Each host's speed relative to ``reference``'s (when the profile has it), else to the fastest."""
+def relative_speeds(profile: ClusterProfile, reference: str | None = None,
+                    reference_gflops: float | None = None) -> dict[str, float]:
+    """Each host's speed relative to ``reference_gflops`` (a device measured with the same kernel),
+    else to host ``reference``'s (when the profile has it), else to the fastest."""
     speeds = [h.speed for h in profile.hosts.values()]
-    base = profile.hosts[reference].speed if reference in profile.hosts else max(speeds)
+    base = reference_gflops or (profile.hosts[reference].speed if reference in profile.hosts else max(speeds))
     return {label: host.speed / base for label, host in profile.hosts.items()}
 
 

@@ -164,7 +164,7 @@ class Pipeline:
 
         m = self.microbatches
         xs, ys = tf.split(x, m), tf.split(y, m)
-        sums = [[tf.zeros_like(v) for v in variables] for variables in self.variables]
+        grads_of = [[[] for _ in variables] for variables in self.variables]  # [stage][variable][micro-batch]
         total = tf.constant(0.0)
         last = len(self.stages) - 1
         for k in range(m):  # unrolled: the executor overlaps micro-batches across stages
@@ -178,7 +178,9 @@ class Pipeline:
                         h = stage_in
                         for layer in layers:
                             h = layer(h, training=True)
-                        out = tf.reduce_mean(self.loss_fn(ys[k], h)) if s == last else h
+                        # the loss of one micro-batch, scaled so that the micro-batches' gradients add up
+                        # to the whole batch's mean (no per-micro-batch scaling pass over the gradients)
+                        out = tf.reduce_mean(self.loss_fn(ys[k], h)) / m if s == last else h
                 inputs.append(stage_in)
                 outputs.append(out)
                 tapes.append(tape)
@@ -187,13 +189,15 @@ class Pipeline:
             for s in range(last, -1, -1):
                 with tf.device(self.devices[s]):
                     grads = tapes[s].gradient(outputs[s], [*self.variables[s], inputs[s]], output_gradients=grad)
-                    sums[s] = [a + g / m for a, g in zip(sums[s], grads[:-1], strict=True)]
+                    for held, g in zip(grads_of[s], grads[:-1], strict=True):
+                        held.append(g)
                     grad = grads[-1]
-        for device, optimizer, variables, grads in zip(self.devices, self.optimizers, self.variables, sums,
-                                                       strict=True):
-            with tf.device(device):
+        for device, optimizer, variables, held in zip(self.devices, self.optimizers, self.variables, grads_of,
+                                                      strict=True):
+            with tf.device(device):  # one pass over the micro-batches' gradients (memory-bound on CPUs)
+                grads = [g[0] if len(g) == 1 else tf.add_n(g) for g in held]
                 optimizer.apply_gradients(zip(grads, variables, strict=True))
-        return total / m
+        return total
 
     def _predict(self, x):  # noqa: ANN001, ANN202
         import tensorflow as tf

@@ -4,9 +4,11 @@ algorithm, print the plans side by side and save the chosen one.
 Devices: one per GPU of a host (``gpus=``), else one per slot (``slots=``), each with the host's
 ``speed=`` (relative to the machine running this command, which profiles the model: speed 1) and
 ``memory=`` (default: unlimited). With ``--speeds FILE`` (a profile of ``ddlctl check --bench``) the
-measured speeds replace ``speed=`` (relative to ``localhost`` when the profile has it, the machine
-that profiles the model; else to the fastest host), and the median measured host-to-host link
-replaces the default ``--bandwidth`` / ``--latency-ms``. The planning itself is
+measured speeds replace ``speed=``: each host's GFLOP/s over this machine's, measured here with the
+same kernel just before the model is profiled (the profile's own ``localhost`` figure is not used:
+``check --bench`` measures all hosts at once, so hosts sharing a machine compete, while the model's
+layers are timed here alone), and the median measured host-to-host link replaces the default
+``--bandwidth`` / ``--latency-ms``. The planning itself is
 :mod:`ddlctl.planning.partition` (pure).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,11 +65,16 @@ def devices_of(cluster: Cluster) -> list[Device]:
     return devices
 
 
-def with_profile(cluster: Cluster, opts: PartitionOptions) -> tuple[Cluster, PartitionOptions]:
-    """Measured speeds and link from ``opts.speeds`` (a cluster profile); the defaults otherwise."""
+def with_profile(cluster: Cluster, opts: PartitionOptions,
+                 reference: Callable[[], float] | None = None) -> tuple[Cluster, PartitionOptions, float | None]:
+    """Measured speeds and link from ``opts.speeds`` (a cluster profile); the defaults otherwise.
+    ``reference`` measures this machine's GFLOP/s (called only when the profile is usable): speeds
+    are relative to it; without it, to the profile's ``localhost``, else its fastest host. Also
+    returns the reference GFLOP/s used (None without a profile or ``reference``)."""
     import dataclasses
 
     link = None
+    base = None
     if opts.speeds:
         from ddlctl.bench import load_profile, relative_speeds, typical_link
 
@@ -75,13 +83,14 @@ def with_profile(cluster: Cluster, opts: PartitionOptions) -> tuple[Cluster, Par
         if missing:
             raise ConfigError(f"--speeds {opts.speeds}: no speed for {', '.join(missing)}",
                               "measure this cluster with: ddlctl check --bench --save FILE")
-        speeds = relative_speeds(profile, "localhost")
+        base = reference() if reference is not None else None
+        speeds = relative_speeds(profile, "localhost", base)
         cluster = dataclasses.replace(cluster, hosts=tuple(
             dataclasses.replace(h, speed=speeds[h.label]) if h.label in speeds else h for h in cluster.hosts))
         link = typical_link(profile)
     bandwidth = opts.bandwidth_gbps or (link[0] / 1e9 if link else DEFAULT_BANDWIDTH_GBPS)
     latency = opts.latency_ms if opts.latency_ms is not None else (link[1] * 1e3 if link else DEFAULT_LATENCY_MS)
-    return cluster, dataclasses.replace(opts, bandwidth_gbps=bandwidth, latency_ms=latency)
+    return cluster, dataclasses.replace(opts, bandwidth_gbps=bandwidth, latency_ms=latency), base
 
 
 def algorithms(choice: str) -> tuple[str, ...]:
@@ -101,14 +110,14 @@ def plans_for(layers: list[Layer], devices: list[Device], opts: PartitionOptions
 
 
 def document(opts: PartitionOptions, layers: list[Layer], devices: list[Device],
-             plans: list[PartitionPlan]) -> dict[str, object]:
+             plans: list[PartitionPlan], reference_gflops: float | None = None) -> dict[str, object]:
     """The JSON of ``--json`` and of the saved plan (``chosen``: the plan ``launch`` uses)."""
     feasible = [p for p in plans if p.feasible and p.algorithm != "single"]
     rank = {"optimal": 0, "greedy": 1, "random": 2}  # on a tie, the exact one
     chosen = min(feasible, key=lambda p: (p.step_time_s or math.inf, rank.get(p.algorithm, 3))).algorithm \
         if feasible else None
     return {"schema": SCHEMA, "model": opts.model, "batch_size": opts.batch_size,
-            "microbatches": opts.microbatches,
+            "microbatches": opts.microbatches, "reference_gflops": reference_gflops,
             "link": {"bandwidth_gbps": opts.bandwidth_gbps, "latency_ms": opts.latency_ms},
             "devices": [asdict(d) | {"memory_bytes": None if math.isinf(d.memory_bytes) else d.memory_bytes}
                         for d in devices],
@@ -126,20 +135,31 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
         raise ConfigError(f"--batch-size {opts.batch_size} cannot be split into {opts.microbatches} micro-batches",
                           "use a multiple of --microbatches")
     cluster, _, _ = load_cluster(opts.hosts, opts.template, 1)
-    cluster, opts = with_profile(cluster, opts)
-    devices = devices_of(cluster)
     factory = load_model_factory(opts.model)
-    err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size}, forward + backward per layer)…",
-              highlight=False)
-    layers = profile(factory(), opts.batch_size)
+
+    def reference() -> float:
+        from ddlctl.runtime.devbench import local_gflops
+
+        err.print("measuring this machine's matrix-multiply speed (the measured speeds are relative to it)…",
+                  highlight=False)
+        return local_gflops()
+
+    cluster, opts, base = with_profile(cluster, opts, reference)
+    devices = devices_of(cluster)
+    err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size} in {opts.microbatches} "
+              "micro-batch(es), forward + backward per layer)…", highlight=False)
+    layers = profile(factory(), opts.batch_size, microbatches=opts.microbatches)
     plans = plans_for(layers, devices, opts)
-    data = document(opts, layers, devices, plans)
+    data = document(opts, layers, devices, plans, base)
     if opts.save:
         Path(opts.save).write_text(json.dumps(data, indent=1) + "\n")
     if opts.json_out:
         out.print_json(data=data)
     else:
         render(plans, layers, devices, opts, out)
+        if base:
+            out.print(f"speeds measured ({opts.speeds}), relative to this machine's {base:,.1f} GFLOP/s",
+                      highlight=False)
         if opts.save:
             out.print(f"plan saved to {opts.save} (chosen: {data['chosen'] or 'none'})", highlight=False)
     return 0 if data["chosen"] else 2

@@ -424,7 +424,8 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
         if strategy == "model" and p.role == "chief":  # what the chief plans its stages over
             env["DDLCTL_DEVICES"] = json.dumps([
-                {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes}
+                {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes,
+                 "gflops": request.speeds.get(w.host.label) if request.speeds else None}
                 for w in placements if w.role == "worker"])
         if request.balance == "speed" and p.role == "worker":
             env["DDLCTL_BALANCE"] = "speed"

@@ -56,6 +56,12 @@ def device_speeds(seconds: float, size: int | None = None) -> dict[str, object]:
     return {"tensorflow": tf.__version__, "cpus": os.cpu_count(), "devices": results}
 
 
+def local_gflops(seconds: float = 1.0) -> float:
+    """GFLOP/s of this process's first device (the one a model profiled here runs on), measured
+    with the same kernel as ``check --bench``: the reference that measured speeds are relative to."""
+    return float(device_speeds(seconds)["devices"][0]["gflops"])  # type: ignore[index]
+
+
 def serve(timeout: float) -> dict[str, object]:
     """Answer one :func:`connect` peer."""
     with socket.create_server(("", 0), family=socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET,

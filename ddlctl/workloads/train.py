@@ -497,7 +497,9 @@ class _Evaluated:
 
 def stage_counts(args: argparse.Namespace, model, n_devices: int) -> tuple[list[int], str]:
     """Layers per stage: ``--partition`` / ``$DDLCTL_PARTITION``, else the greedy plan for this
-    model (profiled here) over the devices ddlctl described in ``$DDLCTL_DEVICES``."""
+    model (profiled here) over the devices ddlctl described in ``$DDLCTL_DEVICES`` (measured
+    GFLOP/s, from ``--speeds``, are taken relative to this process's device, measured here with the
+    same kernel; else the declared relative speeds)."""
     from ddlctl.planning.partition import Device, plan_greedy
     from ddlctl.planning.profile_model import profile
 
@@ -509,9 +511,18 @@ def stage_counts(args: argparse.Namespace, model, n_devices: int) -> tuple[list[
     described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
     if len(described) != n_devices:
         described = [{} for _ in range(n_devices)]
-    devices = [Device(d.get("name") or f"worker:{i}", float(d.get("speed") or 1.0),
-                      float(d.get("memory_bytes") or float("inf"))) for i, d in enumerate(described)]
-    planned = plan_greedy(profile(model, args.batch_size, repeats=3), devices, args.microbatches)
+    speeds = [float(d.get("speed") or 1.0) for d in described]
+    if described and all(d.get("gflops") for d in described):
+        from ddlctl.runtime.devbench import local_gflops
+
+        reference = local_gflops()
+        speeds = [float(d["gflops"]) / reference for d in described]
+        print(f"measured stage speeds relative to this task's {reference:,.1f} GFLOP/s: "
+              + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
+    devices = [Device(d.get("name") or f"worker:{i}", speed, float(d.get("memory_bytes") or float("inf")))
+               for i, (d, speed) in enumerate(zip(described, speeds, strict=True))]
+    layers = profile(model, args.batch_size, repeats=3, microbatches=args.microbatches)
+    planned = plan_greedy(layers, devices, args.microbatches)
     if not planned.feasible:
         raise SystemExit(f"cannot place the model on the {n_devices} stage task(s): {planned.reason}")
     return [stage.layers for stage in planned.stages], "greedy"
