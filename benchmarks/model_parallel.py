@@ -7,7 +7,8 @@ chief (the client that drives the stages) runs unthrottled on a host entry of it
 (``roles=chief``). Each device gets a memory cap that the built-in ``deep`` model does not fit on
 one device. Then:
 
-1. ``ddlctl check --bench`` measures each stage host's speed (GFLOP/s under its quota);
+1. ``ddlctl check --bench`` measures each stage host's speed (GFLOP/s under its quota, the stage
+   hosts side by side as while training);
 2. ``ddlctl partition --speeds`` profiles the model and plans it with each algorithm (random with
    several seeds, greedy, optimal), at 1 and at 4 micro-batches, with its predicted step time;
 3. every plan runs under ``ddlctl launch --strategy model`` and its median step time is measured.
@@ -101,8 +102,12 @@ def main() -> None:
     hosts.write_text("localhost roles=chief\n"
                      f"127.0.0.1 roles=worker slots=2 memory={args.memory} cpu_quota={fast}\n"
                      f"::1 roles=worker slots=1 memory={args.memory} cpu_quota={slow}\n")
+    # the stage hosts only: measured side by side as they train (the chief's host would compete for
+    # the cores the quotas leave free, and it holds no stage)
+    stage_hosts = root / "stage-hosts.txt"
+    stage_hosts.write_text("".join(hosts.read_text().splitlines(keepends=True)[1:]))
     profile = root / "profile.json"
-    ddlctl("check", "--bench", "--hosts", str(hosts), "--save", str(profile))
+    ddlctl("check", "--bench", "--hosts", str(stage_hosts), "--save", str(profile))
     gflops = {label: round(h["speed"], 1) for label, h in json.loads(profile.read_text())["hosts"].items()}
     print(f"measured GFLOP/s per device: {gflops}", flush=True)
     rows = []

@@ -108,7 +108,8 @@ class Pipeline:
         for device, variables in zip(self.devices, self.variables, strict=True):
             with tf.device(device):
                 optimizer = make_optimizer()
-                optimizer.build(variables)  # its slots live with the stage's variables
+                if variables:
+                    optimizer.build(variables)  # its slots live with the stage's variables
             self.optimizers.append(optimizer)
         self._step = tf.function(self._train_step)
         self._forward = tf.function(self._predict)
@@ -159,6 +160,37 @@ class Pipeline:
                 counts[where] = counts.get(where, 0) + 1
         return counts
 
+    def stage_times(self, x, repeats: int = 3) -> list[float]:
+        """Each stage's own work per step (s): its forward and backward passes over the step's
+        micro-batches on its device, its input already there, timed alone, less a no-op call's
+        round trip to that device. A pipelined step lasts at least the largest; the rest of a
+        stage's step is its bubble (waiting for its neighbours). The weights are not changed."""
+        import tensorflow as tf
+
+        times = []
+        h = x
+        for s, (device, layers, variables) in enumerate(zip(self.devices, self.stages, self.variables, strict=True)):
+            with tf.device(device):
+                here = tf.identity(h)  # the stage's input on its device before the clock starts
+            work = tf.function(_stage_work(tf, device, layers, variables, self.microbatches, first=s == 0))
+            noop = tf.function(_stage_noop(tf, device))
+            work(here).numpy()
+            noop(here).numpy()  # trace and warm up
+            spent, idle = [], []
+            for _ in range(max(1, repeats)):
+                start = time.perf_counter()
+                work(here).numpy()
+                spent.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                noop(here).numpy()
+                idle.append(time.perf_counter() - start)
+            times.append(max(0.0, sorted(spent)[len(spent) // 2] - sorted(idle)[len(idle) // 2]))
+            with tf.device(device):
+                for layer in layers:
+                    here = layer(here, training=False)
+            h = here
+        return times
+
     def _train_step(self, x, y):  # noqa: ANN001, ANN202 - tensors in, loss out
         import tensorflow as tf
 
@@ -187,13 +219,20 @@ class Pipeline:
             total += outputs[last]
             grad = None
             for s in range(last, -1, -1):
+                # the first stage's input needs no gradient (for a first Dense layer that is a whole
+                # matrix product saved); a stage without variables (Flatten) only passes it on
+                targets = [*self.variables[s], inputs[s]] if s > 0 else list(self.variables[s])
+                if not targets:
+                    continue
                 with tf.device(self.devices[s]):
-                    grads = tapes[s].gradient(outputs[s], [*self.variables[s], inputs[s]], output_gradients=grad)
-                    for held, g in zip(grads_of[s], grads[:-1], strict=True):
+                    grads = tapes[s].gradient(outputs[s], targets, output_gradients=grad)
+                    for held, g in zip(grads_of[s], grads, strict=False):
                         held.append(g)
-                    grad = grads[-1]
+                    grad = grads[-1] if s > 0 else None
         for device, optimizer, variables, held in zip(self.devices, self.optimizers, self.variables, grads_of,
                                                       strict=True):
+            if not variables:
+                continue
             with tf.device(device):  # one pass over the micro-batches' gradients (memory-bound on CPUs)
                 grads = [g[0] if len(g) == 1 else tf.add_n(g) for g in held]
                 optimizer.apply_gradients(zip(grads, variables, strict=True))
@@ -216,3 +255,35 @@ class Pipeline:
     def predict(self, x):  # noqa: ANN001, ANN201
         """The model's output for ``x`` (forward through the stages)."""
         return self._forward(x)
+
+
+def _stage_work(tf, device: str, layers: Sequence[object], variables: Sequence[object], microbatches: int,
+                first: bool) -> Callable:  # noqa: ANN001 - the tensorflow module
+    """A stage's forward and backward passes over ``microbatches`` micro-batches (a scalar out)."""
+
+    def work(t):  # noqa: ANN001, ANN202
+        totals = []
+        with tf.device(device):
+            for part in tf.split(t, microbatches):
+                with tf.GradientTape() as tape:
+                    tape.watch(part)
+                    out = part
+                    for layer in layers:
+                        out = layer(out, training=True)
+                    total = tf.reduce_sum(out)
+                targets = [*variables] if first else [*variables, part]
+                grads = tape.gradient(total, targets) if targets else []
+                totals.append(tf.add_n([tf.reduce_sum(g) for g in grads]) if grads else total)
+            return tf.add_n(totals)
+
+    return work
+
+
+def _stage_noop(tf, device: str) -> Callable:  # noqa: ANN001
+    """A call that does next to nothing on ``device``: the round trip to subtract."""
+
+    def noop(t):  # noqa: ANN001, ANN202
+        with tf.device(device):
+            return tf.reduce_sum(t[:1, :1] if len(t.shape) > 1 else t[:1])
+
+    return noop

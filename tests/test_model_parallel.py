@@ -38,6 +38,14 @@ def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path
     # every matrix product of the step, forward and backward, runs on a stage task, none on the client
     assert set(stages["matmul_ops"]) == {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"}
     assert len((run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()) == int(STEPS)
+    # each stage's own work, timed on its task: without micro-batches the stages take turns, so
+    # their work is most of a step and cannot exceed it (a bubble share below 0 or a round trip
+    # taken for work would fail this)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    step = next(t for t in summary["tasks"] if t["name"] == "chief:0")["step_time_p50_s"]
+    busy = [s["busy_s"] for s in summary["stages"]]
+    assert all(b > 0 for b in busy) and 0.3 * step < sum(busy) < 1.15 * step, (busy, step)
+    assert all(0 <= s["idle_share"] < 1 for s in summary["stages"])
 
 
 def test_a_saved_partition_is_followed_and_micro_batches_train(tmp_path):
@@ -62,7 +70,7 @@ def test_a_saved_partition_is_followed_and_micro_batches_train(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [s["layers"] for s in summary["stages"]] == [c for c in counts if c]
     assert all(s["variables_on_stage"] and s["matmuls"] > 0 and s["cpu_mean"] is not None for s in summary["stages"])
-    assert "stages (model parallelism)" in done.stdout
+    assert "stages (model parallelism" in done.stdout and "idle %" in done.stdout
     records = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
     assert len(records) == int(STEPS) and json.loads(records[-1])["total"] == int(STEPS)
     # a plan for another cluster is refused before anything starts

@@ -48,9 +48,9 @@ def model_layers(model: object) -> list:
 
 
 def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int = 1) -> list[Layer]:
-    """Each layer's forward+backward time for the whole batch (median of ``repeats`` after a
-    warm-up), parameter + optimizer bytes and output activation bytes (whole batch), feeding it the
-    previous layer's output on a random batch.
+    """Each layer's time for the whole batch (forward, backward and the optimizer's update; median
+    of ``repeats`` after a warm-up), parameter + optimizer bytes and output activation bytes (whole
+    batch), feeding it the previous layer's output on a random batch.
 
     With ``microbatches`` > 1 a layer is timed on the batch split in that many micro-batches, one
     after the other in one call, as a pipeline step runs them: small matrix products are less
@@ -66,21 +66,19 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
     m = max(1, microbatches)
     x = tf.random.normal((max(m, batch_size - batch_size % m), *shape))
     measured = []
+    overhead = _call_overhead(tf, x, repeats)
+    needs_input_grad = False  # nothing before the first layer with weights needs a gradient
     for layer in model_layers(model):
+        variables = list(layer.trainable_variables)
+        optimizer = None
+        if variables:  # the step's update too: Adam with a zero learning rate (the weights stay as they are)
+            import keras
 
-        @tf.function
-        def forward_backward(t, layer=layer):
-            # the micro-batches one after the other in one call, as a pipeline step runs them
-            outputs, grads = [], []
-            for part in tf.split(t, m):
-                with tf.GradientTape() as tape:
-                    tape.watch(part)
-                    y = layer(part, training=True)
-                    total = tf.reduce_sum(y)
-                outputs.append(y)
-                grads.append(tape.gradient(total, [part, *layer.trainable_variables])[0])
-            return tf.concat(outputs, 0), tf.add_n([tf.reduce_sum(g) for g in grads])
+            optimizer = keras.optimizers.Adam(learning_rate=0.0)
+            optimizer.build(variables)
 
+        forward_backward = tf.function(_layer_step(tf, layer, variables, optimizer, m, needs_input_grad))
+        needs_input_grad = needs_input_grad or bool(variables)
         y, _ = forward_backward(x)  # trace and warm up
         forward_backward(x)[1].numpy()
         times: list[float] = []
@@ -92,6 +90,45 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
             spent += times[-1]
         params = sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in layer.trainable_variables)
         act = int(y.shape.num_elements()) * y.dtype.size
-        measured.append(Layer(layer.name, statistics.median(times), params * (1 + OPTIMIZER_SLOTS), act))
+        cost = max(statistics.median(times) - overhead, min(times) / 10)
+        measured.append(Layer(layer.name, cost, params * (1 + OPTIMIZER_SLOTS), act))
         x = y
     return measured
+
+
+def _call_overhead(tf, x, repeats: int) -> float:  # noqa: ANN001
+    """The time of a call that does next to nothing (dispatch and wait): left out of each layer's."""
+    noop = tf.function(lambda t: tf.reduce_sum(tf.reshape(t, [-1])[:1]))
+    noop(x).numpy()
+    times = []
+    for _ in range(max(5, repeats)):
+        start = time.perf_counter()
+        noop(x).numpy()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _layer_step(tf, layer, variables: list, optimizer, m: int, input_grad: bool) -> Callable:  # noqa: ANN001
+    """One step of one layer (for ``tf.function``): the micro-batches one after the other, as a
+    pipeline step runs them, their weight gradients summed, then the optimizer's update: what a
+    stage does per layer. ``input_grad``: also the gradient of the layer's input (every layer after
+    the first with weights: the layers before it need it)."""
+
+    def step(t):  # noqa: ANN001, ANN202
+        outputs, input_grads, weight_grads = [], [], []
+        for part in tf.split(t, m):
+            with tf.GradientTape() as tape:
+                tape.watch(part)
+                y = layer(part, training=True)
+                total = tf.reduce_sum(y)
+            grads = tape.gradient(total, [part, *variables] if input_grad else [*variables])
+            outputs.append(y)
+            # something to wait for (the update below runs in any case: tf.function runs stateful ops)
+            input_grads.append(tf.reduce_sum(grads[0]) if input_grad else tf.reduce_sum(y[..., :1]))
+            weight_grads.append(grads[1:] if input_grad else grads)
+        if optimizer is not None:
+            summed = [tf.add_n(list(g)) if m > 1 else g[0] for g in zip(*weight_grads, strict=True)]
+            optimizer.apply_gradients(zip(summed, variables, strict=True))
+        return tf.concat(outputs, 0), tf.add_n(input_grads)
+
+    return step

@@ -141,16 +141,22 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
 
 def render_stages(summary: RunSummary, console: Console) -> None:
     """Model strategy: each stage task, its layers, whether its variables live there, its share
-    of the step's matrix products, and how busy it was (CPU)."""
+    of the step's matrix products, its own work per step, its idle (bubble) share of the median
+    step, and its CPU."""
     if not summary.stages:
         return
-    table = Table(title="stages (model parallelism)", title_justify="left")
-    for column in ("stage task", "layers", "first … last", "variables there", "matmuls", "CPU %"):
+    table = Table(title="stages (model parallelism; busy: the stage's own work per step, timed alone at the end; "
+                        "idle: the rest of the median step, waiting on its neighbours)", title_justify="left")
+    for column in ("stage task", "layers", "first … last", "variables there", "matmuls", "busy ms", "idle %",
+                   "CPU %"):
         table.add_column(column, justify="left" if column in ("stage task", "first … last") else "right")
     for stage in summary.stages:
+        busy = stage.get("busy_s")
+        idle = stage.get("idle_share")
         table.add_row(stage["task"], str(stage["layers"]), f"{stage['first']} … {stage['last']}",
                       "yes" if stage["variables_on_stage"] else Text("no", style="red"), str(stage["matmuls"]),
-                      fmt(stage["cpu_mean"], ".0f"))
+                      fmt(busy * 1e3 if busy is not None else None, ".1f"),
+                      fmt(idle * 100 if idle is not None else None, ".0f"), fmt(stage["cpu_mean"], ".0f"))
     console.print(table)
 
 

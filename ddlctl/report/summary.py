@@ -608,7 +608,9 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
 
     lead = _lead(all_steps, plan.get("strategy"))
     work, work_note = _worker_work(plan, lead, procs)
-    stages = _stages(run_dir, procs) if plan.get("strategy") == "model" else ()
+    chief = next((t for t in tasks if t.name == "chief:0"), None)
+    stages = _stages(run_dir, procs, chief.step_time_p50_s if chief else None) \
+        if plan.get("strategy") == "model" else ()
     balance = _balance(run_dir, plan, all_steps, kept_of) if plan.get("strategy") == "mwms" else None
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
@@ -646,13 +648,15 @@ def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of:
         {"split": split, "workers": []} if split == NOT_BALANCED else None)
 
 
-def _stages(run_dir: Path, procs: dict) -> tuple[dict, ...]:
+def _stages(run_dir: Path, procs: dict, step_s: float | None) -> tuple[dict, ...]:
     """The model strategy's stages as the chief recorded them (``stages.json``), with each stage
-    task's mean CPU % from telemetry (how busy the stage was) and its share of the matmuls."""
+    task's mean CPU % from telemetry, its share of the matmuls, its own work per step as the chief
+    measured it at the end (``busy_s``) and the rest of the median step: its idle (bubble) share."""
     recorded = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
     ops = recorded.get("matmul_ops") or {}
+    busy = list(recorded.get("busy_s") or [])
     rows = []
-    for stage in recorded.get("stages") or []:
+    for i, stage in enumerate(recorded.get("stages") or []):
         device = str(stage.get("device", ""))
         task = device.split("/job:")[-1].split("/")[0] + ":" + device.split("/task:")[-1].split("/")[0] \
             if "/task:" in device else device
@@ -661,7 +665,9 @@ def _stages(run_dir: Path, procs: dict) -> tuple[dict, ...]:
         rows.append({"task": task, "device": device, "layers": len(layers),
                      "first": layers[0] if layers else None, "last": layers[-1] if layers else None,
                      "variables_on_stage": stage.get("variable_devices") == [device],
-                     "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu) if cpu else None})
+                     "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu) if cpu else None,
+                     "busy_s": busy[i] if i < len(busy) else None,
+                     "idle_share": max(0.0, 1.0 - busy[i] / step_s) if i < len(busy) and step_s else None})
     return tuple(rows)
 
 

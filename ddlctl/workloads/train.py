@@ -587,7 +587,8 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
         Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
         (Path(ctx.task_dir) / "stages.json").write_text(json.dumps(
             {"partition": counts, "how": how, "microbatches": args.microbatches, "stages": placement,
-             "matmul_ops": pipeline.op_devices(images, labels)}, indent=1) + "\n")
+             "matmul_ops": pipeline.op_devices(images, labels), "busy_s": pipeline.stage_times(images)},
+            indent=1) + "\n")
 
     def evaluate() -> tuple[float, float]:
         images, labels = eval_batch(args.seed)
