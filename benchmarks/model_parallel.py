@@ -19,7 +19,7 @@ onto 64 devices. Targets: greedy >= 1.3x faster than random, optimal <= greedy, 
 25%, micro-batching >= 1.3x over none on 3 stages, planning < 1 s.
 
     .venv/bin/python benchmarks/model_parallel.py [--steps 30] [--batch-size 512] [--memory 40MiB]
-        [--random-seeds 3] [--rounds 1]
+        [--random-seeds 5] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--memory", default="40MiB", help="memory cap of each emulated device")
     parser.add_argument("--quotas", default="0.6,0.3", metavar="FAST,SLOW",
                         help="CPUs of the two fast stage tasks (each) and of the slow one")
-    parser.add_argument("--random-seeds", type=int, default=3)
+    parser.add_argument("--random-seeds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1, help="runs per plan (median)")
     args = parser.parse_args()
     if os.geteuid() != 0:

@@ -106,3 +106,46 @@ def test_a_lost_stage_restarts_every_task_and_training_resumes_from_the_checkpoi
     assert json.loads((job.run_dir / "tasks" / "chief-0" / "stages.json").read_text())["how"] == "resumed"
     assert json.loads((job.run_dir / "tasks" / "chief-0" / "result.json").read_text())["accuracy"] > 0.3
     assert processes_of_run(job.run_dir.name) == []
+
+
+def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp_path):
+    from tests.conftest import processes_of_run
+    from tests.test_heterogeneous import can_throttle
+
+    if not can_throttle():
+        pytest.skip("no writable cgroup cpu controller (run as root)")
+    hosts = tmp_path / "hosts.txt"
+    # the chief on a host of its own; two stage hosts, the second with a third of the first's CPU
+    hosts.write_text("localhost roles=chief\n127.0.0.1 roles=worker cpu_quota=0.45\n::1 roles=worker cpu_quota=0.15\n")
+    done = run_ddlctl("launch", "-s", "model", "--hosts", str(hosts), "--bench", "--no-telemetry",
+                      "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-m", "ddlctl.workloads",
+                      "--workload", "deep", "--steps", "8", "--microbatches", "2", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "runs")
+    measured = json.loads((run_dir / "cluster-profile.json").read_text())["hosts"]
+    assert measured["::1"]["speed"] < 0.6 * measured["127.0.0.1"]["speed"], measured
+    stages = json.loads((run_dir / "tasks" / "chief-0" / "stages.json").read_text())
+    fast, slow = stages["partition"]
+    assert stages["how"] == "greedy" and fast + slow == 14 and 0 < slow < fast - 2, stages["partition"]
+    log = (run_dir / "tasks" / "chief-0" / "output.log").read_text()
+    assert "measured stage speeds relative to this task's" in log
+    assert processes_of_run(run_dir.name) == []
+
+
+def test_a_functional_model_of_a_users_program_is_placed_through_the_api_and_trains(tmp_path):
+    from pathlib import Path
+
+    program = Path(__file__).parent / "programs" / "mp_functional.py"
+    done = run_ddlctl("launch", "-s", "model", "--workers", "2", "--no-telemetry", "--runs-dir", str(tmp_path),
+                      "--", sys.executable, str(program), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    placed = json.loads((run_dir / "tasks" / "chief-0" / "placement.json").read_text())
+    assert [stage["layers"] for stage in placed["stages"]] == [["embed", "hidden_a"], ["hidden_b", "head"]]
+    for i, stage in enumerate(placed["stages"]):
+        assert stage["variable_devices"] == [f"/job:worker/replica:0/task:{i}/device:CPU:0"]
+    assert set(placed["matmul_ops"]) == {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"}
+    losses = placed["losses"]
+    assert losses[-1] < 0.7 * losses[0], losses  # it learns
+    records = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
+    assert len(records) == 30
