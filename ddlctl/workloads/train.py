@@ -435,6 +435,10 @@ def calibration_step(args: argparse.Namespace, batch: int):  # noqa: ANN201 - a 
     return lambda: step().numpy()
 
 
+#: How often a ps block whose closure failed on a worker is scheduled again before the chief gives up.
+MAX_BLOCK_RETRIES = 3
+
+
 def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> Trainer:
     """Coordinator loop: schedule blocks of steps on workers, at most two in flight per worker.
 
@@ -458,6 +462,8 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     blocks = list(_blocks(args.steps, args.steps_per_call, resumed))
     scheduled = 0
     done = 0
+    failed: dict[int, int] = {}
+
     def schedule(first: int, count: int):  # noqa: ANN202 - a RemoteValue
         if make_batch is None:
             return coordinator.schedule(trainer.run_range, args=(tf.constant(first * args.batch_size, tf.int64),
@@ -477,6 +483,18 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
             # (at-least-once, as the coordinator does for closures that had not finished).
             print(f"block at step {first + 1} lost with its worker ({type(exc).__name__}): scheduling it again",
                   flush=True)
+            pending.appendleft((first, count, schedule(first, count)))
+            continue
+        if figures is None:
+            # The closure failed after its values were set (seen once after a chief restart: an
+            # InternalError copying them back); TensorFlow's RemoteValue then fetches None instead
+            # of raising. Run the block again, a few times at most.
+            failed[first] = failed.get(first, 0) + 1
+            if failed[first] > MAX_BLOCK_RETRIES:
+                raise RuntimeError(f"the block at step {first + 1} failed {failed[first]} times on the workers "
+                                   "(see the errors above)")
+            print(f"block at step {first + 1} came back without results (a worker-side error): scheduling it "
+                  "again", flush=True)
             pending.appendleft((first, count, schedule(first, count)))
             continue
         loss = _record_block(recorder, first + 1, figures, args.batch_size)
