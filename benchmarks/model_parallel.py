@@ -43,16 +43,22 @@ def ddlctl(*args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def run_plan(counts: list[int], microbatches: int, args: argparse.Namespace, hosts: Path, root: Path) -> float:
-    """Median step time (s) of the model strategy with these layers per stage."""
+def run_plan(counts: list[int], microbatches: int, args: argparse.Namespace, hosts: Path, profile: Path,
+             root: Path) -> tuple[float, float | None]:
+    """Median step time (s) of the model strategy with these layers per stage, and the step time
+    the chief predicted for the plan before it trained (its own profile, the measured speeds, the
+    link between the stage tasks as TensorFlow moved tensors)."""
     run_root = Path(tempfile.mkdtemp(dir=root))
-    ddlctl("launch", "-s", "model", "--hosts", str(hosts), "--no-telemetry", "--runs-dir", str(run_root), "--",
+    ddlctl("launch", "-s", "model", "--hosts", str(hosts), "--no-telemetry", "--speeds", str(profile),
+           "--runs-dir", str(run_root), "--",
            sys.executable, "-m", "ddlctl.workloads", "--workload", "deep", "--steps", str(args.steps),
            "--batch-size", str(args.batch_size), "--microbatches", str(microbatches),
            "--checkpoint-every", str(args.steps + 1), "--partition", ",".join(map(str, counts)))
     (run_dir,) = [p for p in run_root.iterdir() if p.is_dir()]
     records = [json.loads(line) for line in (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()]
-    return statistics.median(r["duration_s"] for r in records[3:])  # after warm-up
+    stages = json.loads((run_dir / "tasks" / "chief-0" / "stages.json").read_text())
+    return (statistics.median(r["duration_s"] for r in records[3:]),  # after warm-up
+            (stages.get("predicted") or {}).get("step_s"))
 
 
 def planner_speed() -> float:
@@ -115,44 +121,52 @@ def main() -> None:
     for microbatches in (1, 4):
         for name, p in plans_for(microbatches, args, hosts, profile, root).items():
             if not p["feasible"]:
-                rows.append((microbatches, name, None, None, p["reason"]))
+                rows.append((microbatches, name, None, None, p["reason"], None))
                 continue
             counts = [s["layers"] for s in p["stages"]]
             key = (microbatches, tuple(counts))
             if key not in measured_of:
-                measured_of[key] = statistics.median(run_plan(counts, microbatches, args, hosts, root)
-                                                     for _ in range(max(1, args.rounds)))
-            measured = measured_of[key]
-            rows.append((microbatches, name, p["step_time_s"], measured, ",".join(map(str, counts))))
-            print(f"m={microbatches} {name:<16} predicted {p['step_time_s'] * 1e3:7.1f} ms  measured "
-                  f"{measured * 1e3:7.1f} ms  stages {counts}", flush=True)
+                runs = [run_plan(counts, microbatches, args, hosts, profile, root) for _ in range(max(1, args.rounds))]
+                measured_of[key] = (statistics.median(r[0] for r in runs),
+                                    statistics.median(r[1] for r in runs) if all(r[1] for r in runs) else None)
+            measured, in_situ = measured_of[key]
+            rows.append((microbatches, name, p["step_time_s"], measured, ",".join(map(str, counts)), in_situ))
+            print(f"m={microbatches} {name:<16} predicted {p['step_time_s'] * 1e3:7.1f} ms (chief: "
+                  f"{(in_situ or 0) * 1e3:7.1f} ms)  measured {measured * 1e3:7.1f} ms  stages {counts}", flush=True)
     print(f"\ndeep model, batch {args.batch_size}, 3 stage tasks (CPU quotas {fast}/{fast}/{slow}, memory "
           f"{args.memory} each), {args.steps} steps, median step time")
-    print(f"{'m':>2} {'plan':<22} {'predicted ms':>13} {'measured ms':>12} {'error':>7}  stages / note")
-    errors = []
-    for m, name, predicted, measured, note in rows:
+    print("predicted: by `ddlctl partition` (offline: link from check --bench); chief: by the launched chief "
+          "before training (link between the stage tasks as TensorFlow moved tensors, and a step's dispatch)")
+    print(f"{'m':>2} {'plan':<22} {'predicted ms':>13} {'error':>7} {'chief ms':>9} {'error':>7} "
+          f"{'measured ms':>12}  stages / note")
+    errors, chief_errors = [], []
+    for m, name, predicted, measured, note, in_situ in rows:
         label = "single fastest device" if name == "single" else name
         if measured is None:
-            print(f"{m:>2} {label:<22} {'-':>13} {'-':>12} {'-':>7}  infeasible: {note}")
+            print(f"{m:>2} {label:<22} {'-':>13} {'-':>7} {'-':>9} {'-':>7} {'-':>12}  infeasible: {note}")
             continue
         error = (predicted - measured) / measured
         errors.append(abs(error))
-        print(f"{m:>2} {label:<22} {predicted * 1e3:>13.1f} {measured * 1e3:>12.1f} {error:>+7.0%}  {note}")
+        chief = f"{in_situ * 1e3:>9.1f} {(in_situ - measured) / measured:>+7.0%}" if in_situ else f"{'-':>9} {'-':>7}"
+        if in_situ:
+            chief_errors.append(abs(in_situ - measured) / measured)
+        print(f"{m:>2} {label:<22} {predicted * 1e3:>13.1f} {error:>+7.0%} {chief} {measured * 1e3:>12.1f}  {note}")
     for m in (1, 4):
-        measured = {name: value for mm, name, _, value, _ in rows if mm == m and value is not None}
+        measured = {name: value for mm, name, _, value, _, _ in rows if mm == m and value is not None}
         randoms = [v for n, v in measured.items() if n.startswith("random")]
         if randoms and "greedy" in measured and "optimal" in measured:
             base = statistics.mean(randoms)
             print(f"m={m}: greedy {base / measured['greedy']:.2f}x faster than random (mean of {len(randoms)} "
                   f"seeds), optimal {base / measured['optimal']:.2f}x; optimal / greedy "
                   f"{measured['optimal'] / measured['greedy']:.2f}")
-    one = {name: value for m, name, _, value, _ in rows if m == 1 and value is not None}
-    four = {name: value for m, name, _, value, _ in rows if m == 4 and value is not None}
+    one = {name: value for m, name, _, value, _, _ in rows if m == 1 and value is not None}
+    four = {name: value for m, name, _, value, _, _ in rows if m == 4 and value is not None}
     for name in ("greedy", "optimal"):
         if name in one and name in four:
             print(f"micro-batching (4 vs 1) with {name}: {one[name] / four[name]:.2f}x")
-    if errors:
-        print(f"prediction error: median {statistics.median(errors):.0%}, largest {max(errors):.0%}")
+    for who, found in (("partition", errors), ("chief", chief_errors)):
+        if found:
+            print(f"prediction error ({who}): median {statistics.median(found):.0%}, largest {max(found):.0%}")
     print(f"planning 1,000 layers onto 64 devices (optimal, 8 micro-batches): {planner_speed():.2f} s")
     print(f"runs: {root}")
 

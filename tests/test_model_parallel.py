@@ -71,6 +71,16 @@ def test_a_saved_partition_is_followed_and_micro_batches_train(tmp_path):
     assert [s["layers"] for s in summary["stages"]] == [c for c in counts if c]
     assert all(s["variables_on_stage"] and s["matmuls"] > 0 and s["cpu_mean"] is not None for s in summary["stages"])
     assert "stages (model parallelism" in done.stdout and "idle %" in done.stdout
+    # the cost model's prediction for the given plan, with the link TensorFlow showed between the
+    # stage tasks (a real transfer costs far more than nothing) and the step's dispatch cost
+    predicted = stages["predicted"]
+    assert predicted["link"]["latency_s"] > 1e-5 and predicted["dispatch_s"] > 1e-4, predicted
+    assert len(predicted["stage_s"]) == len(counts)
+    assert all(t > 0 for t, c in zip(predicted["stage_s"], counts, strict=True) if c)
+    plan = summary["stage_plan"]
+    assert plan["partition"] == counts and plan["predicted_step_s"] == predicted["step_s"]
+    assert abs(plan["error"]) < 0.9, plan  # the same order of magnitude as the measured step
+    assert f"plan {counts} (given, 4 micro-batch(es)): predicted step" in done.stdout
     records = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
     assert len(records) == int(STEPS) and json.loads(records[-1])["total"] == int(STEPS)
     # a plan for another cluster is refused before anything starts

@@ -356,6 +356,18 @@ def plan_optimal(layers: Sequence[Layer], devices: Sequence[Device], microbatche
     return _plan("optimal", model, devices, cuts, link, microbatches, [f"minimises {objective}"])
 
 
+def plan_counts(layers: Sequence[Layer], devices: Sequence[Device], counts: Sequence[int], microbatches: int = 1,
+                link: Link = Link(), algorithm: str = "given") -> PartitionPlan:
+    """The cost model's prediction for a plan given as layers per device (in device order)."""
+    _check(layers, devices, microbatches)
+    if len(counts) != len(devices) or sum(counts) != len(layers) or min(counts) < 0:
+        raise ValueError(f"the plan {list(counts)} does not place {len(layers)} layers on {len(devices)} devices")
+    cuts = [0]
+    for count in counts:
+        cuts.append(cuts[-1] + int(count))
+    return _plan(algorithm, _Model(layers), devices, cuts, link, microbatches)
+
+
 def plan(algorithm: str, layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
          link: Link = Link(), seed: int = 0) -> PartitionPlan:
     """The plan of one algorithm (``random``, ``greedy``, ``optimal`` or ``single``)."""

@@ -141,23 +141,37 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
 
 def render_stages(summary: RunSummary, console: Console) -> None:
     """Model strategy: each stage task, its layers, whether its variables live there, its share
-    of the step's matrix products, its own work per step, its idle (bubble) share of the median
-    step, and its CPU."""
+    of the step's matrix products, the cost model's time for it, its own work per step, its idle
+    (bubble) share of the median step, and its CPU; then the plan's predicted step time against
+    the measured one."""
     if not summary.stages:
         return
-    table = Table(title="stages (model parallelism; busy: the stage's own work per step, timed alone at the end; "
+    table = Table(title="stages (model parallelism; predicted: the cost model's time for the stage per step, "
+                        "transfers included; busy: the stage's own work per step, timed alone at the end; "
                         "idle: the rest of the median step, waiting on its neighbours)", title_justify="left")
-    for column in ("stage task", "layers", "first … last", "variables there", "matmuls", "busy ms", "idle %",
-                   "CPU %"):
+    for column in ("stage task", "layers", "first … last", "variables there", "matmuls", "predicted ms",
+                   "busy ms", "idle %", "CPU %"):
         table.add_column(column, justify="left" if column in ("stage task", "first … last") else "right")
     for stage in summary.stages:
         busy = stage.get("busy_s")
         idle = stage.get("idle_share")
+        predicted = stage.get("predicted_s")
         table.add_row(stage["task"], str(stage["layers"]), f"{stage['first']} … {stage['last']}",
                       "yes" if stage["variables_on_stage"] else Text("no", style="red"), str(stage["matmuls"]),
+                      fmt(predicted * 1e3 if predicted is not None else None, ".1f"),
                       fmt(busy * 1e3 if busy is not None else None, ".1f"),
                       fmt(idle * 100 if idle is not None else None, ".0f"), fmt(stage["cpu_mean"], ".0f"))
     console.print(table)
+    plan = summary.stage_plan or {}
+    if plan.get("predicted_step_s") and plan.get("measured_step_s"):
+        link = plan.get("link") or {}
+        bandwidth = link.get("bandwidth_bps")
+        console.print(f"plan {plan['partition']} ({plan['how']}, {plan['microbatches']} micro-batch(es)): "
+                      f"predicted step {plan['predicted_step_s'] * 1e3:.1f} ms, measured median "
+                      f"{plan['measured_step_s'] * 1e3:.1f} ms ({plan['error']:+.0%}); link between stages as "
+                      f"TensorFlow moved tensors: {link.get('latency_s', 0) * 1e3:.2f} ms per message"
+                      + (f", {bandwidth / 1e9:.2f} GB/s" if bandwidth else "")
+                      + f", {(plan.get('dispatch_s') or 0) * 1e3:.1f} ms to dispatch a step")
 
 
 def render_work(summary: RunSummary, console: Console) -> None:

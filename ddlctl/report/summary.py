@@ -262,13 +262,14 @@ class RunSummary:
     work_note: str | None = None
     stages: tuple[dict, ...] = ()  # model strategy: per stage task, its layers and CPU
     balance: dict | None = None  # mwms: per-worker speed, share, compute and wait; predictions
+    stage_plan: dict | None = None  # model strategy: the plan, its predicted and measured step time
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
-        total_steps_declared (3), plus stages and balance (4))."""
+        total_steps_declared (3), plus stages and balance (4), plus stage_plan (5))."""
         data = asdict(self)
-        data = {"schema": 4, **data}
+        data = {"schema": 5, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -609,8 +610,9 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     lead = _lead(all_steps, plan.get("strategy"))
     work, work_note = _worker_work(plan, lead, procs)
     chief = next((t for t in tasks if t.name == "chief:0"), None)
-    stages = _stages(run_dir, procs, chief.step_time_p50_s if chief else None) \
-        if plan.get("strategy") == "model" else ()
+    chief_step_s = chief.step_time_p50_s if chief else None
+    stages = _stages(run_dir, procs, chief_step_s) if plan.get("strategy") == "model" else ()
+    stage_plan = _stage_plan(run_dir, chief_step_s) if plan.get("strategy") == "model" else None
     balance = _balance(run_dir, plan, all_steps, kept_of) if plan.get("strategy") == "mwms" else None
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
@@ -627,7 +629,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         goodput=goodput(lead.start_us, lead.duration, redone) if lead is not None else None,
         steps_lost=sum(redone) * (lead.block if lead is not None else 1),
         degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])),
-        work=work, work_note=work_note, stages=stages, balance=balance)
+        work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan)
     return _with_diagnosis(summary, outcome, run_end)
 
 
@@ -655,6 +657,10 @@ def _stages(run_dir: Path, procs: dict, step_s: float | None) -> tuple[dict, ...
     recorded = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
     ops = recorded.get("matmul_ops") or {}
     busy = list(recorded.get("busy_s") or [])
+    # the plan's stages, empty ones included; the recorded stages are the non-empty ones
+    planned = (recorded.get("predicted") or {}).get("stage_s") or []
+    counts = list(recorded.get("partition") or [])
+    predicted = [t for t, c in zip(planned, counts, strict=False) if c] if len(planned) == len(counts) else []
     rows = []
     for i, stage in enumerate(recorded.get("stages") or []):
         device = str(stage.get("device", ""))
@@ -667,8 +673,24 @@ def _stages(run_dir: Path, procs: dict, step_s: float | None) -> tuple[dict, ...
                      "variables_on_stage": stage.get("variable_devices") == [device],
                      "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu) if cpu else None,
                      "busy_s": busy[i] if i < len(busy) else None,
-                     "idle_share": max(0.0, 1.0 - busy[i] / step_s) if i < len(busy) and step_s else None})
+                     "idle_share": max(0.0, 1.0 - busy[i] / step_s) if i < len(busy) and step_s else None,
+                     "predicted_s": predicted[i] if i < len(predicted) else None})
     return tuple(rows)
+
+
+def _stage_plan(run_dir: Path, step_s: float | None) -> dict | None:
+    """The model strategy's plan (``stages.json``): how it was chosen, the cost model's predicted
+    step time (with the link TensorFlow showed between the stages) against the measured median,
+    and the error; None when the chief recorded no plan."""
+    recorded = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
+    if not recorded.get("partition"):
+        return None
+    predicted = recorded.get("predicted") or {}
+    step_predicted = predicted.get("step_s")
+    return {"partition": list(recorded["partition"]), "how": recorded.get("how"),
+            "microbatches": recorded.get("microbatches"), "predicted_step_s": step_predicted,
+            "measured_step_s": step_s, "link": predicted.get("link"), "dispatch_s": predicted.get("dispatch_s"),
+            "error": (step_predicted - step_s) / step_s if step_predicted and step_s else None}
 
 
 def _in_flight(steps: TaskSteps, kept: slice) -> float | None:

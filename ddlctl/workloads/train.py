@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -513,19 +514,13 @@ class _Evaluated:
         self.evaluate = evaluate
 
 
-def stage_counts(args: argparse.Namespace, model, n_devices: int) -> tuple[list[int], str]:
-    """Layers per stage: ``--partition`` / ``$DDLCTL_PARTITION``, else the greedy plan for this
-    model (profiled here) over the devices ddlctl described in ``$DDLCTL_DEVICES`` (measured
-    GFLOP/s, from ``--speeds``, are taken relative to this process's device, measured here with the
-    same kernel; else the declared relative speeds)."""
-    from ddlctl.planning.partition import Device, plan_greedy
+def cost_inputs(args: argparse.Namespace, model, n_devices: int) -> tuple[list, list]:
+    """The cost model's layers (``model`` profiled here, with the run's batch and micro-batches) and
+    devices (from ``$DDLCTL_DEVICES``: measured GFLOP/s, from ``--speeds``, taken relative to this
+    process's device, measured here with the same kernel; else the declared relative speeds)."""
+    from ddlctl.planning.partition import Device
     from ddlctl.planning.profile_model import profile
 
-    if args.partition:
-        return [int(c) for c in str(args.partition).split(",")], "given"
-    kept = Path(args.checkpoint_dir or "") / "partition.json"
-    if args.checkpoint_dir and kept.is_file():  # a restart resumes the plan its checkpoint was made with
-        return [int(c) for c in json.loads(kept.read_text())["partition"]], "resumed"
     described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
     if len(described) != n_devices:
         described = [{} for _ in range(n_devices)]
@@ -539,11 +534,50 @@ def stage_counts(args: argparse.Namespace, model, n_devices: int) -> tuple[list[
               + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
     devices = [Device(d.get("name") or f"worker:{i}", speed, float(d.get("memory_bytes") or float("inf")))
                for i, (d, speed) in enumerate(zip(described, speeds, strict=True))]
-    layers = profile(model, args.batch_size, repeats=3, microbatches=args.microbatches)
-    planned = plan_greedy(layers, devices, args.microbatches)
-    if not planned.feasible:
-        raise SystemExit(f"cannot place the model on the {n_devices} stage task(s): {planned.reason}")
-    return [stage.layers for stage in planned.stages], "greedy"
+    return profile(model, args.batch_size, repeats=3, microbatches=args.microbatches), devices
+
+
+def measured_link(stage_devices: list[str], layers: list, microbatches: int) -> tuple[object, float]:
+    """The link between stage tasks as TensorFlow moves a micro-batch's activation (see
+    :func:`ddlctl.modelparallel.measure_link`) and a step's fixed dispatch cost."""
+    from ddlctl import modelparallel as mp
+    from ddlctl.planning.partition import Link
+
+    sizes = sorted(layer.act_bytes for layer in layers) or [4]
+    latency, bandwidth, dispatch = mp.measure_link(stage_devices, sizes[len(sizes) // 2] // max(1, microbatches))
+    print(f"stage link as TensorFlow moves tensors: {latency * 1e3:.2f} ms per message + "
+          f"{bandwidth / 1e9:.2f} GB/s; {dispatch * 1e3:.1f} ms to dispatch a step", flush=True)
+    return Link(bandwidth, latency), dispatch
+
+
+def stage_counts(args: argparse.Namespace, model, stage_devices: list[str]) -> tuple[list[int], str, dict | None]:
+    """Layers per stage: ``--partition`` / ``$DDLCTL_PARTITION``, else the greedy plan for this
+    model over the devices ddlctl described (:func:`cost_inputs`) and the link measured between
+    them; and, but for a resumed plan, the cost model's prediction for the plan (its step time with
+    the dispatch cost, each stage's time, the measured link)."""
+    from ddlctl.planning.partition import plan_counts, plan_greedy
+
+    kept = Path(args.checkpoint_dir or "") / "partition.json"
+    if not args.partition and args.checkpoint_dir and kept.is_file():  # a restart resumes its plan
+        return [int(c) for c in json.loads(kept.read_text())["partition"]], "resumed", None
+    layers, devices = cost_inputs(args, model, len(stage_devices))
+    link, dispatch = measured_link(stage_devices, layers, args.microbatches)
+    if args.partition:
+        counts, how = [int(c) for c in str(args.partition).split(",")], "given"
+        if len(counts) != len(devices) or sum(counts) != len(layers) or min(counts) < 0:
+            return counts, how, None  # the Pipeline says what is wrong with it
+        planned = plan_counts(layers, devices, counts, args.microbatches, link)
+    else:
+        planned = plan_greedy(layers, devices, args.microbatches, link)
+        if not planned.feasible:
+            raise SystemExit(f"cannot place the model on the {len(devices)} stage task(s): {planned.reason}")
+        counts, how = [stage.layers for stage in planned.stages], "greedy"
+    predicted = {"step_s": (planned.step_time_s or 0.0) + dispatch, "dispatch_s": dispatch,
+                 "stage_s": [stage.time_s for stage in planned.stages],
+                 "link": {"latency_s": link.latency_s,
+                          "bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None}}
+    print(f"predicted step time of the {how} plan {counts}: {predicted['step_s'] * 1e3:.1f} ms", flush=True)
+    return counts, how, predicted
 
 
 def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> _Evaluated:
@@ -561,7 +595,7 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
     devices = mp.connect()
     keras.utils.set_random_seed(args.seed)
     model = getattr(models, args.workload)()
-    counts, how = stage_counts(args, model, len(devices))
+    counts, how, predicted = stage_counts(args, model, devices)
     if args.checkpoint_dir and how != "resumed":
         Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.checkpoint_dir) / "partition.json").write_text(json.dumps({"partition": counts}) + "\n")
@@ -605,7 +639,8 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
         Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
         (Path(ctx.task_dir) / "stages.json").write_text(json.dumps(
             {"partition": counts, "how": how, "microbatches": args.microbatches, "stages": placement,
-             "matmul_ops": pipeline.op_devices(images, labels), "busy_s": pipeline.stage_times(images)},
+             "matmul_ops": pipeline.op_devices(images, labels), "busy_s": pipeline.stage_times(images),
+             "predicted": predicted},
             indent=1) + "\n")
 
     def evaluate() -> tuple[float, float]:
