@@ -86,3 +86,9 @@ def test_balanced_slices_read_the_same_examples_per_step_as_the_equal_split():
         assert union == set(range((3 + step) * 16, (4 + step) * 16))
         assert split[0][step] | split[1][step] == union and not split[0][step] & split[1][step]
         assert len(split[0][step]) == 11 and len(split[1][step]) == 5
+
+
+def test_op_threads_follow_the_cpu_quota():
+    from ddlctl.runtime.cgroup import intra_op_threads
+
+    assert [intra_op_threads(c) for c in (0.01, 0.3, 0.6, 1.0, 1.5, 2.0, 3.2)] == [1, 1, 1, 1, 2, 2, 4]

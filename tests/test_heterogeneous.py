@@ -16,7 +16,8 @@ from tests.conftest import only_run_dir, processes_of_run, run_ddlctl
 
 BUSY = ("import time; t0 = time.time(); c0 = time.process_time()\n"
         "while time.time() - t0 < 2.0: pass\n"
-        "print('cpu-ratio', round((time.process_time() - c0) / (time.time() - t0), 3))")
+        "print('cpu-ratio', round((time.process_time() - c0) / (time.time() - t0), 3))\n"
+        "import os; print('intra-op', os.environ.get('TF_NUM_INTRAOP_THREADS', 'unset'))")
 
 
 def can_throttle() -> bool:
@@ -49,8 +50,16 @@ def test_cpu_quota_slows_the_task_down_to_its_share_of_a_cpu_and_leaves_no_group
     print(f"CPU time per second of wall time: {throttled} with cpu_quota=0.25, {free} without")
     assert 0.15 < throttled < 0.33
     assert free > 0.6
+    # TensorFlow's op threads as wide as the quota (one thread for a quarter of a CPU), and left
+    # alone without a quota
+    assert "intra-op 1" in (run_dir / "tasks" / "worker-0" / "output.log").read_text()
+    assert "intra-op unset" in (only_free_run(runs, run_dir) / "tasks" / "worker-0" / "output.log").read_text()
     left = list(Path(cgroup.V1_ROOT, "ddlctl").glob(f"{run_dir.name}-*")) if os.path.isdir(cgroup.V1_ROOT) else []
     assert not left, left
+
+
+def only_free_run(runs: Path, throttled: Path) -> Path:
+    return next(p for p in sorted(runs.iterdir()) if p.is_dir() and p != throttled)
 
 
 def test_a_bad_quota_is_refused_naming_the_line(tmp_path, runs):

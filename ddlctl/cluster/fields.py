@@ -24,7 +24,8 @@ HOST_KEYS: dict[str, str] = {
     "speed": "a number > 0: each device's speed relative to the others (model-parallel planning; default 1)",
     "memory": "each device's memory, e.g. 16GiB, 512MiB or 8GB (model-parallel planning; default: unlimited)",
     "cpu_quota": "a number of CPUs >= 0.01 that each task on this host may use, enforced with a cgroup CPU quota "
-                 "(emulates a slower machine; needs a writable cgroup cpu controller, e.g. root)",
+                 "(emulates a slower machine; needs a writable cgroup cpu controller, e.g. root); the task's "
+                 "TensorFlow ops then use that many threads, rounded up (TF_NUM_INTRAOP_THREADS, unless set)",
 }
 
 _MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)

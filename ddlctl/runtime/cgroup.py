@@ -12,6 +12,7 @@ writable hierarchy (root, or a delegated subtree). Runs inside the host agent (s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 V1_ROOT = "/sys/fs/cgroup/cpu"
@@ -32,6 +33,15 @@ def period_quota(cpus: float) -> tuple[int, int]:
     if cpus >= 1:
         return MIN_PERIOD_US, int(round(cpus * MIN_PERIOD_US))
     return min(MAX_PERIOD_US, int(round(MIN_PERIOD_US / cpus))), MIN_PERIOD_US
+
+
+def intra_op_threads(cpus: float) -> int:
+    """Threads one TensorFlow op should use in a task limited to ``cpus`` CPUs: no more than the
+    CPUs it may use. TensorFlow sizes its pools by the machine's cores and knows nothing of CPU
+    quotas; under a quota, more threads only burn it faster and wait for the next period together.
+    Measured (model strategy, stage tasks at 0.6 / 0.6 / 0.3 CPUs on 2 cores): 1 thread instead of
+    2 took a 4-micro-batch step from 242-253 ms to 176 ms."""
+    return max(1, math.ceil(cpus - 1e-9))
 
 
 def _v2() -> bool:

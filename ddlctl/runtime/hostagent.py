@@ -276,6 +276,8 @@ class Task:
         if spec.get("cpu_quota"):
             group = f"{os.environ.get('DDLCTL_RUN_ID', 'run')}-{name.replace(':', '-')}-{os.getpid()}"
             self.cgroup = cgroup.create(group, float(spec["cpu_quota"]))
+            # TensorFlow's op thread pools as wide as the quota (unless the program says otherwise)
+            env.setdefault("TF_NUM_INTRAOP_THREADS", str(cgroup.intra_op_threads(float(spec["cpu_quota"]))))
         try:
             self.popen = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, preexec_fn=lambda: _child_setup(self.cgroup),
