@@ -22,7 +22,9 @@ Custom training loops use it like this (TensorFlow is imported lazily)::
 Speeds come from ``DDLCTL_SPEEDS`` (set by ``--speeds FILE``, a profile saved by ``ddlctl check
 --bench``) or are measured at the start of the run: every worker times ``calibrate()`` for
 ``seconds`` at the same moment (after a barrier, so the workers compete for shared machines as they
-will while training) and the rates are exchanged with one all-reduce.
+will while training) and the rates are exchanged with one all-reduce. The built-in workload then
+splits again after its first ``RESPLIT_AFTER_STEPS`` steps from the speeds the workers showed while
+training (:func:`resplit`; custom loops may call it too).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Split:
     batches: tuple[int, ...]  # per worker, in worker order
     index: int  # this worker
     speeds: tuple[float, ...]  # per worker, samples/s (or relative); () when not known
-    source: str  # "equal" (not balancing), "measured" or "profile"
+    source: str  # "equal" (not balancing), "measured" or "profile"; + ", then in training" once re-split
 
     @property
     def local_batch(self) -> int:
@@ -163,6 +165,26 @@ def split(strategy, global_batch: int, calibrate: Callable[[], object] | None = 
         if len(speeds) != workers:
             raise SystemExit(f"DDLCTL_SPEEDS lists {len(speeds)} speeds for {workers} workers")
         result = Split(global_batch, tuple(shares(speeds, global_batch)), index, tuple(speeds), source)
+    save(result)
+    return result
+
+
+#: Steps after which ``--balance speed`` splits again by the speeds the workers show in training.
+RESPLIT_AFTER_STEPS = 4
+
+
+def resplit(strategy, current: Split, compute_s: float) -> Split:  # noqa: ANN001 - a tf.distribute strategy
+    """The split again, from the speeds the workers show while training: this worker's examples
+    per step over ``compute_s`` (its median time from a step's start to its gradients, all workers
+    computing side by side as they train), exchanged like the calibration's. Every worker must
+    call it at the same step. A calibration times a few calls of a step alone (measured: it put a
+    CPU-starved worker 10-70% above its training speed); this is what the split is for. Saved."""
+    rate = current.local_batch / compute_s if compute_s > 0 else 0.0
+    speeds = exchange(strategy, rate)
+    if any(not s > 0 for s in speeds):
+        return current
+    result = Split(current.global_batch, tuple(shares(speeds, current.global_batch)), current.index,
+                   tuple(speeds), f"{current.source}, then in training")
     save(result)
     return result
 

@@ -92,3 +92,12 @@ def test_op_threads_follow_the_cpu_quota():
     from ddlctl.runtime.cgroup import intra_op_threads
 
     assert [intra_op_threads(c) for c in (0.01, 0.3, 0.6, 1.0, 1.5, 2.0, 3.2)] == [1, 1, 1, 1, 2, 2, 4]
+
+
+def test_blocks_after_a_short_first_block_end_where_an_uninterrupted_run_ends():
+    from ddlctl.workloads.train import _blocks
+
+    assert list(_blocks(40, 8, 0, 4)) == [(0, 4), (4, 4), (8, 8), (16, 8), (24, 8), (32, 8)]
+    assert list(_blocks(20, 8)) == [(0, 8), (8, 8), (16, 4)]
+    assert list(_blocks(20, 8, 3)) == [(3, 5), (8, 8), (16, 4)]  # a resumed run too
+    assert list(_blocks(3, 8, 0, 4)) == [(0, 3)]

@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections import deque
@@ -316,10 +317,10 @@ class Progress:
 
 
 def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int,
-                  start_override: float | None = None) -> float:
+                  start_override: float | None = None, computes: list[float] | None = None) -> float:
     """Write one record per step of a block of (loss, start, ready, synced, end[, worker]) figures
     (tensors or arrays; scalars for a one-step block; ``worker``: who ran the block, under ps); the
-    last loss."""
+    last loss. ``computes`` gets each step's compute time (start to gradients ready)."""
     import numpy as np
 
     worker = None
@@ -332,15 +333,21 @@ def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int
         recorder.record(first_step + i, start, float(ends[i]) - start, samples,
                         input_s=max(0.0, float(readies[i]) - start), sync_s=max(0.0, float(synceds[i]) - start),
                         worker=worker)
+        if computes is not None:
+            computes.append(max(0.0, float(synceds[i]) - float(starts[i])))
     return float(losses[-1])
 
 
-def _blocks(total: int, size: int, start: int = 0):
-    """(0-based first step, number of steps) covering steps ``start``..``total`` in blocks of ``size``."""
+def _blocks(total: int, size: int, start: int = 0, first_size: int | None = None):
+    """(0-based first step, number of steps) covering steps ``start``..``total`` in blocks of ``size``
+    (the first one of ``first_size`` steps when given; a block after a short one ends where the
+    blocks of an uninterrupted run end, so runs report progress at the same steps)."""
     step = start
     while step < total:
-        yield step, min(size, total - step)
-        step += size
+        count = first_size if (first_size and step == start) else size - step % size
+        count = min(count, total - step)
+        yield step, count
+        step += count
 
 
 def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
@@ -374,39 +381,60 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         # linear: no device prefetch either (the distributed iterator would otherwise fetch the
         # next batch while a step runs)
         options = None if args.pipeline else tf.distribute.InputOptions(experimental_fetch_to_device=False)
-        if split is not None:
-            dist = strategy.distribute_datasets_from_function(lambda _ictx: slice_dataset(
-                args.seed, args.augment, args.batch_size, split.offset, split.local_batch, args.epoch_size or None,
-                parallel=args.pipeline, first_step=resumed), options=options)
-        else:
-            dist = strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
+
+        def batches_from(step: int):  # noqa: ANN202 - this worker's batches from 0-based step ``step`` on
+            if split is not None:
+                return iter(strategy.distribute_datasets_from_function(lambda _ictx: slice_dataset(
+                    args.seed, args.augment, args.batch_size, split.offset, split.local_batch,
+                    args.epoch_size or None, parallel=args.pipeline, first_step=step), options=options))
+            return iter(strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
                 args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
-                ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=resumed),
-                options=options)
-        iterator = iter(dist)
+                ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=step),
+                options=options))
+
+        iterator = batches_from(resumed)
     else:
         make_batch = make_batch_fn(args.seed, args.augment)
         replicas = strategy.num_replicas_in_sync // shards
-    for first, count in _blocks(args.steps, args.steps_per_call, resumed):
+    # --balance speed: after a first short block, the split again from the speeds the workers show
+    # while training (a calibration is a few calls of a step alone; this is the real thing)
+    resplit = split is not None and split.source != "equal"
+    computes: list[float] = []
+    for first, count in _blocks(args.steps, args.steps_per_call, resumed,
+                                balance.RESPLIT_AFTER_STEPS if resplit else None):
         wall = time.time()
         if slow_s:
             time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
         if not feed:
             figures = trainer.run_block(iterator, tf.constant(count))
-            loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None)
+            loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None,
+                                 computes=computes if resplit else None)
         else:
             ids = (step_ids(first, local_batch, shard, shards) if split is None
                    else slice_ids(first, args.batch_size, split.offset, split.local_batch))
             images, labels, ids = make_batch(ids)
 
-            def value_fn(vctx, images=images, labels=labels, ids=ids):
-                part = local_batch // replicas
+            def value_fn(vctx, images=images, labels=labels, ids=ids, batch=local_batch):
+                part = batch // replicas
                 r = vctx.replica_id_in_sync_group % replicas
                 return images[r * part:(r + 1) * part], labels[r * part:(r + 1) * part], ids[r * part:(r + 1) * part]
 
             values = strategy.experimental_distribute_values_from_function(value_fn)
-            loss = _record_block(recorder, first + 1, trainer.run_batch(*values), local_batch, start_override=wall)
+            loss = _record_block(recorder, first + 1, trainer.run_batch(*values), local_batch, start_override=wall,
+                                 computes=computes if resplit else None)
         progress.after(first + count, loss, local_batch * count)
+        if resplit and first + count >= resumed + balance.RESPLIT_AFTER_STEPS and first + count < args.steps:
+            resplit = False
+            steady = computes[1:] or computes  # the first step of a run warms up
+            before = split.batches
+            split = balance.resplit(strategy, split, statistics.median(steady))
+            if split.batches != before:
+                local_batch = split.local_batch
+                if not feed:
+                    iterator = batches_from(first + count)
+                relative = " : ".join(f"{v / max(split.speeds):.2f}" for v in split.speeds)
+                print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker from "
+                      f"step {first + count + 1} (speeds while training {relative}; were {before})", flush=True)
         if checkpointer is not None:
             checkpointer.after(first + count)
     return trainer
