@@ -6,6 +6,7 @@ Imports TensorFlow (only ``ddlctl partition`` and the model strategy use it).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import statistics
 import time
@@ -104,55 +105,93 @@ def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, 
     10-25% above the whole step on 2 CPU cores). Unscaled when the whole model cannot run here."""
     import dataclasses
 
-    import keras
-
     total = sum(layer.cost_s for layer in measured)
-    variables = list(model.trainable_variables)  # type: ignore[attr-defined]
-    layers = model_layers(model)
+    step = whole_step_time(model, batch_size, m, repeats)
+    if step is None or not total > 0:
+        return measured
+    scale = step / total
+    return [dataclasses.replace(layer, cost_s=layer.cost_s * scale) for layer in measured]
+
+
+def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repeats: int = 3,
+                    device: str | None = None) -> float | None:
+    """One training step of the whole model (its micro-batches one after the other, gradients,
+    an Adam update with a zero learning rate), timed in one call, less a no-op call's time: on this
+    process's device, or on ``device`` (a copy of the model built there, its input already there).
+    None when it does not fit or does not run there."""
+    import keras
+    import tensorflow as tf
+
+    m = max(1, microbatches)
+    shape = tuple(model.input_shape[1:])  # type: ignore[attr-defined]
     try:
-        optimizer = keras.optimizers.Adam(learning_rate=0.0)
-        optimizer.build(variables)
+        with tf.device(device) if device else contextlib.nullcontext():
+            here = keras.models.clone_model(model) if device else model
+            variables = list(here.trainable_variables)  # type: ignore[attr-defined]
+            layers = model_layers(here)
+            optimizer = keras.optimizers.Adam(learning_rate=0.0)
+            optimizer.build(variables)
+            x = tf.random.normal((max(m, batch_size - batch_size % m), *shape))
 
         @tf.function
         def whole(t):  # noqa: ANN001, ANN202
-            totals, grads_of = [], []
-            for part in tf.split(t, m):
-                with tf.GradientTape() as tape:
-                    h = part
-                    for layer in layers:
-                        h = layer(h, training=True)
-                    loss = tf.reduce_sum(h)
-                grads_of.append(tape.gradient(loss, variables))
-                totals.append(loss)
-            summed = [tf.add_n(list(g)) if m > 1 else g[0] for g in zip(*grads_of, strict=True)]
-            optimizer.apply_gradients(zip(summed, variables, strict=True))
-            return tf.add_n(totals)
+            with tf.device(device) if device else contextlib.nullcontext():
+                totals, grads_of = [], []
+                for part in tf.split(t, m):
+                    with tf.GradientTape() as tape:
+                        h = part
+                        for layer in layers:
+                            h = layer(h, training=True)
+                        loss = tf.reduce_sum(h)
+                    grads_of.append(tape.gradient(loss, variables))
+                    totals.append(loss)
+                summed = [tf.add_n(list(g)) if m > 1 else g[0] for g in zip(*grads_of, strict=True)]
+                optimizer.apply_gradients(zip(summed, variables, strict=True))
+                return tf.add_n(totals)
 
-        shape = tuple(model.input_shape[1:])  # type: ignore[attr-defined]
-        x = tf.random.normal((max(m, batch_size - batch_size % m), *shape))
         whole(x).numpy()
         times = []
         for _ in range(max(3, repeats)):
             start = time.perf_counter()
             whole(x).numpy()
             times.append(time.perf_counter() - start)
-    except (tf.errors.ResourceExhaustedError, MemoryError):
-        return measured
-    step = statistics.median(times) - _call_overhead(tf, x, repeats)
-    if not total > 0 or not step > 0:
-        return measured
-    scale = step / total
-    return [dataclasses.replace(layer, cost_s=layer.cost_s * scale) for layer in measured]
+    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
+        return None
+    step = statistics.median(times) - _call_overhead(tf, x, repeats, device)
+    return step if step > 0 else None
 
 
-def _call_overhead(tf, x, repeats: int) -> float:  # noqa: ANN001
+def device_speeds(model: object, devices: list[str], batch_size: int, microbatches: int = 1,
+                  repeats: int = 3) -> list[float] | None:
+    """Each device's speed relative to this process's device for this model: the whole model's
+    step timed here over the same step timed on the device (:func:`whole_step_time`), so the speed
+    is that of the work the stages will do (small matrix products at micro-batch size, the
+    optimizer), not of a large matrix product: under a CPU quota with one thread per op the two
+    differed by up to 1.6x. None when some device cannot run the whole model (its memory)."""
+    reference = whole_step_time(model, batch_size, microbatches, repeats)
+    if reference is None:
+        return None
+    speeds = []
+    for device in devices:
+        there = whole_step_time(model, batch_size, microbatches, repeats, device)
+        if there is None:
+            return None
+        speeds.append(reference / there)
+    return speeds
+
+
+def _call_overhead(tf, x, repeats: int, device: str | None = None) -> float:  # noqa: ANN001
     """The time of a call that does next to nothing (dispatch and wait): left out of each layer's."""
-    noop = tf.function(lambda t: tf.reduce_sum(tf.reshape(t, [-1])[:1]))
-    noop(x).numpy()
+    def noop(t):  # noqa: ANN001, ANN202
+        with tf.device(device) if device else contextlib.nullcontext():
+            return tf.reduce_sum(tf.reshape(t, [-1])[:1])
+
+    call = tf.function(noop)
+    call(x).numpy()
     times = []
     for _ in range(max(5, repeats)):
         start = time.perf_counter()
-        noop(x).numpy()
+        call(x).numpy()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -542,18 +542,27 @@ class _Evaluated:
         self.evaluate = evaluate
 
 
-def cost_inputs(args: argparse.Namespace, model, n_devices: int) -> tuple[list, list]:
+def cost_inputs(args: argparse.Namespace, model, stage_devices: list[str]) -> tuple[list, list]:
     """The cost model's layers (``model`` profiled here, with the run's batch and micro-batches) and
-    devices (from ``$DDLCTL_DEVICES``: measured GFLOP/s, from ``--speeds``, taken relative to this
-    process's device, measured here with the same kernel; else the declared relative speeds)."""
+    devices: memory from ``$DDLCTL_DEVICES``; speed measured in place, the whole model's step timed
+    on each stage task against this process (:func:`ddlctl.planning.profile_model.device_speeds`),
+    else from the GFLOP/s ``--speeds`` gave (relative to this process's, measured here with the
+    same kernel), else the declared relative speeds."""
     from ddlctl.planning.partition import Device
-    from ddlctl.planning.profile_model import profile
+    from ddlctl.planning.profile_model import device_speeds, profile
 
+    n_devices = len(stage_devices)
     described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
     if len(described) != n_devices:
         described = [{} for _ in range(n_devices)]
     speeds = [float(d.get("speed") or 1.0) for d in described]
-    if described and all(d.get("gflops") for d in described):
+    layers = profile(model, args.batch_size, repeats=3, microbatches=args.microbatches)
+    in_place = device_speeds(model, stage_devices, args.batch_size, args.microbatches)
+    if in_place:
+        speeds = in_place
+        print("stage speeds measured in place (the model's step on each stage task, relative to this task): "
+              + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
+    elif described and all(d.get("gflops") for d in described):
         from ddlctl.runtime.devbench import local_gflops
 
         reference = local_gflops()
@@ -562,7 +571,7 @@ def cost_inputs(args: argparse.Namespace, model, n_devices: int) -> tuple[list, 
               + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
     devices = [Device(d.get("name") or f"worker:{i}", speed, float(d.get("memory_bytes") or float("inf")))
                for i, (d, speed) in enumerate(zip(described, speeds, strict=True))]
-    return profile(model, args.batch_size, repeats=3, microbatches=args.microbatches), devices
+    return layers, devices
 
 
 def measured_link(stage_devices: list[str], layers: list, microbatches: int) -> tuple[object, float]:
@@ -588,7 +597,7 @@ def stage_counts(args: argparse.Namespace, model, stage_devices: list[str]) -> t
     kept = Path(args.checkpoint_dir or "") / "partition.json"
     if not args.partition and args.checkpoint_dir and kept.is_file():  # a restart resumes its plan
         return [int(c) for c in json.loads(kept.read_text())["partition"]], "resumed", None
-    layers, devices = cost_inputs(args, model, len(stage_devices))
+    layers, devices = cost_inputs(args, model, stage_devices)
     link, dispatch = measured_link(stage_devices, layers, args.microbatches)
     if args.partition:
         counts, how = [int(c) for c in str(args.partition).split(",")], "given"
