@@ -162,22 +162,25 @@ def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repea
 
 
 def device_speeds(model: object, devices: list[str], batch_size: int, microbatches: int = 1,
-                  repeats: int = 3) -> list[float] | None:
+                  repeats: int = 5) -> list[float] | None:
     """Each device's speed relative to this process's device for this model: the whole model's
     step timed here over the same step timed on the device (:func:`whole_step_time`), so the speed
     is that of the work the stages will do (small matrix products at micro-batch size, the
     optimizer), not of a large matrix product: under a CPU quota with one thread per op the two
-    differed by up to 1.6x. None when some device cannot run the whole model (its memory)."""
-    reference = whole_step_time(model, batch_size, microbatches, repeats)
-    if reference is None:
+    differed by up to 1.6x. The reference is timed before and after the devices (the smaller of
+    the two: a busy moment here would make every device look faster). None when some device
+    cannot run the whole model (its memory)."""
+    before = whole_step_time(model, batch_size, microbatches, repeats)
+    if before is None:
         return None
-    speeds = []
+    times = []
     for device in devices:
         there = whole_step_time(model, batch_size, microbatches, repeats, device)
         if there is None:
             return None
-        speeds.append(reference / there)
-    return speeds
+        times.append(there)
+    reference = min(before, whole_step_time(model, batch_size, microbatches, repeats) or before)
+    return [reference / there for there in times]
 
 
 def _call_overhead(tf, x, repeats: int, device: str | None = None) -> float:  # noqa: ANN001
