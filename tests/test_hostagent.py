@@ -227,3 +227,24 @@ def test_a_signalled_agent_is_a_lost_host_and_still_stops_its_tasks_however_much
         assert not agent.is_running() and not child.is_running()
     finally:
         s.close()
+
+
+def test_cluster_tasks_retry_grpc_connections_quickly_unless_told_otherwise(tmp_path):
+    """A task of a TensorFlow cluster (it has TF_CONFIG) gets gRPC's first reconnect after 50 ms
+    (TF_GRPC_DEFAULT_OPTIONS), not 1 s; a value the user or host gave wins; other tasks get nothing."""
+    code = "import os; print(os.environ.get('TF_GRPC_DEFAULT_OPTIONS', 'unset'))"
+    s = session(tmp_path)
+    try:
+        tasks = {
+            "worker:0": s.start(spec("worker:0", code, tmp_path / "w0", env={"TF_CONFIG": "{}"}), 5),
+            "worker:1": s.start(spec("worker:1", code, tmp_path / "w1", env={
+                "TF_CONFIG": "{}", "TF_GRPC_DEFAULT_OPTIONS": "grpc.initial_reconnect_backoff_ms=7"}), 5),
+            "worker:2": s.start(spec("worker:2", code, tmp_path / "w2"), 5),
+        }
+        assert s.wait_for(lambda: all(t.poll() for t in tasks.values()), 30)
+        said = {name: output(task).decode().strip() for name, task in tasks.items()}
+        assert said == {"worker:0": "grpc.initial_reconnect_backoff_ms=50",
+                        "worker:1": "grpc.initial_reconnect_backoff_ms=7", "worker:2": "unset"}
+    finally:
+        s.shutdown()
+        s.close()
