@@ -491,17 +491,19 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
     options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s,
                                 max_restarts=opts.max_restarts, restart_on=opts.restart_on,
                                 hang_timeout_s=opts.hang_timeout_s, host_timeout_s=opts.host_timeout_s)
-    from ddlctl.report.live import ConsoleLineWriter, LiveView
-
     live = None
-    if opts.profile and not opts.quiet:
-        live = LiveView(out)  # progress and the live table; status lines when not on a terminal
-    elif out.is_terminal and not opts.quiet and not opts.json_out:
-        live = LiveView(out, table=False, plain=False)  # launch on a terminal: the progress bar
+    if (opts.profile or out.is_terminal and not opts.json_out) and not opts.quiet:
+        from ddlctl.report.live import LiveView  # (rich.live and rich.progress: not for plain output)
+
+        # profile: progress and the live table (status lines when not on a terminal);
+        # launch on a terminal: the progress bar
+        live = LiveView(out) if opts.profile else LiveView(out, table=False, plain=False)
     on_terminal = live is not None and live.live is not None
     if opts.quiet:
         writer = PrefixedWriter(open(os.devnull, "wb"))  # noqa: SIM115 - closed with the process
     elif on_terminal:
+        from ddlctl.report.live import ConsoleLineWriter
+
         writer = ConsoleLineWriter(out)  # scrolls above the live region
     else:
         writer = PrefixedWriter(sys.stderr.buffer if opts.json_out else sys.stdout.buffer)

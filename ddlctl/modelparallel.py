@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 
 from ddlctl.errors import UserError
+from ddlctl.runtime.tfenv import not_listening
 
 DEFAULT_CONNECT_TIMEOUT_S = 120.0
 
@@ -50,23 +50,10 @@ def cluster_from_env() -> tuple[dict[str, list[str]], str, int]:
 def wait_for_ports(addresses: Sequence[str], timeout_s: float) -> None:
     """Wait until every ``host:port`` accepts a TCP connection; raises naming the missing ones
     (TensorFlow's connect would hang forever on a task that is down)."""
-    deadline = time.monotonic() + timeout_s
-    missing = list(addresses)
-    while missing:
-        still = []
-        for address in missing:
-            host, _, port = address.rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-                    pass
-            except OSError:
-                still.append(address)
-        missing = still
-        if missing and time.monotonic() > deadline:
-            raise UserError(f"stage task(s) not reachable after {timeout_s:g}s: {', '.join(missing)}",
-                            "check that every worker task started (see its output)")
-        if missing:
-            time.sleep(0.2)
+    missing = not_listening(addresses, timeout_s)
+    if missing:
+        raise UserError(f"stage task(s) not reachable after {timeout_s:g}s: {', '.join(missing)}",
+                        "check that every worker task started (see its output)")
 
 
 def connect(timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:

@@ -248,3 +248,29 @@ def test_cluster_tasks_retry_grpc_connections_quickly_unless_told_otherwise(tmp_
     finally:
         s.shutdown()
         s.close()
+
+
+def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):
+    """The netlink reading (sock_diag) and /proc/net/tcp* agree, IPv4 and IPv6, over a dump that
+    takes several netlink messages; a socket that stops listening disappears from both."""
+    from ddlctl.runtime import hostagent
+
+    sockets = []
+    try:
+        for i in range(300):
+            family, address = (socket.AF_INET6, "::1") if i % 10 == 0 else (socket.AF_INET, "127.0.0.1")
+            sock = socket.socket(family)
+            sock.bind((address, 0))
+            sock.listen()
+            sockets.append(sock)
+        ports = {s.getsockname()[1] for s in sockets}
+        by_netlink, by_proc = hostagent._listening_by_netlink(), hostagent._listening_by_proc()
+        assert ports <= set(by_netlink)
+        assert by_netlink == by_proc
+        closed = sockets.pop()
+        gone = closed.getsockname()[1]
+        closed.close()
+        assert gone not in hostagent.listening_sockets()
+    finally:
+        for sock in sockets:
+            sock.close()

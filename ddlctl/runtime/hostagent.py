@@ -33,6 +33,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -46,23 +47,34 @@ BEAT_S = 2.0
 TICK_S = 0.25  # longest sleep: task output and commands wake the agent at once
 ENDING_TICK_S = 0.01
 STEPS_S = 1.0
-PORTS_S = 0.5  # each look at the listening sockets reads /proc/net/tcp*: slow on some kernels
+PORTS_S = 0.2  # a look at the listening sockets: cheap over netlink, ~8 ms from /proc/net/tcp*
 CHUNK = 1 << 20
 DRAIN_S = 2.0
 DUMP_WAIT_S = 1.5
 
 
-def _child_setup(cgroup_procs: str | None = None) -> None:
+_prctl = None  # libc's prctl, looked up once in the agent (not in every forked child before exec)
+
+
+def _libc_prctl():  # noqa: ANN202 - a ctypes function, or None where there is none
+    global _prctl
+    if _prctl is None:
+        try:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    return _prctl or None
+
+
+def _child_setup(cgroup_procs: str | None = None, prctl=None) -> None:  # noqa: ANN001
     """In the task before exec: its own process group, death with the agent, and its CPU quota."""
     os.setpgid(0, 0)
     if cgroup_procs:
         cgroup.join(cgroup_procs)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _write_json(path: str, record: dict) -> None:
@@ -117,8 +129,59 @@ def accepts(port: int) -> bool:
 
 def listening_sockets() -> dict[int, set[str]]:
     """Port -> inodes of the sockets listening on it, for every TCP port of this network namespace
-    (IPv4 and IPv6). One read of each table: generating them is the kernel's work, and costly on
-    some kernels (about 4 ms a table here, even with a handful of sockets), so callers share it."""
+    (IPv4 and IPv6). Asks the kernel over netlink (sock_diag: only listening sockets, ~0.03 ms);
+    where that is refused, reads /proc/net/tcp and tcp6, which the kernel generates by walking
+    every socket bucket (~4 ms a table here, even with a handful of sockets)."""
+    try:
+        return _listening_by_netlink()
+    except (OSError, ValueError, struct.error):
+        return _listening_by_proc()
+
+
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_TCP_LISTEN = 10
+_NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
+
+
+def _listening_by_netlink() -> dict[int, set[str]]:
+    """Listening TCP sockets from an inet_diag dump (what ``ss -lt`` asks), IPv4 then IPv6."""
+    listening: dict[int, set[str]] = {}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as sock:
+        sock.settimeout(2.0)
+        for sequence, family in enumerate((socket.AF_INET, socket.AF_INET6), start=1):
+            # inet_diag_req_v2: family, protocol, extensions, pad, states bitmask, a zeroed sockid
+            request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN) + bytes(48)
+            sock.send(_NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY,
+                                         _NLM_F_REQUEST_DUMP, sequence, 0) + request)
+            done = False
+            while not done:
+                data = sock.recv(1 << 16)
+                if not data:
+                    raise OSError("netlink: empty reply")
+                offset = 0
+                while offset + _NLMSG_HEADER.size <= len(data):
+                    length, kind, _flags, _seq, _pid = _NLMSG_HEADER.unpack_from(data, offset)
+                    if kind == _NLMSG_ERROR:
+                        raise OSError("netlink: sock_diag refused")
+                    if kind == _NLMSG_DONE or length < _NLMSG_HEADER.size:
+                        done = True
+                        break
+                    # inet_diag_msg: family, state, timer, retrans; sockid (sport big-endian at +4,
+                    # 48 bytes); expires, rqueue, wqueue, uid; inode at +68
+                    body = offset + _NLMSG_HEADER.size
+                    state = data[body + 1]
+                    port = struct.unpack_from(">H", data, body + 4)[0]
+                    inode = struct.unpack_from("=I", data, body + 68)[0]
+                    if state == _TCP_LISTEN:
+                        listening.setdefault(port, set()).add(str(inode))
+                    offset += (length + 3) & ~3
+    return listening
+
+
+def _listening_by_proc() -> dict[int, set[str]]:
     listening: dict[int, set[str]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -288,9 +351,10 @@ class Task:
             self.cgroup = cgroup.create(group, float(spec["cpu_quota"]))
             # TensorFlow's op thread pools as wide as the quota (unless the program says otherwise)
             env.setdefault("TF_NUM_INTRAOP_THREADS", str(cgroup.intra_op_threads(float(spec["cpu_quota"]))))
+        prctl = _libc_prctl()
         try:
             self.popen = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, preexec_fn=lambda: _child_setup(self.cgroup),
+                                          stderr=subprocess.STDOUT, preexec_fn=lambda: _child_setup(self.cgroup, prctl),
                                           env=env, cwd=cwd)
         except OSError:
             self.release()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -76,3 +79,32 @@ def quiet_checkpoint_retracing() -> None:
 def min_inter_op_threads(num_workers: int) -> int:
     """Inter-op threads a task needs: at least ``num_workers + 1`` (small hosts hang otherwise)."""
     return max(os.cpu_count() or 1, num_workers + 1)
+
+
+def not_listening(addresses: Sequence[str], up_to_s: float, interval_s: float = 0.02) -> list[str]:
+    """Wait until every ``host:port`` accepts a TCP connection, or ``up_to_s`` passed; those that
+    still do not. A program connecting to a cluster whose tasks are still importing TensorFlow
+    otherwise waits out gRPC's reconnect backoff; this notices a task's port within ``interval_s``."""
+    deadline = time.monotonic() + up_to_s
+    missing = list(addresses)
+    while missing:
+        still = []
+        for address in missing:
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                    pass
+            except (OSError, ValueError):
+                still.append(address)
+        missing = still
+        if not missing or time.monotonic() >= deadline:
+            break
+        time.sleep(interval_s)
+    return missing
+
+
+def cluster_addresses(role: str, index: int) -> list[str]:
+    """``host:port`` of every task in ``TF_CONFIG``'s cluster but this one (evaluators aside)."""
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+    return [address for job, addresses in sorted(cluster.items()) if job != "evaluator"
+            for i, address in enumerate(addresses) if (job, i) != (role, index)]

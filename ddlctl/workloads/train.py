@@ -39,7 +39,9 @@ from pathlib import Path
 
 from ddlctl.runtime.tfenv import (
     TaskContext,
+    cluster_addresses,
     min_inter_op_threads,
+    not_listening,
     quiet_checkpoint_retracing,
     quiet_tensorflow_logs,
     task_context,
@@ -466,6 +468,9 @@ def calibration_step(args: argparse.Namespace, batch: int):  # noqa: ANN201 - a 
 
 #: How often a ps block whose closure failed on a worker is scheduled again before the chief gives up.
 MAX_BLOCK_RETRIES = 3
+# the ps chief waits up to this long for its workers and ps to listen before connecting (then
+# connects anyway: TensorFlow waits for tasks that are still down)
+PEERS_WAIT_S = 10.0
 
 
 def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> Trainer:
@@ -479,6 +484,8 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
 
     from ddlctl.workloads.synthetic import make_batch_fn, step_ids
 
+    # connect as soon as the workers and ps listen (not at gRPC's next reconnect attempt)
+    not_listening(cluster_addresses(ctx.role, ctx.index), PEERS_WAIT_S)
     strategy = make_strategy(ctx)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     trainer = Trainer(strategy, args, args.batch_size)
