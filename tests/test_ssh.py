@@ -288,7 +288,7 @@ def test_stop_kills_a_run_whose_controller_is_frozen(cluster, hosts_file, runs):
 
 
 @pytest.mark.cluster
-def test_ssh_config_alias_hostname_port_user_and_identity(cluster, tmp_path, runs):
+def test_ssh_config_alias_hostname_port_user_identity_and_match_exec(cluster, tmp_path, runs):
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "known_hosts").write_text((cluster.home / ".ssh" / "known_hosts").read_text())
@@ -298,7 +298,9 @@ def test_ssh_config_alias_hostname_port_user_and_identity(cluster, tmp_path, run
     a, b = cluster.hosts[:2]
     (home / ".ssh" / "config").write_text(
         f"Host alpha\n  HostName {a.address}\n  Port {a.port}\n  User root\n  IdentityFile {key}\n"
-        f"Host beta\n  HostName {b.address}\n  Port {b.port}\n  User root\n  IdentityFile {key}\n")
+        f"Host beta\n  Port {b.port}\n  User root\n  IdentityFile {key}\n"
+        # `Match exec` runs a command through invoke, which ddlctl imports only for such a config
+        f"Match host beta exec \"test -d {home}\"\n  HostName {b.address}\n")
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(f"alpha python={sys.executable}\nbeta python={sys.executable}\n")
     result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "mwms", "--steps", "10", "--runs-dir", str(runs),
