@@ -208,13 +208,15 @@ class Pipeline:
         stage's step is its bubble (waiting for its neighbours). The weights are not changed."""
         import tensorflow as tf
 
+        from ddlctl.planning.profile_model import noop_call
+
         times = []
         h = x
         for s, (device, layers, variables) in enumerate(zip(self.devices, self.stages, self.variables, strict=True)):
             with tf.device(device):
                 here = tf.identity(h)  # the stage's input on its device before the clock starts
             work = tf.function(_stage_work(tf, device, layers, variables, self.microbatches, first=s == 0))
-            noop = tf.function(_stage_noop(tf, device))
+            noop = tf.function(noop_call(tf, device))
             work(here).numpy()
             noop(here).numpy()  # trace and warm up
             spent, idle = [], []
@@ -318,13 +320,3 @@ def _stage_work(tf, device: str, layers: Sequence[object], variables: Sequence[o
             return tf.add_n(totals)
 
     return work
-
-
-def _stage_noop(tf, device: str) -> Callable:  # noqa: ANN001
-    """A call that does next to nothing on ``device``: the round trip to subtract."""
-
-    def noop(t):  # noqa: ANN001, ANN202
-        with tf.device(device):
-            return tf.reduce_sum(t[:1, :1] if len(t.shape) > 1 else t[:1])
-
-    return noop

@@ -183,13 +183,19 @@ def device_speeds(model: object, devices: list[str], batch_size: int, microbatch
     return [reference / there for there in times]
 
 
-def _call_overhead(tf, x, repeats: int, device: str | None = None) -> float:  # noqa: ANN001
-    """The time of a call that does next to nothing (dispatch and wait): left out of each layer's."""
+def noop_call(tf, device: str | None = None) -> Callable:  # noqa: ANN001
+    """A function that does next to nothing with its tensor (on ``device``): timed, it is the
+    round trip of a call (dispatch and wait) to leave out of a measured one."""
     def noop(t):  # noqa: ANN001, ANN202
         with tf.device(device) if device else contextlib.nullcontext():
             return tf.reduce_sum(tf.reshape(t, [-1])[:1])
 
-    call = tf.function(noop)
+    return noop
+
+
+def _call_overhead(tf, x, repeats: int, device: str | None = None) -> float:  # noqa: ANN001
+    """The time of a call that does next to nothing (dispatch and wait): left out of each layer's."""
+    call = tf.function(noop_call(tf, device))
     call(x).numpy()
     times = []
     for _ in range(max(5, repeats)):

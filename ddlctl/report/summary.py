@@ -611,8 +611,11 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     work, work_note = _worker_work(plan, lead, procs)
     chief = next((t for t in tasks if t.name == "chief:0"), None)
     chief_step_s = chief.step_time_p50_s if chief else None
-    stages = _stages(run_dir, procs, chief_step_s) if plan.get("strategy") == "model" else ()
-    stage_plan = _stage_plan(run_dir, chief_step_s) if plan.get("strategy") == "model" else None
+    stages, stage_plan = (), None
+    if plan.get("strategy") == "model":  # what the chief recorded of its stages
+        recorded_stages = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
+        stages = _stages(recorded_stages, procs, chief_step_s)
+        stage_plan = _stage_plan(recorded_stages, chief_step_s)
     balance = _balance(run_dir, plan, all_steps, kept_of) if plan.get("strategy") == "mwms" else None
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
@@ -650,11 +653,11 @@ def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of:
         {"split": split, "workers": []} if split == NOT_BALANCED else None)
 
 
-def _stages(run_dir: Path, procs: dict, step_s: float | None) -> tuple[dict, ...]:
-    """The model strategy's stages as the chief recorded them (``stages.json``), with each stage
-    task's mean CPU % from telemetry, its share of the matmuls, its own work per step as the chief
-    measured it at the end (``busy_s``) and the rest of the median step: its idle (bubble) share."""
-    recorded = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
+def _stages(recorded: dict, procs: dict, step_s: float | None) -> tuple[dict, ...]:
+    """The model strategy's stages as the chief recorded them (``recorded``: its ``stages.json``),
+    with each stage task's mean CPU % from telemetry, its share of the matmuls, its own work per
+    step as the chief measured it at the end (``busy_s``) and the rest of the median step: its idle
+    (bubble) share."""
     ops = recorded.get("matmul_ops") or {}
     busy = list(recorded.get("busy_s") or [])
     # the plan's stages, empty ones included; the recorded stages are the non-empty ones
@@ -678,11 +681,10 @@ def _stages(run_dir: Path, procs: dict, step_s: float | None) -> tuple[dict, ...
     return tuple(rows)
 
 
-def _stage_plan(run_dir: Path, step_s: float | None) -> dict | None:
-    """The model strategy's plan (``stages.json``): how it was chosen, the cost model's predicted
-    step time (with the link TensorFlow showed between the stages) against the measured median,
-    and the error; None when the chief recorded no plan."""
-    recorded = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
+def _stage_plan(recorded: dict, step_s: float | None) -> dict | None:
+    """The model strategy's plan (``recorded``: the chief's ``stages.json``): how it was chosen, the
+    cost model's predicted step time (with the link TensorFlow showed between the stages) against
+    the measured median, and the error; None when the chief recorded no plan."""
     if not recorded.get("partition"):
         return None
     predicted = recorded.get("predicted") or {}
