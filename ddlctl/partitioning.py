@@ -177,8 +177,10 @@ def render(plans: list[PartitionPlan], layers: list[Layer], devices: list[Device
            console: Console) -> None:
     """A summary row per algorithm, then each feasible plan's stages."""
     total = sum(layer.cost_s for layer in layers)
+    update = sum(layer.update_s for layer in layers)
     memory = sum(layer.param_bytes + layer.act_bytes for layer in layers)
-    console.print(f"{opts.model}: {len(layers)} layers, {_ms(total)} ms forward+backward on this machine, "
+    console.print(f"{opts.model}: {len(layers)} layers, {_ms(total)} ms forward+backward+update on this machine "
+                  f"({_ms(update)} ms of it the optimizer's update, off the pipeline's critical path), "
                   f"{memory / 2**30:.2f} GiB with optimizer state and activations; {len(devices)} device(s); "
                   f"batch {opts.batch_size}, {opts.microbatches} micro-batch(es)", highlight=False)
     random_time = next((p.step_time_s for p in plans if p.algorithm == "random" and p.feasible), None)
@@ -197,10 +199,10 @@ def render(plans: list[PartitionPlan], layers: list[Layer], devices: list[Device
         if not p.feasible or p.algorithm == "single":
             continue
         table = Table(title=f"{p.algorithm}: stages", title_justify="left")
-        for column in ("device", "layers", "count", "compute ms", "link ms", "memory / limit"):
+        for column in ("device", "layers", "count", "compute ms", "link ms", "update ms", "memory / limit"):
             table.add_column(column, justify="left" if column in ("device", "layers") else "right")
         for stage in p.stages:
             span = f"{layers[stage.first].name} … {layers[stage.last].name}" if stage.layers else "-"
             table.add_row(stage.device, span, str(stage.layers), _ms(stage.compute_s), _ms(stage.comm_s),
-                          f"{_gib(stage.memory_bytes)} / {_gib(stage.memory_limit)}")
+                          _ms(stage.update_s), f"{_gib(stage.memory_bytes)} / {_gib(stage.memory_limit)}")
         console.print(table)

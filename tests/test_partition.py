@@ -8,7 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddlctl.planning.partition import Device, Layer, Link, plan, plan_greedy, plan_optimal, plan_random, plan_single
+from ddlctl.planning.partition import (
+    Device,
+    Layer,
+    Link,
+    plan,
+    plan_counts,
+    plan_greedy,
+    plan_optimal,
+    plan_random,
+    plan_single,
+)
 
 GiB = 2**30
 
@@ -44,7 +54,8 @@ def check_well_formed(p, layers, devices):
         assert stage.memory_bytes == expected
 
 
-layer_lists = st.lists(st.tuples(st.floats(0.01, 2.0), st.integers(0, 4), st.integers(0, 3)), min_size=1, max_size=7)
+layer_lists = st.lists(st.tuples(st.floats(0.01, 2.0), st.integers(0, 4), st.integers(0, 3), st.floats(0.0, 0.3)),
+                       min_size=1, max_size=7)
 device_lists = st.lists(st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), st.integers(2, 12)),
                         min_size=1, max_size=4)
 
@@ -53,7 +64,7 @@ device_lists = st.lists(st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), s
 @given(raw_layers=layer_lists, raw_devices=device_lists, microbatches=st.sampled_from([1, 4]),
        bandwidth=st.sampled_from([float("inf"), 4.0, 1.0]))
 def test_optimal_matches_brute_force_and_beats_greedy_and_random(raw_layers, raw_devices, microbatches, bandwidth):
-    layers = [Layer(f"l{i}", c, p * GiB, a * GiB) for i, (c, p, a) in enumerate(raw_layers)]
+    layers = [Layer(f"l{i}", c, p * GiB, a * GiB, c * u) for i, (c, p, a, u) in enumerate(raw_layers)]
     devices = [Device(f"d{j}", s, m * GiB) for j, (s, m) in enumerate(raw_devices)]
     link = Link(bandwidth_bps=bandwidth * GiB, latency_s=0.001)
     best = brute_force(layers, devices, microbatches, link)
@@ -203,3 +214,22 @@ def test_measured_speeds_and_link_of_a_profile_replace_the_declared_ones(tmp_pat
     described = json.loads(chief["env"]["DDLCTL_DEVICES"])
     assert [d["speed"] for d in described] == [1.0, 1.0, 0.25]
     assert [d["gflops"] for d in described] == [100.0, 100.0, 25.0]  # the chief divides by its own measurement
+
+
+def test_updates_are_off_the_critical_path_but_what_they_overhang_is_not():
+    """A stage's optimizer update runs after its last backward pass while the stages before it run
+    theirs: only the first stage's update, and what a later one outlasts, lengthen the step."""
+    layers = [Layer(name, 1.0, update_s=0.3) for name in "abc"]
+    devices = [Device(f"d{j}") for j in range(3)]
+    spread = plan_counts(layers, devices, [1, 1, 1])
+    assert [s.compute_s for s in spread.stages] == pytest.approx([0.7] * 3)
+    assert [s.update_s for s in spread.stages] == pytest.approx([0.3] * 3)
+    assert spread.step_time_s == pytest.approx(3 * 0.7 + 0.3)
+    together = plan_counts(layers, devices, [3, 0, 0])  # one device: nothing runs beside its update
+    assert together.step_time_s == pytest.approx(3.0)
+    # a last stage whose update outlasts the first stage's backward pass (2/3 of its time)
+    heavy = plan_counts([Layer("a", 1.0), Layer("b", 3.0, update_s=2.0)], devices[:2], [1, 1])
+    assert heavy.step_time_s == pytest.approx(2.0 + (2.0 - 1.0 * 2 / 3))
+    # with micro-batches the backward passes before it are a micro-batch's
+    piped = plan_counts(layers, devices, [1, 1, 1], microbatches=4)
+    assert piped.step_time_s == pytest.approx(3 * 0.7 / 4 + 3 * 0.7 / 4 + 0.3)

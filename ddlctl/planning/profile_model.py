@@ -93,9 +93,31 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
         params = sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in layer.trainable_variables)
         act = int(y.shape.num_elements()) * y.dtype.size
         cost = max(statistics.median(times) - overhead, min(times) / 10)
-        measured.append(Layer(layer.name, cost, params * (1 + OPTIMIZER_SLOTS), act))
+        update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
+        measured.append(Layer(layer.name, cost, params * (1 + OPTIMIZER_SLOTS), act, min(update, cost)))
         x = y
     return _scaled_to_whole(tf, model, measured, batch_size, m, repeats)
+
+
+def _update_time(tf, optimizer, variables: list, repeats: int, overhead: float) -> float:  # noqa: ANN001
+    """The optimizer's update of ``variables`` alone (gradients given), less a call's overhead: the
+    part of a layer's step that runs after the step's gradients, off a pipeline's critical path."""
+    gradients = [tf.zeros_like(v) for v in variables]
+
+    @tf.function
+    def update():  # noqa: ANN202
+        optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return tf.reduce_sum(tf.reshape(variables[0], [-1])[:1])
+
+    update().numpy()  # trace and warm up
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < repeats or (spent < MIN_PROFILE_S / 2 and len(times) < 100):
+        start = time.perf_counter()
+        update().numpy()
+        times.append(time.perf_counter() - start)
+        spent += times[-1]
+    return max(0.0, statistics.median(times) - overhead)
 
 
 def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, m: int,  # noqa: ANN001
@@ -110,7 +132,8 @@ def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, 
     if step is None or not total > 0:
         return measured
     scale = step / total
-    return [dataclasses.replace(layer, cost_s=layer.cost_s * scale) for layer in measured]
+    return [dataclasses.replace(layer, cost_s=layer.cost_s * scale, update_s=layer.update_s * scale)
+            for layer in measured]
 
 
 def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repeats: int = 3,
