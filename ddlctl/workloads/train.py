@@ -468,9 +468,9 @@ def calibration_step(args: argparse.Namespace, batch: int):  # noqa: ANN201 - a 
 
 #: How often a ps block whose closure failed on a worker is scheduled again before the chief gives up.
 MAX_BLOCK_RETRIES = 3
-# the ps chief waits up to this long for its workers and ps to listen before connecting (then
-# connects anyway: TensorFlow waits for tasks that are still down)
-PEERS_WAIT_S = 10.0
+# the ps chief waits up to this long for its workers and ps to listen before connecting, then
+# connects anyway (TensorFlow waits for tasks still down; gRPC retries at least every second)
+PEERS_WAIT_S = 2.0
 
 
 def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> Trainer:

@@ -1,0 +1,41 @@
+"""Task-side helpers that read TF_CONFIG and wait for a cluster's tasks (real sockets)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from ddlctl.runtime.tfenv import cluster_addresses, not_listening
+
+
+def test_cluster_addresses_are_every_other_task_but_evaluators(monkeypatch):
+    cluster = {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"], "evaluator": ["e:1"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
+    assert cluster_addresses("chief", 0) == ["p:1", "w:1", "w:2"]
+    assert cluster_addresses("worker", 1) == ["c:1", "p:1", "w:1"]
+    monkeypatch.delenv("TF_CONFIG")
+    assert cluster_addresses("chief", 0) == []
+
+
+def test_not_listening_returns_when_a_late_port_opens_and_names_the_ones_that_never_do():
+    late = socket.socket()
+    late.bind(("127.0.0.1", 0))
+    late_port = late.getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: refuses connections
+    closed_port = closed.getsockname()[1]
+    threading.Timer(0.3, late.listen).start()
+    try:
+        started = time.monotonic()
+        assert not_listening([f"127.0.0.1:{late_port}"], up_to_s=10) == []
+        waited = time.monotonic() - started
+        assert 0.25 <= waited < 5, waited
+        started = time.monotonic()
+        assert not_listening([f"127.0.0.1:{late_port}", f"127.0.0.1:{closed_port}"], up_to_s=0.3) == \
+            [f"127.0.0.1:{closed_port}"]
+        assert time.monotonic() - started < 3
+    finally:
+        late.close()
+        closed.close()
