@@ -431,8 +431,9 @@ def partition(
 ) -> None:
     """Plan a model's layers over the cluster's devices (model parallelism).
 
-    Profiles the model on this machine (per layer: forward+backward time, parameter and optimizer
-    bytes, activation bytes), takes each device's speed and memory from the hosts file or template
+    Profiles the model on this machine (per layer: forward+backward time and, apart, the
+    optimizer's update, which runs off the pipeline's critical path; parameter and optimizer bytes,
+    activation bytes), takes each device's speed and memory from the hosts file or template
     (speed=, memory=; measured speeds with --speeds), and prints, per algorithm (random:
     TensorFlow's native baseline; greedy: the research's; optimal: dynamic programming, exact for
     the cost model), the stages and the
