@@ -136,12 +136,11 @@ def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, 
             for layer in measured]
 
 
-def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repeats: int = 3,
-                    device: str | None = None) -> float | None:
-    """One training step of the whole model (its micro-batches one after the other, gradients,
-    an Adam update with a zero learning rate), timed in one call, less a no-op call's time: on this
-    process's device, or on ``device`` (a copy of the model built there, its input already there).
-    None when it does not fit or does not run there."""
+def _whole_step(model: object, batch_size: int, microbatches: int = 1, device: str | None = None):  # noqa: ANN202
+    """(a traced call of one training step of the whole model, its input, a no-op call): its
+    micro-batches one after the other, gradients, an Adam update with a zero learning rate; on
+    this process's device, or on ``device`` (a copy of the model built there, its input already
+    there). None when it does not fit or does not run there."""
     import keras
     import tensorflow as tf
 
@@ -172,38 +171,54 @@ def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repea
                 optimizer.apply_gradients(zip(summed, variables, strict=True))
                 return tf.add_n(totals)
 
-        whole(x).numpy()
-        times = []
-        for _ in range(max(3, repeats)):
-            start = time.perf_counter()
-            whole(x).numpy()
-            times.append(time.perf_counter() - start)
+        noop = tf.function(noop_call(tf, device))
+        whole(x).numpy()  # trace and warm up
+        noop(x).numpy()
     except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
         return None
-    step = statistics.median(times) - _call_overhead(tf, x, repeats, device)
+    return whole, x, noop
+
+
+def _timed(call, x) -> float:  # noqa: ANN001
+    start = time.perf_counter()
+    call(x).numpy()
+    return time.perf_counter() - start
+
+
+def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repeats: int = 3,
+                    device: str | None = None) -> float | None:
+    """One training step of the whole model (:func:`_whole_step`), timed in one call, less a no-op
+    call's time (medians of ``repeats``); None when it does not fit or does not run there."""
+    built = _whole_step(model, batch_size, microbatches, device)
+    if built is None:
+        return None
+    whole, x, noop = built
+    step = statistics.median(_timed(whole, x) for _ in range(max(3, repeats))) - \
+        statistics.median(_timed(noop, x) for _ in range(max(5, repeats)))
     return step if step > 0 else None
 
 
 def device_speeds(model: object, devices: list[str], batch_size: int, microbatches: int = 1,
                   repeats: int = 5) -> list[float] | None:
     """Each device's speed relative to this process's device for this model: the whole model's
-    step timed here over the same step timed on the device (:func:`whole_step_time`), so the speed
+    step timed here over the same step timed on the device (:func:`_whole_step`), so the speed
     is that of the work the stages will do (small matrix products at micro-batch size, the
     optimizer), not of a large matrix product: under a CPU quota with one thread per op the two
-    differed by up to 1.6x. The reference is timed before and after the devices (the smaller of
-    the two: a busy moment here would make every device look faster). None when some device
-    cannot run the whole model (its memory)."""
-    before = whole_step_time(model, batch_size, microbatches, repeats)
-    if before is None:
+    differed by up to 1.6x. Timed in rounds, each round every device and the reference once (a
+    busy moment, or a drift, then touches one round, not one device), each less its no-op call;
+    each device's speed is the median of its per-round ratios to the reference. None when some
+    device cannot run the whole model (its memory)."""
+    built = [_whole_step(model, batch_size, microbatches, device) for device in [None, *devices]]
+    if any(b is None for b in built):
         return None
-    times = []
-    for device in devices:
-        there = whole_step_time(model, batch_size, microbatches, repeats, device)
-        if there is None:
-            return None
-        times.append(there)
-    reference = min(before, whole_step_time(model, batch_size, microbatches, repeats) or before)
-    return [reference / there for there in times]
+    idle = [statistics.median(_timed(noop, x) for _ in range(5)) for _whole, x, noop in built]
+    ratios: list[list[float]] = [[] for _ in devices]
+    for _ in range(max(3, repeats)):
+        times = [max(1e-9, _timed(whole, x) - overhead)
+                 for (whole, x, _noop), overhead in zip(built, idle, strict=True)]
+        for j, there in enumerate(times[1:]):
+            ratios[j].append(times[0] / there)
+    return [statistics.median(r) for r in ratios]
 
 
 def noop_call(tf, device: str | None = None) -> Callable:  # noqa: ANN001
@@ -216,16 +231,11 @@ def noop_call(tf, device: str | None = None) -> Callable:  # noqa: ANN001
     return noop
 
 
-def _call_overhead(tf, x, repeats: int, device: str | None = None) -> float:  # noqa: ANN001
+def _call_overhead(tf, x, repeats: int) -> float:  # noqa: ANN001
     """The time of a call that does next to nothing (dispatch and wait): left out of each layer's."""
-    call = tf.function(noop_call(tf, device))
+    call = tf.function(noop_call(tf))
     call(x).numpy()
-    times = []
-    for _ in range(max(5, repeats)):
-        start = time.perf_counter()
-        call(x).numpy()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_timed(call, x) for _ in range(max(5, repeats)))
 
 
 def _layer_step(tf, layer, variables: list, optimizer, m: int, input_grad: bool) -> Callable:  # noqa: ANN001
