@@ -134,7 +134,7 @@ def listening_sockets() -> dict[int, set[str]]:
     every socket bucket (~4 ms a table here, even with a handful of sockets)."""
     try:
         return _listening_by_netlink()
-    except (OSError, ValueError, struct.error):
+    except (OSError, ValueError, AttributeError, struct.error):  # AttributeError: no AF_NETLINK (not Linux)
         return _listening_by_proc()
 
 
