@@ -83,13 +83,7 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
         needs_input_grad = needs_input_grad or bool(variables)
         y, _ = forward_backward(x)  # trace and warm up
         forward_backward(x)[1].numpy()
-        times: list[float] = []
-        spent = 0.0
-        while len(times) < repeats or (spent < MIN_PROFILE_S and len(times) < 100):
-            start = time.perf_counter()
-            forward_backward(x)[1].numpy()  # wait for the work to finish
-            times.append(time.perf_counter() - start)
-            spent += times[-1]
+        times = _call_times(lambda: forward_backward(x)[1].numpy(), repeats, MIN_PROFILE_S)  # noqa: B023
         params = sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in layer.trainable_variables)
         act = int(y.shape.num_elements()) * y.dtype.size
         cost = max(statistics.median(times) - overhead, min(times) / 10)
@@ -110,14 +104,17 @@ def _update_time(tf, optimizer, variables: list, repeats: int, overhead: float) 
         return tf.reduce_sum(tf.reshape(variables[0], [-1])[:1])
 
     update().numpy()  # trace and warm up
+    return max(0.0, statistics.median(_call_times(lambda: update().numpy(), repeats, MIN_PROFILE_S / 2)) - overhead)
+
+
+def _call_times(call: Callable[[], object], repeats: int, min_s: float) -> list[float]:
+    """Seconds of each of at least ``repeats`` calls, and more (up to 100) until ``min_s`` is spent."""
     times: list[float] = []
-    spent = 0.0
-    while len(times) < repeats or (spent < MIN_PROFILE_S / 2 and len(times) < 100):
+    while len(times) < repeats or (sum(times) < min_s and len(times) < 100):
         start = time.perf_counter()
-        update().numpy()
+        call()  # a call that waits for its work to finish
         times.append(time.perf_counter() - start)
-        spent += times[-1]
-    return max(0.0, statistics.median(times) - overhead)
+    return times
 
 
 def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, m: int,  # noqa: ANN001

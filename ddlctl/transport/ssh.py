@@ -23,6 +23,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlctl.cluster.model import Host
+from ddlctl.errors import LaunchError
+from ddlctl.transport.fanout import all_or_fail, each_host
+from ddlctl.transport.options import SshOptions
+from ddlctl.transport.remote import (
+    EXPAND_1,
+    FIND_BUNDLE,
+    NEED_CODE_EXIT,
+    NEED_CODE_TEXT,
+    UPLOAD_BUNDLE,
+    bundle_path,
+    bundled_agent_argv,
+    code_bundle,
+    shell_command,
+)
+from ddlctl.transport.session import HostSession
+
 
 def _import_paramiko():  # noqa: ANN202 - the module
     """paramiko, imported without ``invoke``: paramiko loads it (~40 ms, a third of its import)
@@ -42,23 +59,6 @@ def _import_paramiko():  # noqa: ANN202 - the module
 
 
 paramiko = _import_paramiko()
-
-from ddlctl.cluster.model import Host  # noqa: E402
-from ddlctl.errors import LaunchError  # noqa: E402
-from ddlctl.transport.fanout import all_or_fail, each_host  # noqa: E402
-from ddlctl.transport.options import SshOptions  # noqa: E402
-from ddlctl.transport.remote import (  # noqa: E402
-    EXPAND_1,
-    FIND_BUNDLE,
-    NEED_CODE_EXIT,
-    NEED_CODE_TEXT,
-    UPLOAD_BUNDLE,
-    bundle_path,
-    bundled_agent_argv,
-    code_bundle,
-    shell_command,
-)
-from ddlctl.transport.session import HostSession  # noqa: E402
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 
