@@ -400,7 +400,8 @@ def partition(
                                                  show_default=False)] = None,
     model: Annotated[str | None, typer.Option(
         "--model", metavar="MODULE:FUNCTION", help="A function that returns a Keras model (Sequential, or "
-                                                    "functional taken layer by layer).", show_default=False)] = None,
+                                                    "functional taken layer by layer) or a ddlctl.modelparallel.Stack "
+                                                    "(a list of callables).", show_default=False)] = None,
     workload: Annotated[Workload | None, typer.Option(  # type: ignore[valid-type]
         "--workload", help="A built-in workload's model instead of --model (default: deep, a deep MLP).",
         show_default=False)] = None,

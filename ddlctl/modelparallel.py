@@ -6,7 +6,8 @@ chief (client). ``TF_CONFIG`` names them all. In the program::
     import ddlctl.modelparallel as mp
 
     devices = mp.connect()                       # port-checks every stage, then connects
-    pipeline = mp.Pipeline.from_model(model, devices, counts=[6, 6, 6], microbatches=4)
+    counts = mp.plan(model, devices, batch_size=64, microbatches=4).counts   # --partition's, else greedy
+    pipeline = mp.Pipeline.from_model(model, devices, counts, microbatches=4)
     for images, labels in dataset:
         loss = pipeline.train_step(images, labels)
 
@@ -18,6 +19,9 @@ variable would run the backward pass on the client: measured), with the stage in
 ``tf.stop_gradient`` and the gradient of the next stage passed in as ``output_gradients``; each
 stage's optimizer (its slots on that stage's device) applies the averaged gradients. TensorFlow's
 dataflow executor runs stage *i* of micro-batch *k+1* while stage *i+1* works on micro-batch *k*.
+
+``model`` is a Keras model or a :class:`Stack`: a list of callables (factories of Keras layers,
+``tf.Module`` s or plain functions, each built under its stage's device scope).
 
 Keras 3 ``model.fit`` runs on the client only: a model-parallel program trains through
 ``train_step``.
@@ -31,7 +35,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from ddlctl.errors import UserError
+from ddlctl.planning.inplace import StagePlan
+from ddlctl.planning.profile_model import model_layers
 from ddlctl.runtime.tfenv import not_listening
+from ddlctl.stack import Stack
+
+__all__ = ["Pipeline", "Stack", "connect", "plan", "variable_device"]
 
 DEFAULT_CONNECT_TIMEOUT_S = 120.0
 
@@ -121,6 +130,27 @@ def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
     return latency, (1.0 / seconds_per_byte if seconds_per_byte > 0 else float("inf")), dispatch
 
 
+def plan(model: object, devices: Sequence[str], batch_size: int, microbatches: int = 1,
+         partition: str | None = None, checkpoint_dir: str | None = None) -> StagePlan:
+    """How many of ``model``'s layers each stage task gets, for :meth:`Pipeline.from_model`: the
+    plan ``ddlctl launch --partition`` gave (``$DDLCTL_PARTITION``, or ``partition`` as ``"5,5,4"``),
+    else the plan an earlier attempt kept in ``checkpoint_dir`` (a restarted job resumes it), else
+    the ``greedy`` plan for the stage tasks as measured from here: the model profiled layer by
+    layer, its whole step timed on every stage task, the link between them. ``.counts`` are the
+    counts, ``.how`` says which (``given``, ``resumed``, ``greedy``), ``.predicted`` the cost
+    model's step time (printed)."""
+    from ddlctl.planning.inplace import plan_stages
+
+    return plan_stages(model, devices, batch_size, microbatches,
+                       partition or os.environ.get("DDLCTL_PARTITION") or None, checkpoint_dir)
+
+
+def variable_device(variable: object) -> str:
+    """Where a variable lives (a Keras variable's, or a ``tf.Variable``'s)."""
+    value = getattr(variable, "value", None)
+    return str(variable.device if value is None or callable(value) else value.device)  # type: ignore[attr-defined]
+
+
 def split_counts(counts: Sequence[int], n_layers: int, n_devices: int) -> list[int]:
     """Validate a plan's per-device layer counts against the model and the cluster."""
     counts = [int(c) for c in counts]
@@ -158,26 +188,32 @@ class Pipeline:
     @classmethod
     def from_model(cls, model: object, devices: Sequence[str], counts: Sequence[int], microbatches: int = 1,
                    loss_fn: Callable | None = None, make_optimizer: Callable[[], object] | None = None) -> Pipeline:
-        """Copies of ``model``'s layers (Sequential, or functional taken in layer order), ``counts[j]``
-        of them on ``devices[j]``, built there."""
+        """Copies of ``model``'s layers, ``counts[j]`` of them on ``devices[j]``, built there, with
+        the model's initial weights. ``model``: a Keras model (Sequential, or functional taken in
+        layer order) or a :class:`Stack` (a list of callables; each stage calls its pieces'
+        factories under its device scope)."""
         import keras
         import tensorflow as tf
 
-        layers = [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]  # type: ignore[attr-defined]
+        layers = model_layers(model)
         counts = split_counts(counts, len(layers), len(devices))
         shape = (None, *model.input_shape[1:])  # type: ignore[attr-defined]
         stages: list[list[object]] = []
         at = 0
         for device, count in zip(devices, counts, strict=True):
-            placed = []
             with tf.device(device):
-                for layer in layers[at:at + count]:
-                    copy = layer.__class__.from_config(layer.get_config())
-                    copy.build(shape)
+                if isinstance(model, Stack):
+                    placed = model.build(at, at + count)
+                else:
+                    placed = []
+                    for layer in layers[at:at + count]:
+                        copy = layer.__class__.from_config(layer.get_config())
+                        copy.build(shape)
+                        shape = copy.compute_output_shape(shape)
+                        placed.append(copy)
+                for copy, layer in zip(placed, layers[at:at + count], strict=True):
                     if layer.get_weights():
                         copy.set_weights(layer.get_weights())  # same initial values as the model
-                    shape = copy.compute_output_shape(shape)
-                    placed.append(copy)
             stages.append(placed)
             at += count
         loss_fn = loss_fn or keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -187,7 +223,7 @@ class Pipeline:
     def placement(self) -> list[dict[str, object]]:
         """Each stage: its device, its layers, and where their variables really are."""
         return [{"device": device, "layers": [layer.name for layer in layers],
-                 "variable_devices": sorted({v.value.device for v in variables})}
+                 "variable_devices": sorted({variable_device(v) for v in variables})}
                 for device, layers, variables in zip(self.devices, self.stages, self.variables, strict=True)]
 
     def op_devices(self, x, y, op_type: str = "MatMul") -> dict[str, int]:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import only_run_dir, run_ddlctl
+from tests.conftest import only_run_dir, processes_of_run, run_ddlctl
 
 pytestmark = pytest.mark.cluster
 STEPS = "40"
@@ -93,7 +93,6 @@ def test_a_saved_partition_is_followed_and_micro_batches_train(tmp_path):
 def test_a_lost_stage_restarts_every_task_and_training_resumes_from_the_checkpoint(tmp_path):
     import signal
 
-    from tests.conftest import processes_of_run
     from tests.faults import Job
 
     runs = tmp_path / "runs"
@@ -127,7 +126,6 @@ def test_a_lost_stage_restarts_every_task_and_training_resumes_from_the_checkpoi
 
 
 def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp_path):
-    from tests.conftest import processes_of_run
     from tests.test_heterogeneous import can_throttle
 
     if not can_throttle():
@@ -170,3 +168,46 @@ def test_a_functional_model_of_a_users_program_is_placed_through_the_api_and_tra
     assert losses[-1] < 0.7 * losses[0], losses  # it learns
     records = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
     assert len(records) == 30
+
+
+def test_a_list_of_callables_is_profiled_planned_placed_and_trains_like_one_device(tmp_path):
+    """A Stack (closures over tf.Variables, a tf.Module, a Keras layer, a stateless function):
+    ``partition --model`` profiles it from the folder that holds it; the program follows the saved
+    plan through ``mp.plan``, else plans greedy in place; each piece's variables live on its stage
+    and training matches the same Stack trained on the chief alone."""
+    from pathlib import Path
+
+    programs = Path(__file__).parent / "programs"
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2\n")
+    plan_file = tmp_path / "plan.json"
+    planned = run_ddlctl("partition", "--hosts", str(hosts), "--model", "mp_stack:build", "--algorithm", "optimal",
+                         "--microbatches", "2", "--save", str(plan_file), "--json", cwd=programs, timeout=300)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    data = json.loads(planned.stdout)
+    layers = {layer["name"]: layer for layer in data["layers"]}
+    assert list(layers) == ["embed", "dense", "residual", "scale", "head"]
+    assert layers["embed"]["param_bytes"] == (16 * 64 + 64) * 4 * 3  # the closure's w and b, with Adam's slots
+    assert layers["residual"]["param_bytes"] == 64 * 64 * 4 * 3  # the tf.Module's variable
+    assert layers["scale"]["param_bytes"] == 0 and layers["head"]["param_bytes"] == (64 * 4 + 4) * 4 * 3
+    counts = [s["layers"] for s in next(p for p in data["plans"] if p["algorithm"] == "optimal")["stages"]]
+    runs = {}
+    given = ("--hosts", str(hosts), "--partition", str(plan_file))
+    for name, extra in (("given", given), ("greedy", ("--workers", "2"))):
+        done = run_ddlctl("launch", "-s", "model", *extra, "--no-telemetry", "--runs-dir", str(tmp_path / name),
+                          "--", sys.executable, str(programs / "mp_stack.py"), timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_dir = only_run_dir(tmp_path / name)
+        runs[name] = json.loads((run_dir / "tasks" / "chief-0" / "placement.json").read_text())
+        assert processes_of_run(run_dir.name) == []
+    assert runs["given"]["how"] == "given" and runs["given"]["counts"] == counts
+    assert runs["greedy"]["how"] == "greedy" and sum(runs["greedy"]["counts"]) == 5
+    for placed in runs.values():
+        names = [name for stage in placed["stages"] for name in stage["layers"]]
+        assert names == ["embed", "dense", "residual", "scale", "head"]
+        for stage in placed["stages"]:
+            with_weights = [n for n in stage["layers"] if n != "scale"]
+            assert stage["variable_devices"] == ([stage["device"]] if with_weights else []), stage
+        losses, reference = placed["losses"], placed["reference"]
+        assert losses == pytest.approx(reference, rel=1e-4), "the split changes where, not what, is computed"
+        assert losses[-1] < 0.7 * losses[0], losses

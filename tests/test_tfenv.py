@@ -39,3 +39,31 @@ def test_not_listening_returns_when_a_late_port_opens_and_names_the_ones_that_ne
     finally:
         late.close()
         closed.close()
+
+
+def test_retracing_warnings_of_ddlctls_own_measurements_are_dropped_and_the_programs_kept():
+    """TensorFlow really warns about both functions (each traced for five shapes); only the
+    warning about ddlctl's measuring function is dropped."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent("""
+        import tensorflow as tf
+        from ddlctl.planning.profile_model import noop_call
+        from ddlctl.runtime.tfenv import quiet_own_retracing
+
+        quiet_own_retracing()
+        def users_function(t):
+            return tf.reduce_sum(t)
+        for fn in (noop_call(tf), users_function):
+            traced = tf.function(fn)
+            for n in range(1, 8):
+                traced(tf.zeros((n, n)))
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    warnings = [line for line in done.stderr.splitlines() if "retracing" in line]
+    assert warnings and all("users_function" in line for line in warnings), done.stderr[-2000:]

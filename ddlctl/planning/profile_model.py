@@ -1,5 +1,6 @@
-"""Measuring a Keras model for the partition planner: per layer, forward+backward time on this
-machine (the reference device, speed 1), parameter + optimizer bytes, output activation bytes.
+"""Measuring a model (Keras, or a :class:`ddlctl.stack.Stack` of callables) for the partition
+planner: per layer, forward+backward time on this machine (the reference device, speed 1),
+parameter + optimizer bytes, output activation bytes.
 
 Imports TensorFlow (only ``ddlctl partition`` and the model strategy use it).
 """
@@ -22,7 +23,8 @@ MIN_PROFILE_S = 0.1
 
 
 def load_model_factory(spec: str) -> Callable[[], object]:
-    """``module:function`` (a function returning a Keras model) or a built-in workload name."""
+    """``module:function`` (a function returning a Keras model, or a :class:`ddlctl.stack.Stack`
+    of callables) or a built-in workload name."""
     from ddlctl.workloads import WORKLOADS, models
 
     if spec in WORKLOADS:
@@ -30,8 +32,14 @@ def load_model_factory(spec: str) -> Callable[[], object]:
     module_name, _, function = spec.partition(":")
     if not module_name or not function:
         raise ConfigError(f"--model {spec!r} is not MODULE:FUNCTION",
-                          "e.g. --model mymodels:build (a function that returns a Keras model), or "
+                          "e.g. --model mymodels:build (a function that returns a Keras model or a "
+                          "ddlctl.modelparallel.Stack), or "
                           "--workload " + "|".join(WORKLOADS))
+    import os
+    import sys
+
+    if not {"", os.getcwd()} & set(sys.path):  # the ddlctl script's path starts at its own folder
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -40,7 +48,18 @@ def load_model_factory(spec: str) -> Callable[[], object]:
     factory = getattr(module, function, None)
     if not callable(factory):
         raise ConfigError(f"--model {spec!r}: {module_name} has no function {function!r}")
-    return factory
+
+    def build() -> object:
+        from ddlctl.stack import Stack
+
+        model = factory()
+        if not isinstance(model, Stack) and not (hasattr(model, "layers") and hasattr(model, "input_shape")):
+            raise ConfigError(f"--model {spec!r} returned a {type(model).__name__}, not a Keras model with a "
+                              "known input shape nor a ddlctl.modelparallel.Stack",
+                              "return a built model (e.g. with keras.Input) or a Stack of callables")
+        return model
+
+    return build
 
 
 def model_layers(model: object) -> list:
@@ -58,9 +77,10 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
     efficient per row (on 2 CPU cores, 8 micro-batches of 32 rows took 1.9x the time of one batch
     of 256). Each layer is timed at least ``repeats`` times and for at least ``MIN_PROFILE_S``; then
     the whole model's step is timed in one call and the layers' times scaled to add up to it."""
-    from ddlctl.runtime.tfenv import quiet_tensorflow_logs
+    from ddlctl.runtime.tfenv import quiet_own_retracing, quiet_tensorflow_logs
 
     quiet_tensorflow_logs()
+    quiet_own_retracing()
     import numpy as np
     import tensorflow as tf
 
@@ -84,13 +104,19 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
         y, _ = forward_backward(x)  # trace and warm up
         forward_backward(x)[1].numpy()
         times = _call_times(lambda: forward_backward(x)[1].numpy(), repeats, MIN_PROFILE_S)  # noqa: B023
-        params = sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in layer.trainable_variables)
+        params = sum(_bytes_of(np, v) for v in layer.trainable_variables)
         act = int(y.shape.num_elements()) * y.dtype.size
         cost = max(statistics.median(times) - overhead, min(times) / 10)
         update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
         measured.append(Layer(layer.name, cost, params * (1 + OPTIMIZER_SLOTS), act, min(update, cost)))
         x = y
     return _scaled_to_whole(tf, model, measured, batch_size, m, repeats)
+
+
+def _bytes_of(np, variable: object) -> int:  # noqa: ANN001 - the numpy module
+    """A variable's size in bytes (a Keras variable's dtype is a name, a ``tf.Variable``'s a DType)."""
+    dtype = getattr(variable.dtype, "as_numpy_dtype", variable.dtype)  # type: ignore[attr-defined]
+    return int(np.prod(variable.shape)) * np.dtype(dtype).itemsize  # type: ignore[attr-defined]
 
 
 def _update_time(tf, optimizer, variables: list, repeats: int, overhead: float) -> float:  # noqa: ANN001
@@ -145,7 +171,7 @@ def _whole_step(model: object, batch_size: int, microbatches: int = 1, device: s
     shape = tuple(model.input_shape[1:])  # type: ignore[attr-defined]
     try:
         with tf.device(device) if device else contextlib.nullcontext():
-            here = keras.models.clone_model(model) if device else model
+            here = (_copy_model(model) if device else model)
             variables = list(here.trainable_variables)  # type: ignore[attr-defined]
             layers = model_layers(here)
             optimizer = keras.optimizers.Adam(learning_rate=0.0)
@@ -174,6 +200,15 @@ def _whole_step(model: object, batch_size: int, microbatches: int = 1, device: s
     except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
         return None
     return whole, x, noop
+
+
+def _copy_model(model: object) -> object:
+    """A fresh copy of ``model`` built under the caller's device scope (a Keras model or a Stack)."""
+    import keras
+
+    from ddlctl.stack import Stack
+
+    return model.clone() if isinstance(model, Stack) else keras.models.clone_model(model)
 
 
 def _timed(call, x) -> float:  # noqa: ANN001

@@ -61,19 +61,28 @@ def quiet_tensorflow_logs() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-class _CheckpointRetracing(logging.Filter):
-    """Drops TF's "N out of the last N calls to MultiDeviceSaver.save... triggered tf.function
-    retracing" warning: TF 2.21 retraces its own checkpoint-saving function on every save under
-    ParameterServerStrategy, which says nothing about the program (and repeats every save)."""
+#: Functions of ddlctl's own measurements (``ddlctl.planning.profile_model``, ``ddlctl.modelparallel``):
+#: each is traced once per layer, stage or device it measures, which TensorFlow calls retracing.
+OWN_TRACED = ("noop_call.<locals>", "_layer_step.<locals>", "_whole_step.<locals>", "_stage_work.<locals>",
+              "measure_link.<locals>", "_update_time.<locals>")
+
+
+class _OwnRetracing(logging.Filter):
+    """Drops TF's "N out of the last N calls to ... triggered tf.function retracing" warning when
+    it is about TensorFlow's or ddlctl's own functions, which says nothing about the program: TF
+    2.21 retraces its checkpoint-saving function (``MultiDeviceSaver``) on every save under
+    ParameterServerStrategy, and ddlctl's measurements trace one function per thing measured."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not ("MultiDeviceSaver" in message and "retracing" in message)
+        return "retracing" not in message or not any(name in message for name in ("MultiDeviceSaver", *OWN_TRACED))
 
 
-def quiet_checkpoint_retracing() -> None:
-    """Install :class:`_CheckpointRetracing` on TensorFlow's Python logger (the built-in workload)."""
-    logging.getLogger("tensorflow").addFilter(_CheckpointRetracing())
+def quiet_own_retracing() -> None:
+    """Install :class:`_OwnRetracing` on TensorFlow's Python logger (once per process)."""
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _OwnRetracing) for f in logger.filters):
+        logger.addFilter(_OwnRetracing())
 
 
 def min_inter_op_threads(num_workers: int) -> int:

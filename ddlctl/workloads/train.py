@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -37,12 +36,13 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ddlctl.errors import UserError
 from ddlctl.runtime.tfenv import (
     TaskContext,
     cluster_addresses,
     min_inter_op_threads,
     not_listening,
-    quiet_checkpoint_retracing,
+    quiet_own_retracing,
     quiet_tensorflow_logs,
     task_context,
 )
@@ -549,81 +549,6 @@ class _Evaluated:
         self.evaluate = evaluate
 
 
-def cost_inputs(args: argparse.Namespace, model, stage_devices: list[str]) -> tuple[list, list]:
-    """The cost model's layers (``model`` profiled here, with the run's batch and micro-batches) and
-    devices: memory from ``$DDLCTL_DEVICES``; speed measured in place, the whole model's step timed
-    on each stage task against this process (:func:`ddlctl.planning.profile_model.device_speeds`),
-    else from the GFLOP/s ``--speeds`` gave (relative to this process's, measured here with the
-    same kernel), else the declared relative speeds."""
-    from ddlctl.planning.partition import Device
-    from ddlctl.planning.profile_model import device_speeds, profile
-
-    n_devices = len(stage_devices)
-    described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
-    if len(described) != n_devices:
-        described = [{} for _ in range(n_devices)]
-    speeds = [float(d.get("speed") or 1.0) for d in described]
-    layers = profile(model, args.batch_size, repeats=3, microbatches=args.microbatches)
-    in_place = device_speeds(model, stage_devices, args.batch_size, args.microbatches)
-    if in_place:
-        speeds = in_place
-        print("stage speeds measured in place (the model's step on each stage task, relative to this task): "
-              + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
-    elif described and all(d.get("gflops") for d in described):
-        from ddlctl.runtime.devbench import local_gflops
-
-        reference = local_gflops()
-        speeds = [float(d["gflops"]) / reference for d in described]
-        print(f"measured stage speeds relative to this task's {reference:,.1f} GFLOP/s: "
-              + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
-    devices = [Device(d.get("name") or f"worker:{i}", speed, float(d.get("memory_bytes") or float("inf")))
-               for i, (d, speed) in enumerate(zip(described, speeds, strict=True))]
-    return layers, devices
-
-
-def measured_link(stage_devices: list[str], layers: list, microbatches: int) -> tuple[object, float]:
-    """The link between stage tasks as TensorFlow moves a micro-batch's activation (see
-    :func:`ddlctl.modelparallel.measure_link`) and a step's fixed dispatch cost."""
-    from ddlctl import modelparallel as mp
-    from ddlctl.planning.partition import Link
-
-    sizes = sorted(layer.act_bytes for layer in layers) or [4]
-    latency, bandwidth, dispatch = mp.measure_link(stage_devices, sizes[len(sizes) // 2] // max(1, microbatches))
-    print(f"stage link as TensorFlow moves tensors: {latency * 1e3:.2f} ms per message + "
-          f"{bandwidth / 1e9:.2f} GB/s; {dispatch * 1e3:.1f} ms to dispatch a step", flush=True)
-    return Link(bandwidth, latency), dispatch
-
-
-def stage_counts(args: argparse.Namespace, model, stage_devices: list[str]) -> tuple[list[int], str, dict | None]:
-    """Layers per stage: ``--partition`` / ``$DDLCTL_PARTITION``, else the greedy plan for this
-    model over the devices ddlctl described (:func:`cost_inputs`) and the link measured between
-    them; and, but for a resumed plan, the cost model's prediction for the plan (its step time with
-    the dispatch cost, each stage's time, the measured link)."""
-    from ddlctl.planning.partition import plan_counts, plan_greedy
-
-    kept = Path(args.checkpoint_dir or "") / "partition.json"
-    if not args.partition and args.checkpoint_dir and kept.is_file():  # a restart resumes its plan
-        return [int(c) for c in json.loads(kept.read_text())["partition"]], "resumed", None
-    layers, devices = cost_inputs(args, model, stage_devices)
-    link, dispatch = measured_link(stage_devices, layers, args.microbatches)
-    if args.partition:
-        counts, how = [int(c) for c in str(args.partition).split(",")], "given"
-        if len(counts) != len(devices) or sum(counts) != len(layers) or min(counts) < 0:
-            return counts, how, None  # the Pipeline says what is wrong with it
-        planned = plan_counts(layers, devices, counts, args.microbatches, link)
-    else:
-        planned = plan_greedy(layers, devices, args.microbatches, link)
-        if not planned.feasible:
-            raise SystemExit(f"cannot place the model on the {len(devices)} stage task(s): {planned.reason}")
-        counts, how = [stage.layers for stage in planned.stages], "greedy"
-    predicted = {"step_s": (planned.step_time_s or 0.0) + dispatch, "dispatch_s": dispatch,
-                 "stage_s": [stage.time_s for stage in planned.stages],
-                 "link": {"latency_s": link.latency_s,
-                          "bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None}}
-    print(f"predicted step time of the {how} plan {counts}: {predicted['step_s'] * 1e3:.1f} ms", flush=True)
-    return counts, how, predicted
-
-
 def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> _Evaluated:
     """The chief of ``--strategy model``: the workload's layers as stages on the worker tasks,
     trained with micro-batching; every step recorded."""
@@ -639,10 +564,11 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
     devices = mp.connect()
     keras.utils.set_random_seed(args.seed)
     model = getattr(models, args.workload)()
-    counts, how, predicted = stage_counts(args, model, devices)
-    if args.checkpoint_dir and how != "resumed":
-        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.checkpoint_dir) / "partition.json").write_text(json.dumps({"partition": counts}) + "\n")
+    try:
+        planned = mp.plan(model, devices, args.batch_size, args.microbatches, args.partition, args.checkpoint_dir)
+    except UserError as exc:
+        raise SystemExit(str(exc)) from None
+    counts, how, predicted = planned.counts, planned.how, planned.predicted
     pipeline = mp.Pipeline.from_model(model, devices, counts, args.microbatches,
                                       make_optimizer=lambda: keras.optimizers.Adam(args.learning_rate))
     placement = pipeline.placement()
@@ -724,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: train under the strategy ddlctl chose, report loss and accuracy."""
     args = parse_args(argv)
     quiet_tensorflow_logs()
-    quiet_checkpoint_retracing()
+    quiet_own_retracing()
     ctx = task_context()
     import tensorflow as tf
 

@@ -1,0 +1,118 @@
+"""Planning a model's stages from inside a ``--strategy model`` chief, over the stage tasks it is
+connected to: the plan ``ddlctl launch --partition`` gave, else the one a restarted job kept, else
+the ``greedy`` plan for the devices as measured in place. Used by the built-in workload and by
+user programs through :func:`ddlctl.modelparallel.plan`. Imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlctl.errors import UserError
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Layers per stage task, how they were chosen (``given``, ``resumed``, ``greedy``) and, but
+    for a resumed plan, the cost model's prediction (step time with the dispatch cost, each stage's
+    time, the measured link)."""
+
+    counts: list[int]
+    how: str
+    predicted: dict | None = None
+
+
+def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, microbatches: int) -> tuple[list, list]:
+    """The cost model's layers (``model`` profiled here, with the run's batch and micro-batches) and
+    devices: memory from ``$DDLCTL_DEVICES``; speed measured in place, the whole model's step timed
+    on each stage task against this process (:func:`ddlctl.planning.profile_model.device_speeds`),
+    else from the GFLOP/s ``--speeds`` gave (relative to this process's, measured here with the
+    same kernel), else the declared relative speeds."""
+    from ddlctl.planning.partition import Device
+    from ddlctl.planning.profile_model import device_speeds, profile
+
+    n_devices = len(stage_devices)
+    described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
+    if len(described) != n_devices:
+        described = [{} for _ in range(n_devices)]
+    speeds = [float(d.get("speed") or 1.0) for d in described]
+    layers = profile(model, batch_size, repeats=3, microbatches=microbatches)
+    in_place = device_speeds(model, list(stage_devices), batch_size, microbatches)
+    if in_place:
+        speeds = in_place
+        print("stage speeds measured in place (the model's step on each stage task, relative to this task): "
+              + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
+    elif described and all(d.get("gflops") for d in described):
+        from ddlctl.runtime.devbench import local_gflops
+
+        reference = local_gflops()
+        speeds = [float(d["gflops"]) / reference for d in described]
+        print(f"measured stage speeds relative to this task's {reference:,.1f} GFLOP/s: "
+              + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
+    devices = [Device(d.get("name") or f"worker:{i}", speed, float(d.get("memory_bytes") or float("inf")))
+               for i, (d, speed) in enumerate(zip(described, speeds, strict=True))]
+    return layers, devices
+
+
+def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int) -> tuple[object, float]:
+    """The link between stage tasks as TensorFlow moves a micro-batch's activation (see
+    :func:`ddlctl.modelparallel.measure_link`) and a step's fixed dispatch cost."""
+    from ddlctl import modelparallel as mp
+    from ddlctl.planning.partition import Link
+
+    sizes = sorted(layer.act_bytes for layer in layers) or [4]
+    latency, bandwidth, dispatch = mp.measure_link(stage_devices, sizes[len(sizes) // 2] // max(1, microbatches))
+    print(f"stage link as TensorFlow moves tensors: {latency * 1e3:.2f} ms per message + "
+          f"{bandwidth / 1e9:.2f} GB/s; {dispatch * 1e3:.1f} ms to dispatch a step", flush=True)
+    return Link(bandwidth, latency), dispatch
+
+
+def parse_counts(text: str) -> list[int]:
+    """``"5,5,4"`` (``--partition`` / ``$DDLCTL_PARTITION``) as layer counts."""
+    try:
+        return [int(c) for c in str(text).split(",")]
+    except ValueError:
+        raise UserError(f"the partition {text!r} is not a comma-separated list of layer counts",
+                        "give e.g. 5,5,4, or a plan file to ddlctl launch --partition") from None
+
+
+def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, microbatches: int = 1,
+                partition: str | None = None, checkpoint_dir: str | None = None) -> StagePlan:
+    """Layers per stage: ``partition`` (``"5,5,4"``), else the plan kept in ``checkpoint_dir`` by
+    an earlier attempt of this job (a restart resumes its plan without re-measuring), else the
+    greedy plan for this model over the devices ddlctl described (:func:`cost_inputs`) and the
+    link measured between them. A new plan is kept in ``checkpoint_dir`` when one is given."""
+    from ddlctl.planning.partition import plan_counts, plan_greedy
+    from ddlctl.runtime.tfenv import quiet_own_retracing
+
+    quiet_own_retracing()
+    kept = Path(checkpoint_dir or "") / "partition.json"
+    if not partition and checkpoint_dir and kept.is_file():
+        return StagePlan([int(c) for c in json.loads(kept.read_text())["partition"]], "resumed")
+    layers, devices = cost_inputs(model, stage_devices, batch_size, microbatches)
+    link, dispatch = measured_link(stage_devices, layers, microbatches)
+    if partition:
+        counts, how = parse_counts(partition), "given"
+        if len(counts) != len(devices) or sum(counts) != len(layers) or min(counts) < 0:
+            return StagePlan(counts, how)  # the Pipeline says what is wrong with it
+        planned = plan_counts(layers, devices, counts, microbatches, link)
+    else:
+        planned = plan_greedy(layers, devices, microbatches, link)
+        if not planned.feasible:
+            raise UserError(f"cannot place the model on the {len(devices)} stage task(s): {planned.reason}",
+                            "add devices or memory (memory= in the hosts file), or use a smaller model")
+        counts, how = [stage.layers for stage in planned.stages], "greedy"
+    predicted = {"step_s": (planned.step_time_s or 0.0) + dispatch, "dispatch_s": dispatch,
+                 "stage_s": [stage.time_s for stage in planned.stages],
+                 "link": {"latency_s": link.latency_s,
+                          "bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None}}
+    print(f"predicted step time of the {how} plan {counts}: {predicted['step_s'] * 1e3:.1f} ms", flush=True)
+    if checkpoint_dir:
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps({"partition": counts}) + "\n")
+    return StagePlan(counts, how, predicted)
