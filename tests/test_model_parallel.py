@@ -4,7 +4,9 @@ trained; placement checked from the tasks themselves (where variables and matrix
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -181,8 +183,13 @@ def test_a_list_of_callables_is_profiled_planned_placed_and_trains_like_one_devi
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost slots=2\n")
     plan_file = tmp_path / "plan.json"
-    planned = run_ddlctl("partition", "--hosts", str(hosts), "--model", "mp_stack:build", "--algorithm", "optimal",
-                         "--microbatches", "2", "--save", str(plan_file), "--json", cwd=programs, timeout=300)
+    # the installed script (its sys.path starts at its own folder, not the current one, unlike python -m)
+    script = Path(sys.executable).parent / "ddlctl"
+    assert script.is_file()
+    planned = subprocess.run([str(script), "partition", "--hosts", str(hosts), "--model", "mp_stack:build",
+                              "--algorithm", "optimal", "--microbatches", "2", "--save", str(plan_file), "--json"],
+                             capture_output=True, text=True, cwd=programs, timeout=300,
+                             env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
     assert planned.returncode == 0, planned.stderr[-2000:]
     data = json.loads(planned.stdout)
     layers = {layer["name"]: layer for layer in data["layers"]}
