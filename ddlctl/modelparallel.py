@@ -33,6 +33,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from ddlctl.errors import UserError
 from ddlctl.planning.inplace import StagePlan
@@ -269,6 +270,25 @@ class Pipeline:
                     here = layer(here, training=False)
             h = here
         return times
+
+    def save_stages(self, x, y, planned: StagePlan | None = None, task_dir: str | None = None) -> Path | None:
+        """Write ``stages.json`` into the task folder (``$DDLCTL_TASK_DIR``) for ddlctl's report:
+        the plan (``planned``, from :func:`plan`), each stage's placement, where the step's matrix
+        products run (traced on the batch ``(x, y)``) and each stage's busy time per step
+        (:meth:`stage_times`, timed now: call it after training). The report's "stages" table and
+        its predicted-vs-measured line come from it. None when there is no task folder."""
+        folder = task_dir or os.environ.get("DDLCTL_TASK_DIR")
+        if not folder:
+            return None
+        counts = [len(layers) for layers in self.stages]
+        record = {"partition": planned.counts if planned else counts, "how": planned.how if planned else "given",
+                  "microbatches": self.microbatches, "stages": self.placement(),
+                  "matmul_ops": self.op_devices(x, y), "busy_s": self.stage_times(x),
+                  "predicted": planned.predicted if planned else None}
+        path = Path(folder) / "stages.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        return path
 
     def _train_step(self, x, y):  # noqa: ANN001, ANN202 - tensors in, loss out
         import tensorflow as tf

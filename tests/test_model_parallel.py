@@ -207,6 +207,10 @@ def test_a_list_of_callables_is_profiled_planned_placed_and_trains_like_one_devi
         run_dir = only_run_dir(tmp_path / name)
         runs[name] = json.loads((run_dir / "tasks" / "chief-0" / "placement.json").read_text())
         assert processes_of_run(run_dir.name) == []
+        # the report's stages table, from the program's save_stages
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert [s["layers"] for s in summary["stages"]] == [c for c in runs[name]["counts"] if c], summary["stages"]
+        assert all(s["busy_s"] > 0 for s in summary["stages"]), summary["stages"]
     assert runs["given"]["how"] == "given" and runs["given"]["counts"] == counts
     assert runs["greedy"]["how"] == "greedy" and sum(runs["greedy"]["counts"]) == 5
     for placed in runs.values():

@@ -2,7 +2,9 @@
 
 Every TensorFlow process prints them before absl is initialised, and no environment variable hides
 them: the absl banner, oneDNN's note, "Could not find cuda drivers" and cuInit failures on CPU
-hosts, the CPU-instructions notice and its continuation line. They stay in ``output.log``; the
+hosts, the CPU-instructions notice and its continuation line; and one INFO line per traced function
+a ``--strategy model`` chief releases ("Ignoring error status when releasing multi-device function
+handle UNIMPLEMENTED": TensorFlow ignores it, and it comes by the dozen at exit). They stay in ``output.log``; the
 console leaves them out (``--verbose`` shows everything). Anything else, TensorFlow errors after
 start-up included, is always shown.
 """
@@ -18,6 +20,8 @@ STARTUP_NOISE = re.compile(
     rb"|" + _GLOG + rb"cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine"
     rb"|" + _GLOG + rb"cuda_platform\.cc:\d+\] failed call to cuInit: "
     rb"|" + _GLOG + rb"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU"
+    rb"|" + _GLOG + rb"kernel_and_device\.cc:\d+\] Ignoring error status when releasing multi-device function "
+    rb"handle UNIMPLEMENTED: Releasing a multi-device component handle on a remote device is not yet implemented\."
     rb"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)")
 
 

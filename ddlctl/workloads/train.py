@@ -568,7 +568,7 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
         planned = mp.plan(model, devices, args.batch_size, args.microbatches, args.partition, args.checkpoint_dir)
     except UserError as exc:
         raise SystemExit(str(exc)) from None
-    counts, how, predicted = planned.counts, planned.how, planned.predicted
+    counts = planned.counts
     pipeline = mp.Pipeline.from_model(model, devices, counts, args.microbatches,
                                       make_optimizer=lambda: keras.optimizers.Adam(args.learning_rate))
     placement = pipeline.placement()
@@ -606,12 +606,7 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
             step_var.assign(step)
             saver.save(checkpoint_number=step)
     if ctx.task_dir:  # where the stages and their work really were (the report's stage table)
-        Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
-        (Path(ctx.task_dir) / "stages.json").write_text(json.dumps(
-            {"partition": counts, "how": how, "microbatches": args.microbatches, "stages": placement,
-             "matmul_ops": pipeline.op_devices(images, labels), "busy_s": pipeline.stage_times(images),
-             "predicted": predicted},
-            indent=1) + "\n")
+        pipeline.save_stages(images, labels, planned, ctx.task_dir)
 
     def evaluate() -> tuple[float, float]:
         images, labels = eval_batch(args.seed)

@@ -74,6 +74,7 @@ def main() -> None:
             losses.append(pipeline.train_step(x[at:at + BATCH], y[at:at + BATCH]))
         reference.append(alone.train_step(x[at:at + BATCH], y[at:at + BATCH]))
     print(f"plan {planned.counts} ({planned.how}); losses {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+    pipeline.save_stages(x[:BATCH], y[:BATCH], planned)  # the report's stages table
     task_dir = Path(os.environ["DDLCTL_TASK_DIR"])
     task_dir.mkdir(parents=True, exist_ok=True)
     (task_dir / "placement.json").write_text(json.dumps(
