@@ -425,6 +425,9 @@ def partition(
         "--speeds", metavar="FILE", help="Measured device speeds and links from 'ddlctl check --bench --save FILE' "
                                          "instead of the hosts' speed= (relative to localhost when the profile has "
                                          "it, else to the fastest host).", show_default=False)] = None,
+    bench: Annotated[bool, typer.Option(
+        "--bench", help="Measure every host's devices and links now (as 'ddlctl check --bench' does, through each "
+                        "host's agent, so cpu_quota= applies) and plan with those speeds instead of speed=.")] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the random plan.")] = 0,
     save: Annotated[str | None, typer.Option("--save", metavar="FILE", help="Write the plans and the chosen one "
                                              "(fastest predicted) as JSON.", show_default=False)] = None,
@@ -435,10 +438,10 @@ def partition(
     Profiles the model on this machine (per layer: forward+backward time and, apart, the
     optimizer's update, which runs off the pipeline's critical path; parameter and optimizer bytes,
     activation bytes), takes each device's speed and memory from the hosts file or template
-    (speed=, memory=; measured speeds with --speeds), and prints, per algorithm (random:
-    TensorFlow's native baseline; greedy: the research's; optimal: dynamic programming, exact for
-    the cost model), the stages and the
-    predicted step time. Exit code 2 when no algorithm can place the model (the reason is printed).
+    (speed=, memory=; measured speeds with --speeds FILE, or measured now with --bench), and
+    prints, per algorithm (random: TensorFlow's native baseline; greedy: the research's; optimal:
+    dynamic programming, exact for the cost model), the stages and the predicted step time. Exit
+    code 2 when no algorithm can place the model (the reason is printed).
 
     Example: ddlctl partition --hosts hosts.txt --workload deep --microbatches 4 --save plan.json
     """
@@ -450,7 +453,7 @@ def partition(
         opts = PartitionOptions(hosts=hosts, template=template, model=model or _value(workload) or "deep",
                                 batch_size=batch_size, algorithm=algorithm, microbatches=microbatches,
                                 bandwidth_gbps=bandwidth, latency_ms=latency, seed=seed, save=save,
-                                json_out=json_out, speeds=speeds)
+                                json_out=json_out, speeds=speeds, bench=bench)
         return run_partition(opts, people_console(), error_console())
 
     _exit_with(run)

@@ -3,12 +3,12 @@ algorithm, print the plans side by side and save the chosen one.
 
 Devices: one per GPU of a host (``gpus=``), else one per slot (``slots=``), each with the host's
 ``speed=`` (relative to the machine running this command, which profiles the model: speed 1) and
-``memory=`` (default: unlimited). With ``--speeds FILE`` (a profile of ``ddlctl check --bench``) the
-measured speeds replace ``speed=``: each host's GFLOP/s over this machine's, measured here with the
-same kernel just before the model is profiled (the profile's own ``localhost`` figure is not used:
-``check --bench`` measures all hosts at once, so hosts sharing a machine compete, while the model's
-layers are timed here alone), and the median measured host-to-host link replaces the default
-``--bandwidth`` / ``--latency-ms``. The planning itself is
+``memory=`` (default: unlimited). With ``--speeds FILE`` (a profile of ``ddlctl check --bench``),
+or ``--bench`` (the same measurement taken now), the measured speeds replace ``speed=``: each
+host's GFLOP/s over this machine's, measured here with the same kernel just before the model is
+profiled (the profile's own ``localhost`` figure is not used: ``check --bench`` measures all hosts
+at once, so hosts sharing a machine compete, while the model's layers are timed here alone), and
+the median measured host-to-host link replaces the default ``--bandwidth`` / ``--latency-ms``. The planning itself is
 :mod:`ddlctl.planning.partition` (pure).
 """
 
@@ -47,6 +47,7 @@ class PartitionOptions:
     latency_ms: float | None = None  # None: the profile's median link, else 0.1
     seed: int = 0
     speeds: str | None = None  # a cluster profile of ddlctl check --bench
+    bench: bool = False  # measure the hosts now, as check --bench does, and use those speeds
     save: str | None = None
     json_out: bool = False
 
@@ -65,20 +66,21 @@ def devices_of(cluster: Cluster) -> list[Device]:
     return devices
 
 
-def with_profile(cluster: Cluster, opts: PartitionOptions,
-                 reference: Callable[[], float] | None = None) -> tuple[Cluster, PartitionOptions, float | None]:
-    """Measured speeds and link from ``opts.speeds`` (a cluster profile); the defaults otherwise.
-    ``reference`` measures this machine's GFLOP/s (called only when the profile is usable): speeds
-    are relative to it; without it, to the profile's ``localhost``, else its fastest host. Also
-    returns the reference GFLOP/s used (None without a profile or ``reference``)."""
+def with_profile(cluster: Cluster, opts: PartitionOptions, reference: Callable[[], float] | None = None,
+                 measured: object | None = None) -> tuple[Cluster, PartitionOptions, float | None]:
+    """Measured speeds and link from ``measured`` (a :class:`ddlctl.bench.ClusterProfile` just
+    taken, ``--bench``) or ``opts.speeds`` (a saved one); the defaults otherwise. ``reference``
+    measures this machine's GFLOP/s (called only when the profile is usable): speeds are relative
+    to it; without it, to the profile's ``localhost``, else its fastest host. Also returns the
+    reference GFLOP/s used (None without a profile or ``reference``)."""
     import dataclasses
 
     link = None
     base = None
-    if opts.speeds:
+    if measured is not None or opts.speeds:
         from ddlctl.bench import load_profile, relative_speeds, typical_link
 
-        profile = load_profile(opts.speeds)
+        profile = measured if measured is not None else load_profile(opts.speeds)  # type: ignore[arg-type]
         missing = [h.label for h in cluster.hosts if h.accepts("worker") and h.label not in profile.hosts]
         if missing:
             raise ConfigError(f"--speeds {opts.speeds}: no speed for {', '.join(missing)}",
@@ -134,8 +136,16 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     if opts.batch_size % opts.microbatches:
         raise ConfigError(f"--batch-size {opts.batch_size} cannot be split into {opts.microbatches} micro-batches",
                           "use a multiple of --microbatches")
+    if opts.speeds and opts.bench:
+        raise ConfigError("give --speeds FILE or --bench, not both", "--bench measures now; --speeds reads a profile")
     cluster, _, _ = load_cluster(opts.hosts, opts.template, 1)
     factory = load_model_factory(opts.model)
+    measured = None
+    if opts.bench:
+        from ddlctl.bench import bench
+
+        err.print("measuring every host's devices and links (--bench)…", highlight=False)
+        measured = bench(opts.hosts, opts.template, None, 1.0)
 
     def reference() -> float:
         from ddlctl.runtime.devbench import local_gflops
@@ -144,7 +154,7 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
                   highlight=False)
         return local_gflops()
 
-    cluster, opts, base = with_profile(cluster, opts, reference)
+    cluster, opts, base = with_profile(cluster, opts, reference, measured)
     devices = devices_of(cluster)
     err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size} in {opts.microbatches} "
               "micro-batch(es), forward + backward per layer)…", highlight=False)
@@ -158,7 +168,8 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     else:
         render(plans, layers, devices, opts, out)
         if base:
-            out.print(f"speeds measured ({opts.speeds}), relative to this machine's {base:,.1f} GFLOP/s",
+            out.print(f"speeds measured ({opts.speeds or 'now, --bench'}), relative to this machine's "
+                      f"{base:,.1f} GFLOP/s",
                       highlight=False)
         if opts.save:
             out.print(f"plan saved to {opts.save} (chosen: {data['chosen'] or 'none'})", highlight=False)

@@ -233,3 +233,28 @@ def test_updates_are_off_the_critical_path_but_what_they_overhang_is_not():
     # with micro-batches the backward passes before it are a micro-batch's
     piped = plan_counts(layers, devices, [1, 1, 1], microbatches=4)
     assert piped.step_time_s == pytest.approx(3 * 0.7 / 4 + 3 * 0.7 / 4 + 0.3)
+
+
+@pytest.mark.cluster
+def test_partition_bench_measures_the_hosts_now_and_gives_the_throttled_one_fewer_layers(tmp_path):
+    import json
+
+    from tests.conftest import run_ddlctl
+    from tests.test_heterogeneous import can_throttle
+
+    if not can_throttle():
+        pytest.skip("no writable cgroup cpu controller (run as root)")
+    hosts = tmp_path / "hosts.txt"
+    # declared equal: only the measurement can tell that the second host has a fifth of a CPU
+    hosts.write_text("127.0.0.1 slots=1 cpu_quota=1\n::1 slots=1 cpu_quota=0.2\n")
+    done = run_ddlctl("partition", "--hosts", str(hosts), "--bench", "--workload", "deep", "--algorithm", "greedy",
+                      "--json", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    fast, slow = (d["speed"] for d in data["devices"])
+    assert slow < 0.5 * fast, data["devices"]
+    assert data["reference_gflops"] > 1.0
+    stages = next(p for p in data["plans"] if p["algorithm"] == "greedy")["stages"]
+    assert stages[1]["layers"] < stages[0]["layers"], stages
+    refused = run_ddlctl("partition", "--hosts", str(hosts), "--bench", "--speeds", str(tmp_path / "p.json"))
+    assert refused.returncode == 2 and "not both" in refused.stderr, refused.stderr
