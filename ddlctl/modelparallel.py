@@ -39,9 +39,9 @@ from ddlctl.errors import UserError
 from ddlctl.planning.inplace import StagePlan
 from ddlctl.planning.profile_model import model_layers
 from ddlctl.runtime.tfenv import not_listening
-from ddlctl.stack import Stack
+from ddlctl.stack import Piece, Stack
 
-__all__ = ["Pipeline", "Stack", "connect", "plan", "variable_device"]
+__all__ = ["Checkpoints", "Pipeline", "Stack", "connect", "plan", "variable_device"]
 
 DEFAULT_CONNECT_TIMEOUT_S = 120.0
 
@@ -271,6 +271,15 @@ class Pipeline:
             h = here
         return times
 
+    def checkpoints(self, directory: str | None = None, max_to_keep: int = 2) -> Checkpoints | None:
+        """Checkpoints of every stage's variables and optimizer slots and of the step, in
+        ``directory`` (default ``$DDLCTL_CHECKPOINT_DIR``, the run's folder that outlives restarts:
+        a lost stage restarts every task, and the program resumes with :meth:`Checkpoints.restore`).
+        None when there is no folder. Each stage task writes its own variables' shard, so stage
+        tasks on several hosts need the folder on a shared file system."""
+        folder = directory or os.environ.get("DDLCTL_CHECKPOINT_DIR")
+        return Checkpoints(self, folder, max_to_keep) if folder else None
+
     def save_stages(self, x, y, planned: StagePlan | None = None, task_dir: str | None = None) -> Path | None:
         """Write ``stages.json`` into the task folder (``$DDLCTL_TASK_DIR``) for ddlctl's report:
         the plan (``planned``, from :func:`plan`), each stage's placement, where the step's matrix
@@ -354,6 +363,34 @@ class Pipeline:
     def predict(self, x):  # noqa: ANN001, ANN201
         """The model's output for ``x`` (forward through the stages)."""
         return self._forward(x)
+
+
+class Checkpoints:
+    """A pipeline's checkpoints (:meth:`Pipeline.checkpoints`): layers by name (their place in the
+    model; a :class:`Stack` piece by its variables), optimizers by stage, and the step."""
+
+    def __init__(self, pipeline: Pipeline, directory: str, max_to_keep: int = 2) -> None:
+        import tensorflow as tf
+
+        self.directory = directory
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        layers = {f"layer_{layer.name}": layer.variables if isinstance(layer, Piece) else layer
+                  for stage in pipeline.stages for layer in stage}
+        self.checkpoint = tf.train.Checkpoint(step=self.step, optimizers=list(pipeline.optimizers), **layers)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
+
+    def restore(self) -> int:
+        """Restore the latest checkpoint, if any; the step it was saved at (0 without one)."""
+        latest = self.manager.latest_checkpoint
+        if not latest:
+            return 0
+        self.checkpoint.restore(latest).expect_partial()
+        return int(self.step.numpy())
+
+    def save(self, step: int) -> str:
+        """Save every stage's variables and optimizer slots as of ``step``; the checkpoint's path."""
+        self.step.assign(step)
+        return str(self.manager.save(checkpoint_number=step))
 
 
 def _stage_work(tf, device: str, layers: Sequence[object], variables: Sequence[object], microbatches: int,

@@ -25,10 +25,12 @@ class Piece:
     the interface the planner and :class:`ddlctl.modelparallel.Pipeline` use of a Keras layer."""
 
     def __init__(self, name: str, fn: Callable, variables: Sequence[object], output_shape: tuple,
-                 takes_training: bool) -> None:
+                 takes_training: bool, all_variables: Sequence[object] | None = None) -> None:
         self.name = name
         self.fn = fn
         self.trainable_variables = list(variables)
+        #: every variable of the piece, non-trainable ones included (what a checkpoint keeps)
+        self.variables = list(all_variables) if all_variables is not None else list(variables)
         self.output_shape = output_shape
         self.takes_training = takes_training
 
@@ -121,7 +123,9 @@ def _build_piece(tf, name: str, factory: Callable, shape: tuple) -> Piece:  # no
     variables = getattr(fn, "trainable_variables", None)
     if variables is None:
         variables = [v for v in created if getattr(v, "trainable", True)]
-    return Piece(name, fn, variables, (None, *tuple(out.shape)[1:]), takes_training)
+    every = getattr(fn, "variables", None)
+    return Piece(name, fn, variables, (None, *tuple(out.shape)[1:]), takes_training,
+                 list(every) if every is not None and not callable(every) else created)
 
 
 def _takes_training(fn: Callable) -> bool:

@@ -222,3 +222,20 @@ def test_a_list_of_callables_is_profiled_planned_placed_and_trains_like_one_devi
         losses, reference = placed["losses"], placed["reference"]
         assert losses == pytest.approx(reference, rel=1e-4), "the split changes where, not what, is computed"
         assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_a_stacks_checkpoint_restores_weights_and_optimizer_slots_into_a_fresh_pipeline(tmp_path):
+    """Real TensorFlow, real files: a fresh pipeline that restores continues with exactly the
+    losses of the one that saved (weights and Adam's slots); one that does not, does not."""
+    from pathlib import Path
+
+    programs = Path(__file__).parent / "programs"
+    done = subprocess.run([sys.executable, str(programs / "mp_checkpoint.py"), str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, cwd=programs, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["restored"] == 3
+    assert result["resumed"] == pytest.approx(result["continued"], rel=1e-6)
+    assert result["untrained"] != pytest.approx(result["continued"][0], rel=1e-3)
+    assert any(p.name.startswith("ckpt-3") for p in (tmp_path / "ckpt").iterdir())

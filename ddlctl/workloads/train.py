@@ -577,21 +577,12 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
               f"(variables on {', '.join(stage['variable_devices']) or 'none'})", flush=True)
     # checkpoints: every stage's variables and optimizer slots (read from the stage tasks), in the
     # run's checkpoint folder; a restarted job (every task: a stage holds part of the model) resumes
-    resumed = 0
-    saver = None
-    if args.checkpoint_dir:
-        step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-        # layers by name (their place in the model), optimizers by stage (the plan is kept above)
-        checkpoint = tf.train.Checkpoint(step=step_var, optimizers=list(pipeline.optimizers),
-                                         **{f"layer_{layer.name}": layer for layers in pipeline.stages
-                                            for layer in layers})
-        saver = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir, max_to_keep=2)
-        every = args.checkpoint_every or max(1, min(100, args.steps // 4))
-        if saver.latest_checkpoint:
-            checkpoint.restore(saver.latest_checkpoint).expect_partial()
-            resumed = int(step_var.numpy())
-            print(f"resumed from checkpoint {Path(saver.latest_checkpoint).name} at step {resumed} "
-                  f"(restart {os.environ.get('DDLCTL_RESTART_COUNT', '0')})", flush=True)
+    saver = pipeline.checkpoints(args.checkpoint_dir) if args.checkpoint_dir else None
+    resumed = saver.restore() if saver is not None else 0
+    every = args.checkpoint_every or max(1, min(100, args.steps // 4))
+    if resumed:
+        print(f"resumed from checkpoint {Path(saver.manager.latest_checkpoint).name} at step {resumed} "
+              f"(restart {os.environ.get('DDLCTL_RESTART_COUNT', '0')})", flush=True)
     iterator = iter(shard_dataset(args.seed, args.augment, args.batch_size, parallel=args.pipeline,
                                   first_step=resumed))
     progress = Progress(args, resumed)
@@ -603,8 +594,7 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
         recorder.record(step, wall, time.monotonic() - start, args.batch_size, input_s=ready - start)
         progress.after(step, loss, args.batch_size)
         if saver is not None and (step % every == 0 or step == args.steps):
-            step_var.assign(step)
-            saver.save(checkpoint_number=step)
+            saver.save(step)
     if ctx.task_dir:  # where the stages and their work really were (the report's stage table)
         pipeline.save_stages(images, labels, planned, ctx.task_dir)
 
