@@ -130,6 +130,9 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     """Profile, plan, print; exit code 0 when some algorithm found a plan, 2 when none could."""
     from ddlctl.launch import load_cluster
     from ddlctl.planning.profile_model import load_model_factory, profile
+    from ddlctl.runtime.tfenv import quiet_tensorflow_logs
+
+    quiet_tensorflow_logs()  # before anything imports TensorFlow (the model's module may)
 
     if opts.microbatches < 1 or opts.batch_size < 1:
         raise ConfigError("--microbatches and --batch-size must be at least 1")
