@@ -132,18 +132,19 @@ def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
 
 
 def plan(model: object, devices: Sequence[str], batch_size: int, microbatches: int = 1,
-         partition: str | None = None, checkpoint_dir: str | None = None) -> StagePlan:
+         partition: str | None = None, checkpoint_dir: str | None = None, predict: bool = True) -> StagePlan:
     """How many of ``model``'s layers each stage task gets, for :meth:`Pipeline.from_model`: the
     plan ``ddlctl launch --partition`` gave (``$DDLCTL_PARTITION``, or ``partition`` as ``"5,5,4"``),
     else the plan an earlier attempt kept in ``checkpoint_dir`` (a restarted job resumes it), else
     the ``greedy`` plan for the stage tasks as measured from here: the model profiled layer by
     layer, its whole step timed on every stage task, the link between them. ``.counts`` are the
     counts, ``.how`` says which (``given``, ``resumed``, ``greedy``), ``.predicted`` the cost
-    model's step time (printed)."""
+    model's step time (printed; ``predict=False`` skips measuring a given plan, and predicts
+    nothing)."""
     from ddlctl.planning.inplace import plan_stages
 
     return plan_stages(model, devices, batch_size, microbatches,
-                       partition or os.environ.get("DDLCTL_PARTITION") or None, checkpoint_dir)
+                       partition or os.environ.get("DDLCTL_PARTITION") or None, checkpoint_dir, predict)
 
 
 def variable_device(variable: object) -> str:

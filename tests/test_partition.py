@@ -258,3 +258,19 @@ def test_partition_bench_measures_the_hosts_now_and_gives_the_throttled_one_fewe
     assert stages[1]["layers"] < stages[0]["layers"], stages
     refused = run_ddlctl("partition", "--hosts", str(hosts), "--bench", "--speeds", str(tmp_path / "p.json"))
     assert refused.returncode == 2 and "not both" in refused.stderr, refused.stderr
+
+
+def test_a_given_plan_without_prediction_is_taken_as_is_kept_and_resumed(tmp_path, monkeypatch):
+    """No TensorFlow: a given plan that need not be predicted is not measured (the model is not
+    even looked at); it is kept for a restart, which resumes it when no plan is given."""
+    from ddlctl import modelparallel as mp
+    from ddlctl.errors import UserError
+    from ddlctl.planning.inplace import StagePlan
+
+    monkeypatch.setenv("DDLCTL_PARTITION", "2,3")
+    kept = tmp_path / "ckpt"
+    assert mp.plan(None, ["a", "b"], 64, 1, checkpoint_dir=str(kept), predict=False) == StagePlan([2, 3], "given")
+    monkeypatch.delenv("DDLCTL_PARTITION")
+    assert mp.plan(None, ["a", "b"], 64, 1, checkpoint_dir=str(kept)) == StagePlan([2, 3], "resumed")
+    with pytest.raises(UserError, match="not a comma-separated list"):
+        mp.plan(None, ["a", "b"], 64, 1, partition="2;3", predict=False)

@@ -82,11 +82,13 @@ def parse_counts(text: str) -> list[int]:
 
 
 def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, microbatches: int = 1,
-                partition: str | None = None, checkpoint_dir: str | None = None) -> StagePlan:
+                partition: str | None = None, checkpoint_dir: str | None = None, predict: bool = True) -> StagePlan:
     """Layers per stage: ``partition`` (``"5,5,4"``), else the plan kept in ``checkpoint_dir`` by
     an earlier attempt of this job (a restart resumes its plan without re-measuring), else the
     greedy plan for this model over the devices ddlctl described (:func:`cost_inputs`) and the
-    link measured between them. A new plan is kept in ``checkpoint_dir`` when one is given."""
+    link measured between them. A new plan is kept in ``checkpoint_dir`` when one is given. A
+    given plan is still measured, to predict its step time, unless ``predict`` is false (that
+    saves the profile: 1-3 s for a small model)."""
     from ddlctl.planning.partition import plan_counts, plan_greedy
     from ddlctl.runtime.tfenv import quiet_own_retracing
 
@@ -94,6 +96,12 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
     kept = Path(checkpoint_dir or "") / "partition.json"
     if not partition and checkpoint_dir and kept.is_file():
         return StagePlan([int(c) for c in json.loads(kept.read_text())["partition"]], "resumed")
+    if partition and not predict:
+        counts = parse_counts(partition)
+        if checkpoint_dir:
+            Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            kept.write_text(json.dumps({"partition": counts}) + "\n")
+        return StagePlan(counts, "given")
     layers, devices = cost_inputs(model, stage_devices, batch_size, microbatches)
     link, dispatch = measured_link(stage_devices, layers, microbatches)
     if partition:
