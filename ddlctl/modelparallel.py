@@ -38,7 +38,7 @@ from pathlib import Path
 from ddlctl.errors import UserError
 from ddlctl.planning.inplace import StagePlan
 from ddlctl.planning.profile_model import model_layers
-from ddlctl.runtime.tfenv import not_listening
+from ddlctl.runtime.tfenv import not_listening, quiet_own_retracing
 from ddlctl.stack import Piece, Stack
 
 __all__ = ["Checkpoints", "Pipeline", "Stack", "connect", "plan", "variable_device"]
@@ -70,6 +70,7 @@ def connect(timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:
     """Connect this program to the stage tasks of ``TF_CONFIG``; their device names, in order."""
     import tensorflow as tf
 
+    quiet_own_retracing()  # ddlctl's measurements trace one function per stage: not the program's concern
     cluster, job, index = cluster_from_env()
     wait_for_ports(cluster["worker"], timeout_s)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,

@@ -8,8 +8,8 @@ or ``--bench`` (the same measurement taken now), the measured speeds replace ``s
 host's GFLOP/s over this machine's, measured here with the same kernel just before the model is
 profiled (the profile's own ``localhost`` figure is not used: ``check --bench`` measures all hosts
 at once, so hosts sharing a machine compete, while the model's layers are timed here alone), and
-the median measured host-to-host link replaces the default ``--bandwidth`` / ``--latency-ms``. The planning itself is
-:mod:`ddlctl.planning.partition` (pure).
+the median measured host-to-host link replaces the default ``--bandwidth`` / ``--latency-ms``.
+The planning itself is :mod:`ddlctl.planning.partition` (pure).
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def with_profile(cluster: Cluster, opts: PartitionOptions, reference: Callable[[
         profile = measured if measured is not None else load_profile(opts.speeds)  # type: ignore[arg-type]
         missing = [h.label for h in cluster.hosts if h.accepts("worker") and h.label not in profile.hosts]
         if missing:
-            raise ConfigError(f"--speeds {opts.speeds}: no speed for {', '.join(missing)}",
+            raise ConfigError(f"{'--speeds ' + opts.speeds if opts.speeds else '--bench'}: no speed for "
+                              f"{', '.join(missing)}",
                               "measure this cluster with: ddlctl check --bench --save FILE")
         base = reference() if reference is not None else None
         speeds = relative_speeds(profile, "localhost", base)

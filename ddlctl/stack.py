@@ -92,10 +92,7 @@ class Stack:
 
     def clone(self) -> Stack:
         """Another copy of the whole model, built under the caller's device scope (fresh weights)."""
-        copy = object.__new__(Stack)
-        copy.factories, copy.names, copy.input_shape = self.factories, self.names, self.input_shape
-        copy.layers = self.build()
-        return copy
+        return Stack(self.factories, self.input_shape[1:], self.names)
 
 
 def _build_piece(tf, name: str, factory: Callable, shape: tuple) -> Piece:  # noqa: ANN001 - the tensorflow module

@@ -90,18 +90,12 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
     given plan is still measured, to predict its step time, unless ``predict`` is false (that
     saves the profile: 1-3 s for a small model)."""
     from ddlctl.planning.partition import plan_counts, plan_greedy
-    from ddlctl.runtime.tfenv import quiet_own_retracing
 
-    quiet_own_retracing()
     kept = Path(checkpoint_dir or "") / "partition.json"
     if not partition and checkpoint_dir and kept.is_file():
         return StagePlan([int(c) for c in json.loads(kept.read_text())["partition"]], "resumed")
     if partition and not predict:
-        counts = parse_counts(partition)
-        if checkpoint_dir:
-            Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            kept.write_text(json.dumps({"partition": counts}) + "\n")
-        return StagePlan(counts, "given")
+        return _kept(StagePlan(parse_counts(partition), "given"), checkpoint_dir)
     layers, devices = cost_inputs(model, stage_devices, batch_size, microbatches)
     link, dispatch = measured_link(stage_devices, layers, microbatches)
     if partition:
@@ -120,7 +114,12 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
                  "link": {"latency_s": link.latency_s,
                           "bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None}}
     print(f"predicted step time of the {how} plan {counts}: {predicted['step_s'] * 1e3:.1f} ms", flush=True)
+    return _kept(StagePlan(counts, how, predicted), checkpoint_dir)
+
+
+def _kept(planned: StagePlan, checkpoint_dir: str | None) -> StagePlan:
+    """``planned``, kept in ``checkpoint_dir`` (when given) for a restart to resume."""
     if checkpoint_dir:
         Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        kept.write_text(json.dumps({"partition": counts}) + "\n")
-    return StagePlan(counts, how, predicted)
+        (Path(checkpoint_dir) / "partition.json").write_text(json.dumps({"partition": planned.counts}) + "\n")
+    return planned
