@@ -32,7 +32,8 @@ def run(hosts: Path, balance: str, args: argparse.Namespace, root: Path) -> dict
                            "--balance", balance, "--no-telemetry", "--runs-dir", str(root), "--json", "--",
                            sys.executable, "-m", "ddlctl.workloads", "--workload", args.workload, "--steps",
                            str(args.steps), "--batch-size", str(args.batch_size), "--checkpoint-every",
-                           str(10 * args.steps)], capture_output=True, text=True)
+                           str(10 * args.steps), "--augment" if args.augment else "--no-augment"],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"--balance {balance} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout)
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--workload", default="cnn")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=False,
+                        help="the cnn workload's input-heavy augmentation (see the module docstring)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the slow worker is emulated with a cgroup CPU quota)")
@@ -72,7 +75,8 @@ def main() -> None:
     ideal_comm = args.batch_size / (args.batch_size / ideal + comm)
     shares = [median("speed", lambda s, i=i: s["balance"]["workers"][i]["share"]) for i in range(2)]
     predicted = median("off", lambda s: s["balance"]["predicted_balanced_samples_per_s"])
-    print(f"mwms, 2 workers (cpu_quota={args.cpu_quota:g} on worker:1), {args.workload}, batch {args.batch_size}, "
+    print(f"mwms, 2 workers (cpu_quota={args.cpu_quota:g} on worker:1), {args.workload}"
+          f"{' with' if args.augment else ' without'} augmentation, batch {args.batch_size}, "
           f"{args.steps} steps, median of {args.repeats} runs each")
     print(f"  worker speeds, compute only: equal split {speeds[0]:,.0f} / {speeds[1]:,.0f} samples/s (worker:1 at "
           f"{speeds[1] / speeds[0]:.2f}x); balanced, both computing at once {concurrent[0]:,.0f} / "

@@ -22,9 +22,13 @@ Custom training loops use it like this (TensorFlow is imported lazily)::
 Speeds come from ``DDLCTL_SPEEDS`` (set by ``--speeds FILE``, a profile saved by ``ddlctl check
 --bench``) or are measured at the start of the run: every worker times ``calibrate()`` for
 ``seconds`` at the same moment (after a barrier, so the workers compete for shared machines as they
-will while training) and the rates are exchanged with one all-reduce. The built-in workload then
-splits again after its first ``RESPLIT_AFTER_STEPS`` steps from the speeds the workers showed while
-training (:func:`resplit`; custom loops may call it too).
+will while training) and the rates are exchanged with one all-reduce. A calibration is a few calls of a
+step alone, so the built-in workload goes on measuring while it trains (:class:`Rebalancer`; custom
+loops may use it too): after its first ``RESPLIT_AFTER_STEPS`` steps, then every ``RESPLIT_WINDOW``
+steps, the workers exchange the medians of their compute times, and the split changes when the
+split by those speeds promises a step at least ``RESPLIT_MIN_GAIN`` shorter *and* saves more over
+the remaining steps than a re-split costs (a new input pipeline warming up: measured on the steps
+after the previous re-split). Every worker takes the same decision from the same exchanged values.
 """
 
 from __future__ import annotations
@@ -126,17 +130,9 @@ def measure(step: Callable[[], object], seconds: float = 1.5, warmup: int = 3, m
 
 
 def exchange(strategy, value: float) -> list[float]:  # noqa: ANN001 - a tf.distribute strategy
-    """Every worker's ``value`` in worker order, on every worker (one all-reduce of a one-hot vector
-    through ``strategy``; each worker must call it). One replica per worker is assumed."""
-    import tensorflow as tf
-
-    n = strategy.num_replicas_in_sync
-
-    def one_hot(ctx):  # noqa: ANN001, ANN202
-        return tf.one_hot(ctx.replica_id_in_sync_group, n, dtype=tf.float64) * value
-
-    values = strategy.experimental_distribute_values_from_function(one_hot)
-    return [float(v) for v in strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy()]
+    """Every worker's ``value`` in worker order, on every worker (one all-reduce through ``strategy``;
+    each worker must call it). One replica per worker is assumed."""
+    return [row[0] for row in exchange_rows(strategy, [value])]
 
 
 def split(strategy, global_batch: int, calibrate: Callable[[], object] | None = None,  # noqa: ANN001
@@ -169,24 +165,94 @@ def split(strategy, global_batch: int, calibrate: Callable[[], object] | None = 
     return result
 
 
-#: Steps after which ``--balance speed`` splits again by the speeds the workers show in training.
+#: Steps after which ``--balance speed`` first compares the speeds the workers show in training.
 RESPLIT_AFTER_STEPS = 4
+#: Steps after a re-split that are not measured (a new input pipeline warms up): its cost.
+RESPLIT_SETTLE = 2
+#: Measured steps between later comparisons (medians over this many steps: one step's compute time
+#: varies by +-25% on a shared machine).
+RESPLIT_WINDOW = 8
+#: A re-split must shorten the slowest worker's compute per step by at least this fraction.
+RESPLIT_MIN_GAIN = 0.04
 
 
-def resplit(strategy, current: Split, compute_s: float) -> Split:  # noqa: ANN001 - a tf.distribute strategy
-    """The split again, from the speeds the workers show while training: this worker's examples
-    per step over ``compute_s`` (its median time from a step's start to its gradients, all workers
-    computing side by side as they train), exchanged like the calibration's. Every worker must
-    call it at the same step. A calibration times a few calls of a step alone (measured: it put a
-    CPU-starved worker 10-70% above its training speed); this is what the split is for. Saved."""
-    rate = current.local_batch / compute_s if compute_s > 0 else 0.0
-    speeds = exchange(strategy, rate)
-    if any(not s > 0 for s in speeds):
-        return current
-    result = Split(current.global_batch, tuple(shares(speeds, current.global_batch)), current.index,
-                   tuple(speeds), f"{current.source}, then in training")
-    save(result)
-    return result
+def exchange_rows(strategy, values: Sequence[float]) -> list[list[float]]:  # noqa: ANN001 - a tf.distribute strategy
+    """Every worker's ``values`` (the same length on all) in worker order, on every worker: one
+    all-reduce of a matrix with this worker's row filled in. Each worker must call it."""
+    import tensorflow as tf
+
+    n, k = strategy.num_replicas_in_sync, len(values)
+    row = tf.constant([float(v) for v in values], tf.float64)
+
+    def one_row(ctx):  # noqa: ANN001, ANN202
+        return tf.one_hot(ctx.replica_id_in_sync_group, n, dtype=tf.float64)[:, None] * row[None, :]
+
+    matrix = strategy.experimental_distribute_values_from_function(one_row)
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, matrix, axis=None).numpy()
+    return [[float(v) for v in total[i][:k]] for i in range(n)]
+
+
+def decide(batches: Sequence[int], speeds: Sequence[float], remaining_steps: int, cost_s: float,
+           min_gain: float = RESPLIT_MIN_GAIN) -> tuple[int, ...] | None:
+    """The split by ``speeds`` when it is worth a re-split, else None: the slowest worker's compute
+    per step (``max b_i / s_i``) must drop by at least ``min_gain`` of itself, and the time saved
+    over ``remaining_steps`` must exceed ``cost_s`` (what a re-split costs). Pure."""
+    if any(not s > 0 for s in speeds) or remaining_steps <= 0:
+        return None
+    proposed = tuple(shares(speeds, sum(batches)))
+    now = max(b / s for b, s in zip(batches, speeds, strict=True))
+    then = max(b / s for b, s in zip(proposed, speeds, strict=True))
+    if proposed == tuple(batches) or now - then < min_gain * now or (now - then) * remaining_steps <= cost_s:
+        return None
+    return proposed
+
+
+class Rebalancer:
+    """``--balance speed`` while training: when the workers compare their speeds (:attr:`due`, a
+    step count) and whether the split changes (:meth:`check`). Feed it every step's compute time
+    (step start to gradients ready) with :meth:`record`."""
+
+    def __init__(self, total_steps: int, start: int = 0) -> None:
+        self.total_steps = total_steps
+        self.due: int | None = start + RESPLIT_AFTER_STEPS if start + RESPLIT_AFTER_STEPS < total_steps else None
+        self.skip = 1  # the first step of a run warms up
+        self.computes: list[float] = []
+        self.resplits = 0
+
+    def record(self, compute_s: float) -> None:
+        """One step's compute time on this worker."""
+        self.computes.append(compute_s)
+
+    def check(self, strategy, current: Split, step: int) -> Split:  # noqa: ANN001 - a tf.distribute strategy
+        """At step count :attr:`due` on every worker: exchange the measured speeds and what the last
+        re-split cost, and return the split to go on with (saved when it changed)."""
+        import statistics
+
+        measured = self.computes[self.skip:] or self.computes
+        compute = statistics.median(measured) if measured else 0.0
+        # what the last re-split cost here: its settling steps beyond the steady compute time (before
+        # any re-split: the price of two steps, a guess on the safe side)
+        cost = (sum(max(0.0, c - compute) for c in self.computes[:self.skip]) if self.resplits
+                else 2.0 * compute)
+        rows = exchange_rows(strategy, [current.local_batch / compute if compute > 0 else 0.0, cost])
+        speeds = [r[0] for r in rows]
+        proposed = decide(current.batches, speeds, self.total_steps - step, max(r[1] for r in rows))
+        self.computes = []
+        if proposed is None:
+            self.skip = 0
+            result = current
+            self.due = step + RESPLIT_WINDOW
+        else:
+            self.skip = RESPLIT_SETTLE
+            self.resplits += 1
+            source = current.source if current.source.endswith(", then in training") else \
+                f"{current.source}, then in training"
+            result = Split(current.global_batch, proposed, current.index, tuple(speeds), source)
+            save(result)
+            self.due = step + RESPLIT_SETTLE + RESPLIT_WINDOW
+        if self.due >= self.total_steps:
+            self.due = None
+        return result
 
 
 def save(result: Split, task_dir: str | None = None) -> None:

@@ -94,10 +94,50 @@ def test_op_threads_follow_the_cpu_quota():
     assert [intra_op_threads(c) for c in (0.01, 0.3, 0.6, 1.0, 1.5, 2.0, 3.2)] == [1, 1, 1, 1, 2, 2, 4]
 
 
-def test_blocks_after_a_short_first_block_end_where_an_uninterrupted_run_ends():
+def test_blocks_end_where_an_uninterrupted_run_ends_and_at_the_callers_stops():
     from ddlctl.workloads.train import _blocks
 
-    assert list(_blocks(40, 8, 0, 4)) == [(0, 4), (4, 4), (8, 8), (16, 8), (24, 8), (32, 8)]
+    assert list(_blocks(40, 8, 0, lambda: 4)) == [(0, 4), (4, 4), (8, 8), (16, 8), (24, 8), (32, 8)]
     assert list(_blocks(20, 8)) == [(0, 8), (8, 8), (16, 4)]
     assert list(_blocks(20, 8, 3)) == [(3, 5), (8, 8), (16, 4)]  # a resumed run too
-    assert list(_blocks(3, 8, 0, 4)) == [(0, 3)]
+    assert list(_blocks(3, 8, 0, lambda: 4)) == [(0, 3)]
+    stops = iter([4, 14, 14, 24, None, None])  # asked again before every block: it may move on
+    assert list(_blocks(30, 8, 0, lambda: next(stops))) == [(0, 4), (4, 4), (8, 6), (14, 2), (16, 8), (24, 6)]
+
+
+def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
+    from ddlctl.balance import decide
+
+    # 2x slower worker on an equal split: 64 / 500 = 128 ms -> 43 / 500 = 86 ms per step
+    assert decide([64, 64], [1000.0, 500.0], remaining_steps=100, cost_s=0.5) == (85, 43)
+    assert decide([64, 64], [1000.0, 500.0], remaining_steps=10, cost_s=0.5) is None  # saves 0.42 s < 0.5 s
+    assert decide([64, 64], [1000.0, 500.0], remaining_steps=0, cost_s=0.0) is None
+    # close to balanced: 85 ms per step now, 82.1 ms with (82, 46): 3.4% shorter only
+    assert decide([85, 43], [1000.0, 560.0], remaining_steps=10_000, cost_s=0.0) is None
+    assert decide([85, 43], [1000.0, 560.0], remaining_steps=10_000, cost_s=0.0, min_gain=0.03) == (82, 46)
+    assert decide([85, 43], [1000.0, 600.0], remaining_steps=100, cost_s=0.0) == (80, 48)  # 5.9% shorter
+    assert decide([85, 43], [1000.0, 0.0], remaining_steps=100, cost_s=0.0) is None  # a worker measured nothing
+
+
+
+
+def test_the_rebalancer_compares_after_the_first_block_then_every_window(monkeypatch):
+    from ddlctl import balance
+
+    others = [[500.0, 0.0]]
+    monkeypatch.setattr(balance, "exchange_rows", lambda _s, mine: [list(mine), *others])
+    monkeypatch.setattr(balance, "save", lambda _r, task_dir=None: None)
+    r = balance.Rebalancer(total_steps=100)
+    split = balance.Split(128, (64, 64), 0, (), "measured")
+    assert r.due == balance.RESPLIT_AFTER_STEPS
+    for c in (0.5, 0.064, 0.064, 0.064):  # the first step warms up and is not counted
+        r.record(c)
+    split = r.check(None, split, r.due)
+    assert split.batches == (85, 43) and split.source == "measured, then in training"
+    assert r.due == 4 + balance.RESPLIT_SETTLE + balance.RESPLIT_WINDOW
+    # after the re-split: two settling steps (their excess is the cost), then the window
+    for c in (0.3, 0.1, *[0.085] * balance.RESPLIT_WINDOW):
+        r.record(c)
+    others[0] = [43 / 0.086, 0.0]
+    same = r.check(None, split, r.due)
+    assert same is split and r.due == 14 + balance.RESPLIT_WINDOW  # balanced: no change, no settling

@@ -110,8 +110,10 @@ def slice_dataset(seed: int, augment: bool, global_batch: int, offset: int, batc
     if not epoch_size:
         steps = steps.repeat()  # infinite cardinality (see shard_dataset)
     ids = steps.flat_map(lambda k: tf.data.Dataset.range(k * global_batch + offset, k * global_batch + offset + batch))
+    # every batch is full (each step's slice is exactly ``batch`` ids), but the batch dimension is
+    # left unknown: a traced step then takes a re-split's new batch size without tracing again
     return _batches(ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
-                            deterministic=True), batch, parallel)
+                            deterministic=True), batch, parallel, known_size=False)
 
 
 def range_dataset(seed: int, augment: bool, batch: int, first_id, count, parallel: bool = True):
@@ -123,13 +125,14 @@ def range_dataset(seed: int, augment: bool, batch: int, first_id, count, paralle
                             deterministic=True), batch, parallel)
 
 
-def _batches(samples, batch: int, parallel: bool):
+def _batches(samples, batch: int, parallel: bool, known_size: bool = True):
     """Batches of ``samples``; pipelined (``parallel``): prefetched, so the next batch is made while
     a step computes. Otherwise strictly sequential: no prefetch, and none of the optimisations that
-    tf.data would otherwise apply behind the program's back (injected prefetch, parallelised map)."""
+    tf.data would otherwise apply behind the program's back (injected prefetch, parallelised map).
+    ``known_size``: the batch dimension is ``batch`` in the element spec (else None)."""
     import tensorflow as tf
 
-    dataset = samples.batch(batch, drop_remainder=True)
+    dataset = samples.batch(batch, drop_remainder=known_size)
     if parallel:
         return dataset.prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()

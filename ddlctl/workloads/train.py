@@ -30,10 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from ddlctl.errors import UserError
@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="same as --execution linear")
     parser.add_argument("--steps-per-call", type=int, default=8,
                         help="steps per traced call, pipelined and linear (ps: per scheduled closure)")
+    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                        help="per-sample augmentation in the input pipeline (random crop, flip, brightness, "
+                             "contrast: input-heavy); default on for cnn, off for the others")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--epoch-size", type=int, default=0,
@@ -98,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.pipeline = args.execution == "pipelined"
     if args.execution == "python-feed" or args.slow_task:
         args.steps_per_call = 1  # python-feed: one step per call; a straggler is injected between steps
-    args.augment = args.workload in AUGMENTED
+    if args.augment is None:
+        args.augment = args.workload in AUGMENTED
     return args
 
 
@@ -340,16 +344,19 @@ def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int
     return float(losses[-1])
 
 
-def _blocks(total: int, size: int, start: int = 0, first_size: int | None = None):
+def _blocks(total: int, size: int, start: int = 0, stop: Callable[[], int | None] | None = None):
     """(0-based first step, number of steps) covering steps ``start``..``total`` in blocks of ``size``
-    (the first one of ``first_size`` steps when given; a block after a short one ends where the
-    blocks of an uninterrupted run end, so runs report progress at the same steps)."""
+    that end where the blocks of an uninterrupted run end (so runs report progress at the same
+    steps), and also at ``stop()`` (asked before each block: a step count where the caller must
+    act, e.g. compare speeds; None: nowhere)."""
     step = start
     while step < total:
-        count = first_size if (first_size and step == start) else size - step % size
-        count = min(count, total - step)
-        yield step, count
-        step += count
+        end = min(total, step + size - step % size)
+        due = stop() if stop is not None else None
+        if due is not None and step < due < end:
+            end = due
+        yield step, end - step
+        step = end
 
 
 def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
@@ -398,19 +405,20 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     else:
         make_batch = make_batch_fn(args.seed, args.augment)
         replicas = strategy.num_replicas_in_sync // shards
-    # --balance speed: after a first short block, the split again from the speeds the workers show
-    # while training (a calibration is a few calls of a step alone; this is the real thing)
-    resplit = split is not None and split.source != "equal"
-    computes: list[float] = []
+    # --balance speed: the split again from the speeds the workers show while training (a
+    # calibration is a few calls of a step alone; this is the real thing), first after a short
+    # block, then while a re-split still pays for itself
+    rebalance = balance.Rebalancer(args.steps, resumed) if split is not None and split.source != "equal" else None
     for first, count in _blocks(args.steps, args.steps_per_call, resumed,
-                                balance.RESPLIT_AFTER_STEPS if resplit else None):
+                                (lambda: rebalance.due) if rebalance is not None else None):
+        computes = rebalance.computes if rebalance is not None else None
         wall = time.time()
         if slow_s:
             time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
         if not feed:
             figures = trainer.run_block(iterator, tf.constant(count))
             loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None,
-                                 computes=computes if resplit else None)
+                                 computes=computes)
         else:
             ids = (step_ids(first, local_batch, shard, shards) if split is None
                    else slice_ids(first, args.batch_size, split.offset, split.local_batch))
@@ -423,13 +431,11 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
 
             values = strategy.experimental_distribute_values_from_function(value_fn)
             loss = _record_block(recorder, first + 1, trainer.run_batch(*values), local_batch, start_override=wall,
-                                 computes=computes if resplit else None)
+                                 computes=computes)
         progress.after(first + count, loss, local_batch * count)
-        if resplit and first + count >= resumed + balance.RESPLIT_AFTER_STEPS and first + count < args.steps:
-            resplit = False
-            steady = computes[1:] or computes  # the first step of a run warms up
+        if rebalance is not None and first + count == rebalance.due:
             before = split.batches
-            split = balance.resplit(strategy, split, statistics.median(steady))
+            split = rebalance.check(strategy, split, first + count)
             if split.batches != before:
                 local_batch = split.local_batch
                 if not feed:
