@@ -218,10 +218,18 @@ class Rebalancer:
         self.skip = 1  # the first step of a run warms up
         self.computes: list[float] = []
         self.resplits = 0
+        self.spent_s = 0.0
+        self.cost_s: float | None = None  # what the last re-split cost, once measured
+        self.comparisons = 0
+        self.compared: tuple[float, ...] = ()  # the speeds of the last comparison
 
     def record(self, compute_s: float) -> None:
         """One step's compute time on this worker."""
         self.computes.append(compute_s)
+
+    def spent(self, seconds: float) -> None:
+        """Time a re-split cost outside the steps (making the new input pipeline, a new trace)."""
+        self.spent_s += seconds
 
     def check(self, strategy, current: Split, step: int) -> Split:  # noqa: ANN001 - a tf.distribute strategy
         """At step count :attr:`due` on every worker: exchange the measured speeds and what the last
@@ -230,12 +238,15 @@ class Rebalancer:
 
         measured = self.computes[self.skip:] or self.computes
         compute = statistics.median(measured) if measured else 0.0
-        # what the last re-split cost here: its settling steps beyond the steady compute time (before
-        # any re-split: the price of two steps, a guess on the safe side)
-        cost = (sum(max(0.0, c - compute) for c in self.computes[:self.skip]) if self.resplits
-                else 2.0 * compute)
+        # what the last re-split cost here: the time spent on it outside the steps and its settling
+        # steps beyond the steady compute time (before any re-split: the price of two steps, a guess)
+        if self.resplits and self.cost_s is None:
+            self.cost_s = self.spent_s + sum(max(0.0, c - compute) for c in self.computes[:self.skip])
+        cost = self.cost_s if self.cost_s is not None else 2.0 * compute
         rows = exchange_rows(strategy, [current.local_batch / compute if compute > 0 else 0.0, cost])
         speeds = [r[0] for r in rows]
+        self.compared = tuple(speeds)
+        self.comparisons += 1
         proposed = decide(current.batches, speeds, self.total_steps - step, max(r[1] for r in rows))
         self.computes = []
         if proposed is None:
@@ -245,6 +256,7 @@ class Rebalancer:
         else:
             self.skip = RESPLIT_SETTLE
             self.resplits += 1
+            self.spent_s, self.cost_s = 0.0, None
             source = current.source if current.source.endswith(", then in training") else \
                 f"{current.source}, then in training"
             result = Split(current.global_batch, proposed, current.index, tuple(speeds), source)

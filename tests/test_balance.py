@@ -135,9 +135,27 @@ def test_the_rebalancer_compares_after_the_first_block_then_every_window(monkeyp
     split = r.check(None, split, r.due)
     assert split.batches == (85, 43) and split.source == "measured, then in training"
     assert r.due == 4 + balance.RESPLIT_SETTLE + balance.RESPLIT_WINDOW
-    # after the re-split: two settling steps (their excess is the cost), then the window
+    # after the re-split: two settling steps (their excess is the cost, with the time spent making
+    # the new input), then the window
+    r.spent(1.0)
     for c in (0.3, 0.1, *[0.085] * balance.RESPLIT_WINDOW):
         r.record(c)
     others[0] = [43 / 0.086, 0.0]
+    sent = []
+    monkeypatch.setattr(balance, "exchange_rows", lambda _s, mine: sent.append(mine) or [list(mine), *others])
     same = r.check(None, split, r.due)
+    assert sent[0][0] == pytest.approx(85 / 0.085) and sent[0][1] == pytest.approx(1.0 + 0.215 + 0.015)
     assert same is split and r.due == 14 + balance.RESPLIT_WINDOW  # balanced: no change, no settling
+    # a worker that turns 2x slower: a re-split (saves 68 ms per step), the last one's cost kept
+    sent.clear()
+    others[0] = [43 / 0.172, 0.0]
+    for c in [0.085] * balance.RESPLIT_WINDOW:
+        r.record(c)
+    assert r.check(None, same, r.due).batches == (102, 26) and sent[0][1] == pytest.approx(1.23)
+    # the same near the end of the run: 68 ms x 16 steps left < a re-split's measured 1.23 s
+    late = balance.Rebalancer(total_steps=100)
+    late.resplits, late.cost_s, late.skip = 1, 1.23, 0
+    for c in [0.085] * balance.RESPLIT_WINDOW:
+        late.record(c)
+    assert late.check(None, same, 84) is same and late.due == 92
+    assert late.check(None, same, 92) is same and late.due is None  # no comparison past the end

@@ -439,10 +439,16 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
             if split.batches != before:
                 local_batch = split.local_batch
                 if not feed:
+                    made = time.perf_counter()
                     iterator = batches_from(first + count)
+                    rebalance.spent(time.perf_counter() - made)
                 relative = " : ".join(f"{v / max(split.speeds):.2f}" for v in split.speeds)
                 print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker from "
                       f"step {first + count + 1} (speeds while training {relative}; were {before})", flush=True)
+            elif rebalance.comparisons == 1 and rebalance.compared:
+                relative = " : ".join(f"{v / max(rebalance.compared):.2f}" for v in rebalance.compared)
+                print(f"balance: the split stays after step {first + count} (speeds while training {relative}: "
+                      "a re-split would not pay for itself)", flush=True)
         if checkpointer is not None:
             checkpointer.after(first + count)
     return trainer
