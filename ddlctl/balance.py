@@ -24,8 +24,9 @@ Speeds come from ``DDLCTL_SPEEDS`` (set by ``--speeds FILE``, a profile saved by
 ``seconds`` at the same moment (after a barrier, so the workers compete for shared machines as they
 will while training) and the rates are exchanged with one all-reduce. A calibration is a few calls of a
 step alone, so the built-in workload goes on measuring while it trains (:class:`Rebalancer`; custom
-loops may use it too): after its first ``RESPLIT_AFTER_STEPS`` steps, then every ``RESPLIT_WINDOW``
-steps, the workers exchange the medians of their compute times, and the split changes when the
+loops may use it too): after its first ``RESPLIT_AFTER_STEPS`` steps, then at growing intervals
+(``RESPLIT_WINDOW`` steps, doubled each time the split stays), the workers exchange the medians of
+their compute times, and the split changes when the
 split by those speeds promises a step at least ``RESPLIT_MIN_GAIN`` shorter *and* saves more over
 the remaining steps than a re-split costs (a new input pipeline warming up: measured on the steps
 after the previous re-split). Every worker takes the same decision from the same exchanged values.
@@ -169,9 +170,12 @@ def split(strategy, global_batch: int, calibrate: Callable[[], object] | None = 
 RESPLIT_AFTER_STEPS = 4
 #: Steps after a re-split that are not measured (a new input pipeline warms up): its cost.
 RESPLIT_SETTLE = 2
-#: Measured steps between later comparisons (medians over this many steps: one step's compute time
-#: varies by +-25% on a shared machine).
+#: Later comparisons at multiples of this many steps (the built-in workload's steps per call, so
+#: they fall where its blocks end), each over at least this many measured steps (medians: one step's
+#: compute time varies by +-25% on a shared machine); the interval doubles, up to
+#: ``RESPLIT_MAX_INTERVAL``, each time the split stays, and starts again after a change.
 RESPLIT_WINDOW = 8
+RESPLIT_MAX_INTERVAL = 256
 #: A re-split must shorten the slowest worker's compute per step by at least this fraction.
 RESPLIT_MIN_GAIN = 0.04
 
@@ -220,8 +224,14 @@ class Rebalancer:
         self.resplits = 0
         self.spent_s = 0.0
         self.cost_s: float | None = None  # what the last re-split cost, once measured
+        self.interval = RESPLIT_WINDOW  # measured steps before the next comparison, at least
         self.comparisons = 0
         self.compared: tuple[float, ...] = ()  # the speeds of the last comparison
+
+    @staticmethod
+    def _next(step: int, steps: int) -> int:
+        """The first multiple of ``RESPLIT_WINDOW`` at least ``steps`` after ``step``."""
+        return -(-(step + steps) // RESPLIT_WINDOW) * RESPLIT_WINDOW
 
     def record(self, compute_s: float) -> None:
         """One step's compute time on this worker."""
@@ -252,7 +262,8 @@ class Rebalancer:
         if proposed is None:
             self.skip = 0
             result = current
-            self.due = step + RESPLIT_WINDOW
+            self.due = self._next(step, self.interval)
+            self.interval = min(2 * self.interval, RESPLIT_MAX_INTERVAL)
         else:
             self.skip = RESPLIT_SETTLE
             self.resplits += 1
@@ -261,7 +272,8 @@ class Rebalancer:
                 f"{current.source}, then in training"
             result = Split(current.global_batch, proposed, current.index, tuple(speeds), source)
             save(result)
-            self.due = step + RESPLIT_SETTLE + RESPLIT_WINDOW
+            self.interval = RESPLIT_WINDOW
+            self.due = self._next(step + RESPLIT_SETTLE, RESPLIT_WINDOW)
         if self.due >= self.total_steps:
             self.due = None
         return result

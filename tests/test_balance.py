@@ -121,41 +121,51 @@ def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
 
 
 
-def test_the_rebalancer_compares_after_the_first_block_then_every_window(monkeypatch):
+def test_the_rebalancer_compares_after_the_first_block_then_at_growing_intervals(monkeypatch):
     from ddlctl import balance
 
     others = [[500.0, 0.0]]
-    monkeypatch.setattr(balance, "exchange_rows", lambda _s, mine: [list(mine), *others])
+    sent = []
+    monkeypatch.setattr(balance, "exchange_rows", lambda _s, mine: sent.append(mine) or [list(mine), *others])
     monkeypatch.setattr(balance, "save", lambda _r, task_dir=None: None)
     r = balance.Rebalancer(total_steps=100)
     split = balance.Split(128, (64, 64), 0, (), "measured")
-    assert r.due == balance.RESPLIT_AFTER_STEPS
+    assert r.due == balance.RESPLIT_AFTER_STEPS == 4
     for c in (0.5, 0.064, 0.064, 0.064):  # the first step warms up and is not counted
         r.record(c)
     split = r.check(None, split, r.due)
     assert split.batches == (85, 43) and split.source == "measured, then in training"
-    assert r.due == 4 + balance.RESPLIT_SETTLE + balance.RESPLIT_WINDOW
+    assert sent[0] == pytest.approx([1000.0, 0.128])  # before any re-split its cost is guessed: two steps
+    assert r.due == 16  # two settling steps, then at least a window, ending where a block of 8 ends
     # after the re-split: two settling steps (their excess is the cost, with the time spent making
     # the new input), then the window
     r.spent(1.0)
-    for c in (0.3, 0.1, *[0.085] * balance.RESPLIT_WINDOW):
+    for c in (0.3, 0.1, *[0.085] * 10):
         r.record(c)
     others[0] = [43 / 0.086, 0.0]
-    sent = []
-    monkeypatch.setattr(balance, "exchange_rows", lambda _s, mine: sent.append(mine) or [list(mine), *others])
     same = r.check(None, split, r.due)
-    assert sent[0][0] == pytest.approx(85 / 0.085) and sent[0][1] == pytest.approx(1.0 + 0.215 + 0.015)
-    assert same is split and r.due == 14 + balance.RESPLIT_WINDOW  # balanced: no change, no settling
+    assert sent[1][0] == pytest.approx(85 / 0.085) and sent[1][1] == pytest.approx(1.0 + 0.215 + 0.015)
+    assert same is split and r.due == 24  # balanced: no change, no settling
     # a worker that turns 2x slower: a re-split (saves 68 ms per step), the last one's cost kept
-    sent.clear()
     others[0] = [43 / 0.172, 0.0]
-    for c in [0.085] * balance.RESPLIT_WINDOW:
+    for c in [0.085] * 8:
         r.record(c)
-    assert r.check(None, same, r.due).batches == (102, 26) and sent[0][1] == pytest.approx(1.23)
+    assert r.check(None, same, r.due).batches == (102, 26) and sent[2][1] == pytest.approx(1.23)
+    assert r.due == 40  # settling steps 25-26, then at least 8 measured
     # the same near the end of the run: 68 ms x 16 steps left < a re-split's measured 1.23 s
     late = balance.Rebalancer(total_steps=100)
     late.resplits, late.cost_s, late.skip = 1, 1.23, 0
-    for c in [0.085] * balance.RESPLIT_WINDOW:
+    for c in [0.085] * 8:
         late.record(c)
-    assert late.check(None, same, 84) is same and late.due == 92
-    assert late.check(None, same, 92) is same and late.due is None  # no comparison past the end
+    assert late.check(None, same, 84) is same and late.due == 96
+    assert late.check(None, same, 96) is same and late.due is None  # no comparison past the end
+    # while the split stays, the comparisons grow rarer: 8, 16, 32 ... 256 steps apart
+    steady = balance.Rebalancer(total_steps=5000)
+    others[0] = [500.0, 0.0]
+    dues = [steady.due]
+    while steady.due is not None and len(dues) < 10:
+        for c in [85 / 1000] * 8:
+            steady.record(c)
+        steady.check(None, split, steady.due)
+        dues.append(steady.due)
+    assert dues == [4, 16, 32, 64, 128, 256, 512, 768, 1024, 1280]
