@@ -201,14 +201,24 @@ def decide(batches: Sequence[int], speeds: Sequence[float], remaining_steps: int
     """The split by ``speeds`` when it is worth a re-split, else None: the slowest worker's compute
     per step (``max b_i / s_i``) must drop by at least ``min_gain`` of itself, and the time saved
     over ``remaining_steps`` must exceed ``cost_s`` (what a re-split costs). Pure."""
+    verdict, proposed = judge(batches, speeds, remaining_steps, cost_s, min_gain)
+    return proposed if verdict == "re-split" else None
+
+
+def judge(batches: Sequence[int], speeds: Sequence[float], remaining_steps: int, cost_s: float,
+          min_gain: float = RESPLIT_MIN_GAIN) -> tuple[str, tuple[int, ...] | None]:
+    """:func:`decide` with its reason: ``("re-split", split)``, or ``(why not, None)`` with why not
+    one of "not measured", "close enough" and "would not pay for itself". Pure."""
     if any(not s > 0 for s in speeds) or remaining_steps <= 0:
-        return None
+        return "not measured", None
     proposed = tuple(shares(speeds, sum(batches)))
     now = max(b / s for b, s in zip(batches, speeds, strict=True))
     then = max(b / s for b, s in zip(proposed, speeds, strict=True))
-    if proposed == tuple(batches) or now - then < min_gain * now or (now - then) * remaining_steps <= cost_s:
-        return None
-    return proposed
+    if proposed == tuple(batches) or now - then < min_gain * now:
+        return "close enough", None
+    if (now - then) * remaining_steps <= cost_s:
+        return "would not pay for itself", None
+    return "re-split", proposed
 
 
 class Rebalancer:
@@ -227,6 +237,7 @@ class Rebalancer:
         self.interval = RESPLIT_WINDOW  # measured steps before the next comparison, at least
         self.comparisons = 0
         self.compared: tuple[float, ...] = ()  # the speeds of the last comparison
+        self.verdict = ""  # its outcome (see :func:`judge`)
 
     @staticmethod
     def _next(step: int, steps: int) -> int:
@@ -257,7 +268,7 @@ class Rebalancer:
         speeds = [r[0] for r in rows]
         self.compared = tuple(speeds)
         self.comparisons += 1
-        proposed = decide(current.batches, speeds, self.total_steps - step, max(r[1] for r in rows))
+        self.verdict, proposed = judge(current.batches, speeds, self.total_steps - step, max(r[1] for r in rows))
         self.computes = []
         if proposed is None:
             self.skip = 0

@@ -106,7 +106,7 @@ def test_blocks_end_where_an_uninterrupted_run_ends_and_at_the_callers_stops():
 
 
 def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
-    from ddlctl.balance import decide
+    from ddlctl.balance import decide, judge
 
     # 2x slower worker on an equal split: 64 / 500 = 128 ms -> 43 / 500 = 86 ms per step
     assert decide([64, 64], [1000.0, 500.0], remaining_steps=100, cost_s=0.5) == (85, 43)
@@ -117,6 +117,9 @@ def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
     assert decide([85, 43], [1000.0, 560.0], remaining_steps=10_000, cost_s=0.0, min_gain=0.03) == (82, 46)
     assert decide([85, 43], [1000.0, 600.0], remaining_steps=100, cost_s=0.0) == (80, 48)  # 5.9% shorter
     assert decide([85, 43], [1000.0, 0.0], remaining_steps=100, cost_s=0.0) is None  # a worker measured nothing
+    assert judge([64, 64], [1000.0, 500.0], 10, 0.5) == ("would not pay for itself", None)
+    assert judge([85, 43], [1000.0, 560.0], 10_000, 0.0) == ("close enough", None)
+    assert judge([85, 43], [1000.0, 0.0], 100, 0.0) == ("not measured", None)
 
 
 

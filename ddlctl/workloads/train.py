@@ -447,8 +447,10 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
                       f"step {first + count + 1} (speeds while training {relative}; were {before})", flush=True)
             elif rebalance.comparisons == 1 and rebalance.compared:
                 relative = " : ".join(f"{v / max(rebalance.compared):.2f}" for v in rebalance.compared)
+                reason = {"close enough": f"within {balance.RESPLIT_MIN_GAIN:.0%} of the split by these speeds",
+                          "would not pay for itself": "a re-split would not pay for itself in the steps left"}
                 print(f"balance: the split stays after step {first + count} (speeds while training {relative}: "
-                      "a re-split would not pay for itself)", flush=True)
+                      f"{reason.get(rebalance.verdict, rebalance.verdict)})", flush=True)
         if checkpointer is not None:
             checkpointer.after(first + count)
     return trainer
