@@ -17,7 +17,8 @@ all-reduce needs (measured: 45-70 ms between gradients and the next step at batc
 3-15 ms without augmentation, and 3 ms at batch 64), and the comm-free ideal is out of reach by
 that much. On separate machines each worker's input would have its own cores.
 
-    .venv/bin/python benchmarks/heterogeneous.py [--cpu-quota 0.8] [--steps 30] [--batch-size 8192] [--repeats 3] [--augment]
+    .venv/bin/python benchmarks/heterogeneous.py [--cpu-quota 0.8] [--steps 30] [--batch-size 8192] \
+        [--repeats 3] [--augment]
 """
 
 from __future__ import annotations

@@ -148,6 +148,7 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         model, optimizer, record_ids = self.model, self.optimizer, args.record_ids
+        is_ps = isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
         def replica_step(images, labels, ids):
             # tf.timestamp() runs when the graph gets there: once the batch is in hand, and once
@@ -175,8 +176,13 @@ class Trainer:
             losses, ready, synced = strategy.run(replica_step, args=(images, labels, ids))
             local = strategy.experimental_local_results
             loss = strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
-            # stateful ops keep program order inside tf.function: this runs after the update
-            end = tf.timestamp()
+            # the step ends once its update is done: a timestamp alone is not ordered after it (under
+            # mwms it ran right after the gradients, before the all-reduce), a read of a variable is
+            # (automatic control dependencies order the ops on one resource as written). Not under
+            # ps, where the variables live on the ps tasks and a read is a round trip.
+            done = [] if is_ps else [tf.convert_to_tensor(v) for v in model.trainable_variables]
+            with tf.control_dependencies([loss, *done]):
+                end = tf.timestamp()
             return (loss, start, tf.reduce_max(tf.stack(local(ready))), tf.reduce_max(tf.stack(local(synced))),
                     end)
 
@@ -201,7 +207,7 @@ class Trainer:
             return losses.stack(), starts.stack(), readies.stack(), synceds.stack(), ends.stack()
 
         # ps: a closure also says which worker ran it (read on that worker), so work is attributed
-        attribute = isinstance(strategy, tf.distribute.ParameterServerStrategy)
+        attribute = is_ps
 
         def attributed(figures):
             return (*figures, executing_task()) if attribute else figures
