@@ -28,8 +28,9 @@ loops may use it too): after its first ``RESPLIT_AFTER_STEPS`` steps, then at gr
 (``RESPLIT_WINDOW`` steps, doubled each time the split stays), the workers exchange the medians of
 their compute times, and the split changes when the
 split by those speeds promises a step at least ``RESPLIT_MIN_GAIN`` shorter *and* saves more over
-the remaining steps than a re-split costs (a new input pipeline warming up: measured on the steps
-after the previous re-split). Every worker takes the same decision from the same exchanged values.
+the remaining steps than a re-split costs (measured on the steps around the previous re-split). A
+re-split takes effect at a step no worker's input pipeline has begun yet (the workers exchange how
+far they have read ahead). Every worker takes the same decision from the same exchanged values.
 """
 
 from __future__ import annotations
@@ -168,8 +169,12 @@ def split(strategy, global_batch: int, calibrate: Callable[[], object] | None = 
 
 #: Steps after which ``--balance speed`` first compares the speeds the workers show in training.
 RESPLIT_AFTER_STEPS = 4
-#: Steps after a re-split that are not measured (a new input pipeline warms up): its cost.
-RESPLIT_SETTLE = 2
+#: Steps after a re-split takes effect that are not measured (the first steps at a new batch size):
+#: with the steps before it takes effect, its cost.
+RESPLIT_SETTLE = 1
+#: Steps of notice beyond what the input pipelines have already made when a re-split is decided
+#: (one more step may begin while the workers exchange their figures).
+RESPLIT_NOTICE_MARGIN = 1
 #: Later comparisons at multiples of this many steps (the built-in workload's steps per call, so
 #: they fall where its blocks end), each over at least this many measured steps (medians: one step's
 #: compute time varies by +-25% on a shared machine); the interval doubles, up to
@@ -238,6 +243,7 @@ class Rebalancer:
         self.comparisons = 0
         self.compared: tuple[float, ...] = ()  # the speeds of the last comparison
         self.verdict = ""  # its outcome (see :func:`judge`)
+        self.effective = start  # 0-based step from which the last re-split's split applies
 
     @staticmethod
     def _next(step: int, steps: int) -> int:
@@ -252,23 +258,30 @@ class Rebalancer:
         """Time a re-split cost outside the steps (making the new input pipeline, a new trace)."""
         self.spent_s += seconds
 
-    def check(self, strategy, current: Split, step: int) -> Split:  # noqa: ANN001 - a tf.distribute strategy
-        """At step count :attr:`due` on every worker: exchange the measured speeds and what the last
-        re-split cost, and return the split to go on with (saved when it changed)."""
+    def check(self, strategy, current: Split, step: int, ahead: int = 0) -> Split:  # noqa: ANN001 - a strategy
+        """At step count :attr:`due` on every worker: exchange the measured speeds, what the last
+        re-split cost and how far the input pipelines have read ahead (``ahead``: steps past
+        ``step`` this worker's pipeline has begun to make), and return the split to go on with
+        (saved when it changed). A new split takes effect at 0-based step :attr:`effective`: at
+        once when no pipeline reads ahead, else past what any worker's pipeline has made."""
         import statistics
 
         measured = self.computes[self.skip:] or self.computes
         compute = statistics.median(measured) if measured else 0.0
-        # what the last re-split cost here: the time spent on it outside the steps and its settling
-        # steps beyond the steady compute time (before any re-split: the price of two steps, a guess)
+        # what the last re-split cost here: the time spent on it outside the steps, and its steps of
+        # notice and settling beyond the steady compute time (before any re-split: a guess, the
+        # price of two steps for a new pipeline, of one for notice)
         if self.resplits and self.cost_s is None:
             self.cost_s = self.spent_s + sum(max(0.0, c - compute) for c in self.computes[:self.skip])
-        cost = self.cost_s if self.cost_s is not None else 2.0 * compute
-        rows = exchange_rows(strategy, [current.local_batch / compute if compute > 0 else 0.0, cost])
+        cost = self.cost_s if self.cost_s is not None else (1.0 if ahead else 2.0) * compute
+        rows = exchange_rows(strategy, [current.local_batch / compute if compute > 0 else 0.0, cost, ahead])
         speeds = [r[0] for r in rows]
+        most_ahead = int(max(r[2] for r in rows))
+        lead = most_ahead + RESPLIT_NOTICE_MARGIN if most_ahead else 0
         self.compared = tuple(speeds)
         self.comparisons += 1
-        self.verdict, proposed = judge(current.batches, speeds, self.total_steps - step, max(r[1] for r in rows))
+        self.verdict, proposed = judge(current.batches, speeds, self.total_steps - step - lead,
+                                       max(r[1] for r in rows))
         self.computes = []
         if proposed is None:
             self.skip = 0
@@ -276,7 +289,8 @@ class Rebalancer:
             self.due = self._next(step, self.interval)
             self.interval = min(2 * self.interval, RESPLIT_MAX_INTERVAL)
         else:
-            self.skip = RESPLIT_SETTLE
+            self.effective = step + lead
+            self.skip = lead + RESPLIT_SETTLE
             self.resplits += 1
             self.spent_s, self.cost_s = 0.0, None
             source = current.source if current.source.endswith(", then in training") else \
@@ -284,7 +298,7 @@ class Rebalancer:
             result = Split(current.global_batch, proposed, current.index, tuple(speeds), source)
             save(result)
             self.interval = RESPLIT_WINDOW
-            self.due = self._next(step + RESPLIT_SETTLE, RESPLIT_WINDOW)
+            self.due = self._next(self.effective + RESPLIT_SETTLE, RESPLIT_WINDOW)
         if self.due >= self.total_steps:
             self.due = None
         return result

@@ -71,21 +71,34 @@ def test_no_suggestion_when_balanced_or_equal_workers():
     assert balance_section(lockstep([1000.0], [64], 0.01)) is None  # one worker: nothing to balance
 
 
-def test_balanced_slices_read_the_same_examples_per_step_as_the_equal_split():
+def test_balanced_slices_read_the_same_examples_per_step_as_the_equal_split_across_a_resplit():
     import numpy as np
 
-    from ddlctl.workloads.synthetic import shard_dataset, slice_dataset
+    from ddlctl.workloads.synthetic import SliceSchedule, shard_dataset, slice_dataset
 
     def ids(dataset, steps):
-        return [set(np.asarray(batch[2]).tolist()) for batch, _ in zip(dataset, range(steps), strict=False)]
+        # range first: zip would otherwise take one more batch from the iterator than it returns
+        return [set(np.asarray(batch[2]).tolist()) for _, batch in zip(range(steps), dataset, strict=False)]
 
-    equal = [ids(shard_dataset(1, False, 8, shard, 2, first_step=3), 3) for shard in range(2)]
-    split = [ids(slice_dataset(1, False, 16, offset, size, first_step=3), 3) for offset, size in ((0, 11), (11, 5))]
-    for step in range(3):
+    equal = [ids(shard_dataset(1, False, 8, shard, 2, first_step=3), 6) for shard in range(2)]
+    # two workers' pipelines, 11 + 5 examples per step from step 3, then 4 + 12 from step 6: the
+    # change is made while the pipelines run, after each has read ahead
+    schedules = [SliceSchedule(0, 11, first_step=3), SliceSchedule(11, 5, first_step=3)]
+    iterators = [iter(slice_dataset(1, False, 16, schedule, first_step=3)) for schedule in schedules]
+    split = [ids(iterator, 2) for iterator in iterators]
+    ahead = [schedule.made(5) for schedule in schedules]
+    assert all(1 <= a <= 3 for a in ahead), ahead  # a bounded read-ahead: the prefetch buffer
+    at = 5 + max(ahead)
+    for schedule, (offset, size) in zip(schedules, ((0, 4), (4, 12)), strict=True):
+        schedule.change(offset, size, at)
+    for mine, iterator in zip(split, iterators, strict=True):
+        mine.extend(ids(iterator, 4))
+    for step in range(6):
         union = equal[0][step] | equal[1][step]
         assert union == set(range((3 + step) * 16, (4 + step) * 16))
         assert split[0][step] | split[1][step] == union and not split[0][step] & split[1][step]
-        assert len(split[0][step]) == 11 and len(split[1][step]) == 5
+        sizes = (11, 5) if 3 + step < at else (4, 12)
+        assert (len(split[0][step]), len(split[1][step])) == sizes, step
 
 
 def test_op_threads_follow_the_cpu_quota():
@@ -127,7 +140,7 @@ def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
 def test_the_rebalancer_compares_after_the_first_block_then_at_growing_intervals(monkeypatch):
     from ddlctl import balance
 
-    others = [[500.0, 0.0]]
+    others = [[500.0, 0.0, 3]]  # the other worker's speed, last re-split's cost, steps read ahead
     sent = []
     monkeypatch.setattr(balance, "exchange_rows", lambda _s, mine: sent.append(mine) or [list(mine), *others])
     monkeypatch.setattr(balance, "save", lambda _r, task_dir=None: None)
@@ -136,35 +149,43 @@ def test_the_rebalancer_compares_after_the_first_block_then_at_growing_intervals
     assert r.due == balance.RESPLIT_AFTER_STEPS == 4
     for c in (0.5, 0.064, 0.064, 0.064):  # the first step warms up and is not counted
         r.record(c)
-    split = r.check(None, split, r.due)
+    split = r.check(None, split, r.due, ahead=2)
     assert split.batches == (85, 43) and split.source == "measured, then in training"
-    assert sent[0] == pytest.approx([1000.0, 0.128])  # before any re-split its cost is guessed: two steps
-    assert r.due == 16  # two settling steps, then at least a window, ending where a block of 8 ends
-    # after the re-split: two settling steps (their excess is the cost, with the time spent making
-    # the new input), then the window
-    r.spent(1.0)
-    for c in (0.3, 0.1, *[0.085] * 10):
+    assert sent[0] == pytest.approx([1000.0, 0.064, 2])  # before any re-split its cost is guessed: a step
+    # the pipelines have made up to 3 steps ahead: the new split from 0-based step 4 + 3 + 1 on,
+    # one settling step, then at least a window, ending where a block of 8 ends
+    assert r.effective == 8 and r.due == 24
+    # the cost: the steps of notice and the settling step beyond the new steady compute time
+    for c in (0.064, 0.064, 0.064, 0.064, 0.1, *[0.085] * 15):
         r.record(c)
-    others[0] = [43 / 0.086, 0.0]
-    same = r.check(None, split, r.due)
-    assert sent[1][0] == pytest.approx(85 / 0.085) and sent[1][1] == pytest.approx(1.0 + 0.215 + 0.015)
-    assert same is split and r.due == 24  # balanced: no change, no settling
+    others[0] = [43 / 0.086, 0.2, 3]
+    same = r.check(None, split, r.due, ahead=2)
+    assert sent[1] == pytest.approx([85 / 0.085, 0.015, 2])
+    assert same is split and r.due == 32  # balanced: no change, no notice
     # a worker that turns 2x slower: a re-split (saves 68 ms per step), the last one's cost kept
-    others[0] = [43 / 0.172, 0.0]
+    others[0] = [43 / 0.172, 0.2, 3]
     for c in [0.085] * 8:
         r.record(c)
-    assert r.check(None, same, r.due).batches == (102, 26) and sent[2][1] == pytest.approx(1.23)
-    assert r.due == 40  # settling steps 25-26, then at least 8 measured
-    # the same near the end of the run: 68 ms x 16 steps left < a re-split's measured 1.23 s
+    assert r.check(None, same, r.due, ahead=2).batches == (102, 26) and sent[2][1] == pytest.approx(0.015)
+    assert r.effective == 36 and r.due == 48
+    # the same near the end of the run: 68 ms x 12 steps left after the notice < a re-split's 1.23 s
     late = balance.Rebalancer(total_steps=100)
     late.resplits, late.cost_s, late.skip = 1, 1.23, 0
     for c in [0.085] * 8:
         late.record(c)
-    assert late.check(None, same, 84) is same and late.due == 96
-    assert late.check(None, same, 96) is same and late.due is None  # no comparison past the end
+    assert late.check(None, same, 84, ahead=2) is same and late.verdict == "would not pay for itself"
+    assert late.due == 96
+    assert late.check(None, same, 96, ahead=2) is same and late.due is None  # no comparison past the end
+    # without read-ahead (batches fed from Python) a re-split takes effect at once; its cost is
+    # guessed at two steps (a custom loop may make a new pipeline)
+    fed = balance.Rebalancer(total_steps=100)
+    others[0] = [500.0, 0.0, 0]
+    for c in (0.5, 0.064, 0.064, 0.064):
+        fed.record(c)
+    assert fed.check(None, balance.Split(128, (64, 64), 0, (), "measured"), 4).batches == (85, 43)
+    assert sent[-1] == pytest.approx([1000.0, 0.128, 0]) and fed.effective == 4 and fed.due == 16
     # while the split stays, the comparisons grow rarer: 8, 16, 32 ... 256 steps apart
     steady = balance.Rebalancer(total_steps=5000)
-    others[0] = [500.0, 0.0]
     dues = [steady.due]
     while steady.due is not None and len(dues) < 10:
         for c in [85 / 1000] * 8:

@@ -17,6 +17,7 @@ CHANNELS = 3
 CLASSES = 8
 SIGNAL = 0.3  # template amplitude relative to unit noise
 EVAL_OFFSET = 1 << 40  # sample ids of the held-out set start here
+PREFETCH_STEPS = 2  # batches a sliced pipeline (--balance speed) makes ahead of the training loop
 PAD = 4
 
 
@@ -99,21 +100,72 @@ def slice_ids(step: int, global_batch: int, offset: int, batch: int):
     return np.arange(first, first + batch, dtype=np.int64)
 
 
-def slice_dataset(seed: int, augment: bool, global_batch: int, offset: int, batch: int,
+class SliceSchedule:
+    """Which slice of every global batch a worker reads (``--balance speed``), changeable while its
+    input pipeline runs: a re-split then costs nothing but a few steps of notice, where a new pipeline
+    cost 1.5-2.5 s (dropping MWMS's distributed iterator, then a cold pipeline's first steps).
+
+    Two TensorFlow variables: the schedule ``[from_step, old_offset, old_batch, new_offset, new_batch]``
+    (one assignment, so the pipeline never sees half of it), and the last step whose slice the
+    pipeline has begun to make (it reads ahead: a change must be announced for a step it has not
+    reached yet, see :meth:`made`)."""
+
+    def __init__(self, offset: int, batch: int, first_step: int = 0) -> None:
+        import tensorflow as tf
+
+        self.schedule = tf.Variable([first_step, offset, batch, offset, batch], dtype=tf.int64, trainable=False)
+        self.produced = tf.Variable(first_step - 1, dtype=tf.int64, trainable=False)
+
+    def slice(self, step):  # -> (offset, batch) int64 tensors; inside the input pipeline
+        """Offset and size of this worker's slice of 0-based ``step``; records that it was made."""
+        import tensorflow as tf
+
+        with tf.control_dependencies([self.produced.assign(step)]):
+            s = tf.identity(self.schedule)
+        new = step >= s[0]
+        return tf.where(new, s[3], s[1]), tf.where(new, s[4], s[2])
+
+    def made(self, consumed: int) -> int:
+        """How many steps past the first ``consumed`` the pipeline has begun to make."""
+        return max(0, int(self.produced.numpy()) + 1 - consumed)
+
+    def change(self, offset: int, batch: int, from_step: int) -> None:
+        """Read ``batch`` examples at ``offset`` from 0-based step ``from_step`` on (a step the
+        pipeline has not begun yet); steps before keep the slice they had."""
+        now = [int(v) for v in self.schedule.numpy()]
+        before = now[3:] if from_step - 1 >= now[0] else now[1:3]
+        self.schedule.assign([from_step, *before, offset, batch])
+
+
+def slice_dataset(seed: int, augment: bool, global_batch: int, schedule: SliceSchedule,
                   epoch_size: int | None = None, parallel: bool = True, first_step: int = 0):
-    """A worker's contiguous slice ``[offset, offset + batch)`` of every global batch, as batches of
-    ``batch``: over all workers, step ``k`` reads ids ``[k * global_batch, (k + 1) * global_batch)``,
-    the same examples as the equal split of :func:`shard_dataset`, whatever the shares."""
+    """A worker's contiguous slice ``[offset, offset + batch)`` of every global batch, the slice
+    ``schedule`` gives for that step, as one batch per step: over all workers, step ``k`` reads ids
+    ``[k * global_batch, (k + 1) * global_batch)``, the same examples as the equal split of
+    :func:`shard_dataset`, whatever the shares (and however they change)."""
     import tensorflow as tf
+
+    sample = make_sample_fn(seed, augment)
+    calls = tf.data.AUTOTUNE if parallel else None
+
+    def one_step(k):  # noqa: ANN001, ANN202
+        offset, batch = schedule.slice(k)
+        first = k * global_batch + offset
+        # the batch dimension is unknown: a traced step takes a re-split's new size without tracing again
+        return tf.data.Dataset.range(first, first + batch).map(sample, num_parallel_calls=calls,
+                                                              deterministic=True).batch(batch)
 
     steps = tf.data.Dataset.range(first_step, epoch_size // global_batch if epoch_size else 1 << 62)
     if not epoch_size:
         steps = steps.repeat()  # infinite cardinality (see shard_dataset)
-    ids = steps.flat_map(lambda k: tf.data.Dataset.range(k * global_batch + offset, k * global_batch + offset + batch))
-    # every batch is full (each step's slice is exactly ``batch`` ids), but the batch dimension is
-    # left unknown: a traced step then takes a re-split's new batch size without tracing again
-    return _batches(ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
-                            deterministic=True), batch, parallel, known_size=False)
+    dataset = steps.flat_map(one_step)
+    if not parallel:
+        return _sequential(dataset)
+    # a bounded read-ahead (what a change of slice must wait for): one buffer of fixed size, and no
+    # prefetch injected behind the program's back
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    return dataset.prefetch(PREFETCH_STEPS).with_options(options)
 
 
 def range_dataset(seed: int, augment: bool, batch: int, first_id, count, parallel: bool = True):
@@ -125,16 +177,22 @@ def range_dataset(seed: int, augment: bool, batch: int, first_id, count, paralle
                             deterministic=True), batch, parallel)
 
 
-def _batches(samples, batch: int, parallel: bool, known_size: bool = True):
+def _batches(samples, batch: int, parallel: bool):
     """Batches of ``samples``; pipelined (``parallel``): prefetched, so the next batch is made while
     a step computes. Otherwise strictly sequential: no prefetch, and none of the optimisations that
-    tf.data would otherwise apply behind the program's back (injected prefetch, parallelised map).
-    ``known_size``: the batch dimension is ``batch`` in the element spec (else None)."""
+    tf.data would otherwise apply behind the program's back (injected prefetch, parallelised map)."""
     import tensorflow as tf
 
-    dataset = samples.batch(batch, drop_remainder=known_size)
+    dataset = samples.batch(batch, drop_remainder=True)
     if parallel:
         return dataset.prefetch(tf.data.AUTOTUNE)
+    return _sequential(dataset)
+
+
+def _sequential(dataset):  # noqa: ANN001, ANN202 - tf.data datasets
+    """``dataset`` strictly sequential (see :func:`_batches`)."""
+    import tensorflow as tf
+
     options = tf.data.Options()
     options.autotune.enabled = False
     options.experimental_optimization.inject_prefetch = False

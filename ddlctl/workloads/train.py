@@ -171,7 +171,7 @@ class Trainer:
             return loss, ready, synced
 
         def one_step(images, labels, ids):
-            """A step in cross-replica context: (loss, start, ready, synced, end)."""
+            """A step in cross-replica context: (loss, start, ready, synced, end, samples)."""
             start = tf.timestamp()
             losses, ready, synced = strategy.run(replica_step, args=(images, labels, ids))
             local = strategy.experimental_local_results
@@ -183,8 +183,10 @@ class Trainer:
             done = [] if is_ps else [tf.convert_to_tensor(v) for v in model.trainable_variables]
             with tf.control_dependencies([loss, *done]):
                 end = tf.timestamp()
+            # the examples this task's replicas took (as read: a --balance speed re-split changes it)
+            samples = tf.add_n([tf.shape(x, out_type=tf.int32)[0] for x in local(images)])
             return (loss, start, tf.reduce_max(tf.stack(local(ready))), tf.reduce_max(tf.stack(local(synced))),
-                    end)
+                    end, samples)
 
         def block(batches, steps):
             """Run ``steps`` steps over an iterator of batches, collecting per-step figures (``steps``
@@ -195,16 +197,18 @@ class Trainer:
             readies = tf.TensorArray(tf.float64, size=steps)
             synceds = tf.TensorArray(tf.float64, size=steps)
             ends = tf.TensorArray(tf.float64, size=steps)
+            counts = tf.TensorArray(tf.int32, size=steps)
             for i in tf.range(steps):  # autograph: one in-graph loop, no Python round trip per step
                 start = tf.timestamp()
                 images, labels, ids = next(batches)
-                loss, _, ready, synced, end = one_step(images, labels, ids)
+                loss, _, ready, synced, end, samples = one_step(images, labels, ids)
                 losses = losses.write(i, loss)
                 starts = starts.write(i, start)
                 readies = readies.write(i, ready)
                 synceds = synceds.write(i, synced)
                 ends = ends.write(i, end)
-            return losses.stack(), starts.stack(), readies.stack(), synceds.stack(), ends.stack()
+                counts = counts.write(i, samples)
+            return losses.stack(), starts.stack(), readies.stack(), synceds.stack(), ends.stack(), counts.stack()
 
         # ps: a closure also says which worker ran it (read on that worker), so work is attributed
         attribute = is_ps
@@ -328,26 +332,27 @@ class Progress:
             self.next += self.every
 
 
-def _record_block(recorder: StepRecorder, first_step: int, figures, samples: int,
-                  start_override: float | None = None, computes: list[float] | None = None) -> float:
-    """Write one record per step of a block of (loss, start, ready, synced, end[, worker]) figures
-    (tensors or arrays; scalars for a one-step block; ``worker``: who ran the block, under ps); the
-    last loss. ``computes`` gets each step's compute time (start to gradients ready)."""
+def _record_block(recorder: StepRecorder, first_step: int, figures, start_override: float | None = None,
+                  computes: list[float] | None = None) -> tuple[float, int]:
+    """Write one record per step of a block of (loss, start, ready, synced, end, samples[, worker])
+    figures (tensors or arrays; scalars for a one-step block; ``worker``: who ran the block, under
+    ps); the last loss and the examples of the block. ``computes`` gets each step's compute time
+    (start to gradients ready)."""
     import numpy as np
 
     worker = None
-    if len(figures) == 6:
-        worker = bytes(np.asarray(figures[5]).item()).decode("utf-8", "replace") or None
-        figures = figures[:5]
-    losses, starts, readies, synceds, ends = (np.atleast_1d(np.asarray(f)) for f in figures)
+    if len(figures) == 7:
+        worker = bytes(np.asarray(figures[6]).item()).decode("utf-8", "replace") or None
+        figures = figures[:6]
+    losses, starts, readies, synceds, ends, counts = (np.atleast_1d(np.asarray(f)) for f in figures)
     for i in range(len(losses)):
         start = start_override if (start_override is not None and i == 0) else float(starts[i])
-        recorder.record(first_step + i, start, float(ends[i]) - start, samples,
+        recorder.record(first_step + i, start, float(ends[i]) - start, int(counts[i]),
                         input_s=max(0.0, float(readies[i]) - start), sync_s=max(0.0, float(synceds[i]) - start),
                         worker=worker)
         if computes is not None:
             computes.append(max(0.0, float(synceds[i]) - float(starts[i])))
-    return float(losses[-1])
+    return float(losses[-1]), int(counts.sum())
 
 
 def _blocks(total: int, size: int, start: int = 0, stop: Callable[[], int | None] | None = None):
@@ -369,7 +374,8 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     """mwms and the single-host strategies: every step is ``strategy.run`` on all replicas."""
 
     from ddlctl import balance
-    from ddlctl.workloads.synthetic import make_batch_fn, shard_dataset, slice_dataset, slice_ids, step_ids
+    from ddlctl.workloads import synthetic
+    from ddlctl.workloads.synthetic import make_batch_fn, shard_dataset, slice_ids, step_ids
 
     shards = max(1, ctx.num_workers) if ctx.strategy == "mwms" else 1
     shard = ctx.index if ctx.strategy == "mwms" else 0
@@ -396,18 +402,18 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         # linear: no device prefetch either (the distributed iterator would otherwise fetch the
         # next batch while a step runs)
         options = None if args.pipeline else tf.distribute.InputOptions(experimental_fetch_to_device=False)
-
-        def batches_from(step: int):  # noqa: ANN202 - this worker's batches from 0-based step ``step`` on
-            if split is not None:
-                return iter(strategy.distribute_datasets_from_function(lambda _ictx: slice_dataset(
-                    args.seed, args.augment, args.batch_size, split.offset, split.local_batch,
-                    args.epoch_size or None, parallel=args.pipeline, first_step=step), options=options))
-            return iter(strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
+        if split is not None:
+            # --balance speed: one pipeline for the whole run, its slice of each step from a schedule
+            # that a re-split changes a few steps ahead
+            schedule = synthetic.SliceSchedule(split.offset, split.local_batch, resumed)
+            iterator = iter(strategy.distribute_datasets_from_function(lambda _ictx: synthetic.slice_dataset(
+                args.seed, args.augment, args.batch_size, schedule, args.epoch_size or None, parallel=args.pipeline,
+                first_step=resumed), options=options))
+        else:
+            iterator = iter(strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
                 args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
-                ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=step),
+                ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=resumed),
                 options=options))
-
-        iterator = batches_from(resumed)
     else:
         make_batch = make_batch_fn(args.seed, args.augment)
         replicas = strategy.num_replicas_in_sync // shards
@@ -423,8 +429,8 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
             time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
         if not feed:
             figures = trainer.run_block(iterator, tf.constant(count))
-            loss = _record_block(recorder, first + 1, figures, local_batch, start_override=wall if slow_s else None,
-                                 computes=computes)
+            loss, samples = _record_block(recorder, first + 1, figures, start_override=wall if slow_s else None,
+                                          computes=computes)
         else:
             ids = (step_ids(first, local_batch, shard, shards) if split is None
                    else slice_ids(first, args.batch_size, split.offset, split.local_batch))
@@ -436,21 +442,20 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
                 return images[r * part:(r + 1) * part], labels[r * part:(r + 1) * part], ids[r * part:(r + 1) * part]
 
             values = strategy.experimental_distribute_values_from_function(value_fn)
-            loss = _record_block(recorder, first + 1, trainer.run_batch(*values), local_batch, start_override=wall,
-                                 computes=computes)
-        progress.after(first + count, loss, local_batch * count)
+            loss, samples = _record_block(recorder, first + 1, trainer.run_batch(*values), start_override=wall,
+                                          computes=computes)
+        progress.after(first + count, loss, samples)
         if rebalance is not None and first + count == rebalance.due:
             before = split.batches
-            split = rebalance.check(strategy, split, first + count)
+            split = rebalance.check(strategy, split, first + count, ahead=0 if feed else schedule.made(first + count))
             if split.batches != before:
                 local_batch = split.local_batch
                 if not feed:
-                    made = time.perf_counter()
-                    iterator = batches_from(first + count)
-                    rebalance.spent(time.perf_counter() - made)
+                    schedule.change(split.offset, split.local_batch, rebalance.effective)
                 relative = " : ".join(f"{v / max(split.speeds):.2f}" for v in split.speeds)
                 print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker from "
-                      f"step {first + count + 1} (speeds while training {relative}; were {before})", flush=True)
+                      f"step {rebalance.effective + 1} (decided after step {first + count}: speeds while training "
+                      f"{relative}; were {before})", flush=True)
             elif rebalance.comparisons == 1 and rebalance.compared:
                 relative = " : ".join(f"{v / max(rebalance.compared):.2f}" for v in rebalance.compared)
                 reason = {"close enough": f"within {balance.RESPLIT_MIN_GAIN:.0%} of the split by these speeds",
@@ -553,9 +558,9 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
                   "again", flush=True)
             pending.appendleft((first, count, schedule(first, count)))
             continue
-        loss = _record_block(recorder, first + 1, figures, args.batch_size)
+        loss, samples = _record_block(recorder, first + 1, figures)
         done += 1
-        progress.after(first + count, loss, args.batch_size * count)
+        progress.after(first + count, loss, samples)
         if checkpointer is not None:
             checkpointer.after(first + count)
     coordinator.join()
