@@ -224,8 +224,9 @@ def launch(
     ] = None,
     balance: Annotated[Balance | None, typer.Option(  # type: ignore[valid-type]
         "--balance", help="mwms: speed gives each worker a share of the global batch proportional to its "
-                          "speed (measured at the start of the run, or from --speeds; the built-in workload splits "
-                          "again after 4 steps by the speeds shown in training), with the loss weighted so "
+                          "speed (measured at the start of the run, or from --speeds; the built-in workload compares "
+                          "the speeds shown in training after 4 steps, then at growing intervals, and splits "
+                          "again where that pays, a few steps later), with the loss weighted so "
                           "the gradient equals the equal split's (README 'Heterogeneous clusters'). Built-in "
                           "workload, or programs that use ddlctl.balance. Default: the template's, else off.",
         show_default=False)] = None,
