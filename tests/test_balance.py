@@ -119,7 +119,9 @@ def test_blocks_end_where_an_uninterrupted_run_ends_and_at_the_callers_stops():
 
 
 def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
-    from ddlctl.balance import decide, judge
+    from ddlctl.balance import decide, judge, relative
+
+    assert relative([5000.0, 2100.0]) == "1.00 : 0.42" and relative([1.0, 4.0]) == "0.25 : 1.00"
 
     # 2x slower worker on an equal split: 64 / 500 = 128 ms -> 43 / 500 = 86 ms per step
     assert decide([64, 64], [1000.0, 500.0], remaining_steps=100, cost_s=0.5) == (85, 43)

@@ -387,7 +387,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         split = balance.split(strategy, args.batch_size, calibrate=calibration_step(args, equal),
                               samples_per_call=equal)
         local_batch = split.local_batch
-        relative = " : ".join(f"{v / max(split.speeds):.2f}" for v in split.speeds)
+        relative = balance.relative(split.speeds)
         print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker "
               f"(worker speeds {relative}, {split.source})", flush=True)
     trainer = Trainer(strategy, args, args.batch_size)
@@ -452,12 +452,12 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
                 local_batch = split.local_batch
                 if not feed:
                     schedule.change(split.offset, split.local_batch, rebalance.effective)
-                relative = " : ".join(f"{v / max(split.speeds):.2f}" for v in split.speeds)
+                relative = balance.relative(split.speeds)
                 print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker from "
                       f"step {rebalance.effective + 1} (decided after step {first + count}: speeds while training "
                       f"{relative}; were {before})", flush=True)
             elif rebalance.comparisons == 1 and rebalance.compared:
-                relative = " : ".join(f"{v / max(rebalance.compared):.2f}" for v in rebalance.compared)
+                relative = balance.relative(rebalance.compared)
                 reason = {"close enough": f"within {balance.RESPLIT_MIN_GAIN:.0%} of the split by these speeds",
                           "would not pay for itself": "a re-split would not pay for itself in the steps left"}
                 print(f"balance: the split stays after step {first + count} (speeds while training {relative}: "
