@@ -18,6 +18,10 @@ CLASSES = 8
 SIGNAL = 0.3  # template amplitude relative to unit noise
 EVAL_OFFSET = 1 << 40  # sample ids of the held-out set start here
 PREFETCH_STEPS = 2  # batches a sliced pipeline (--balance speed) makes ahead of the training loop
+#: The most steps past the training loop a sliced pipeline can have begun: its prefetch buffer, the
+#: step being made, and MWMS's distributed iterator's own buffer of one (measured: 4). A change of
+#: slice announced further ahead than this cannot be late, whatever the pipeline does meanwhile.
+READ_AHEAD_BOUND = PREFETCH_STEPS + 2
 PAD = 4
 
 
@@ -126,15 +130,24 @@ class SliceSchedule:
         return tf.where(new, s[3], s[1]), tf.where(new, s[4], s[2])
 
     def made(self, consumed: int) -> int:
-        """How many steps past the first ``consumed`` the pipeline has begun to make."""
+        """How many steps past the first ``consumed`` the pipeline has begun to make (a snapshot: the
+        pipeline goes on filling its buffers while the training loop waits)."""
         return max(0, int(self.produced.numpy()) + 1 - consumed)
 
-    def change(self, offset: int, batch: int, from_step: int) -> None:
-        """Read ``batch`` examples at ``offset`` from 0-based step ``from_step`` on (a step the
-        pipeline has not begun yet); steps before keep the slice they had."""
+    def notice(self, consumed: int) -> int:
+        """Steps past the first ``consumed`` from which a change of slice is sure to reach the
+        pipeline in time: beyond what it has made and what its buffers can still take."""
+        return max(self.made(consumed), READ_AHEAD_BOUND)
+
+    def change(self, offset: int, batch: int, from_step: int) -> bool:
+        """Read ``batch`` examples at ``offset`` from 0-based step ``from_step`` on; steps before keep
+        the slice they had. False when the pipeline had already begun step ``from_step`` (it then
+        read it with the old slice): the notice was too short."""
         now = [int(v) for v in self.schedule.numpy()]
         before = now[3:] if from_step - 1 >= now[0] else now[1:3]
         self.schedule.assign([from_step, *before, offset, batch])
+        # slice() records a step before it reads the schedule: a step not recorded now reads the change
+        return int(self.produced.numpy()) < from_step
 
 
 def slice_dataset(seed: int, augment: bool, global_batch: int, schedule: SliceSchedule,

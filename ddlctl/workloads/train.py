@@ -447,11 +447,12 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         progress.after(first + count, loss, samples)
         if rebalance is not None and first + count == rebalance.due:
             before = split.batches
-            split = rebalance.check(strategy, split, first + count, ahead=0 if feed else schedule.made(first + count))
+            split = rebalance.check(strategy, split, first + count, ahead=0 if feed else schedule.notice(first + count))
             if split.batches != before:
                 local_batch = split.local_batch
-                if not feed:
-                    schedule.change(split.offset, split.local_batch, rebalance.effective)
+                if not feed and not schedule.change(split.offset, split.local_batch, rebalance.effective):
+                    print(f"balance: warning: this worker's input pipeline had begun step {rebalance.effective + 1} "
+                          "before the re-split reached it; that step read the old slice", flush=True)
                 relative = balance.relative(split.speeds)
                 print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker from "
                       f"step {rebalance.effective + 1} (decided after step {first + count}: speeds while training "
