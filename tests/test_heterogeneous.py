@@ -62,6 +62,28 @@ def only_free_run(runs: Path, throttled: Path) -> Path:
     return next(p for p in sorted(runs.iterdir()) if p.is_dir() and p != throttled)
 
 
+AFFINITY = "import os; print('cpus', sorted(os.sched_getaffinity(0)))"
+
+
+def test_cpus_pin_every_task_of_the_host_and_a_cpu_it_lacks_is_refused_naming_the_host(tmp_path, runs):
+    last = max(os.sched_getaffinity(0))
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f"localhost cpus={last}\n127.0.0.1\n")
+    done = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--no-telemetry", "--runs-dir", str(runs),
+                      "--", sys.executable, "-c", AFFINITY, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run_dir = only_run_dir(runs)
+    logs = [(run_dir / "tasks" / f"worker-{i}" / "output.log").read_text() for i in range(2)]
+    assert f"cpus [{last}]" in logs[0]
+    assert f"cpus {sorted(os.sched_getaffinity(0))}" in logs[1]  # the other host's tasks are not pinned
+    hosts.write_text("localhost\n127.0.0.1 cpus=4096\n")
+    done = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--no-telemetry", "--runs-dir", str(runs),
+                      "--", sys.executable, "-c", AFFINITY, timeout=120)
+    assert done.returncode != 0
+    assert "worker:1" in done.stderr and "cpus=4096 on this host: CPUs 4096 are not available here" in done.stderr
+    assert not processes_of_run(sorted(p for p in runs.iterdir() if p.is_dir())[-1].name)
+
+
 def test_a_bad_quota_is_refused_naming_the_line(tmp_path, runs):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost\n127.0.0.1 cpu_quota=fast\n")

@@ -54,6 +54,9 @@ ubuntu@node1 slots=2 gpus=4 port=2222 roles=chief,worker python=/opt/py/bin/pyth
         ("b@d@node", ["hosts.txt:1", "invalid user name"]),
         ("node1\n# again\nnode1 slots=2", ["hosts.txt:3", "already listed at hosts.txt:1"]),
         ("# only comments\n\n", ["hosts.txt", "no hosts listed"]),
+        ("node1 cpus=1-0", ["hosts.txt:1", "cpus='1-0' is not valid", "0-3"]),
+        ("node1 cpus=x", ["hosts.txt:1", "cpus='x' is not valid"]),
+        ("node1 cpus=,", ["hosts.txt:1", "cpus=',' is not valid"]),
     ],
 )
 def test_errors_name_file_line_and_what_is_expected(text, fragments):
@@ -62,6 +65,19 @@ def test_errors_name_file_line_and_what_is_expected(text, fragments):
     message = str(info.value)
     for fragment in fragments:
         assert fragment in message
+
+
+def test_cpus_lists_and_ranges():
+    hosts = parse_hosts("a cpus=3\nb cpus=0-2,5\nc cpus=4,1-2\nd\n", "h").hosts
+    assert [h.cpus for h in hosts] == [(3,), (0, 1, 2, 5), (1, 2, 4), None]
+
+
+def test_cpu_ranges_render_what_cpus_parses():
+    from ddlctl.cluster.fields import parse_cpus
+    from ddlctl.runtime.cgroup import cpu_ranges
+
+    for text in ("0", "0-3", "0-1,4", "1,3,5-7"):
+        assert cpu_ranges(parse_cpus(text, "x")) == text
 
 
 def test_same_name_on_other_ssh_port_is_another_host():

@@ -26,6 +26,8 @@ HOST_KEYS: dict[str, str] = {
     "cpu_quota": "a number of CPUs >= 0.01 that each task on this host may use, enforced with a cgroup CPU quota "
                  "(emulates a slower machine; needs a writable cgroup cpu controller, e.g. root); the task's "
                  "TensorFlow ops then use that many threads, rounded up (TF_NUM_INTRAOP_THREADS, unless set)",
+    "cpus": "the CPUs each task on this host is pinned to, e.g. 1, 0-3 or 0,2 (CPU affinity: emulates a machine "
+            "of its own on a shared one; TensorFlow then sizes its thread pools to them)",
 }
 
 _MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -96,6 +98,22 @@ def _roles(value: object, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(roles))
 
 
+def parse_cpus(value: object, where: str) -> tuple[int, ...]:
+    """``1``, ``0-3``, ``0,2`` or ``0-1,4`` (a YAML list of numbers too) -> sorted CPU numbers."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    cpus: set[int] = set()
+    for item in items:
+        first, dash, last = str(item).strip().partition("-")
+        try:
+            low, high = int(first), int(last if dash else first)
+        except ValueError:
+            low, high = 0, -1
+        if isinstance(item, bool) or low < 0 or high < low:
+            raise ConfigError(f"{where}: cpus={value!r} is not valid", f"cpus must be {HOST_KEYS['cpus']}")
+        cpus.update(range(low, high + 1))
+    return tuple(sorted(cpus))
+
+
 def _text(value: object, key: str, where: str) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool) or str(value) == "":
         raise ConfigError(f"{where}: {key}= needs a value", f"{key} must be {HOST_KEYS[key]}")
@@ -126,6 +144,7 @@ def make_host(name: str, user: str | None, fields: Mapping[str, object], where: 
         speed=_positive(fields["speed"], "speed", where) if "speed" in fields else 1.0,
         memory_bytes=parse_memory(fields["memory"], where) if "memory" in fields else None,
         cpu_quota=_positive(fields["cpu_quota"], "cpu_quota", where, 0.01) if "cpu_quota" in fields else None,
+        cpus=parse_cpus(fields["cpus"], where) if "cpus" in fields else None,
         source=where,
     )
 

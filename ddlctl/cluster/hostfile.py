@@ -14,7 +14,7 @@ from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import ConfigError
 
 GRAMMAR = "[user@]host [slots=N] [gpus=N] [port=SSH_PORT] [roles=chief,worker,ps,evaluator] " \
-          "[python=PATH] [workdir=PATH] [speed=X] [memory=SIZE] [cpu_quota=CPUS]"
+          "[python=PATH] [workdir=PATH] [speed=X] [memory=SIZE] [cpu_quota=CPUS] [cpus=LIST]"
 
 
 def parse_line(line: str, where: str) -> Host | None:

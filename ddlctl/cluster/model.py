@@ -19,7 +19,8 @@ class Host:
     unknown); ``roles`` restricts which task roles may be placed there (empty: any role).
     ``speed`` and ``memory_bytes`` describe each of its devices (a GPU, or a slot on a CPU host)
     for model-parallel planning: relative speed and memory (None: unlimited). ``cpu_quota`` caps the
-    CPUs each of its tasks may use (a cgroup CPU quota: emulates a slower machine; None: no cap).
+    CPUs each of its tasks may use (a cgroup CPU quota: emulates a slower machine; None: no cap), and
+    ``cpus`` pins them to those CPU numbers (emulates a machine of its own; None: anywhere).
     ``source`` is ``file:line`` of the description it came from, for error messages.
     """
 
@@ -36,6 +37,7 @@ class Host:
     speed: float = 1.0
     memory_bytes: int | None = None
     cpu_quota: float | None = None
+    cpus: tuple[int, ...] | None = None
 
     @property
     def is_local(self) -> bool:

@@ -7,6 +7,9 @@ jitter instead of a slower device.
 
 cgroup v1 (``/sys/fs/cgroup/cpu``) and v2 (``cpu.max``) are supported; creating a group needs a
 writable hierarchy (root, or a delegated subtree). Runs inside the host agent (standard library only).
+
+Also the CPUs a task is pinned to (host key ``cpus=``, CPU affinity, no privilege needed): two tasks
+on CPUs of their own do not take each other's cores as tasks on separate machines would not.
 """
 
 from __future__ import annotations
@@ -23,6 +26,30 @@ MAX_PERIOD_US = 1_000_000
 
 class QuotaError(OSError):
     """The quota cannot be set on this host (the message says why)."""
+
+
+class CpusError(OSError):
+    """The CPUs asked for are not this host's (the message says which it has)."""
+
+
+def cpu_ranges(cpus) -> str:  # noqa: ANN001 - an iterable of ints
+    """``0-3,6`` for CPUs 0, 1, 2, 3 and 6."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def check_cpus(cpus) -> set[int]:  # noqa: ANN001 - an iterable of ints
+    """``cpus`` as a set, when this process may run on all of them; else :class:`CpusError`."""
+    wanted, available = set(cpus), os.sched_getaffinity(0)
+    if not wanted or not wanted <= available:
+        raise CpusError(f"CPUs {cpu_ranges(wanted - available)} are not available here; tasks on this "
+                        f"host may use CPUs {cpu_ranges(available)}")
+    return wanted
 
 
 def period_quota(cpus: float) -> tuple[int, int]:

@@ -68,11 +68,13 @@ def _libc_prctl():  # noqa: ANN202 - a ctypes function, or None where there is n
     return _prctl or None
 
 
-def _child_setup(cgroup_procs: str | None = None, prctl=None) -> None:  # noqa: ANN001
-    """In the task before exec: its own process group, death with the agent, and its CPU quota."""
+def _child_setup(cgroup_procs: str | None = None, prctl=None, cpus: set[int] | None = None) -> None:  # noqa: ANN001
+    """In the task before exec: its own process group, death with the agent, its CPU quota and CPUs."""
     os.setpgid(0, 0)
     if cgroup_procs:
         cgroup.join(cgroup_procs)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     if prctl is not None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -346,16 +348,19 @@ class Task:
             os.makedirs(os.path.expanduser(folder), exist_ok=True)
         cwd = os.path.expanduser(spec["cwd"]) if spec.get("cwd") else None
         self.cgroup = None
+        # CPU affinity: TensorFlow sizes its thread pools to the CPUs a process may run on
+        cpus = cgroup.check_cpus(spec["cpus"]) if spec.get("cpus") else None
         if spec.get("cpu_quota"):
             group = f"{os.environ.get('DDLCTL_RUN_ID', 'run')}-{name.replace(':', '-')}-{os.getpid()}"
             self.cgroup = cgroup.create(group, float(spec["cpu_quota"]))
             # TensorFlow's op thread pools as wide as the quota (unless the program says otherwise)
-            env.setdefault("TF_NUM_INTRAOP_THREADS", str(cgroup.intra_op_threads(float(spec["cpu_quota"]))))
+            threads = cgroup.intra_op_threads(float(spec["cpu_quota"]))
+            env.setdefault("TF_NUM_INTRAOP_THREADS", str(min(threads, len(cpus)) if cpus else threads))
         prctl = _libc_prctl()
         try:
             self.popen = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, preexec_fn=lambda: _child_setup(self.cgroup, prctl),
-                                          env=env, cwd=cwd)
+                                          stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                          preexec_fn=lambda: _child_setup(self.cgroup, prctl, cpus))
         except OSError:
             self.release()
             raise
@@ -492,8 +497,9 @@ class HostAgent:
             cwd = spec.get("cwd")
             what = (f"working directory {cwd!r} does not exist" if cwd and not os.path.isdir(os.path.expanduser(cwd))
                     else f"cpu_quota={spec['cpu_quota']} on this host" if isinstance(exc, cgroup.QuotaError)
+                    else f"cpus={cgroup.cpu_ranges(spec['cpus'])} on this host" if isinstance(exc, cgroup.CpusError)
                     else f"cannot start {spec['argv'][0]!r}")
-            reason = exc if isinstance(exc, cgroup.QuotaError) else (exc.strerror or exc)
+            reason = exc if isinstance(exc, (cgroup.QuotaError, cgroup.CpusError)) else (exc.strerror or exc)
             self.send({"k": "start_failed", "task": name, "error": f"{what}: {reason}",
                        "code": 127 if isinstance(exc, FileNotFoundError) else 126})
             return

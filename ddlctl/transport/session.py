@@ -385,7 +385,8 @@ def task_command(spec: TaskSpec, grace_s: float, pythonpath: Sequence[str]) -> d
     return {"argv": list(spec.argv), "env": dict(spec.env), "unset": list(spec.unset_env),
             "cwd": spec.workdir, "task_dir": spec.task_dir, "grace": grace_s, "pythonpath": paths,
             "mkdirs": [spec.task_dir], "port": spec.port or 0,
-            "cpu_quota": spec.host.cpu_quota if spec.kind != "agent" else None}
+            "cpu_quota": spec.host.cpu_quota if spec.kind != "agent" else None,
+            "cpus": list(spec.host.cpus) if spec.host.cpus and spec.kind != "agent" else None}
 
 
 def agent_argv(python: str, ports: int | None) -> list[str]:
