@@ -1,24 +1,31 @@
 """Balanced vs equal split of synchronous data parallelism on a heterogeneous pair of workers.
 
-mwms with two workers on this machine, the second emulated slower with a cgroup CPU quota (host
+mwms with two workers on this machine, each pinned to a core of its own (host key ``cpus=``, as on
+separate machines) and the second emulated at half speed with a cgroup CPU quota of 0.5 CPU (host
 key ``cpu_quota=``, root needed); the built-in workload runs with the equal split and with
 ``--balance speed``, alternately, ``--repeats`` times each. Printed side by side: throughput
 (samples/s over the run's post-warm-up window), each worker's measured speed (its examples per
 step / its compute time per step, from the equal-split run's balance section), the ideal (the sum of
 the workers' speeds: no worker ever waits, communication free; measured while both compute, in
-the balanced runs, since the two workers share this machine's cores) and the ideal with the
-all-reduce time the run measured. Targets: balanced >= 1.3x the equal split, and >= 0.9 of the ideal.
+the balanced runs: a worker that waits half of each step makes its input meanwhile, and its
+compute looks faster than it is while training balanced) and the ideal with the all-reduce time
+the run measured. Targets: balanced >= 1.3x the equal split, and >= 0.9 of the ideal.
+
+``--no-pin`` lets the two workers share the cores (and throttles the second to 0.8 CPU, about half
+the other's speed then): each worker's speed then depends on what the other does (the input
+pipelines, the all-reduce and both computes compete for 2 cores), a step's compute time varies by
+~14% and the expected slower of two noisy workers costs 7-8% of the step: 0.88-0.90 of the ideal
+(stop 26), where pinned runs give 0.95-0.97.
 
 The workload is ``cnn`` without its augmentation unless ``--augment`` is given. The ideal counts
 each worker's compute time (step start to gradients). With augmentation, about half of the CPU
 work is the input pipeline, which runs in the background, also while both workers wait at the
-all-reduce: on this machine that work is in neither worker's compute time, it takes the cores the
-all-reduce needs (measured: 45-70 ms between gradients and the next step at batch 8192, against
-3-15 ms without augmentation, and 3 ms at batch 64), and the comm-free ideal is out of reach by
-that much. On separate machines each worker's input would have its own cores.
+all-reduce: that work is in neither worker's compute time, it takes the cores the all-reduce needs
+(measured unpinned: 45-70 ms between gradients and the next step at batch 8192, against 3-15 ms
+without augmentation, and 3 ms at batch 64), and the comm-free ideal is out of reach by that much.
 
-    .venv/bin/python benchmarks/heterogeneous.py [--cpu-quota 0.8] [--steps 30] [--batch-size 8192] \
-        [--repeats 3] [--augment]
+    .venv/bin/python benchmarks/heterogeneous.py [--no-pin] [--cpu-quota 0.5] [--steps 30] \
+        [--batch-size 8192] [--repeats 3] [--augment]
 """
 
 from __future__ import annotations
@@ -50,8 +57,11 @@ def run(hosts: Path, balance: str, args: argparse.Namespace, root: Path) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cpu-quota", type=float, default=0.8,
-                        help="CPUs of the slow worker (0.8: about half the other's speed on 2 cores)")
+    parser.add_argument("--cpu-quota", type=float, default=None,
+                        help="CPUs of the slow worker (default: 0.5 of its own core pinned; 0.8 unpinned, about "
+                             "half the other's speed on 2 shared cores)")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="each worker on a core of its own (host key cpus=), as on separate machines")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=8192)
     parser.add_argument("--workload", default="cnn")
@@ -63,7 +73,13 @@ def main() -> None:
         raise SystemExit("run as root (the slow worker is emulated with a cgroup CPU quota)")
     root = Path(tempfile.mkdtemp(prefix="ddlctl-het-"))
     hosts = root / "hosts.txt"
-    hosts.write_text(f"localhost\n127.0.0.1 cpu_quota={args.cpu_quota:g}\n")
+    if args.cpu_quota is None:
+        args.cpu_quota = 0.5 if args.pin else 0.8
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs")
+    pins = [f" cpus={cpus[0]}", f" cpus={cpus[1]}"] if args.pin else ["", ""]
+    hosts.write_text(f"localhost{pins[0]}\n127.0.0.1{pins[1]} cpu_quota={args.cpu_quota:g}\n")
     results: dict[str, list[dict]] = {"off": [], "speed": []}
     for _ in range(args.repeats):
         for balance in ("off", "speed"):
@@ -84,7 +100,8 @@ def main() -> None:
     ideal_comm = args.batch_size / (args.batch_size / ideal + comm)
     shares = [median("speed", lambda s, i=i: s["balance"]["workers"][i]["share"]) for i in range(2)]
     predicted = median("off", lambda s: s["balance"]["predicted_balanced_samples_per_s"])
-    print(f"mwms, 2 workers (cpu_quota={args.cpu_quota:g} on worker:1), {args.workload}"
+    print(f"mwms, 2 workers ({'a core each, ' if args.pin else 'sharing the cores, '}"
+          f"cpu_quota={args.cpu_quota:g} on worker:1), {args.workload}"
           f"{' with' if args.augment else ' without'} augmentation, batch {args.batch_size}, "
           f"{args.steps} steps, median of {args.repeats} runs each")
     print(f"  worker speeds, compute only: equal split {speeds[0]:,.0f} / {speeds[1]:,.0f} samples/s (worker:1 at "
