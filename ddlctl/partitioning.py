@@ -131,9 +131,7 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     """Profile, plan, print; exit code 0 when some algorithm found a plan, 2 when none could."""
     from ddlctl.launch import load_cluster
     from ddlctl.planning.profile_model import load_model_factory, profile
-    from ddlctl.runtime.tfenv import quiet_tensorflow_logs
-
-    quiet_tensorflow_logs()  # before anything imports TensorFlow (the model's module may)
+    from ddlctl.runtime.tfenv import start_tensorflow_quietly
 
     if opts.microbatches < 1 or opts.batch_size < 1:
         raise ConfigError("--microbatches and --batch-size must be at least 1")
@@ -143,6 +141,7 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     if opts.speeds and opts.bench:
         raise ConfigError("give --speeds FILE or --bench, not both", "--bench measures now; --speeds reads a profile")
     cluster, _, _ = load_cluster(opts.hosts, opts.template, 1)
+    start_tensorflow_quietly()  # before anything imports TensorFlow (the model's module may)
     factory = load_model_factory(opts.model)
     measured = None
     if opts.bench:

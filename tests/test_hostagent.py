@@ -229,6 +229,63 @@ def test_a_signalled_agent_is_a_lost_host_and_still_stops_its_tasks_however_much
         s.close()
 
 
+class ReusedPipe:
+    """An agent's stream over a real pipe whose close hands its descriptor number straight to
+    another pipe (dup2), as the kernel does when the next agent starts right after."""
+
+    def __init__(self) -> None:
+        self.fd, self.agent_end = os.pipe()
+        os.set_blocking(self.fd, False)
+        self.next_read, self.next_write = os.pipe()
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def read(self) -> bytes | None:
+        try:
+            return os.read(self.fd, 65536)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def errors(self) -> str:
+        return ""
+
+    def abandon(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        os.dup2(self.next_read, self.fd)  # the number now reads the next agent's pipe
+
+
+def test_a_closed_session_never_reads_its_descriptor_number_again():
+    """A signalled agent's session drains it in a thread; once the session is closed its
+    descriptor number is free, and the next agent's pipe may get it at once (found in CI: the next
+    session never saw its agent's hello, the old thread read it). The thread must leave it alone."""
+    import threading
+
+    stream = ReusedPipe()
+    s = HostSession(HOST, stream, [], sys.executable)
+    os.write(stream.agent_end, MAGIC + encode_frame({"k": "hello"}) + encode_frame({"k": "signalled", "sig": 15}))
+    s.pump()
+    assert s.lost and "SIGTERM" in s.lost  # and draining, in a thread
+    drains = [t for t in threading.enumerate() if t.name == "drain-localhost"]
+    assert len(drains) == 1
+    time.sleep(0.2)  # the thread waits on the (quiet) old pipe
+    s.close()
+    os.write(stream.next_write, b"hello of the next agent")
+    drains[0].join(3.0)  # it wakes at least once a second
+    assert not drains[0].is_alive()
+    os.set_blocking(stream.fd, False)
+    assert os.read(stream.fd, 100) == b"hello of the next agent"
+    for fd in (stream.fd, stream.agent_end, stream.next_read, stream.next_write):
+        os.close(fd)
+
+
 def test_cluster_tasks_retry_grpc_connections_quickly_unless_told_otherwise(tmp_path):
     """A task of a TensorFlow cluster (it has TF_CONFIG) gets gRPC's first reconnect after 50 ms
     (TF_GRPC_DEFAULT_OPTIONS), not 1 s; a value the user or host gave wins; other tasks get nothing."""
@@ -241,7 +298,8 @@ def test_cluster_tasks_retry_grpc_connections_quickly_unless_told_otherwise(tmp_
                 "TF_CONFIG": "{}", "TF_GRPC_DEFAULT_OPTIONS": "grpc.initial_reconnect_backoff_ms=7"}), 5),
             "worker:2": s.start(spec("worker:2", code, tmp_path / "w2"), 5),
         }
-        assert s.wait_for(lambda: all(t.poll() for t in tasks.values()), 30)
+        assert s.wait_for(lambda: all(t.poll() for t in tasks.values()), 30), \
+            (s.lost, {name: t.poll() for name, t in tasks.items()})
         said = {name: output(task).decode().strip() for name, task in tasks.items()}
         assert said == {"worker:0": "grpc.initial_reconnect_backoff_ms=50",
                         "worker:1": "grpc.initial_reconnect_backoff_ms=7", "worker:2": "unset"}

@@ -160,6 +160,8 @@ def test_partition_profiles_the_built_in_model_and_plans_it_under_memory_caps(tm
     done = run_ddlctl("partition", "--hosts", str(hosts), "--workload", "deep", "--microbatches", "4",
                       "--save", str(saved), "--json", timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    # TensorFlow's start-up notices (a CPU-only host's cuInit error line among them) are not shown
+    assert "cuInit" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
     data = json.loads(done.stdout)
     assert json.loads(saved.read_text()) == data
     assert [d["name"] for d in data["devices"]] == ["localhost/cpu:0", "localhost/cpu:1", "127.0.0.1/cpu:0"]
@@ -175,7 +177,10 @@ def test_partition_profiles_the_built_in_model_and_plans_it_under_memory_caps(tm
         stages = plans[name]["stages"]
         assert sum(s["layers"] for s in stages) == 14
         assert all(s["memory_bytes"] <= 24 * 2**20 for s in stages)
-        assert stages[2]["layers"] < max(stages[0]["layers"], stages[1]["layers"]), "the slow device gets fewer"
+        # the slow device gets less work (measured layer costs: the layers differ, so not
+        # necessarily fewer layers; it is last and sends nothing on)
+        work = [sum(layer["cost_s"] for layer in data["layers"][s["first"]:s["last"] + 1]) for s in stages]
+        assert work[2] < max(work[:2]), (work, stages)
     assert plans["optimal"]["bottleneck_s"] <= plans["greedy"]["bottleneck_s"] + 1e-12
     assert data["chosen"] in ("optimal", "greedy")
     # a model that cannot be placed: exit 2 and the reason

@@ -61,6 +61,19 @@ def quiet_tensorflow_logs() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def start_tensorflow_quietly() -> None:
+    """In a ddlctl command that runs TensorFlow itself: import it and find its devices with its
+    start-up notices hidden (the cuInit error line of a CPU-only host among them; TF_CPP_MIN_LOG_LEVEL
+    cannot hide an ERROR line without hiding real errors). Anything else it prints is kept."""
+    from ddlctl.supervise.noise import startup_noise_hidden
+
+    quiet_tensorflow_logs()
+    with startup_noise_hidden():
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+
+
 #: Functions of ddlctl's own measurements (``ddlctl.planning.profile_model``, ``ddlctl.modelparallel``):
 #: each is traced once per layer, stage or device it measures, which TensorFlow calls retracing.
 OWN_TRACED = ("noop_call.<locals>", "_layer_step.<locals>", "_whole_step.<locals>", "_stage_work.<locals>",

@@ -11,7 +11,12 @@ start-up included, is always shown.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
+from collections.abc import Iterator
 
 _GLOG = rb"[IWE]\d{4} \d\d:\d\d:[\d.]+\s+\d+ "
 STARTUP_NOISE = re.compile(
@@ -28,3 +33,25 @@ STARTUP_NOISE = re.compile(
 def is_startup_noise(line: bytes) -> bool:
     """Whether ``line`` is one of TensorFlow's known-harmless start-up notices."""
     return STARTUP_NOISE.match(line) is not None
+
+
+@contextlib.contextmanager
+def startup_noise_hidden() -> Iterator[None]:
+    """Within the block, this process's file descriptor 2 goes to a spool; at its end, every line
+    but the known start-up notices is written to the real stderr (for ddlctl's own commands that
+    start TensorFlow in-process, e.g. ``ddlctl partition``; the block should be short: its output
+    comes out at its end)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as spool:
+        os.dup2(spool.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            spool.seek(0)
+            kept = [line for line in spool.read().splitlines(keepends=True) if not is_startup_noise(line)]
+            if kept:
+                os.write(2, b"".join(kept))

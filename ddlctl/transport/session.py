@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -155,6 +156,10 @@ class HostSession:
         self.lost_at: float | None = None
         self.closed = False
         self.last_heard = time.monotonic()
+        # a drain thread (see _drain) reads only under this lock and while the stream is open: once
+        # closed, its descriptor number may belong to another agent's pipe
+        self._io = threading.Lock()
+        self._stream_open = True
 
     # -- stream --------------------------------------------------------------------------------
 
@@ -248,15 +253,29 @@ class HostSession:
         """Read and drop what a signalled agent still sends while it stops its tasks (its last
         output, exits), so that it never blocks on a full pipe or window; ends with the stream."""
         import select
-        import threading
 
         def drain() -> None:
-            with contextlib.suppress(Exception):  # the stream closed under it: done
-                while select.select([self.stream.fileno()], [], [], 1.0) is not None:
-                    if self.stream.read() == b"":
+            while True:
+                with contextlib.suppress(Exception):  # a stream closed under it: seen below
+                    select.select([self.stream.fileno()], [], [], 1.0)
+                with self._io:
+                    if not self._stream_open:
                         return
+                    try:
+                        data = self.stream.read()
+                    except Exception:  # noqa: BLE001 - the stream broke: nothing more to drain
+                        return
+                if data == b"":
+                    return
 
         threading.Thread(target=drain, daemon=True, name=f"drain-{self.host.label}").start()
+
+    def _end_stream(self) -> bool:
+        """Mark the stream closed for a drain thread (before its descriptor can be reused); False
+        when it already was."""
+        with self._io:
+            was, self._stream_open = self._stream_open, False
+        return was
 
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         """An agent beats every 2 s: nothing heard for ``limit_s`` means the host is gone (network
@@ -265,8 +284,9 @@ class HostSession:
         if self.lost or self.closed or now - self.last_heard <= limit_s:
             return False
         self._lose(f"no word from its host agent for {now - self.last_heard:.0f}s")
-        with contextlib.suppress(Exception):
-            self.stream.abandon()
+        if self._end_stream():
+            with contextlib.suppress(Exception):
+                self.stream.abandon()
         return True
 
     def wait_for(self, ready, timeout: float) -> bool:  # noqa: ANN001 - a predicate
@@ -374,7 +394,8 @@ class HostSession:
 
     def close(self) -> None:
         self.closed = True
-        self.stream.close()
+        if self._end_stream():
+            self.stream.close()
 
 
 def task_command(spec: TaskSpec, grace_s: float, pythonpath: Sequence[str]) -> dict[str, object]:
