@@ -64,6 +64,25 @@ def test_balance_section_recovers_speeds_and_predicts_both_splits():
     assert note and "worker:1 on h1 computes 2.0x slower" in note and "--balance speed" in note
 
 
+def test_after_a_resplit_the_section_describes_the_final_split_alone():
+    from ddlctl.report.balance import final_split_steps
+
+    assert final_split_steps([64, 64, 64]) == 3  # one split: all of it
+    assert final_split_steps([64, 64, 85, 85, 85, 85]) == 4
+    assert final_split_steps([64, 64, 64, 85, 85]) == 5  # too few at the new split: all
+    speeds, comm = [1000.0, 500.0], 0.01
+    before = lockstep(speeds, [64, 64], comm, steps=10)
+    after = lockstep(speeds, [85, 43], comm, steps=6)
+    workers = [WorkerSteps(b.task, b.host, [*b.starts_us, *(t + b.starts_us[-1] + 10**5 for t in a.starts_us)],
+                           [*b.sync_s, *a.sync_s], [*b.samples, *a.samples])
+               for b, a in zip(before, after, strict=True)]
+    section = balance_section(workers, "speed (measured, then in training)")
+    assert [w["batch"] for w in section["workers"]] == [85, 43] and section["final_split_steps"] == 6
+    assert [round(w["speed"]) for w in section["workers"]] == [1000, 500]
+    assert section["step_s"] == pytest.approx(max(85 / 1000, 43 / 500) + comm, rel=1e-3)
+    assert balance_section(before, "equal")["final_split_steps"] is None
+
+
 def test_no_suggestion_when_balanced_or_equal_workers():
     assert balance_note(balance_section(lockstep([1000.0, 990.0], [64, 64], 0.01), "equal")) is None
     done = balance_section(lockstep([1000.0, 500.0], [85, 43], 0.01), "speed (measured)")

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
+from ddlctl.report.balance import final_split_steps
 from ddlctl.runtime import cgroup
 from ddlctl.workloads.synthetic import READ_AHEAD_BOUND
 from tests.conftest import only_run_dir, processes_of_run, run_ddlctl
@@ -168,8 +170,11 @@ def test_balance_speed_gives_the_throttled_worker_a_smaller_share_same_training_
     assert ratio > 1.0
     assert equal["balance"]["split"] == "equal"
     assert balanced["balance"]["split"] == f"speed ({split['source']})"
-    kept = sorted(r["samples"] for r in records[balanced["warmup_steps"]:])
-    assert balanced["balance"]["workers"][1]["batch"] == kept[len(kept) // 2]  # the median step's
+    # the median step's batch, at the final split when it ran long enough
+    kept = [r["samples"] for r in records[balanced["warmup_steps"]:]]
+    final = final_split_steps(kept)
+    assert balanced["balance"]["workers"][1]["batch"] == int(statistics.median(kept[-final:]))
+    assert balanced["balance"]["final_split_steps"] == (final if final < len(kept) else None)
 
 
 def test_dry_run_shows_one_worker_per_gpu_and_refuses_unequal_workers(tmp_path):

@@ -39,15 +39,33 @@ def _period_s(starts_us: Sequence[int]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
+#: Steps at the final split (after a re-split) that the section needs to describe that split alone.
+FINAL_SPLIT_MIN_STEPS = 4
+
+
+def final_split_steps(samples: Sequence[int]) -> int:
+    """How many of the last records the section describes: those at the final split (the trailing
+    run of the last batch size) when there are at least :data:`FINAL_SPLIT_MIN_STEPS`, else all
+    (medians over two splits would pair one split's batch with another's compute time). Pure."""
+    run = 0
+    for count in reversed(samples):
+        if count != samples[-1]:
+            break
+        run += 1
+    return run if run >= FINAL_SPLIT_MIN_STEPS else len(samples)
+
+
 def balance_section(workers: Sequence[WorkerSteps], split: str = "equal",
                     calibrated: Sequence[float] = ()) -> dict | None:
     """Per-worker figures and predictions; None unless there are two or more workers with
-    synchronisation times and example counts."""
+    synchronisation times and example counts. After a re-split, the figures are those of the
+    final split's steps (the same steps on every worker: they re-split together)."""
     rows = []
+    last = min((final_split_steps(w.samples) for w in workers if w.samples), default=0)
     for w in workers:
-        period = _period_s(w.starts_us)
-        syncs = [s for s in w.sync_s if s >= 0]
-        counts = [c for c in w.samples if c > 0]
+        period = _period_s(w.starts_us[-last:] if last else w.starts_us)
+        syncs = [s for s in (w.sync_s[-last:] if last else w.sync_s) if s >= 0]
+        counts = [c for c in (w.samples[-last:] if last else w.samples) if c > 0]
         if period is None or not syncs or not counts:
             return None
         compute = statistics.median(syncs)
@@ -72,7 +90,9 @@ def balance_section(workers: Sequence[WorkerSteps], split: str = "equal",
     return {"split": split, "global_batch": total, "step_s": step, "comm_s": comm,
             "measured_samples_per_s": total / step, "predicted_equal_samples_per_s": equal,
             "predicted_balanced_samples_per_s": balanced, "ideal_samples_per_s": sum(speeds),
-            "calibrated_speeds": list(calibrated), "workers": rows}
+            "calibrated_speeds": list(calibrated), "workers": rows,
+            # after a re-split: the figures describe its last this many steps
+            "final_split_steps": last if last < min(len(w.samples) for w in workers) else None}
 
 
 def balance_note(section: Mapping | None) -> str | None:

@@ -196,8 +196,9 @@ def render_balance(summary: RunSummary, console: Console) -> None:
     section = summary.balance
     if not section or not section.get("workers"):
         return
-    table = Table(title=f"balance (mwms, {section['split']} split: a step lasts as long as its slowest worker)",
-                  title_justify="left")
+    final = f"; the final split's last {section['final_split_steps']} steps" if section.get("final_split_steps") else ""
+    table = Table(title=f"balance (mwms, {section['split']} split{final}: a step lasts as long as its slowest "
+                  "worker)", title_justify="left")
     for column in ("worker", "host", "batch", "share", "speed samples/s", "compute ms", "wait + all-reduce ms"):
         table.add_column(column, justify="left" if column in ("worker", "host") else "right")
     for w in section["workers"]:
