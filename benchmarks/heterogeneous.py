@@ -15,7 +15,7 @@ the run measured. Targets: balanced >= 1.3x the equal split, and >= 0.9 of the i
 the other's speed then): each worker's speed then depends on what the other does (the input
 pipelines, the all-reduce and both computes compete for 2 cores), a step's compute time varies by
 ~14% and the expected slower of two noisy workers costs 7-8% of the step: 0.88-0.90 of the ideal
-(stop 26), where pinned runs give 0.95-0.97.
+(measured 2026-11-25), where pinned runs give 0.95-0.97.
 
 The workload is ``cnn`` without its augmentation unless ``--augment`` is given. The ideal counts
 each worker's compute time (step start to gradients). With augmentation, about half of the CPU
