@@ -60,7 +60,7 @@ def remote_steps(job: Job, task: str) -> int:
 
 def start_mwms(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
-    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "900", "--no-telemetry", "--grace", "2",
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "500", "--no-telemetry", "--grace", "2",
               "--startup-timeout", "120", *extra, env=cluster.env)
     wait_for(lambda: remote_steps(job, "worker-0") >= 150 or job.proc.poll() is not None, 180, "training")
     assert job.proc.poll() is None, job.stderr()[-3000:]
