@@ -191,6 +191,22 @@ def test_dry_run_shows_one_worker_per_gpu_and_refuses_unequal_workers(tmp_path):
     assert "worker:0 on big: 4, worker:1 on small: 2" in refused.stderr and "--worker-per gpu" in refused.stderr
 
 
+def test_dry_run_shows_each_tasks_cpu_limits_only_when_a_host_has_some(tmp_path):
+    template = Path(__file__).parent.parent / "cluster_templates" / "localhost-unequal-mwms.yaml"
+    done = run_ddlctl("launch", "--template", str(template), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    rows = re.findall(r"(worker:\d) +│ (\S+) +│ \d+ +│ program +│ - +│ ([^│]+?) +│", done.stdout)
+    assert rows == [("worker:0", "localhost", "CPU 0"), ("worker:1", "127.0.0.1", "CPU 1, quota 0.5 CPU")]
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost cpus=0-1,3\n127.0.0.1\n")
+    done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--dry-run")
+    assert re.findall(r"(worker:\d) +│ \S+ +│ \d+ +│ program +│ - +│ ([^│]+?) +│", done.stdout) == \
+        [("worker:0", "CPUs 0-1,3"), ("worker:1", "-")]
+    hosts.write_text("localhost\n127.0.0.1\n")
+    done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--dry-run")
+    assert done.returncode == 0 and "CPU limits" not in done.stdout and "worker:1" in done.stdout
+
+
 def test_launch_bench_measures_first_and_balances_by_the_saved_profile(tmp_path, runs):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost\n127.0.0.1\n")

@@ -23,13 +23,15 @@ def render_plan(plan: Plan, console: Console) -> None:
     title = f"plan {plan.run_id}: strategy {plan.strategy}, {len(plan.tasks)} task(s) on " \
             f"{len(plan.hosts)} host(s)"
     table = Table(title=title, title_justify="left")
-    for column in ("task", "host", "port", "runs", "GPUs"):
+    # the CPU limits of emulated machines (host keys cpus= and cpu_quota=), when a host has any
+    limited = any(task.host.cpus or task.host.cpu_quota for task in plan.tasks)
+    for column in ("task", "host", "port", "runs", "GPUs", *(("CPU limits",) if limited else ())):
         table.add_column(column)
     for task in plan.tasks:
         gpus = "-" if task.gpus is None else (",".join(map(str, task.gpus)) or "none")
         port = "-" if task.port is None else ("auto" if task.port == 0 else str(task.port))
         runs = "tf.distribute.Server" if task.kind == "server" else "program"
-        table.add_row(task.name, task.host.label, port, runs, gpus)
+        table.add_row(task.name, task.host.label, port, runs, gpus, *((cpu_limits(task.host),) if limited else ()))
     console.print(table)
     for note in plan_notes(plan):
         console.print(Text(note))
@@ -42,6 +44,15 @@ def render_plan(plan: Plan, console: Console) -> None:
         console.print(Text(f"  cwd: {task.workdir}"))
         console.print(Text("  argv: " + json.dumps(list(task.argv))), soft_wrap=True)
     console.print(Text(f"run directory: {plan.run_dir}"))
+
+
+def cpu_limits(host) -> str:  # noqa: ANN001 - a cluster Host
+    """``CPUs 0-1, quota 0.5 CPU`` for a host's ``cpus=`` and ``cpu_quota=``; ``-`` for neither. Pure."""
+    from ddlctl.runtime.cgroup import cpu_ranges
+
+    parts = ([f"CPU{'s' if len(host.cpus) > 1 else ''} {cpu_ranges(host.cpus)}"] if host.cpus else []) + \
+        ([f"quota {host.cpu_quota:g} CPU"] if host.cpu_quota else [])
+    return ", ".join(parts) or "-"
 
 
 def plan_notes(plan: Plan) -> list[str]:
