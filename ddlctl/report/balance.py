@@ -62,10 +62,14 @@ def balance_section(workers: Sequence[WorkerSteps], split: str = "equal",
     final split's steps (the same steps on every worker: they re-split together)."""
     rows = []
     last = min((final_split_steps(w.samples) for w in workers if w.samples), default=0)
+
+    def final(values: Sequence) -> Sequence:  # the final split's records (all of them: last == 0)
+        return values[-last:] if last else values
+
     for w in workers:
-        period = _period_s(w.starts_us[-last:] if last else w.starts_us)
-        syncs = [s for s in (w.sync_s[-last:] if last else w.sync_s) if s >= 0]
-        counts = [c for c in (w.samples[-last:] if last else w.samples) if c > 0]
+        period = _period_s(final(w.starts_us))
+        syncs = [s for s in final(w.sync_s) if s >= 0]
+        counts = [c for c in final(w.samples) if c > 0]
         if period is None or not syncs or not counts:
             return None
         compute = statistics.median(syncs)
