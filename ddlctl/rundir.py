@@ -1,4 +1,7 @@
-"""The run directory: ``runs/<run-id>/`` with plan.json, tasks/<task>/..., summary.json."""
+"""The run directory: ``runs/<run-id>/`` with plan.json, tasks/<task>/..., summary.json.
+
+Its file names are defined here once; every writer and reader goes through these names.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,32 @@ from pathlib import Path
 
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import Plan
+
+PLAN_FILE = "plan.json"
+PIDS_FILE = "pids.json"
+OUTCOME_FILE = "outcome.json"
+SUMMARY_FILE = "summary.json"
+TRACE_FILE = "trace.json"
+TASKS_DIR = "tasks"
+TELEMETRY_DIR = "telemetry"
+HANG_DIR = "hang"
+TASK_LOG = "output.log"
+TASK_ERROR = "error.json"
+
+
+def task_dir(run_dir: str | Path, dir_name: str) -> Path:
+    """``tasks/<role>-<i>``: a task's folder (``TaskSpec.dir_name``)."""
+    return Path(run_dir) / TASKS_DIR / dir_name
+
+
+def task_log(run_dir: str | Path, dir_name: str) -> Path:
+    """A task's combined output, as it arrived."""
+    return task_dir(run_dir, dir_name) / TASK_LOG
+
+
+def telemetry_file(run_dir: str | Path, host_label: str) -> Path:
+    """``telemetry/<host>.jsonl`` for a host label (``/`` cannot appear in a file name)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"{host_label.replace('/', '_')}.jsonl"
 
 
 def new_run_id(strategy: str, now: float | None = None) -> str:
@@ -34,12 +63,12 @@ def make_dir(path: str | Path, option: str = "--runs-dir") -> Path:
 def write_plan(plan: Plan) -> Path:
     """Write ``plan.json`` (secrets redacted) before anything starts."""
     run_dir = make_dir(plan.run_dir)
-    path = run_dir / "plan.json"
+    path = run_dir / PLAN_FILE
     path.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
     return path
 
 
 def task_dirs(run_dir: str | Path) -> list[Path]:
     """``tasks/<role>-<i>`` folders of a run, sorted."""
-    root = Path(run_dir) / "tasks"
+    root = Path(run_dir) / TASKS_DIR
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

@@ -131,9 +131,9 @@ def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
         os.kill(frozen.pids()["task_pid"], signal.SIGSTOP)
         time.sleep(0.2)
         s.request_dump(["worker:0", "worker:1"])
-        assert s.wait_for(lambda: len(s.dumps) == 2, 10)
-        assert "waiting_here" in s.dumps["worker:0"]["stacks"]
-        assert [state for _pid, state, _cmd in s.dumps["worker:1"]["procs"]] == ["T"]
+        assert s.wait_for(lambda: all(s.dump_of(n) for n in ("worker:0", "worker:1")), 10)
+        assert "waiting_here" in s.dump_of("worker:0")["stacks"]
+        assert [state for _pid, state, _cmd in s.dump_of("worker:1")["procs"]] == ["T"]
         assert live.poll() is None, "SIGUSR2 went only to a process that registered for it"
     finally:
         s.shutdown()

@@ -10,7 +10,8 @@ from rich.text import Text
 
 from ddlctl.planning.plan import Plan, redact_env
 from ddlctl.report.summary import RunSummary
-from ddlctl.supervise.supervisor import Failure, JobResult, TaskState
+from ddlctl.supervise.job import TaskState
+from ddlctl.supervise.results import Failure, JobResult
 
 
 def fmt(value: float | None, spec: str) -> str:

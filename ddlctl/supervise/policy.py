@@ -23,6 +23,12 @@ model any      restart every task (each stage      fail
 evaluator      restart it alone                    go on without it
 single host    restart the task                    fail
 =============  ==================================  ==========================================
+
+The decisions around that table are pure functions here too: a fault during a restart joins it
+(``decide_during_restart``, scopes merged by ``wider_scope``); a port taken before a server could
+bind restarts the cluster spec's tasks with new ports, a few times, uncounted (``port_retry``); a
+host that stays away (``host_gone``) and a checkpoint that cannot be shared before a group
+restart (``checkpoint_unshared``) fail the job.
 """
 
 from __future__ import annotations
@@ -33,11 +39,15 @@ from dataclasses import dataclass
 
 from ddlctl.supervise.rootcause import TRACEBACK_HEAD
 from ddlctl.supervise.tfmessages import blame_peer, final_error
-from ddlctl.transport.base import ExitStatus, signal_name
+from ddlctl.transport.status import ExitStatus, signal_name
 
 #: Causes retried under ``--restart-on fault``.
 FAULT_CAUSES = frozenset({"signal", "preempted", "hang", "host-lost"})
 RESTART_ON = ("fault", "any")
+#: Restart scopes, narrowest first: a restart that takes in another fault takes the wider one.
+SCOPES = ("", "task", "group", "all")
+#: Times a port taken between planning and binding is retried with new ports (not a restart).
+MAX_PORT_RETRIES = 3
 #: Exit codes that mean "preempted, restart me" (PreemptionCheckpointHandler: 42; 143 on GCE).
 PREEMPTED_CODES = frozenset({42, 143})
 
@@ -186,3 +196,43 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
 def backoff_s(restart_number: int, base: float = 1.0, cap: float = 30.0) -> float:
     """Seconds to wait before the ``restart_number``-th restart (1, 2, 4, ... capped)."""
     return min(cap, base * 2 ** max(0, restart_number - 1))
+
+
+def decide_during_restart(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str]) -> Decision:
+    """A fault while a restart is under way joins it, whatever the budget and ``--restart-on``
+    (one restart takes in every fault until its tasks are started again)."""
+    return decide(strategy, fault, roles, alive, 0, 1, "any")
+
+
+def wider_scope(current: str, new: str) -> str:
+    """The scope of a restart that took in another fault's: the wider of the two."""
+    return new if SCOPES.index(new) > SCOPES.index(current) else current
+
+
+def port_retry(strategy: str, task: str, host: str, port: int, members: tuple[str, ...],
+               retries_used: int) -> Decision | None:
+    """A server's port was taken between planning and binding: new ports for every member of the
+    cluster spec (each task's TF_CONFIG names them) and the group (mwms) or everyone started again.
+    None once the retries are spent: then it is an ordinary fault."""
+    if retries_used >= MAX_PORT_RETRIES:
+        return None
+    scope = "group" if strategy == "mwms" else "all"
+    return Decision("restart", members, scope,
+                    f"{task} on {host}: port {port} was taken before it could bind: choosing new ports and "
+                    f"starting the {scope} again (try {retries_used + 1} of {MAX_PORT_RETRIES})")
+
+
+def host_gone(task: str, host: str, why: str, gone: bool, host_timeout_s: float) -> tuple[Fault, Decision]:
+    """A lost host that did not come back (``gone``: it cannot, e.g. its Slurm job ended) before a
+    restart on it: the job fails, blaming ``task`` (the restarted task on that host, else the host)."""
+    message = (f"host {host} cannot come back: {why}" if gone else
+               f"host {host} did not come back within --host-timeout {host_timeout_s:g}s ({why})")
+    fault = Fault(task=task, cause="host-lost", reporter=task, status=ExitStatus(lost=True), detail=message)
+    return fault, Decision("fail", message=message)
+
+
+def checkpoint_unshared(leader_host: str, source_dir: str, target_host: str, error: str) -> Decision:
+    """Worker 0's checkpoint cannot be made available on a host of a group restart: fail (the
+    group would restart from different states)."""
+    return Decision("fail", message=f"cannot make worker:0's checkpoint ({leader_host}:{source_dir}) available on "
+                                    f"{target_host} for the group restart: {error}")

@@ -1,64 +1,25 @@
-"""The small interface every transport implements, and the exit status value."""
+"""The small interfaces every transport implements: a started task, a host agent's session, a host."""
 
 from __future__ import annotations
 
-import signal as _signal
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ddlctl.cluster.model import Host
 from ddlctl.planning.plan import TaskSpec
+from ddlctl.transport.status import ExitStatus
 
 if TYPE_CHECKING:
     from ddlctl.transport.session import HostSession
-
-
-def signal_name(number: int) -> str:
-    """``9`` -> ``"SIGKILL"`` (``"signal 99"`` when unknown)."""
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-@dataclass(frozen=True)
-class ExitStatus:
-    """How a process ended: an exit ``code``, the ``signal`` that killed it, or ``lost``: the
-    connection to its host ended (its host agent kills it then; its own status is unknown)."""
-
-    code: int | None = None
-    signal: int | None = None
-    lost: bool = False
-
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        """From ``Popen.returncode`` (negative: killed by that signal)."""
-        return cls(signal=-returncode) if returncode < 0 else cls(code=returncode)
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0
-
-    @property
-    def shell_code(self) -> int:
-        """The code a shell would report: the exit code, or 128 + signal number."""
-        if self.lost:
-            return 255  # what ssh reports for a dropped connection
-        return self.code if self.code is not None else 128 + (self.signal or 0)
-
-    def describe(self) -> str:
-        if self.lost:
-            return "connection to its host lost"
-        if self.code is not None:
-            return f"exit code {self.code}"
-        return f"killed by {signal_name(self.signal or 0)}"
 
 
 class TaskProcess(Protocol):
     """One started task (through its host's agent)."""
 
     spec: TaskSpec
+    listening: bool  # its own process group listens on its port (the agent saw it)
+    ended_t: float | None  # wall time the agent saw it end (orders simultaneous exits)
 
     def read(self) -> bytes | None:
         """Output available now; ``None`` when there is none yet, ``b""`` once it has ended."""
@@ -74,6 +35,55 @@ class TaskProcess(Protocol):
 
     def pids(self) -> dict[str, object]:
         """Process ids to record in the run directory (for ``ddlctl stop``)."""
+
+
+class AgentSession(Protocol):
+    """What the supervisor uses of one host agent's session (:class:`~.session.HostSession`)."""
+
+    lost: str | None  # why the connection ended unexpectedly (None while it is up)
+    lost_at: float | None
+
+    def fileno(self) -> int:
+        """A descriptor that becomes readable when the agent has sent something."""
+
+    def pump(self) -> None:
+        """Read what the agent sent (never blocks)."""
+
+    def start(self, spec: TaskSpec, grace_s: float) -> TaskProcess:
+        """Ask the agent to start ``spec``."""
+
+    def take_pids_changed(self) -> bool:
+        """Whether a task reported its pids since the last call."""
+
+    def step_counts(self) -> Mapping[str, tuple[int, float]]:
+        """Task -> (step records so far, when the count last grew)."""
+
+    def progress(self) -> Mapping[str, tuple[int, int | None]]:
+        """Task -> (highest step reached, declared total)."""
+
+    def check_silence(self, limit_s: float, now: float | None = None) -> bool:
+        """Lose (and cut off) the session when the agent said nothing for ``limit_s``."""
+
+    def request_dump(self, names: Sequence[str]) -> None:
+        """Ask for the processes and Python stacks of ``names``."""
+
+    def dump_of(self, name: str) -> dict | None:
+        """The dump of ``name`` once it came."""
+
+    def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Pump until ``ready()``, the timeout, or the connection is lost."""
+
+    def check_ports(self, ports: dict[str, int], timeout: float = 10.0) -> dict[str, int]:
+        """The given ports where still free on the host, fresh ones where not."""
+
+    def list_files(self, folder: str, timeout: float = 60.0) -> dict[str, tuple[int, int]]:
+        """Files under ``folder``: relative path -> (size, mtime in ns)."""
+
+    def read_file(self, path: str, timeout: float = 600.0) -> bytes:
+        """A file's bytes."""
+
+    def write_file(self, path: str, data: bytes, mtime_ns: int | None = None, timeout: float = 600.0) -> None:
+        """Write a file (atomically)."""
 
 
 class Transport(Protocol):

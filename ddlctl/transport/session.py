@@ -27,7 +27,7 @@ from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.runtime.frames import FrameReader, encode_command
-from ddlctl.transport.base import ExitStatus
+from ddlctl.transport.status import ExitStatus
 
 #: Folder with the sitecustomize that installs the model.fit hook and the stack dumper.
 AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "instrument" / "autoload"
@@ -144,14 +144,14 @@ class HostSession:
         self.pythonpath = tuple(pythonpath)  # for tasks: where ddlctl's code is on that host
         self.reader = FrameReader()
         self.tasks: dict[str, AgentTask] = {}
-        self.steps: dict[str, tuple[int, float]] = {}  # task -> (steps recorded so far, when it last grew)
-        self.progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
-        self.dumps: dict[str, dict] = {}
+        self._steps: dict[str, tuple[int, float]] = {}  # task -> (steps recorded so far, when it last grew)
+        self._progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
+        self._dumps: dict[str, dict] = {}
         self.ports_reply: dict | None = None
         self.replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
         self._next_id = 0
         self.hello: dict | None = None
-        self.pids_changed = False  # a task reported its pids since the supervisor last looked
+        self._pids_changed = False  # a task reported its pids since the supervisor last looked
         self.lost: str | None = None  # why the stream ended unexpectedly
         self.lost_at: float | None = None
         self.closed = False
@@ -211,10 +211,10 @@ class HostSession:
         elif kind == "started" and task is not None:
             task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection")
                           if k in header}
-            self.pids_changed = True
+            self._pids_changed = True
         elif kind == "start_failed" and task is not None:
             task.chunks.append(f"ddlctl: {header.get('error')}\n".encode())
-            self.pids_changed = True  # (it has none: the supervisor still counts it as started)
+            self._pids_changed = True  # (it has none: the supervisor still counts it as started)
             task._end(ExitStatus(code=int(header.get("code", 127))), time.time())
         elif kind == "listening" and task is not None:
             task.listening = True
@@ -222,10 +222,10 @@ class HostSession:
             when = float(header.get("t") or time.time())
             last, totals = header.get("last") or {}, header.get("totals") or {}
             for name, count in header.get("counts", {}).items():
-                self.steps[name] = (int(count), when)
-                self.progress[name] = (int(last.get(name, count)), totals.get(name))
+                self._steps[name] = (int(count), when)
+                self._progress[name] = (int(last.get(name, count)), totals.get(name))
         elif kind == "dump":
-            self.dumps[header["task"]] = header
+            self._dumps[header["task"]] = header
         elif kind == "ports":
             self.ports_reply = header
         elif kind in ("ls", "data", "written", "file_error"):
@@ -324,17 +324,35 @@ class HostSession:
         """Ask the agent to start ``spec``; the returned task fills in as frames arrive."""
         task = AgentTask(spec, self)
         self.tasks[spec.name] = task
-        self.steps.pop(spec.name, None)
+        self._steps.pop(spec.name, None)
         if self.lost:
             task._end(ExitStatus(lost=True), time.time())
             return task
         self.command({"op": "start", "task": spec.name, "spec": task_command(spec, grace_s, self.pythonpath)})
         return task
 
+    def take_pids_changed(self) -> bool:
+        """Whether a task reported its pids (or failed to start) since the last call."""
+        changed, self._pids_changed = self._pids_changed, False
+        return changed
+
+    def step_counts(self) -> Mapping[str, tuple[int, float]]:
+        """Task -> (step records so far, when the count last grew), as the agent reports them."""
+        return self._steps
+
+    def progress(self) -> Mapping[str, tuple[int, int | None]]:
+        """Task -> (highest step reached, declared total)."""
+        return self._progress
+
     def request_dump(self, names: Sequence[str]) -> None:
+        """Ask the agent for the processes and Python stacks of ``names`` (see :meth:`dump_of`)."""
         for name in names:
-            self.dumps.pop(name, None)
+            self._dumps.pop(name, None)
         self.command({"op": "dump", "tasks": list(names)})
+
+    def dump_of(self, name: str) -> dict | None:
+        """The agent's dump of ``name`` once it came (``procs``: pid, state, command; ``stacks``)."""
+        return self._dumps.get(name)
 
     def check_ports(self, ports: dict[str, int], timeout: float = 10.0) -> dict[str, int]:
         """The given ports where still free on the host, fresh ones where not."""

@@ -1,0 +1,19 @@
+"""The environment variables ddlctl gives every task: the contract between the controller (which
+writes them into each task's spec), the host agent and the code inside the tasks (which read them).
+
+Stdlib-free on purpose: the host agent and the instrumentation import it on any Python.
+"""
+
+RUN_ID = "DDLCTL_RUN_ID"  # the run's id (every process of a run carries it: ``ddlctl stop`` finds them)
+TASK = "DDLCTL_TASK"  # the task's name, ``role:index``
+TASK_DIR = "DDLCTL_TASK_DIR"  # the task's folder on its host: steps.jsonl, result.json ...
+STRATEGY = "DDLCTL_STRATEGY"  # ps, mwms, model, mirrored, central_storage, one_device
+NUM_WORKERS = "DDLCTL_NUM_WORKERS"
+CHECKPOINT_DIR = "DDLCTL_CHECKPOINT_DIR"  # where the built-in workload checkpoints (restarts resume there)
+RESTART_COUNT = "DDLCTL_RESTART_COUNT"  # how often this task was started again (0 the first time)
+TOTAL_STEPS = "DDLCTL_TOTAL_STEPS"  # the steps the program declared it will run (progress bars)
+AUTO_STEPS = "DDLCTL_AUTO_STEPS"  # "1": the model.fit hook records steps on its own
+PARTITION = "DDLCTL_PARTITION"  # model parallelism: layers per stage, "3,2,1"
+SPEEDS = "DDLCTL_SPEEDS"  # per-worker device speeds (JSON list), for --balance speed and model stages
+BALANCE = "DDLCTL_BALANCE"  # "speed": split each step's batch by speed
+DEVICES = "DDLCTL_DEVICES"  # JSON: each worker's host and GPUs

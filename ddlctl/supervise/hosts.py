@@ -1,0 +1,108 @@
+"""Hosts during a job: a lost connection noticed, a host reconnected before a restart on it, or
+given up (``--host-timeout``; at once when it cannot come back, e.g. its Slurm job ended).
+
+A host agent beats every 2 s; ``silence_s`` without a word (network down without a reset, agent
+stopped) loses the session as surely as a closed connection. A lost host's tasks are gone (its
+agent kills them when its input ends); whether that stops the job is the policy's decision on
+those tasks' faults. Reconnecting runs in a thread (it may take seconds per try) while the loop
+goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ddlctl.errors import HostGoneError, LaunchError
+from ddlctl.supervise.job import Job
+from ddlctl.transport.base import AgentSession
+
+Reconnect = Callable[[str], AgentSession]
+
+
+@dataclass(frozen=True)
+class HostGone:
+    """A host that will not be back: ``gone`` when it cannot come back at all."""
+
+    label: str
+    why: str
+    gone: bool = False
+
+
+class HostWatch:
+    """Watches every host's session; reconnects a lost one on demand."""
+
+    def __init__(self, job: Job, reconnect: Reconnect | None,
+                 attach: Callable[[AgentSession], None], detach: Callable[[AgentSession], None]) -> None:
+        self.job = job
+        self.reconnect = reconnect
+        self.attach, self.detach = attach, detach  # the loop's selector
+        self.reconnecting: dict[str, tuple[threading.Thread, list]] = {}
+        self.lost_since: dict[str, float] = {}  # hosts lost and not back yet
+        self.lost_mono: dict[str, float] = {}  # when each host was last lost
+        self.lost: list[dict] = []  # every loss, for outcome.json
+
+    def watch(self, now: float) -> None:
+        """Notice hosts that went silent or whose connection ended."""
+        sessions = self.job.sessions
+        for session in sessions.values():
+            session.check_silence(self.job.options.silence_s, now)
+        for label, session in sessions.items():
+            if session.lost and label not in self.lost_since:
+                self.lost_since[label] = now
+                self.lost_mono[label] = now
+                self.lost.append({"host": label, "time": session.lost_at, "reason": session.lost})
+                self.job.notify(f"connection to {label} lost ({session.lost}): its tasks are gone")
+                self.detach(session)
+
+    def settling(self, labels: Iterable[str], now: float) -> bool:
+        """Whether a dropped host's old agent may still be killing its tasks (their ports not free yet)."""
+        grace = self.job.options.grace_s + 1.0
+        return any(now < self.lost_mono.get(label, float("-inf")) + grace for label in labels)
+
+    def ready(self, label: str, now: float) -> bool | HostGone:
+        """Whether the host's agent is there; starts (and waits for) a reconnection if it was lost."""
+        session = self.job.sessions[label]
+        if not session.lost:
+            return True
+        if self.reconnect is None:
+            return HostGone(label, "no way to reconnect")
+        pending = self.reconnecting.get(label)
+        if pending is None:
+            box: list = []
+            thread = threading.Thread(target=self._reconnect_loop, args=(label, box), daemon=True)
+            self.reconnecting[label] = (thread, box)
+            thread.start()
+            self.job.notify(f"reconnecting to {label} (up to {self.job.options.host_timeout_s:g}s)")
+            return False
+        thread, box = pending
+        if thread.is_alive():
+            return False
+        del self.reconnecting[label]
+        result = box[0] if box else LaunchError("reconnection gave nothing")
+        if isinstance(result, Exception):
+            return HostGone(label, getattr(result, "message", str(result)), isinstance(result, HostGoneError))
+        self.job.sessions[label] = result
+        self.attach(result)
+        self.lost_since.pop(label, None)
+        self.job.notify(f"reconnected to {label}")
+        return True
+
+    def _reconnect_loop(self, label: str, box: list) -> None:
+        deadline = time.monotonic() + self.job.options.host_timeout_s
+        delay = 0.5
+        last: Exception | None = None
+        while time.monotonic() < deadline and not self.job.stopping:
+            try:
+                box.append(self.reconnect(label))  # type: ignore[misc]
+                return
+            except HostGoneError as exc:  # it cannot come back (its Slurm job ended): stop now
+                box.append(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure: try again until the deadline
+                last = exc
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 5.0)
+        box.append(last or LaunchError("gave up"))

@@ -1,0 +1,149 @@
+"""What the supervisor knows of a running job: its options, its tasks and their hosts' sessions.
+
+One :class:`Job` is shared by the supervision loop and its concerns (restarts, hosts, hangs,
+results); each concern keeps its own state and reads or starts tasks through the job.
+
+Task states: ``STARTING`` -> ``RUNNING`` (its port accepts connections, or it has none) ->
+``SUCCEEDED`` | ``FAILED`` | ``STOPPED`` (ended because ddlctl stopped it); a restarted task goes
+back to ``STARTING``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from ddlctl.planning.plan import Plan, TaskSpec
+from ddlctl.rundir import PIDS_FILE, task_log, telemetry_file
+from ddlctl.supervise.output import LineSplitter
+from ddlctl.transport.base import AgentSession, TaskProcess
+from ddlctl.transport.status import ExitStatus
+
+
+class TaskState(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class SupervisorOptions:
+    """How to supervise: timeouts in seconds (0 disables the startup timeout and the hang watch)."""
+
+    startup_timeout_s: float = 180.0
+    grace_s: float = 5.0
+    tick_s: float = 0.1
+    probe_interval_s: float = 0.5
+    drain_s: float = 2.0
+    max_restarts: int = 0
+    restart_on: str = "fault"
+    hang_timeout_s: float = 600.0
+    host_timeout_s: float = 60.0
+    restart_grace_s: float = 2.0
+    silence_s: float = 15.0  # a host agent beats every 2 s: this long without a word = host lost
+    backoff_base_s: float = 0.5  # waits 0.5, 1, 2, 4 ... s before successive restarts
+
+
+@dataclass
+class SupervisedTask:
+    """One task (or telemetry agent) as the supervisor tracks it."""
+
+    spec: TaskSpec
+    proc: TaskProcess
+    log: BinaryIO
+    started: float
+    splitter: LineSplitter = field(default_factory=LineSplitter)
+    state: TaskState = TaskState.STARTING
+    status: ExitStatus | None = None
+    ended: float | None = None
+    eof: bool = False
+    next_probe: float = 0.0
+    restarts: int = 0
+    handled: bool = True  # its end needs no decision (set False while it runs)
+
+    @property
+    def alive(self) -> bool:
+        return self.status is None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def host(self) -> str:
+        return self.spec.host.label
+
+    @property
+    def is_agent(self) -> bool:
+        return self.spec.kind == "agent"
+
+
+def log_file(run_dir: Path, spec: TaskSpec) -> Path:
+    """Where a task's raw output goes: its output.log, or an agent's telemetry file."""
+    if spec.kind == "agent":
+        return telemetry_file(run_dir, spec.host.label)
+    return task_log(run_dir, spec.dir_name)
+
+
+@dataclass
+class Job:
+    """The job under supervision: shared by the loop and its concerns."""
+
+    plan: Plan
+    options: SupervisorOptions
+    sessions: dict[str, AgentSession]
+    notify: Callable[[str], None] = lambda _msg: None
+    clock: Callable[[], float] = time.monotonic
+    tasks: dict[str, SupervisedTask] = field(default_factory=dict)
+    stopping_since: float | None = None  # when stopping began (never a restart after that)
+    pids: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.plan.run_dir)
+
+    @property
+    def strategy(self) -> str:
+        return self.plan.strategy
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """Every program and server task -> its role."""
+        return {t.name: t.role for t in self.plan.tasks}
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopping_since is not None
+
+    def alive(self) -> set[str]:
+        """Names of the training tasks still running (telemetry agents left out)."""
+        return {t.name for t in self.tasks.values() if t.alive and not t.is_agent}
+
+    def log_path(self, name: str) -> Path:
+        return task_log(self.run_dir, self.plan.task(name).dir_name)
+
+    def launch(self, spec: TaskSpec, log: BinaryIO, restarts: int = 0) -> SupervisedTask:
+        """Start ``spec`` through its host's agent."""
+        proc = self.sessions[spec.host.label].start(spec, self.options.grace_s)
+        task = SupervisedTask(spec=spec, proc=proc, log=log, started=self.clock(), restarts=restarts,
+                              handled=False)
+        if spec.port is None:
+            task.state = TaskState.RUNNING
+        return task
+
+    def write_pids(self) -> None:
+        """``pids.json``: where every task runs (``ddlctl stop`` reads it)."""
+        for task in self.tasks.values():
+            pids = task.proc.pids()
+            if pids:
+                self.pids[task.name] = {"host": task.host, "restarts": task.restarts, **pids}
+        with contextlib.suppress(OSError):
+            (self.run_dir / PIDS_FILE).write_text(json.dumps(self.pids, indent=1) + "\n")

@@ -1,0 +1,216 @@
+"""Restarting tasks: stop them, wait out the backoff, re-check ports, share the checkpoint, start.
+
+One restart is under way at a time; a fault that comes meanwhile joins it (its tasks added, the
+wider scope kept: ``policy.wider_scope``). Its tasks get TERM, then KILL after the restart grace
+(MWMS ignores SIGTERM; a stopped task takes only SIGKILL). Once they have all ended and the
+backoff has passed, their hosts must be there (a lost host is reconnected first, see
+:mod:`~.hosts`), their ports are re-checked (a port taken meanwhile gets a fresh one and
+TF_CONFIG is rewritten for the whole group), worker 0's checkpoint is made available on every host
+of a group restart, and the tasks start again with ``DDLCTL_RESTART_COUNT`` counted up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from ddlctl.envvars import CHECKPOINT_DIR, RESTART_COUNT
+from ddlctl.planning.plan import TaskSpec, retarget
+from ddlctl.supervise.checkpoints import sync_folder
+from ddlctl.supervise.hosts import HostGone, HostWatch
+from ddlctl.supervise.job import Job, TaskState
+from ddlctl.supervise.policy import (
+    Decision,
+    Fault,
+    backoff_s,
+    checkpoint_unshared,
+    host_gone,
+    port_retry,
+    wider_scope,
+)
+
+
+@dataclass
+class Restart:
+    """A restart under way: its tasks are being stopped, then started again after a backoff."""
+
+    tasks: list[str]
+    scope: str
+    event: dict
+    not_before: float
+    stop_sent: float
+    killed: bool = False
+
+
+@dataclass(frozen=True)
+class RestartFailed:
+    """A restart that cannot happen: the job fails (``fault``: the task to blame, if any)."""
+
+    decision: Decision
+    fault: Fault | None = None
+
+
+class Restarts:
+    """The restarts of one job: the one under way, and the record of all (``outcome.json``)."""
+
+    def __init__(self, job: Job, hosts: HostWatch) -> None:
+        self.job = job
+        self.hosts = hosts
+        self.current: Restart | None = None
+        self.events: list[dict] = []
+        self.port_retries = 0
+
+    @property
+    def under_way(self) -> bool:
+        return self.current is not None
+
+    def used(self) -> int:
+        """Restarts counted against --max-restarts (port retries are not)."""
+        return sum(1 for e in self.events if e.get("cause") != "port-in-use")
+
+    def begin(self, decision: Decision, event: dict) -> None:
+        """Stop ``decision.tasks`` to start them again (or add them to the restart under way)."""
+        now = self.job.clock()
+        current = self.current
+        if current is not None:  # one restart takes in every fault until it is done
+            current.tasks.extend(n for n in decision.tasks if n not in current.tasks)
+            current.scope = wider_scope(current.scope, decision.scope)
+        else:
+            self.events.append(event)
+            self.current = Restart(tasks=list(decision.tasks), scope=decision.scope, event=event,
+                                   not_before=now + backoff_s(len(self.events), self.job.options.backoff_base_s),
+                                   stop_sent=now)
+        for name in decision.tasks:
+            task = self.job.tasks[name]
+            task.handled = True
+            if task.alive:
+                task.proc.send("TERM")
+
+    def retry_ports(self, name: str) -> bool:
+        """``name`` could not bind its port: new ports for the cluster spec, started again (bounded;
+        not counted as a restart). False once the retries are spent."""
+        task = self.job.tasks[name]
+        members = tuple(n for n, t in self.job.tasks.items() if t.spec.port)
+        decision = port_retry(self.job.strategy, name, task.host, task.spec.port or 0, members, self.port_retries)
+        if decision is None:
+            return False
+        self.port_retries += 1
+        task.state = TaskState.STOPPED
+        event = {"time": time.time(), "task": name, "host": task.host, "cause": "port-in-use",
+                 "reporter": name, "exit_code": task.status.code if task.status else None, "signal": None,
+                 "detail": f"port {task.spec.port} taken before it could bind", "action": "restart",
+                 "scope": decision.scope, "tasks": list(members)}
+        self.job.notify(decision.message)
+        self.begin(decision, event)
+        return True
+
+    def advance(self, now: float) -> RestartFailed | None:
+        """Move the restart under way on: escalate its stop, then start its tasks when all is ready."""
+        restart = self.current
+        if restart is None:
+            return None
+        job = self.job
+        tasks = [job.tasks[n] for n in restart.tasks]
+        waiting = [t for t in tasks if t.alive]
+        grace = job.options.restart_grace_s
+        if waiting:
+            if not restart.killed and now - restart.stop_sent > grace:
+                restart.killed = True  # MWMS ignores SIGTERM; a stopped task takes only SIGKILL
+                for task in waiting:
+                    task.proc.send("KILL")
+            elif restart.killed and now - restart.stop_sent > grace + 5:
+                for task in waiting:
+                    task.proc.force_kill()
+            return None
+        if now < restart.not_before:
+            return None
+        hosts = {t.host for t in tasks}
+        for label in hosts:
+            ready = self.hosts.ready(label, now)
+            if isinstance(ready, HostGone):
+                return self._host_gone(restart, ready)
+            if not ready:
+                return None
+        if self.hosts.settling(hosts, now) or job.stopping:
+            return None
+        specs = self._specs(restart)
+        if restart.scope == "group":
+            unshared = self._share_checkpoint(specs)
+            if unshared is not None:
+                self.current = None
+                return unshared
+        for spec in specs:
+            task = job.tasks[spec.name]
+            job.tasks[spec.name] = job.launch(spec, task.log, restarts=task.restarts + 1)
+        job.write_pids()
+        restart.event["restarted_at"] = time.time()
+        counted = "" if restart.event.get("cause") == "port-in-use" else \
+            f" (restart {self.used()} of {job.options.max_restarts})"
+        job.notify(f"started {', '.join(restart.tasks)} again{counted}")
+        self.current = None
+        return None
+
+    def listening(self, name: str) -> None:
+        """A restarted server counts as back once it listens (the recovery time in the report)."""
+        for event in self.events:
+            if name in event.get("tasks", ()) and "restarted_at" in event:
+                event.setdefault("listening_at", time.time())
+
+    def _host_gone(self, restart: Restart, gone: HostGone) -> RestartFailed:
+        self.current = None
+        name = next((n for n in restart.tasks if self.job.tasks[n].host == gone.label), gone.label)
+        fault, decision = host_gone(name, gone.label, gone.why, gone.gone, self.job.options.host_timeout_s)
+        restart.event["action"] = "fail"
+        return RestartFailed(decision, fault)
+
+    def _share_checkpoint(self, specs: list[TaskSpec]) -> RestartFailed | None:
+        """Before a group restart: every host of the group must see worker 0's checkpoint folder
+        (copied to hosts that do not share it)."""
+        leader = next((s for s in specs if s.name == "worker:0"), None)
+        if leader is None:
+            return None
+        sessions = self.job.sessions
+        source_dir = leader.env.get(CHECKPOINT_DIR, "")
+        done: set[tuple[str, str]] = set()
+        for spec in specs:
+            target_dir = spec.env.get(CHECKPOINT_DIR, "")
+            key = (spec.host.label, target_dir)
+            if spec.host.label == leader.host.label and target_dir == source_dir or key in done:
+                continue
+            done.add(key)
+            try:
+                files, size = sync_folder(sessions[leader.host.label], source_dir, sessions[spec.host.label],
+                                          target_dir)
+            except OSError as exc:
+                decision = checkpoint_unshared(leader.host.label, source_dir, spec.host.label, str(exc))
+                return RestartFailed(decision)
+            if files:
+                self.job.notify(f"copied worker:0's checkpoint to {spec.host.label} ({files} file(s), "
+                                f"{size / 2**20:.1f} MiB): it does not share {leader.host.label}'s file system")
+        return None
+
+    def _specs(self, restart: Restart) -> list[TaskSpec]:
+        """The restarted tasks' specs: ports re-checked (a port taken meanwhile gets a fresh one and
+        TF_CONFIG is rewritten for the whole group), the restart count counted up."""
+        job = self.job
+        specs = {n: job.tasks[n].spec for n in restart.tasks}
+        ports = {n: s.port for n, s in specs.items() if s.port}
+        if restart.scope in ("group", "all") and ports:
+            by_host: dict[str, dict[str, int]] = {}
+            for name, port in ports.items():
+                by_host.setdefault(specs[name].host.label, {})[name] = port  # type: ignore[assignment]
+            changed: dict[str, int] = {}
+            for label, wanted in by_host.items():
+                got = job.sessions[label].check_ports(wanted)
+                changed.update({n: p for n, p in got.items() if p != wanted.get(n)})
+            if changed:
+                restart.event["new_ports"] = changed
+                job.notify("port(s) taken meanwhile, new ones chosen: "
+                           + ", ".join(f"{n} -> {p}" for n, p in changed.items()))
+                everyone = {n: (changed.get(n) or s.port) for n, s in specs.items() if s.port}
+                specs = {n: retarget(s, everyone) for n, s in specs.items()}
+                for name, spec in specs.items():
+                    job.tasks[name].spec = spec
+        return [dataclasses.replace(s, env={**s.env, RESTART_COUNT: str(job.tasks[n].restarts + 1)})
+                for n, s in specs.items()]

@@ -1,0 +1,133 @@
+"""How a supervised job ended: the failure record (root cause), ``error.json``, and the result.
+
+Pure descriptions of what the supervisor saw: a :class:`Failure` names the task at fault with its
+traceback and the last lines of its log; :class:`JobResult` is what ``ddlctl launch`` turns into
+``outcome.json``, the report and its exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddlctl.rundir import TASK_ERROR, task_dir
+from ddlctl.supervise.job import Job, SupervisedTask, TaskState
+from ddlctl.supervise.policy import Fault
+from ddlctl.supervise.rootcause import last_traceback, read_tail, tail_lines
+from ddlctl.transport.status import ExitStatus, signal_name
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the job failed: the task at fault (or the missing ones at startup)."""
+
+    reason: str  # "exited", "startup-timeout", "interrupted", "start-failed", "hang", "host-lost"
+    message: str
+    task: str | None = None
+    host: str | None = None
+    status: ExitStatus | None = None
+    traceback: tuple[str, ...] = ()
+    tail: tuple[str, ...] = ()
+    log: str | None = None
+    missing: tuple[str, ...] = ()
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    name: str
+    host: str
+    state: TaskState
+    status: ExitStatus | None
+    started_s: float
+    ended_s: float | None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What the supervisor reports back: success, the exit code for ddlctl, every task's end."""
+
+    ok: bool
+    exit_code: int
+    wall_time_s: float
+    tasks: tuple[TaskOutcome, ...]
+    failure: Failure | None = None
+    agents: tuple[TaskOutcome, ...] = ()
+    telemetry_gaps: tuple[str, ...] = ()
+    restarts: tuple[dict, ...] = ()
+    degraded: tuple[dict, ...] = ()
+    hosts_lost: tuple[dict, ...] = ()
+
+
+def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
+    """The record of a fault and what was done about it (``outcome.json``'s restarts/degraded)."""
+    culprit = job.tasks.get(fault.task)
+    return {"time": time.time(), "task": fault.task, "host": culprit.host if culprit else None,
+            "cause": fault.cause, "reporter": fault.reporter,
+            "exit_code": fault.status.code if fault.status else None,
+            "signal": signal_name(fault.status.signal) if fault.status and fault.status.signal else None,
+            "detail": fault.detail, "action": action, "scope": scope, "tasks": list(tasks)}
+
+
+def describe_failure(job: Job, fault: Fault, message: str) -> Failure:
+    """The failure record of ``fault``: its traceback (or its reporter's) and its log's tail."""
+    roles = job.roles
+    task = job.tasks.get(fault.task)
+    log = job.log_path(fault.task) if fault.task in roles else None
+    text = read_tail(log) if log else ""
+    reporter_text = read_tail(job.log_path(fault.reporter)) if fault.reporter != fault.task \
+        and fault.reporter in roles else ""
+    traceback = last_traceback(text) or last_traceback(reporter_text)
+    if fault.cause == "host-lost":  # the program did not fail: its output says nothing about why
+        text = reporter_text = ""
+        traceback = []
+    reason = {"hang": "hang", "host-lost": "host-lost"}.get(fault.cause, "exited")
+    return Failure(reason=reason, message=message, task=fault.task, host=task.host if task else None,
+                   status=fault.status, traceback=tuple(traceback),
+                   tail=tuple(tail_lines(text or reporter_text)), log=str(log) if log else None,
+                   exit_code=fault.exit_code)
+
+
+def write_error(job: Job, fault: Fault, failure: Failure) -> None:
+    """``tasks/<task>/error.json``: the root cause, in the task's own folder."""
+    record = {
+        "task": fault.task, "host": failure.host, "cause": fault.cause, "reporter": fault.reporter,
+        "exit_code": failure.status.code if failure.status else None,
+        "signal": signal_name(failure.status.signal) if failure.status and failure.status.signal else None,
+        "time": time.time(), "message": failure.message,
+        "traceback": list(failure.traceback), "tail": list(failure.tail),
+    }
+    with contextlib.suppress(OSError, KeyError):
+        path = task_dir(job.run_dir, job.plan.task(fault.task).dir_name) / TASK_ERROR
+        path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def exit_code(failure: Failure | None, signals: Sequence[int]) -> int:
+    """ddlctl's exit code: 0, 128 + the first signal when interrupted, the fault's code, else 1."""
+    if failure is None:
+        return 0
+    if failure.reason == "interrupted" and signals:
+        return 128 + signals[0]
+    return failure.exit_code if failure.exit_code is not None else 1
+
+
+def outcome_of(task: SupervisedTask) -> TaskOutcome:
+    return TaskOutcome(name=task.name, host=task.host, state=task.state, status=task.status,
+                       started_s=task.started, ended_s=task.ended, restarts=task.restarts)
+
+
+def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence[int], *,
+               telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
+               hosts_lost: Sequence[dict]) -> JobResult:
+    """Every task's end, in plan order (agents apart), with the job's exit code."""
+    order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
+    ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
+    return JobResult(ok=failure is None, exit_code=exit_code(failure, signals), wall_time_s=wall,
+                     tasks=tuple(outcome_of(t) for t in ordered if not t.is_agent), failure=failure,
+                     agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
+                     telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
+                     hosts_lost=tuple(hosts_lost))

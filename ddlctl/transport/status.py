@@ -1,0 +1,47 @@
+"""How a process ended (:class:`ExitStatus`) and signal names: plain values every layer shares."""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+
+
+def signal_name(number: int) -> str:
+    """``9`` -> ``"SIGKILL"`` (``"signal 99"`` when unknown)."""
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended: an exit ``code``, the ``signal`` that killed it, or ``lost``: the
+    connection to its host ended (its host agent kills it then; its own status is unknown)."""
+
+    code: int | None = None
+    signal: int | None = None
+    lost: bool = False
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        """From ``Popen.returncode`` (negative: killed by that signal)."""
+        return cls(signal=-returncode) if returncode < 0 else cls(code=returncode)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @property
+    def shell_code(self) -> int:
+        """The code a shell would report: the exit code, or 128 + signal number."""
+        if self.lost:
+            return 255  # what ssh reports for a dropped connection
+        return self.code if self.code is not None else 128 + (self.signal or 0)
+
+    def describe(self) -> str:
+        if self.lost:
+            return "connection to its host lost"
+        if self.code is not None:
+            return f"exit code {self.code}"
+        return f"killed by {signal_name(self.signal or 0)}"

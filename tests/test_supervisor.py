@@ -1,0 +1,330 @@
+"""The real Supervisor, driven by fake host agents (tests/fakeagents.py): every decision path of
+the loop in milliseconds, no process, no TensorFlow. The real-process tests (test_faults,
+test_ssh_faults, test_slurm) prove the wiring; these prove the behaviour, path by path."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ddlctl.supervise.job import TaskState
+from tests.fakeagents import Behaviour, World
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tf221"
+TRACEBACK = b"Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\nValueError: bad batch\n"
+
+
+def states(result) -> dict[str, TaskState]:
+    return {t.name: t.state for t in result.tasks}
+
+
+def restarts_of(result) -> dict[str, int]:
+    return {t.name: t.restarts for t in result.tasks}
+
+
+def ps_world(**kw) -> World:
+    """chief + 2 workers + 1 ps (the servers run until stopped); the chief finishes at 4 s."""
+    behaviours = {"chief:0": Behaviour(exit_after=4.0), "worker:0": Behaviour(exit_after=None),
+                  "worker:1": Behaviour(exit_after=None), "ps:0": Behaviour(exit_after=None)}
+    return World("ps", hosts=("node1", "node2"), workers=2, ps=1, behaviours={**behaviours, **kw})
+
+
+def mwms_world(hosts=("node1", "node2"), **kw) -> World:
+    """Two mwms workers that ignore SIGTERM (as TensorFlow's preemption notifier makes them)."""
+    behaviours = {"worker:0": Behaviour(exit_after=4.0, ignores_term=True),
+                  "worker:1": Behaviour(exit_after=4.0, ignores_term=True)}
+    return World("mwms", hosts=hosts, workers=2, behaviours={**behaviours, **kw})
+
+
+# -- success ----------------------------------------------------------------------------------------
+
+def test_ps_job_ends_when_the_chief_succeeds_and_its_servers_are_stopped(tmp_path):
+    world = ps_world()
+    result, plan = world.run(tmp_path)
+    assert (result.ok, result.exit_code) == (True, 0)
+    assert states(result) == {"chief:0": TaskState.SUCCEEDED, "worker:0": TaskState.STOPPED,
+                              "worker:1": TaskState.STOPPED, "ps:0": TaskState.STOPPED}
+    assert world.starts[-1] == "chief:0", "servers start before the program that needs them"
+    assert all(world.task(n).signals == ["TERM"] for n in ("worker:0", "worker:1", "ps:0"))
+    pids = json.loads((Path(plan.run_dir) / "pids.json").read_text())
+    assert set(pids) == {"chief:0", "worker:0", "worker:1", "ps:0"}
+
+
+# -- restarts ---------------------------------------------------------------------------------------
+
+def test_a_killed_ps_worker_is_restarted_in_place_with_its_restart_count(tmp_path):
+    world = ps_world()
+    world.at(1.0, world.kill, "worker:1")
+    result, _ = world.run(tmp_path, max_restarts=1)
+    assert result.ok, result.failure
+    assert restarts_of(result) == {"chief:0": 0, "worker:0": 0, "worker:1": 1, "ps:0": 0}
+    (event,) = result.restarts
+    assert (event["task"], event["cause"], event["scope"]) == ("worker:1", "signal", "task")
+    assert event["tasks"] == ["worker:1"]
+    again = [s for s in world.started_specs if s.name == "worker:1"][-1]
+    assert again.env["DDLCTL_RESTART_COUNT"] == "1"
+    assert "listening_at" in event and "restarted_at" in event
+
+
+def test_mwms_restarts_the_whole_group_and_kills_workers_that_ignore_sigterm(tmp_path):
+    world = mwms_world()
+    world.at(1.0, world.kill, "worker:1")
+    result, _ = world.run(tmp_path, max_restarts=1)
+    assert result.ok, result.failure
+    assert restarts_of(result) == {"worker:0": 1, "worker:1": 1}
+    first_worker0 = [s for s in world.started_specs if s.name == "worker:0"]
+    assert len(first_worker0) == 2
+    # worker:0 took no SIGTERM: it was killed after the restart grace
+    assert any("restarting the whole worker group" in m for m in world.messages)
+    assert result.restarts[0]["scope"] == "group"
+
+
+def test_a_fault_during_a_restart_joins_it_with_the_wider_scope_and_one_restart_counted(tmp_path):
+    world = ps_world()
+    world.at(1.0, world.kill, "worker:1")
+    world.at(1.1, world.kill, "ps:0")  # during the worker's restart (its backoff is 0.5 s)
+    result, _ = world.run(tmp_path, max_restarts=1)
+    assert result.ok, result.failure
+    assert len(result.restarts) == 1, "the ps fault joined the restart under way"
+    assert result.restarts[0]["task"] == "worker:1"
+    assert restarts_of(result) == {"chief:0": 1, "worker:0": 1, "worker:1": 1, "ps:0": 1}
+    assert any("restart 1 of 1" in m for m in world.messages)
+
+
+def test_restarts_wait_a_growing_backoff(tmp_path):
+    world = ps_world(**{"chief:0": Behaviour(exit_after=8.0)})
+    world.at(1.0, world.kill, "worker:1")
+    world.at(3.0, world.kill, "worker:1")
+    starts: list[float] = []
+    original = world.sessions["node1"].start, world.sessions["node2"].start
+
+    def timed(session_start):
+        def start(spec, grace_s):
+            if spec.name == "worker:1":
+                starts.append(world.now - 1000.0)
+            return session_start(spec, grace_s)
+        return start
+
+    world.sessions["node1"].start, world.sessions["node2"].start = (timed(s) for s in original)
+    result, _ = world.run(tmp_path, max_restarts=2, backoff_base_s=0.5)
+    assert result.ok, result.failure
+    assert len(starts) == 3
+    assert 0.5 <= starts[1] - 1.0 < 0.8, "the first restart waits 0.5 s"
+    assert 1.0 <= starts[2] - 3.0 < 1.3, "the second waits 1 s"
+
+
+def test_no_restart_left_fails_with_the_killed_tasks_exit_code_and_error_record(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.kill, "worker:1")
+    result, plan = world.run(tmp_path, max_restarts=0)
+    assert (result.ok, result.exit_code) == (False, 137)
+    assert (result.failure.task, result.failure.reason) == ("worker:1", "exited")
+    assert "not restarted (--max-restarts 0)" in result.failure.message
+    error = json.loads((Path(plan.run_dir) / "tasks" / "worker-1" / "error.json").read_text())
+    assert (error["task"], error["signal"], error["cause"]) == ("worker:1", "SIGKILL", "signal")
+    assert world.task("worker:0").signals[:2] == ["TERM", "KILL"], "MWMS ignores TERM: killed after the grace"
+
+
+def test_a_ps_worker_without_restarts_leaves_the_job_degraded_not_failed(tmp_path):
+    world = ps_world()
+    world.at(1.0, world.kill, "worker:1")
+    result, _ = world.run(tmp_path, max_restarts=0)
+    assert result.ok, result.failure
+    (degraded,) = result.degraded
+    assert (degraded["task"], degraded["action"]) == ("worker:1", "continue")
+    assert states(result)["worker:1"] is TaskState.FAILED
+
+
+def test_a_python_exception_is_not_retried_under_restart_on_fault(tmp_path):
+    world = mwms_world()
+    world.at(1.0, world.crash, "worker:0", 1, TRACEBACK)
+    result, _ = world.run(tmp_path, max_restarts=3)
+    assert (result.ok, result.exit_code) == (False, 1)
+    assert result.failure.task == "worker:0"
+    assert result.failure.traceback[-1] == "ValueError: bad batch"
+    assert "--restart-on any retries it" in result.failure.message
+    assert world.starts.count("worker:0") == 1
+
+
+def test_a_dead_evaluator_is_left_out_and_training_goes_on(tmp_path):
+    world = ps_world()
+    world.evaluator = True
+    world.behaviours["evaluator:0"] = Behaviour(exit_after=None)
+    world.at(1.0, world.kill, "evaluator:0")
+    result, _ = world.run(tmp_path)
+    assert result.ok, result.failure
+    assert any("training goes on without it" in m for m in world.messages)
+
+
+# -- ports ------------------------------------------------------------------------------------------
+
+def test_a_port_taken_before_bind_gets_new_ports_for_the_whole_spec_uncounted(tmp_path):
+    taken = (FIXTURES / "server_port_taken.log").read_bytes()
+    world = mwms_world(**{"worker:1": Behaviour(exit_after=0.3, code=1, output=taken, ignores_term=True)})
+    world.retries[("worker:1", 1)] = Behaviour(exit_after=4.0, ignores_term=True)
+    plan = world.plan(tmp_path / "probe")
+    port1 = plan.task("worker:1").port
+    world.sessions["node2"].taken_ports.add(port1)
+    result, _ = world.run(tmp_path, max_restarts=0)
+    assert result.ok, result.failure
+    (event,) = result.restarts
+    assert (event["cause"], event["scope"]) == ("port-in-use", "group")
+    assert event["new_ports"] == {"worker:1": port1 + 1000}
+    restarted = [s for s in world.started_specs if s.name == "worker:0"][-1]
+    assert f":{port1 + 1000}" in json.dumps(restarted.tf_config), "worker:0's TF_CONFIG names the new port"
+
+
+# -- hosts ------------------------------------------------------------------------------------------
+
+def test_a_lost_host_that_comes_back_gets_its_tasks_restarted_on_the_new_session(tmp_path):
+    world = mwms_world()
+    world.at(1.0, lambda: world.sessions["node2"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=world.reconnect_to("node2"), max_restarts=1)
+    assert result.ok, result.failure
+    assert world.reconnects == ["node2"]
+    assert result.hosts_lost[0]["host"] == "node2"
+    assert result.restarts[0]["cause"] == "host-lost"
+    assert world.task("worker:1").session is world.sessions["node2"]
+    assert any("reconnected to node2" in m for m in world.messages)
+
+
+def test_a_lost_host_that_stays_away_fails_the_job_after_the_host_timeout(tmp_path):
+    world = mwms_world()
+    world.at(1.0, lambda: world.sessions["node2"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=world.reconnect_to("node2", comes_back=False), max_restarts=1,
+                          host_timeout_s=0.6)
+    assert (result.ok, result.exit_code) == (False, 255)
+    assert (result.failure.reason, result.failure.task) == ("host-lost", "worker:1")
+    assert "did not come back within --host-timeout 0.6s" in result.failure.message
+    assert len(world.reconnects) >= 1
+
+
+def test_a_group_restart_copies_worker0s_checkpoint_to_a_host_that_does_not_share_it(tmp_path):
+    world = mwms_world()
+    plan = world.plan(tmp_path / "probe")
+    source = plan.task("worker:0").env["DDLCTL_CHECKPOINT_DIR"]
+    target = plan.task("worker:1").env["DDLCTL_CHECKPOINT_DIR"]
+    world.sessions["node1"].put_file(source, "ckpt-1.index", b"x" * 10)
+    world.at(1.0, world.kill, "worker:1")
+    result, _ = world.run(tmp_path, max_restarts=1)
+    assert result.ok, result.failure
+    assert world.sessions["node2"].files[f"{target}/ckpt-1.index"] == b"x" * 10
+
+
+def test_a_checkpoint_that_cannot_be_shared_fails_the_group_restart(tmp_path):
+    world = mwms_world()
+    plan = world.plan(tmp_path / "probe")
+    world.sessions["node1"].put_file(plan.task("worker:0").env["DDLCTL_CHECKPOINT_DIR"], "ckpt", b"x")
+    world.sessions["node2"].file_error = "No space left on device"
+    world.at(1.0, world.kill, "worker:1")
+    result, _ = world.run(tmp_path, max_restarts=1)
+    assert (result.ok, result.exit_code) == (False, 1)
+    assert result.failure.reason == "start-failed"
+    assert "No space left on device" in result.failure.message and "node2" in result.failure.message
+    assert world.starts.count("worker:0") == 1, "no worker started again from a different state"
+
+
+# -- hangs ------------------------------------------------------------------------------------------
+
+def test_a_hang_blames_the_stopped_process_and_saves_every_tasks_stacks(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.stop, "worker:1")
+    result, plan = world.run(tmp_path, hang_timeout_s=3.0)
+    assert (result.ok, result.exit_code) == (False, 124)
+    assert (result.failure.reason, result.failure.task) == ("hang", "worker:1")
+    assert "its process is stopped (state T)" in result.failure.message
+    dumps = Path(plan.run_dir) / "hang" / "1"
+    assert sorted(p.name for p in dumps.iterdir()) == ["worker-0.txt", "worker-1.txt"]
+    assert " T " in (dumps / "worker-1.txt").read_text()
+
+
+def test_a_hang_without_a_stopped_process_blames_the_first_to_stop_stepping(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=2.0, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True)})
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0)
+    assert (result.failure.reason, result.failure.task) == ("hang", "worker:1")
+    assert "it stopped stepping first" in result.failure.message
+
+
+def test_a_peer_that_names_a_hung_task_gets_it_blamed_not_itself(tmp_path):
+    heartbeat = (FIXTURES / "mwms_worker1_stopped.worker0.log").read_bytes()
+    world = mwms_world(**{"worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.stop, "worker:1")
+    world.at(1.5, world.crash, "worker:0", 1, heartbeat)
+    result, plan = world.run(tmp_path, max_restarts=0)
+    assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "hang", 124)
+    assert (Path(plan.run_dir) / "hang" / "1" / "worker-1.txt").exists(), "its stacks were kept first"
+
+
+def test_a_task_that_never_listens_fails_the_startup_naming_it(tmp_path):
+    world = mwms_world(**{"worker:1": Behaviour(exit_after=None, listen_after=None, ignores_term=True)})
+    result, _ = world.run(tmp_path, startup_timeout_s=2.0)
+    assert (result.ok, result.exit_code) == (False, 1)
+    assert result.failure.reason == "startup-timeout"
+    assert result.failure.missing == ("worker:1",)
+    assert "worker:1 on node2" in result.failure.message
+
+
+# -- signals ----------------------------------------------------------------------------------------
+
+def test_ctrl_c_stops_every_task_never_restarts_and_exits_130(tmp_path):
+    world = ps_world()
+    world.at(1.0, world.signal_me, signal.SIGINT)
+    result, _ = world.run(tmp_path, max_restarts=5)
+    assert (result.ok, result.exit_code, result.failure.reason) == (False, 130, "interrupted")
+    assert result.restarts == ()
+    assert all(world.task(n).signals[0] == "TERM" for n in ("chief:0", "worker:0", "worker:1", "ps:0"))
+
+
+def test_a_second_ctrl_c_kills_at_once_without_waiting_for_the_grace(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.signal_me, signal.SIGINT)
+    world.at(1.2, world.signal_me, signal.SIGINT)
+    result, _ = world.run(tmp_path, grace_s=60.0)
+    assert result.exit_code == 130
+    assert world.task("worker:0").signals[:2] == ["TERM", "KILL"]
+    assert world.now - 1000.0 < 5.0, "ended long before the 60 s grace"
+
+
+def test_a_third_signal_leaves_at_once(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stopped=True, kill_takes=5.0),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    for when in (1.0, 1.1, 1.2):
+        world.at(when, world.signal_me, signal.SIGTERM)
+    result, _ = world.run(tmp_path)
+    assert world.hard_exits[:1] == [128 + signal.SIGTERM]
+    assert result.exit_code == 128 + signal.SIGTERM
+
+
+# -- telemetry --------------------------------------------------------------------------------------
+
+def test_a_dead_telemetry_agent_leaves_a_gap_and_the_job_goes_on(tmp_path):
+    world = ps_world()
+    world.telemetry = True
+    world.at(1.0, world.kill, "agent:0")
+    result, _ = world.run(tmp_path)
+    assert result.ok
+    assert result.telemetry_gaps and "telemetry agent on node1 stopped" in result.telemetry_gaps[0]
+    assert (result.agents[0].name, result.agents[0].state) == ("agent:0", TaskState.FAILED)
+
+
+# -- no TensorFlow ----------------------------------------------------------------------------------
+
+def test_the_supervisor_and_these_fakes_need_no_tensorflow(tmp_path):
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "from pathlib import Path\n"
+            "from tests.fakeagents import World\n"
+            "w = World('mwms', hosts=('a', 'b'), workers=2)\n"
+            "w.at(1.0, w.kill, 'worker:1')\n"
+            f"result, _ = w.run(Path({str(tmp_path)!r}), max_restarts=1)\n"
+            "assert result.ok and 'tensorflow' not in {m for m in sys.modules if sys.modules[m] is not None}\n"
+            "print('RESTARTS', len(result.restarts))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert "RESTARTS 1" in done.stdout
