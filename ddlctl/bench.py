@@ -232,16 +232,16 @@ def bench(hosts_file: str | None, template: str | None, ssh: object | None, seco
     """Reach every host of the cluster (or every node of a Slurm ``allocation``, through srun),
     start its agent and measure it (nothing left behind)."""
     from ddlctl.cluster.addresses import with_reachable_addresses
-    from ddlctl.launch import (
+    from ddlctl.cluster.source import load_cluster
+    from ddlctl.planning.plan import REMOTE_ROOT
+    from ddlctl.rundir import new_run_id
+    from ddlctl.transport.fanout import each_host
+    from ddlctl.transport.fleet import (
         connection_source_address,
-        load_cluster,
         make_transports,
         open_sessions,
         with_ssh_addresses,
     )
-    from ddlctl.planning.plan import REMOTE_ROOT
-    from ddlctl.rundir import new_run_id
-    from ddlctl.transport.fanout import each_host
 
     cluster, _, _ = load_cluster(hosts_file, template, 1, allocation)  # type: ignore[arg-type]
     run_id = new_run_id("bench")

@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 import ddlctl
+from ddlctl.cluster.source import load_cluster
 from ddlctl.errors import ConfigError
-from ddlctl.launch import load_cluster
 from ddlctl.preflight import HostReport, probe_transports
 from ddlctl.transport.base import Transport
 from ddlctl.transport.local import LocalTransport

@@ -5,12 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-import io
 import json
 import os
 import re
 import sys
-import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,16 +18,14 @@ from rich.console import Console
 from rich.text import Text
 
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
-from ddlctl.cluster.hostfile import load_hosts
-from ddlctl.cluster.model import Cluster, Host, local_cluster
-from ddlctl.cluster.template import LaunchDefaults, load_template
+from ddlctl.cluster.model import Cluster
+from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
+from ddlctl.cluster.template import LaunchDefaults
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
-    REMOTE_ROOT,
     LaunchRequest,
     Plan,
-    TaskSpec,
     layout,
     make_plan,
     needs_port,
@@ -40,15 +36,21 @@ from ddlctl.supervise.noise import is_startup_noise
 from ddlctl.supervise.output import PrefixedWriter, QuietWriter
 from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
 from ddlctl.transport.base import Transport
-from ddlctl.transport.fanout import all_or_fail, each_host
+from ddlctl.transport.fleet import (
+    Connected,
+    collect_remote_files,
+    connection_source_address,
+    make_transports,
+    open_sessions,
+    reconnector,
+    with_ssh_addresses,
+)
 from ddlctl.transport.local import LocalTransport
-from ddlctl.transport.session import HostSession
 
 if TYPE_CHECKING:
     from ddlctl.slurm.allocation import Allocation
     from ddlctl.transport.options import SshOptions
 
-DEFAULT_LOCAL_WORKERS = 2
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -134,31 +136,6 @@ def load_speeds(path: str) -> dict[str, float]:
     return {label: host.speed for label, host in load_profile(path).hosts.items()}
 
 
-def load_cluster(hosts: str | None, template: str | None,
-                 local_slots: int = DEFAULT_LOCAL_WORKERS,
-                 allocation: Allocation | None = None, python: str | None = None
-                 ) -> tuple[Cluster, LaunchDefaults, bool]:
-    """The cluster from --hosts or --template, the Slurm ``allocation``, or this machine; and
-    whether it is implicit."""
-    if hosts and template:
-        raise ConfigError("give --hosts or --template, not both")
-    if allocation is not None:
-        if hosts or template:
-            raise ConfigError(f"--slurm takes the cluster from the allocation (job {allocation.job_id}): "
-                              f"drop {'--hosts' if hosts else '--template'}")
-        from ddlctl.slurm.allocation import allocation_cluster
-
-        return allocation_cluster(allocation, python), LaunchDefaults(), False
-    if python:
-        raise ConfigError("--python applies with --slurm", "set python= per host in the hosts file instead")
-    if hosts:
-        return load_hosts(hosts), LaunchDefaults(), False
-    if template:
-        loaded = load_template(template)
-        return loaded.cluster, loaded.defaults, False
-    return local_cluster(slots=local_slots), LaunchDefaults(), True
-
-
 def resolve_strategy(opts: LaunchOptions, defaults: LaunchDefaults) -> str:
     """The option, else the template's strategy, else mwms."""
     return opts.strategy or defaults.strategy or "mwms"
@@ -241,47 +218,6 @@ def fit_batch_to_workers(opts: LaunchOptions, request: LaunchRequest, workers: i
     index = args.index("--batch-size") + 1
     args[index] = str(-(-int(args[index]) // workers) * workers)
     return dataclasses.replace(request, workload_args=tuple(args))
-
-
-def make_transports(cluster: Cluster, ssh: SshOptions | None,
-                    allocation: Allocation | None = None) -> dict[str, Transport]:
-    """One transport per host: local subprocesses, srun steps of a Slurm ``allocation``, or one SSH
-    connection per remote host (opened in parallel; one error message names every host that could
-    not be reached)."""
-    if allocation is not None:
-        from ddlctl.slurm.transport import slurm_transports
-
-        return dict(slurm_transports(cluster.hosts, allocation))
-    transports: dict[str, Transport] = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
-    remote = [h for h in cluster.hosts if not h.is_local]
-    if remote:
-        from ddlctl.transport.options import SshOptions
-        from ddlctl.transport.ssh import SshTransport, connect_all
-
-        connections = connect_all(remote, ssh or SshOptions())
-        transports.update({label: SshTransport(conn) for label, conn in connections.items()})
-    return transports
-
-
-def with_ssh_addresses(cluster: Cluster, transports: dict[str, Transport]) -> Cluster:
-    """Record each SSH host's real address (``HostName`` from ~/.ssh/config) for TF_CONFIG."""
-    hosts = []
-    for host in cluster.hosts:
-        target = getattr(getattr(transports.get(host.label), "conn", None), "target", None)
-        if target is not None and target.hostname != host.name:
-            host = dataclasses.replace(host, address=target.hostname)
-        hosts.append(host)
-    return dataclasses.replace(cluster, hosts=tuple(hosts))
-
-
-def connection_source_address(transports: dict[str, Transport]) -> str | None:
-    """This machine's address on its SSH connection to the first remote host (what that host sees)."""
-    for transport in transports.values():
-        conn = getattr(transport, "conn", None)
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                return conn.client.get_transport().sock.getsockname()[0]
-    return None
 
 
 def tasks_needing_ports(cluster: Cluster, request: LaunchRequest) -> dict[str, list[str]]:
@@ -434,56 +370,6 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
     return result.exit_code
 
 
-@dataclass
-class Connected:
-    """Every host of a run as reached: its transport (probes, files) and its host agent's session."""
-
-    transports: dict[str, Transport]
-    sessions: dict[str, HostSession] = field(default_factory=dict)
-    allocation: Allocation | None = None  # --slurm: the job the tasks run in
-
-    def close(self) -> None:
-        """Ask every agent to stop its tasks and leave; release the connections."""
-        for session in self.sessions.values():
-            session.shutdown()
-            session.close()
-        for transport in self.transports.values():
-            transport.close()
-
-
-def open_sessions(transports: Mapping[str, Transport], hosts: Sequence[Host], run_id: str, log_dir: Path,
-                  ports: Mapping[str, int]) -> dict[str, HostSession]:
-    """One host agent per host, started in parallel, each saying in its hello whether the host can
-    run tasks and which ``ports[label]`` ports are free there (one process start per host). One
-    error names every host whose agent did not start (the others are closed again)."""
-    results = each_host(hosts, lambda host: transports[host.label].open_session(run_id, log_dir,
-                                                                                 ports.get(host.label, 0)))
-    return all_or_fail(results, "start ddlctl's host agent on", HostSession.close)
-
-
-def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | None):  # noqa: ANN201
-    """A function that reconnects to a host whose connection was lost and starts a new agent there."""
-
-    def reconnect(label: str) -> HostSession:
-        old = transports[label]
-        if isinstance(old, LocalTransport):
-            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
-        check_job = getattr(old, "check_job", None)
-        if check_job is not None:  # a Slurm node: a new agent step, while the job still runs
-            check_job()
-            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
-        from ddlctl.transport.options import SshOptions
-        from ddlctl.transport.ssh import SshTransport, connect
-
-        with contextlib.suppress(Exception):
-            old.close()
-        fresh = SshTransport(connect(old.host, ssh or SshOptions()))
-        transports[label] = fresh
-        return fresh.open_session(plan.run_id, Path(plan.run_dir) / "agents")
-
-    return reconnect
-
-
 def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Console, err: Console) -> JobResult:
     """Run the plan under one supervisor; the agents and connections are closed afterwards. Task
     output goes to the terminal (through the live view's console under ``profile``), or only to
@@ -532,39 +418,6 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
     finally:
         connected.close()
     return result
-
-
-def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> None:
-    """Bring remote tasks' step, result, error and pid files into the local run directory, through
-    the host agents (one tar each, every host in parallel, no process started); once every host's
-    files are back, remove the run's folder on the hosts (its checkpoints stay there). Hosts may
-    share a home folder (NFS): nothing is removed while any host's files are missing. A host that
-    cannot be reached keeps its files; the report says what is missing."""
-    tasks_of: dict[str, list[TaskSpec]] = {}
-    for task in plan.tasks:
-        if not task.host.is_local and task.host.label in sessions:
-            tasks_of.setdefault(task.host.label, []).append(task)
-    hosts = [h for h in plan.hosts if h.label in tasks_of]
-    if not hosts:
-        return
-    local_root = Path(plan.run_dir) / "tasks"
-
-    def collect(host: Host) -> None:
-        tasks = {t.dir_name: t.task_dir for t in tasks_of[host.label]}
-        data = sessions[host.label].pack(tasks)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-            for member in archive.getmembers():
-                folder, _, name = member.name.partition("/")
-                if not member.isfile() or folder not in tasks or not name or "/" in name or name in (".", ".."):
-                    continue  # only plain files of the asked folders, whatever the host sent
-                source = archive.extractfile(member)
-                if source is not None:
-                    (local_root / folder).mkdir(parents=True, exist_ok=True)
-                    (local_root / folder / name).write_bytes(source.read())
-
-    if all(not isinstance(r, Exception) for r in each_host(hosts, collect).values()):
-        remote_run = f"{REMOTE_ROOT}/runs/{plan.run_id}"
-        each_host(hosts, lambda host: sessions[host.label].prune(remote_run, keep=("checkpoints",)))
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,

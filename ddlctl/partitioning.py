@@ -129,7 +129,7 @@ def document(opts: PartitionOptions, layers: list[Layer], devices: list[Device],
 
 def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     """Profile, plan, print; exit code 0 when some algorithm found a plan, 2 when none could."""
-    from ddlctl.launch import load_cluster
+    from ddlctl.cluster.source import load_cluster
     from ddlctl.planning.profile_model import load_model_factory, profile
     from ddlctl.runtime.tfenv import start_tensorflow_quietly
 

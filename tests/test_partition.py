@@ -270,7 +270,7 @@ def test_a_given_plan_without_prediction_is_taken_as_is_kept_and_resumed(tmp_pat
     even looked at); it is kept for a restart, which resumes it when no plan is given."""
     from ddlctl import modelparallel as mp
     from ddlctl.errors import UserError
-    from ddlctl.planning.inplace import StagePlan
+    from ddlctl.modelparallel.inplace import StagePlan
 
     monkeypatch.setenv("DDLCTL_PARTITION", "2,3")
     kept = tmp_path / "ckpt"

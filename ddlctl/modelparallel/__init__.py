@@ -36,101 +36,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ddlctl.errors import UserError
-from ddlctl.planning.inplace import StagePlan
+from ddlctl.modelparallel.cluster import connect, measure_link
+from ddlctl.modelparallel.inplace import StagePlan
 from ddlctl.planning.profile_model import model_layers
-from ddlctl.runtime.tfenv import not_listening, quiet_own_retracing
 from ddlctl.stack import Piece, Stack
 
-__all__ = ["Checkpoints", "Pipeline", "Stack", "connect", "plan", "variable_device"]
-
-DEFAULT_CONNECT_TIMEOUT_S = 120.0
-
-
-def cluster_from_env() -> tuple[dict[str, list[str]], str, int]:
-    """(cluster, this task's job, its index) from ``TF_CONFIG``."""
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    cluster = config.get("cluster") or {}
-    if not cluster.get("worker"):
-        raise UserError("TF_CONFIG names no worker task to place stages on",
-                        "run the program with ddlctl launch --strategy model")
-    task = config.get("task") or {}
-    return cluster, str(task.get("type", "chief")), int(task.get("index", 0))
-
-
-def wait_for_ports(addresses: Sequence[str], timeout_s: float) -> None:
-    """Wait until every ``host:port`` accepts a TCP connection; raises naming the missing ones
-    (TensorFlow's connect would hang forever on a task that is down)."""
-    missing = not_listening(addresses, timeout_s)
-    if missing:
-        raise UserError(f"stage task(s) not reachable after {timeout_s:g}s: {', '.join(missing)}",
-                        "check that every worker task started (see its output)")
-
-
-def connect(timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:
-    """Connect this program to the stage tasks of ``TF_CONFIG``; their device names, in order."""
-    import tensorflow as tf
-
-    quiet_own_retracing()  # ddlctl's measurements trace one function per stage: not the program's concern
-    cluster, job, index = cluster_from_env()
-    wait_for_ports(cluster["worker"], timeout_s)
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
-                                              make_master_device_default=False)
-    return [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(len(cluster["worker"]))]
-
-
-def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
-                 repeats: int = 5) -> tuple[float, float, float]:
-    """What TensorFlow itself takes to move a tensor between consecutive stage tasks (its gRPC
-    transfer and both tasks' share of it, under whatever CPU limits they run with; a TCP ping is far
-    less): ``(latency_s, bandwidth_bps, dispatch_s)``. Each pair of neighbours passes a tensor back
-    and forth ``hops`` times inside one function, once with 4 bytes and once with ``message_bytes``
-    (a micro-batch's activation); a message costs ``latency + bytes / bandwidth`` (medians over the
-    pairs). ``dispatch_s`` is a step's fixed cost: one function that touches every stage once."""
-    import tensorflow as tf
-
-    def timed(fn, x) -> float:  # noqa: ANN001
-        fn(x).numpy()
-        fn(x).numpy()  # trace and warm up
-        times = []
-        for _ in range(max(1, repeats)):
-            start = time.perf_counter()
-            fn(x).numpy()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
-
-    def chain(pair: Sequence[str], n: int) -> Callable:
-        def run(x):  # noqa: ANN001, ANN202
-            h = x
-            for i in range(n):
-                with tf.device(pair[i % 2]):
-                    h = h * 1.0001  # an op on the receiver: the tensor must be there
-            return tf.reduce_sum(h[:1])
-        return tf.function(run)
-
-    def touch_all(x):  # noqa: ANN001, ANN202
-        outs = []
-        for device in devices:
-            with tf.device(device):
-                outs.append(tf.reduce_sum(x[:1] * 1.0001))
-        return tf.add_n(outs)
-
-    latencies, per_byte = [], []
-    elements = max(2, int(message_bytes) // 4)
-    for pair in zip(devices, devices[1:], strict=False):
-        cost = {}
-        for size in (1, elements):
-            with tf.device(pair[0]):
-                x = tf.random.normal((size,))
-            cost[size] = max(0.0, (timed(chain(pair, 2 + hops), x) - timed(chain(pair, 2), x)) / hops)
-        latencies.append(cost[1])
-        per_byte.append(max(0.0, cost[elements] - cost[1]) / ((elements - 1) * 4))
-    dispatch = timed(tf.function(touch_all), tf.random.normal((elements,)))  # from here, as a step's input
-    if not latencies:
-        return 0.0, float("inf"), dispatch
-    latency = sorted(latencies)[len(latencies) // 2]
-    seconds_per_byte = sorted(per_byte)[len(per_byte) // 2]
-    return latency, (1.0 / seconds_per_byte if seconds_per_byte > 0 else float("inf")), dispatch
-
+__all__ = ["Checkpoints", "Pipeline", "Stack", "connect", "measure_link", "plan", "variable_device"]
 
 def plan(model: object, devices: Sequence[str], batch_size: int, microbatches: int = 1,
          partition: str | None = None, checkpoint_dir: str | None = None, predict: bool = True) -> StagePlan:
@@ -142,7 +53,7 @@ def plan(model: object, devices: Sequence[str], batch_size: int, microbatches: i
     counts, ``.how`` says which (``given``, ``resumed``, ``greedy``), ``.predicted`` the cost
     model's step time (printed; ``predict=False`` skips measuring a given plan, and predicts
     nothing)."""
-    from ddlctl.planning.inplace import plan_stages
+    from ddlctl.modelparallel.inplace import plan_stages
 
     return plan_stages(model, devices, batch_size, microbatches,
                        partition or os.environ.get("DDLCTL_PARTITION") or None, checkpoint_dir, predict)

@@ -62,11 +62,11 @@ def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, mi
 def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int) -> tuple[object, float]:
     """The link between stage tasks as TensorFlow moves a micro-batch's activation (see
     :func:`ddlctl.modelparallel.measure_link`) and a step's fixed dispatch cost."""
-    from ddlctl import modelparallel as mp
+    from ddlctl.modelparallel.cluster import measure_link
     from ddlctl.planning.partition import Link
 
     sizes = sorted(layer.act_bytes for layer in layers) or [4]
-    latency, bandwidth, dispatch = mp.measure_link(stage_devices, sizes[len(sizes) // 2] // max(1, microbatches))
+    latency, bandwidth, dispatch = measure_link(stage_devices, sizes[len(sizes) // 2] // max(1, microbatches))
     print(f"stage link as TensorFlow moves tensors: {latency * 1e3:.2f} ms per message + "
           f"{bandwidth / 1e9:.2f} GB/s; {dispatch * 1e3:.1f} ms to dispatch a step", flush=True)
     return Link(bandwidth, latency), dispatch

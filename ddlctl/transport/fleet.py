@@ -1,0 +1,152 @@
+"""The fleet of a run: every host reached through its transport, one host agent session each.
+
+Connecting (SSH connections opened in parallel, srun steps, local subprocesses), starting the host
+agents, reconnecting to a host after a loss, bringing the remote tasks' files back and closing
+everything live here, for every transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddlctl.cluster.model import Cluster, Host
+from ddlctl.planning.plan import REMOTE_ROOT, Plan, TaskSpec
+from ddlctl.transport.base import Transport
+from ddlctl.transport.fanout import all_or_fail, each_host
+from ddlctl.transport.local import LocalTransport
+from ddlctl.transport.session import HostSession
+
+if TYPE_CHECKING:
+    from ddlctl.slurm.allocation import Allocation
+    from ddlctl.transport.options import SshOptions
+
+
+def make_transports(cluster: Cluster, ssh: SshOptions | None,
+                    allocation: Allocation | None = None) -> dict[str, Transport]:
+    """One transport per host: local subprocesses, srun steps of a Slurm ``allocation``, or one SSH
+    connection per remote host (opened in parallel; one error message names every host that could
+    not be reached)."""
+    if allocation is not None:
+        from ddlctl.slurm.transport import slurm_transports
+
+        return dict(slurm_transports(cluster.hosts, allocation))
+    transports: dict[str, Transport] = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
+    remote = [h for h in cluster.hosts if not h.is_local]
+    if remote:
+        from ddlctl.transport.options import SshOptions
+        from ddlctl.transport.ssh import SshTransport, connect_all
+
+        connections = connect_all(remote, ssh or SshOptions())
+        transports.update({label: SshTransport(conn) for label, conn in connections.items()})
+    return transports
+
+
+def with_ssh_addresses(cluster: Cluster, transports: dict[str, Transport]) -> Cluster:
+    """Record each SSH host's real address (``HostName`` from ~/.ssh/config) for TF_CONFIG."""
+    hosts = []
+    for host in cluster.hosts:
+        target = getattr(getattr(transports.get(host.label), "conn", None), "target", None)
+        if target is not None and target.hostname != host.name:
+            host = dataclasses.replace(host, address=target.hostname)
+        hosts.append(host)
+    return dataclasses.replace(cluster, hosts=tuple(hosts))
+
+
+def connection_source_address(transports: dict[str, Transport]) -> str | None:
+    """This machine's address on its SSH connection to the first remote host (what that host sees)."""
+    for transport in transports.values():
+        conn = getattr(transport, "conn", None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                return conn.client.get_transport().sock.getsockname()[0]
+    return None
+
+
+@dataclass
+class Connected:
+    """Every host of a run as reached: its transport (probes, files) and its host agent's session."""
+
+    transports: dict[str, Transport]
+    sessions: dict[str, HostSession] = field(default_factory=dict)
+    allocation: Allocation | None = None  # --slurm: the job the tasks run in
+
+    def close(self) -> None:
+        """Ask every agent to stop its tasks and leave; release the connections."""
+        for session in self.sessions.values():
+            session.shutdown()
+            session.close()
+        for transport in self.transports.values():
+            transport.close()
+
+
+def open_sessions(transports: Mapping[str, Transport], hosts: Sequence[Host], run_id: str, log_dir: Path,
+                  ports: Mapping[str, int]) -> dict[str, HostSession]:
+    """One host agent per host, started in parallel, each saying in its hello whether the host can
+    run tasks and which ``ports[label]`` ports are free there (one process start per host). One
+    error names every host whose agent did not start (the others are closed again)."""
+    results = each_host(hosts, lambda host: transports[host.label].open_session(run_id, log_dir,
+                                                                                 ports.get(host.label, 0)))
+    return all_or_fail(results, "start ddlctl's host agent on", HostSession.close)
+
+
+def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | None):  # noqa: ANN201
+    """A function that reconnects to a host whose connection was lost and starts a new agent there."""
+
+    def reconnect(label: str) -> HostSession:
+        old = transports[label]
+        if isinstance(old, LocalTransport):
+            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
+        check_job = getattr(old, "check_job", None)
+        if check_job is not None:  # a Slurm node: a new agent step, while the job still runs
+            check_job()
+            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
+        from ddlctl.transport.options import SshOptions
+        from ddlctl.transport.ssh import SshTransport, connect
+
+        with contextlib.suppress(Exception):
+            old.close()
+        fresh = SshTransport(connect(old.host, ssh or SshOptions()))
+        transports[label] = fresh
+        return fresh.open_session(plan.run_id, Path(plan.run_dir) / "agents")
+
+    return reconnect
+
+
+def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> None:
+    """Bring remote tasks' step, result, error and pid files into the local run directory, through
+    the host agents (one tar each, every host in parallel, no process started); once every host's
+    files are back, remove the run's folder on the hosts (its checkpoints stay there). Hosts may
+    share a home folder (NFS): nothing is removed while any host's files are missing. A host that
+    cannot be reached keeps its files; the report says what is missing."""
+    tasks_of: dict[str, list[TaskSpec]] = {}
+    for task in plan.tasks:
+        if not task.host.is_local and task.host.label in sessions:
+            tasks_of.setdefault(task.host.label, []).append(task)
+    hosts = [h for h in plan.hosts if h.label in tasks_of]
+    if not hosts:
+        return
+    local_root = Path(plan.run_dir) / "tasks"
+
+    def collect(host: Host) -> None:
+        tasks = {t.dir_name: t.task_dir for t in tasks_of[host.label]}
+        data = sessions[host.label].pack(tasks)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive.getmembers():
+                folder, _, name = member.name.partition("/")
+                if not member.isfile() or folder not in tasks or not name or "/" in name or name in (".", ".."):
+                    continue  # only plain files of the asked folders, whatever the host sent
+                source = archive.extractfile(member)
+                if source is not None:
+                    (local_root / folder).mkdir(parents=True, exist_ok=True)
+                    (local_root / folder / name).write_bytes(source.read())
+
+    if all(not isinstance(r, Exception) for r in each_host(hosts, collect).values()):
+        remote_run = f"{REMOTE_ROOT}/runs/{plan.run_id}"
+        each_host(hosts, lambda host: sessions[host.label].prune(remote_run, keep=("checkpoints",)))
