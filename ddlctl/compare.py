@@ -19,8 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ddlctl.config import LaunchConfig
 from ddlctl.errors import ConfigError, UserError
-from ddlctl.launch import LaunchOptions, finish, prepare, supervise
+from ddlctl.launch import finish, prepare, supervise
 from ddlctl.planning.plan import STRATEGIES
 from ddlctl.report.render import fmt
 from ddlctl.rundir import make_dir, write_plan
@@ -38,7 +39,7 @@ class CompareOptions:
     repeats: int = 1
     plot: str | None = None
     json_out: bool = False
-    launch: LaunchOptions = field(default_factory=LaunchOptions)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,11 @@ def execution_speedups(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
 
 
 def _one_run(opts: CompareOptions, strategy: str, execution: str, root: Path, err: Console) -> RunRecord:
-    launch_opts = dataclasses.replace(opts.launch, strategy=strategy, execution=execution, run_dir=str(root),
-                                      quiet=True, dry_run=False, json_out=False)
+    base = opts.launch
+    launch_opts = dataclasses.replace(
+        base, request=dataclasses.replace(base.request, strategy=strategy),
+        workload=dataclasses.replace(base.workload, execution=execution),
+        output=dataclasses.replace(base.output, run_dir=str(root), quiet=True, dry_run=False, json_out=False))
     try:
         plan, connected = prepare(launch_opts, err)
     except UserError as exc:
@@ -167,7 +171,7 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("--plot needs matplotlib", "pip install 'ddlctl[plot]'") from None
-    root = Path(opts.launch.run_dir).expanduser().resolve() / time.strftime("compare-%Y%m%d-%H%M%S")
+    root = Path(opts.launch.output.run_dir).expanduser().resolve() / time.strftime("compare-%Y%m%d-%H%M%S")
     make_dir(root)
     several = len(opts.executions) > 1
     runs: list[RunRecord] = []
@@ -184,8 +188,8 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
         if run.exit_code in (130, 143):  # Ctrl-C / SIGTERM: stop comparing, report what ran
             break
     rows = rows_from_runs(runs, several)
-    result = {"schema": 2, "compare_dir": str(root), "workload": opts.launch.workload or "cnn",
-              "steps": opts.launch.steps, "repeats": opts.repeats, "executions": list(opts.executions),
+    result = {"schema": 2, "compare_dir": str(root), "workload": opts.launch.workload.workload or "cnn",
+              "steps": opts.launch.workload.steps, "repeats": opts.repeats, "executions": list(opts.executions),
               "rows": rows, "execution_speedups": execution_speedups(rows)}
     (root / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if opts.json_out:

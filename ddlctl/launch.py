@@ -10,17 +10,18 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
+from ddlctl import envvars
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
 from ddlctl.cluster.model import Cluster
 from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
 from ddlctl.cluster.template import LaunchDefaults
+from ddlctl.config import ClusterSource, LaunchConfig, RequestOptions, WorkloadOptions
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
@@ -31,10 +32,10 @@ from ddlctl.planning.plan import (
     needs_port,
 )
 from ddlctl.preflight import HostReport, probe_transports, require_usable
-from ddlctl.rundir import make_dir, new_run_id, write_plan
+from ddlctl.rundir import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE, make_dir, new_run_id, write_plan
 from ddlctl.supervise.noise import is_startup_noise
 from ddlctl.supervise.output import PrefixedWriter, QuietWriter
-from ddlctl.supervise.supervisor import JobResult, Supervisor, SupervisorOptions
+from ddlctl.supervise.supervisor import JobResult, Supervisor
 from ddlctl.transport.base import Transport
 from ddlctl.transport.fleet import (
     Connected,
@@ -52,49 +53,6 @@ if TYPE_CHECKING:
     from ddlctl.transport.options import SshOptions
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """Everything ``ddlctl launch`` was given (None: not given, template or default applies)."""
-
-    hosts: str | None = None
-    template: str | None = None
-    strategy: str | None = None
-    workers: int | None = None
-    ps: int | None = None
-    evaluator: bool | None = None
-    run_dir: str = "runs"
-    env: Sequence[str] = ()
-    startup_timeout_s: float = 180.0
-    grace_s: float = 5.0
-    max_restarts: int = 0
-    restart_on: str = "fault"
-    hang_timeout_s: float = 600.0
-    host_timeout_s: float = 60.0
-    dry_run: bool = False
-    json_out: bool = False
-    legacy_keras: bool = True
-    telemetry: bool = True
-    sample_interval_s: float = 1.0
-    auto_steps: bool = True
-    profile: bool = False
-    ssh: SshOptions | None = None
-    workload: str | None = None
-    steps: int | None = None
-    batch_size: int | None = None
-    execution: str | None = None
-    partition: str | None = None  # a plan file of ddlctl partition (--strategy model)
-    worker_per: str | None = None  # None: the template's, else "auto"
-    balance: str | None = None  # None: the template's, else "off"
-    speeds: str | None = None  # a cluster profile of ddlctl check --bench (--balance speed)
-    bench: bool = False  # measure the hosts first (as check --bench) and use those speeds
-    slurm: bool = False  # the cluster is the Slurm allocation ddlctl runs in; tasks start through srun
-    python: str | None = None  # --slurm: the nodes' interpreter (default: the one running ddlctl)
-    run_id: str | None = None  # the run directory's name (default: generated)
-    quiet: bool = False
-    verbose: bool = False
-    command: Sequence[str] = field(default_factory=tuple)
 
 
 def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -136,51 +94,51 @@ def load_speeds(path: str) -> dict[str, float]:
     return {label: host.speed for label, host in load_profile(path).hosts.items()}
 
 
-def resolve_strategy(opts: LaunchOptions, defaults: LaunchDefaults) -> str:
+def resolve_strategy(req: RequestOptions, defaults: LaunchDefaults) -> str:
     """The option, else the template's strategy, else mwms."""
-    return opts.strategy or defaults.strategy or "mwms"
+    return req.strategy or defaults.strategy or "mwms"
 
 
-def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
-                  legacy_keras: bool, run_id: str) -> LaunchRequest:
+def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, defaults: LaunchDefaults,
+                  implicit: bool, legacy_keras: bool, run_id: str) -> LaunchRequest:
     """Merge options over template defaults into a :class:`LaunchRequest`."""
-    strategy = resolve_strategy(opts, defaults)
-    workers = opts.workers if opts.workers is not None else defaults.workers
+    strategy = resolve_strategy(req, defaults)
+    workers = req.workers if req.workers is not None else defaults.workers
     if workers is None and implicit and strategy in MULTI_HOST_STRATEGIES:
         workers = DEFAULT_LOCAL_WORKERS
-    workload_given = [f for f, v in (("--workload", opts.workload), ("--steps", opts.steps),
-                                     ("--batch-size", opts.batch_size), ("--execution", opts.execution))
+    workload_given = [f for f, v in (("--workload", work.workload), ("--steps", work.steps),
+                                     ("--batch-size", work.batch_size), ("--execution", work.execution))
                       if v is not None]
-    if opts.command and workload_given:
+    if req.command and workload_given:
         verb = "applies" if len(workload_given) == 1 else "apply"
         raise ConfigError(f"{', '.join(workload_given)} only {verb} to the built-in workload, "
-                          f"not to a command ({' '.join(opts.command)})",
+                          f"not to a command ({' '.join(req.command)})",
                           "pass them to your own program after '--' instead")
     workload_args: tuple[str, ...] = ()
-    if not opts.command:
-        workload_args = ("--workload", opts.workload or "cnn", "--steps", str(opts.steps or 200),
-                         "--batch-size", str(opts.batch_size or 64),
-                         "--execution", opts.execution or "pipelined")
-    env = {**defaults.env, **parse_env(opts.env)}
-    if opts.partition:
+    if not req.command:
+        workload_args = ("--workload", work.workload or "cnn", "--steps", str(work.steps or 200),
+                         "--batch-size", str(work.batch_size or 64),
+                         "--execution", work.execution or "pipelined")
+    env = {**defaults.env, **parse_env(req.env)}
+    if req.partition:
         if strategy != "model":
             raise ConfigError(f"--partition applies to --strategy model, not {strategy}")
-        env["DDLCTL_PARTITION"] = ",".join(map(str, partition_counts(opts.partition)))
-    balance = opts.balance or defaults.balance or "off"
-    if opts.speeds and opts.bench:
+        env[envvars.PARTITION] = ",".join(map(str, partition_counts(req.partition)))
+    balance = req.balance or defaults.balance or "off"
+    if req.speeds and req.bench:
         raise ConfigError("give --speeds FILE or --bench, not both", "--bench measures now; --speeds reads a profile")
-    if opts.speeds and balance != "speed" and strategy != "model":
+    if req.speeds and balance != "speed" and strategy != "model":
         raise ConfigError("--speeds applies with --balance speed (mwms) or --strategy model",
                           "add --balance speed, or drop --speeds")
-    speeds = opts.speeds or (defaults.profile if balance == "speed" or strategy == "model" else None)
-    run_root = Path(opts.run_dir).expanduser().resolve()
-    evaluator = opts.evaluator if opts.evaluator is not None else bool(defaults.evaluator)
+    speeds = req.speeds or (defaults.profile if balance == "speed" or strategy == "model" else None)
+    run_root = Path(runs_dir).expanduser().resolve()
+    evaluator = req.evaluator if req.evaluator is not None else bool(defaults.evaluator)
     return LaunchRequest(
         strategy=strategy,
         workers=workers,
-        ps=opts.ps if opts.ps is not None else defaults.ps,
+        ps=req.ps if req.ps is not None else defaults.ps,
         evaluator=evaluator,
-        command=tuple(opts.command),
+        command=tuple(req.command),
         workload_args=workload_args,
         env=env,
         legacy_keras=legacy_keras,
@@ -188,30 +146,30 @@ def build_request(opts: LaunchOptions, defaults: LaunchDefaults, implicit: bool,
         default_workdir=os.getcwd(),
         run_id=run_id,
         run_dir=str(run_root / run_id),
-        telemetry=opts.telemetry,
-        sample_interval_s=opts.sample_interval_s,
-        auto_steps=opts.auto_steps,
-        worker_per=opts.worker_per or defaults.worker_per or "auto",
+        telemetry=req.telemetry,
+        sample_interval_s=req.sample_interval_s,
+        auto_steps=req.auto_steps,
+        worker_per=req.worker_per or defaults.worker_per or "auto",
         balance=balance,
         speeds=load_speeds(speeds) if speeds else {},
     )
 
 
-def fit_batch_to_workers(opts: LaunchOptions, request: LaunchRequest, workers: int) -> LaunchRequest:
+def fit_batch_to_workers(batch_size: int | None, request: LaunchRequest, workers: int) -> LaunchRequest:
     """mwms splits each step's batch evenly over workers: round the default batch up to a multiple,
     refuse a given one that does not divide (before anything starts)."""
-    if opts.command or request.strategy != "mwms" or workers <= 1:
+    if request.command or request.strategy != "mwms" or workers <= 1:
         return request
     if request.balance == "speed":  # shares by speed: any batch with an example per worker
-        batch = opts.batch_size or 64
+        batch = batch_size or 64
         if batch < workers:
             raise ConfigError(f"--batch-size {batch} cannot give each of {workers} mwms workers an example",
                               f"use at least --batch-size {workers}")
         return request
-    if opts.batch_size is not None:
-        if opts.batch_size % workers:
-            fitted = -(-opts.batch_size // workers) * workers
-            raise ConfigError(f"--batch-size {opts.batch_size} cannot be split evenly over {workers} mwms workers",
+    if batch_size is not None:
+        if batch_size % workers:
+            fitted = -(-batch_size // workers) * workers
+            raise ConfigError(f"--batch-size {batch_size} cannot be split evenly over {workers} mwms workers",
                               f"use a multiple of {workers}, e.g. --batch-size {fitted}")
         return request
     args = list(request.workload_args)
@@ -243,14 +201,14 @@ def choose_ports(cluster: Cluster, request: LaunchRequest, transports: dict[str,
     return ports
 
 
-def measure_first(opts: LaunchOptions, request: LaunchRequest, console: Console,
+def measure_first(source: ClusterSource, ssh: SshOptions, request: LaunchRequest, console: Console,
                   allocation: Allocation | None = None) -> LaunchRequest:
     """``--bench``: measure every host as ``ddlctl check --bench`` does, save the profile in the run
     directory (``cluster-profile.json``) and use its speeds (``--balance speed``, ``--strategy model``)."""
     from ddlctl.bench import bench, save_profile
 
     console.print("measuring every host's devices and links (--bench)…", highlight=False)
-    profile = bench(opts.hosts, opts.template, opts.ssh, 1.0, allocation)
+    profile = bench(source.hosts, source.template, ssh, 1.0, allocation)
     run_dir = make_dir(request.run_dir)
     save_profile(profile, run_dir / "cluster-profile.json")
     console.print("measured GFLOP/s per device: " + ", ".join(f"{label} {host.speed:,.1f}"
@@ -266,38 +224,39 @@ def tf_keras_available() -> bool:
     return importlib.util.find_spec("tf_keras") is not None
 
 
-def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
+def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
     """Cluster, request, host agents, ports and plan: everything before tasks start. A dry run
     touches no host (and starts no agent)."""
+    source, req, output = config.cluster, config.request, config.output
     allocation = None
-    if opts.slurm:
+    if source.slurm:
         from ddlctl.slurm.allocation import read_allocation
 
         allocation = read_allocation()
-    cluster, defaults, implicit = load_cluster(opts.hosts, opts.template, opts.workers or DEFAULT_LOCAL_WORKERS,
-                                               allocation, opts.python)
-    strategy = resolve_strategy(opts, defaults)
+    cluster, defaults, implicit = load_cluster(source.hosts, source.template, req.workers or DEFAULT_LOCAL_WORKERS,
+                                               allocation, source.python)
+    strategy = resolve_strategy(req, defaults)
     if allocation is not None and strategy not in MULTI_HOST_STRATEGIES and len(cluster.hosts) > 1:
         cluster = dataclasses.replace(cluster, hosts=cluster.hosts[:1])
         console.print(f"note: {strategy} runs on one node: {cluster.hosts[0].label}, the allocation's first "
                       f"(the job's other {len(allocation.nodes) - 1} node(s) stay idle)", highlight=False)
-    legacy = opts.legacy_keras
-    if opts.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
+    legacy = req.legacy_keras
+    if req.command and strategy in MULTI_HOST_STRATEGIES and legacy and not tf_keras_available():
         legacy = False
         console.print(
             "note: tf-keras is not installed: a program that calls model.fit under "
             f"{strategy} will fail (Keras 3 does not support it, keras-team/keras#18624). "
             "Custom training loops are fine. To use model.fit: pip install 'ddlctl[keras]'.")
-    run_id = opts.run_id or new_run_id(strategy)
-    request = build_request(opts, defaults, implicit, legacy, run_id)
+    run_id = output.run_id or new_run_id(strategy)
+    request = build_request(req, config.workload, output.run_dir, defaults, implicit, legacy, run_id)
     placements = layout(cluster, request)  # refuse impossible requests before touching any host
-    request = fit_batch_to_workers(opts, request, sum(p.role == "worker" for p in placements))
-    stages = request.env.get("DDLCTL_PARTITION")
+    request = fit_batch_to_workers(config.workload.batch_size, request, sum(p.role == "worker" for p in placements))
+    stages = request.env.get(envvars.PARTITION)
     if stages and len(stages.split(",")) != sum(p.role == "worker" for p in placements):
-        raise ConfigError(f"--partition {opts.partition} has {len(stages.split(','))} stage(s) but the cluster has "
+        raise ConfigError(f"--partition {req.partition} has {len(stages.split(','))} stage(s) but the cluster has "
                           f"{sum(p.role == 'worker' for p in placements)} stage task(s)",
                           "plan for this cluster (ddlctl partition --hosts ...) or give --workers to match")
-    if opts.dry_run:  # touch no host: local ports are real, remote ones shown as "auto"
+    if output.dry_run:  # touch no host: local ports are real, remote ones shown as "auto"
         if allocation is not None:
             return make_plan(cluster, request, {}), Connected({}, allocation=allocation)
         remote = next((h for h in cluster.hosts if not h.is_local), None)
@@ -306,13 +265,13 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
         local = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), Connected(dict(local))
-    make_dir(Path(opts.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
-    if opts.run_id and (Path(request.run_dir) / "plan.json").exists():
-        raise ConfigError(f"--run-id {opts.run_id}: {request.run_dir} already holds a run",
+    make_dir(Path(output.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
+    if output.run_id and (Path(request.run_dir) / PLAN_FILE).exists():
+        raise ConfigError(f"--run-id {output.run_id}: {request.run_dir} already holds a run",
                           "choose another name, or leave --run-id out")
-    if opts.bench:
-        request = measure_first(opts, request, console, allocation)
-    connected = Connected(make_transports(cluster, opts.ssh, allocation), allocation=allocation)
+    if req.bench:
+        request = measure_first(source, config.ssh, request, console, allocation)
+    connected = Connected(make_transports(cluster, config.ssh, allocation), allocation=allocation)
     try:
         cluster = with_ssh_addresses(cluster, connected.transports)
         cluster = with_reachable_addresses(cluster, connection_source_address(connected.transports))
@@ -337,11 +296,12 @@ def prepare(opts: LaunchOptions, console: Console) -> tuple[Plan, Connected]:
     return make_plan(cluster, request, ports), connected
 
 
-def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
+def launch(config: LaunchConfig, out: Console, err: Console) -> int:
     """Run ``ddlctl launch``; returns the exit code."""
-    plan, connected = prepare(opts, err)
-    if opts.dry_run:
-        if opts.json_out:
+    output = config.output
+    plan, connected = prepare(config, err)
+    if output.dry_run:
+        if output.json_out:
             sys.stdout.write(json.dumps(plan.to_dict(), indent=1) + "\n")
         else:
             from ddlctl.report.render import render_plan
@@ -357,26 +317,24 @@ def launch(opts: LaunchOptions, out: Console, err: Console) -> int:
     except BaseException:
         connected.close()
         raise
-    if not opts.quiet:
+    if not output.quiet:
         err.print(f"ddlctl run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
                   f"→ {plan.run_dir}")
-    if opts.json_out:  # stdout carries summary.json alone; people's output goes to stderr
+    if output.json_out:  # stdout carries summary.json alone; people's output goes to stderr
         out = err
-    result = supervise(plan, connected, opts, out, err)
-    finish(plan, result, out, err, full_report=opts.profile, render=not opts.quiet)
-    if opts.json_out:
-        sys.stdout.write((Path(plan.run_dir) / "summary.json").read_text())
+    result = supervise(plan, connected, config, out, err)
+    finish(plan, result, out, err, full_report=output.profile, render=not output.quiet)
+    if output.json_out:
+        sys.stdout.write((Path(plan.run_dir) / SUMMARY_FILE).read_text())
         sys.stdout.flush()
     return result.exit_code
 
 
-def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Console, err: Console) -> JobResult:
+def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Console, err: Console) -> JobResult:
     """Run the plan under one supervisor; the agents and connections are closed afterwards. Task
     output goes to the terminal (through the live view's console under ``profile``), or only to
     the logs (quiet)."""
-    options = SupervisorOptions(startup_timeout_s=opts.startup_timeout_s, grace_s=opts.grace_s,
-                                max_restarts=opts.max_restarts, restart_on=opts.restart_on,
-                                hang_timeout_s=opts.hang_timeout_s, host_timeout_s=opts.host_timeout_s)
+    opts = config.output
     live = None
     if (opts.profile or out.is_terminal and not opts.json_out) and not opts.quiet:
         from ddlctl.report.live import LiveView  # (rich.live and rich.progress: not for plain output)
@@ -403,10 +361,10 @@ def supervise(plan: Plan, connected: Connected, opts: LaunchOptions, out: Consol
             f"TensorFlow's start-up notices are left out here (all output is in {plan.run_dir}/tasks/*/output.log; "
             "--verbose shows everything)"))
     try:
-        supervisor = Supervisor(plan, connected.sessions, writer, options, notify=notify,  # type: ignore[arg-type]
+        supervisor = Supervisor(plan, connected.sessions, writer, config.supervision, notify=notify,  # type: ignore[arg-type]
                                 on_sample=live.on_sample if live is not None else None,
                                 on_progress=live.on_progress if live is not None else None,
-                                reconnect=reconnector(plan, connected.transports, opts.ssh))
+                                reconnect=reconnector(plan, connected.transports, config.ssh))
         try:
             with live if live is not None else contextlib.nullcontext():
                 result = supervisor.run()
@@ -425,7 +383,7 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     """After the job: outcome.json, summary.json and trace.json; the summary (or full report)
     and, last, the root cause if it failed."""
     run_dir = Path(plan.run_dir)
-    (run_dir / "outcome.json").write_text(json.dumps({
+    (run_dir / OUTCOME_FILE).write_text(json.dumps({
         "ok": result.ok, "exit_code": result.exit_code, "wall_time_s": result.wall_time_s,
         "tasks": [{"name": t.name, "host": t.host, "state": t.state.value, "restarts": t.restarts,
                    "exit": t.status.describe() if t.status else None} for t in result.tasks],
@@ -446,8 +404,8 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     from ddlctl.report.trace import write_trace
 
     summary = summarize(run_dir)
-    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1) + "\n")
-    write_trace(run_dir, run_dir / "trace.json")
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=1) + "\n")
+    write_trace(run_dir, run_dir / TRACE_FILE)
     if not render:
         return
     if full_report:

@@ -7,14 +7,18 @@ import io
 from rich.console import Console
 
 from ddlctl import launch as launch_mod
-from ddlctl.launch import LaunchOptions, prepare
+from ddlctl.config import LaunchConfig, OutputOptions, RequestOptions
+from ddlctl.launch import prepare
+
+
+def launch_config(run_dir: str, **request: object) -> LaunchConfig:
+    return LaunchConfig(request=RequestOptions(**request), output=OutputOptions(run_dir=run_dir))
 
 
 def test_missing_tf_keras_is_said_before_starting_and_legacy_is_not_forced(monkeypatch, tmp_path):
     monkeypatch.setattr(launch_mod, "tf_keras_available", lambda: False)
     buffer = io.StringIO()
-    opts = LaunchOptions(strategy="mwms", workers=2, run_dir=str(tmp_path),
-                         command=("python", "fit.py"))
+    opts = launch_config(str(tmp_path), strategy="mwms", workers=2, command=("python", "fit.py"))
     plan, _ = prepare(opts, Console(file=buffer, width=300))
     assert "tf-keras is not installed" in buffer.getvalue()
     assert "model.fit" in buffer.getvalue()
@@ -24,7 +28,7 @@ def test_missing_tf_keras_is_said_before_starting_and_legacy_is_not_forced(monke
 def test_tf_keras_present_sets_legacy_for_commands(monkeypatch, tmp_path):
     monkeypatch.setattr(launch_mod, "tf_keras_available", lambda: True)
     buffer = io.StringIO()
-    opts = LaunchOptions(strategy="ps", workers=2, run_dir=str(tmp_path), command=("python", "fit.py"))
+    opts = launch_config(str(tmp_path), strategy="ps", workers=2, command=("python", "fit.py"))
     plan, _ = prepare(opts, Console(file=buffer, width=300))
     assert buffer.getvalue() == ""
     assert plan.task("chief:0").env["TF_USE_LEGACY_KERAS"] == "1"
@@ -32,7 +36,7 @@ def test_tf_keras_present_sets_legacy_for_commands(monkeypatch, tmp_path):
 
 def test_run_dir_is_absolute_and_unique(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    opts = LaunchOptions(strategy="mwms", run_dir="runs")
+    opts = launch_config("runs", strategy="mwms")
     first, _ = prepare(opts, Console(file=io.StringIO()))
     second, _ = prepare(opts, Console(file=io.StringIO()))
     assert first.run_dir.startswith(str(tmp_path / "runs"))

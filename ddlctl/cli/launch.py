@@ -1,0 +1,231 @@
+"""``ddlctl launch`` and ``ddlctl profile`` (the same options)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from ddlctl.cli.common import (
+    DEFAULT_RESTART_ON,
+    EXECUTION_HELP,
+    JSON_HELP,
+    STRATEGY_HELP,
+    WORKLOAD_HELP,
+    AcceptNewOption,
+    Balance,
+    ConnectTimeoutOption,
+    Execution,
+    OldRunDirOption,
+    RestartOn,
+    RunsDirOption,
+    SlurmPythonOption,
+    SshKeyOption,
+    SshUserOption,
+    Strategy,
+    UserError,
+    WorkerPer,
+    Workload,
+    _exit_with,
+    _fail,
+    _runs_dir,
+    _value,
+    app,
+    error_console,
+    people_console,
+    ssh_options,
+)
+
+PROFILE_HELP = """Run like launch, with a live view and the full report at the end.
+
+Live view: per-task step rate, per-host GPU and CPU. Report: step-time percentiles, throughput,
+stragglers, GPU utilisation / SM activity / memory / power, host CPU, diagnosis. Writes
+summary.json and trace.json into the run directory.
+
+\b
+Examples:
+  ddlctl profile --strategy mwms               # built-in workload on this machine
+  ddlctl profile --hosts hosts.txt -s ps -- python train.py
+"""
+
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def launch(
+    ctx: typer.Context,
+    command: Annotated[list[str] | None, typer.Argument(
+        metavar="[-- COMMAND...]",
+        help="The training program and its arguments, after '--'. Without it, ddlctl runs its "
+             "built-in workload (a CNN on synthetic images).", show_default=False)] = None,
+    hosts: Annotated[str | None, typer.Option(
+        "--hosts", metavar="FILE", help="Hosts file: one '[user@]host [slots=N] [gpus=N] [port=P] [roles=..] "
+                                        "[python=PATH] [workdir=PATH]' per line.", show_default=False)] = None,
+    template: Annotated[str | None, typer.Option(
+        "--template", metavar="FILE", help="YAML cluster template (see cluster_templates/); alternative to "
+                                           "--hosts. With neither, the cluster is this machine.",
+        show_default=False)] = None,
+    strategy: Annotated[Strategy | None, typer.Option(  # type: ignore[valid-type]
+        "--strategy", "-s", help=STRATEGY_HELP, show_default=False)] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-w", metavar="N", min=1, help="Worker tasks. Default: ps fills every slot, mwms one per host "
+                                                    "(2 on this machine when no hosts are given).",
+        show_default=False)] = None,
+    ps: Annotated[int | None, typer.Option(
+        "--ps", metavar="N", min=1, help="Parameter-server tasks (ps strategy only). Default: 1.",
+        show_default=False)] = None,
+    evaluator: Annotated[bool | None, typer.Option(
+        "--evaluator/--no-evaluator", help="Add a side-car evaluator task (ps and mwms).",
+        show_default=False)] = None,
+    runs_dir: RunsDirOption = "runs",
+    old_run_dir: OldRunDirOption = None,
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", "-e", metavar="KEY=VALUE", help="Set KEY for every task; repeatable. A bare KEY passes on "
+                                                 "ddlctl's own value of KEY (keeps secrets off every command line).",
+        show_default=False)] = None,
+    startup_timeout: Annotated[float, typer.Option(
+        "--startup-timeout", metavar="SECONDS", min=0, help="Time for every task to start listening on its "
+                                                            "port; the job fails naming the missing ones. 0: wait "
+                                                            "forever.")] = 180.0,
+    grace: Annotated[float, typer.Option(
+        "--grace", metavar="SECONDS", min=0, help="Time between SIGTERM and SIGKILL when stopping tasks.")] = 5.0,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", metavar="N", min=0,
+        help="Restarts allowed for the whole job (a task, its group or every task, as the strategy needs: see "
+             "README 'Faults and restarts'). A lost ps worker never ends the job while the chief and another "
+             "worker live.")] = 0,
+    restart_on: Annotated[RestartOn, typer.Option(  # type: ignore[valid-type]
+        "--restart-on", help="fault: restart after a signal (OOM kill, preemption, kill -9), exit 42/143, a hang "
+                             "or a lost host; any: also after a Python exception or another non-zero exit.")
+    ] = DEFAULT_RESTART_ON,
+    hang_timeout: Annotated[float, typer.Option(
+        "--hang-timeout", metavar="SECONDS", min=0,
+        help="Time without any training step, once every task is up, before the job counts as hung: stacks "
+             "are saved, the task at fault is named and handled as a fault. 0: off.")] = 600.0,
+    host_timeout: Annotated[float, typer.Option(
+        "--host-timeout", metavar="SECONDS", min=0, help="Time to keep reconnecting to a host whose SSH "
+                                                         "connection dropped before the job fails naming it.")] = 60.0,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the plan (tasks, hosts, ports, TF_CONFIG, commands); start "
+                          "nothing.")] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help=JSON_HELP + " With --dry-run: the plan; otherwise summary.json at the end (task "
+                                   "output and the report go to stderr).")] = False,
+    legacy_keras: Annotated[bool, typer.Option(
+        "--legacy-keras/--no-legacy-keras",
+        help="For a command under ps/mwms, set TF_USE_LEGACY_KERAS=1 so model.fit uses "
+             "tf-keras (Keras 3 model.fit does not work under ps/mwms). A program that imports Keras 3 "
+             "then loads both Kerases (~0.25 s more per task start): --no-legacy-keras if it does not "
+             "call model.fit.")] = True,
+    telemetry: Annotated[bool, typer.Option(
+        "--telemetry/--no-telemetry", help="Run a telemetry agent per host (GPU via NVML, CPU, memory, "
+                                           "network, per-task CPU/RSS) into <run>/telemetry/.")] = True,
+    sample_interval: Annotated[float, typer.Option(
+        "--sample-interval", metavar="SECONDS", min=0.05, help="Time between telemetry samples.")] = 1.0,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Show every line tasks print, TensorFlow's start-up notices included (they are "
+                                "always in <run>/tasks/*/output.log).")] = False,
+    auto_steps: Annotated[bool, typer.Option(
+        "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
+                                             "code changes (a callback ddlctl adds to every fit call).")] = True,
+    ssh_key: SshKeyOption = None,
+    ssh_user: SshUserOption = None,
+    connect_timeout: ConnectTimeoutOption = 10.0,
+    accept_new_host_keys: AcceptNewOption = False,
+    workload: Annotated[Workload | None, typer.Option(  # type: ignore[valid-type]
+        "--workload", help=WORKLOAD_HELP + " Default: cnn.", show_default=False)] = None,
+    steps: Annotated[int | None, typer.Option(
+        "--steps", metavar="N", min=1, help="Built-in workload: training steps (default 200).",
+        show_default=False)] = None,
+    batch_size: Annotated[int | None, typer.Option(
+        "--batch-size", metavar="N", min=1, help="Built-in workload: global batch per step (default 64).",
+        show_default=False)] = None,
+    execution: Annotated[Execution | None, typer.Option(  # type: ignore[valid-type]
+        "--execution", help=EXECUTION_HELP + " Default: pipelined.", show_default=False)] = None,
+    pipeline: Annotated[bool | None, typer.Option("--pipeline/--no-pipeline", hidden=True)] = None,
+    worker_per: Annotated[WorkerPer | None, typer.Option(  # type: ignore[valid-type]
+        "--worker-per", help="gpu: one worker per GPU, each pinned with CUDA_VISIBLE_DEVICES (slots= workers on "
+                             "CPU-only hosts), so hosts with 4 and 2 GPUs give 6 equal workers; host: workers per "
+                             "host as --workers/slots= say, sharing the host's GPUs. auto: gpu under mwms when the "
+                             "hosts' GPU counts differ (mwms needs the same GPUs in every worker), else host. "
+                             "Default: the template's, else auto.", show_default=False)
+    ] = None,
+    balance: Annotated[Balance | None, typer.Option(  # type: ignore[valid-type]
+        "--balance", help="mwms: speed gives each worker a share of the global batch proportional to its "
+                          "speed (measured at the start of the run, or from --speeds; the built-in workload compares "
+                          "the speeds shown in training after 4 steps, then at growing intervals, and splits "
+                          "again where that pays, a few steps later), with the loss weighted so "
+                          "the gradient equals the equal split's (README 'Heterogeneous clusters'). Built-in "
+                          "workload, or programs that use ddlctl.balance. Default: the template's, else off.",
+        show_default=False)] = None,
+    speeds: Annotated[str | None, typer.Option(
+        "--speeds", metavar="FILE", help="--balance speed: per-host speeds from a profile saved by 'ddlctl check "
+                                         "--bench --save FILE' instead of measuring them at the start.",
+        show_default=False)] = None,
+    bench: Annotated[bool, typer.Option(
+        "--bench", help="Measure every host first, as 'ddlctl check --bench' does (saved as "
+                        "<run>/cluster-profile.json), and use the measured speeds for --balance speed and "
+                        "--strategy model.")] = False,
+    partition: Annotated[str | None, typer.Option(
+        "--partition", metavar="FILE", help="--strategy model: the plan saved by 'ddlctl partition --save' (layers "
+                                            "per stage task). Without it the chief plans with the greedy algorithm.",
+        show_default=False)] = None,
+    slurm: Annotated[bool, typer.Option(
+        "--slurm", help="Run inside a Slurm allocation (salloc, sbatch): the cluster is the job's nodes (their "
+                        "NodeAddr, tasks per node as worker slots, the job's GPUs), and each node's tasks start "
+                        "in one srun job step, never over SSH (README 'Slurm').")] = False,
+    python: SlurmPythonOption = None,
+    run_id: Annotated[str | None, typer.Option(
+        "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
+                                         "and a random suffix).", show_default=False)] = None,
+) -> None:
+    """Start a TensorFlow cluster, supervise every task, and print a summary.
+
+    \b
+    Examples:
+      ddlctl launch --strategy ps                  # built-in workload on this machine
+      ddlctl launch --hosts hosts.txt -s mwms -- python train.py --epochs 3
+      ddlctl launch --template cluster_templates/localhost-ps.yaml --dry-run
+    """
+    from ddlctl.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions, WorkloadOptions
+    from ddlctl.launch import launch as run_launch
+    from ddlctl.supervise.job import SupervisorOptions
+
+    config = LaunchConfig(
+        cluster=ClusterSource(hosts=hosts, template=template, slurm=slurm, python=python),
+        request=RequestOptions(
+            strategy=_value(strategy), workers=workers, ps=ps, evaluator=evaluator, env=tuple(env or ()),
+            legacy_keras=legacy_keras, telemetry=telemetry, sample_interval_s=sample_interval, auto_steps=auto_steps,
+            partition=partition, worker_per=_value(worker_per), balance=_value(balance), speeds=speeds, bench=bench,
+            command=tuple(command or ())),
+        workload=WorkloadOptions(workload=_value(workload), steps=steps, batch_size=batch_size,
+                                 execution=_execution(execution, pipeline)),
+        supervision=SupervisorOptions(startup_timeout_s=startup_timeout, grace_s=grace, max_restarts=max_restarts,
+                                      restart_on=_value(restart_on) or "fault", hang_timeout_s=hang_timeout,
+                                      host_timeout_s=host_timeout),
+        output=OutputOptions(run_dir=_runs_dir(runs_dir, old_run_dir), run_id=_run_id(run_id), dry_run=dry_run,
+                             json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose),
+        ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
+    )
+    _exit_with(lambda: run_launch(config, people_console(), error_console()))
+
+
+# ``profile`` takes exactly launch's options: the same function, registered under a second name.
+app.command("profile", help=PROFILE_HELP, context_settings={"allow_interspersed_args": False})(launch)
+
+
+
+def _execution(execution: Enum | None, pipeline: bool | None) -> str | None:
+    """``--execution``, or what the old ``--pipeline/--no-pipeline`` flags meant."""
+    if execution is not None and pipeline is not None:
+        _fail(UserError("give --execution or the old --pipeline/--no-pipeline, not both"))
+    if pipeline is not None:
+        return "pipelined" if pipeline else "linear"
+    return _value(execution)
+
+
+def _run_id(name: str | None) -> str | None:
+    """``--run-id``: a plain folder name."""
+    if name is not None and (not name or "/" in name or name in (".", "..") or name.startswith("-")):
+        _fail(UserError(f"--run-id {name!r} is not a folder name", "use letters, digits, '-', '_' and '.'"))
+    return name

@@ -1,0 +1,35 @@
+"""``ddlctl stop``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ddlctl.cli.common import (
+    ConnectTimeoutOption,
+    SshKeyOption,
+    SshUserOption,
+    _exit_with,
+    app,
+    people_console,
+    ssh_options,
+)
+
+
+@app.command()
+def stop(
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR",
+                                           help="The run directory (runs/<run-id>) whose processes to kill.")],
+    ssh_key: SshKeyOption = None,
+    ssh_user: SshUserOption = None,
+    connect_timeout: ConnectTimeoutOption = 10.0,
+) -> None:
+    """Kill whatever of a run is still alive, on every host of its plan.
+
+    For example after the controller was killed. Processes are found by the run id in their
+    environment, never by name. A Slurm run: the job ddlctl submit created, or the run's job steps
+    inside your allocation, are cancelled with scancel."""
+    from ddlctl.stop import stop as run_stop
+    _exit_with(lambda: run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), people_console()))
+
