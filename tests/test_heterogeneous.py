@@ -46,6 +46,7 @@ def cpu_ratio(tmp_path: Path, runs: Path, host_line: str) -> tuple[float, Path]:
     return float(ratio), run_dir
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @needs_cgroup
 def test_cpu_quota_slows_the_task_down_to_its_share_of_a_cpu_and_leaves_no_group(tmp_path, runs):
     throttled, run_dir = cpu_ratio(tmp_path, runs, "127.0.0.1 cpu_quota=0.25")
@@ -121,6 +122,7 @@ def loss_curve(run_dir: Path) -> dict[int, float]:
     return {int(step): float(loss) for step, loss in re.findall(r"step (\d+)/\d+ loss ([0-9.]+)", text)}
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @needs_cgroup
 def test_balance_speed_gives_the_throttled_worker_a_smaller_share_same_training_more_throughput(tmp_path, runs):
     equal, _ = mwms(tmp_path, runs, "off")
@@ -207,6 +209,7 @@ def test_dry_run_shows_each_tasks_cpu_limits_only_when_a_host_has_some(tmp_path)
     assert done.returncode == 0 and "CPU limits" not in done.stdout and "worker:1" in done.stdout
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 def test_launch_bench_measures_first_and_balances_by_the_saved_profile(tmp_path, runs):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost\n127.0.0.1\n")

@@ -21,6 +21,7 @@ def workload(*extra: str) -> list[str]:
     return ["--", sys.executable, "-m", "ddlctl.workloads", "--workload", "deep", "--steps", STEPS, *extra]
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path):
     single = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path / "one"),
                         *workload())
@@ -127,6 +128,7 @@ def test_a_lost_stage_restarts_every_task_and_training_resumes_from_the_checkpoi
     assert processes_of_run(job.run_dir.name) == []
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp_path):
     from tests.test_heterogeneous import can_throttle
 

@@ -240,6 +240,7 @@ def test_updates_are_off_the_critical_path_but_what_they_overhang_is_not():
     assert piped.step_time_s == pytest.approx(3 * 0.7 / 4 + 3 * 0.7 / 4 + 0.3)
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @pytest.mark.cluster
 def test_partition_bench_measures_the_hosts_now_and_gives_the_throttled_one_fewer_layers(tmp_path):
     import json

@@ -21,6 +21,7 @@ def steps_of(run_dir, task):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 def test_profile_flags_exactly_the_slowed_worker(runs):
     # 2 workers on this 2-core machine: more would starve each other of CPU and arrive late too
     result = run_ddlctl("profile", "--strategy", "mwms", "--workers", "2", "--sample-interval", "0.5",

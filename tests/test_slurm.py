@@ -31,6 +31,10 @@ from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, processes_of_run
 from tests.faults import step_count, wait_for
 from tests.slurm import ADDRESSES, NODES, SlurmCluster, unavailable_reason
 
+# One Slurm test cluster at a time (its nodes have fixed names and addresses): every test of this
+# file on the same pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 # -- pure ------------------------------------------------------------------------------------------
 
 
@@ -359,6 +363,7 @@ def test_a_missing_python_on_the_nodes_is_named_with_what_to_do(idle, runs):
     assert with_hosts.returncode == 2 and "drop --hosts" in with_hosts.stderr
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @needs_slurm
 def test_check_bench_measures_every_node_through_its_step(idle, tmp_path):
     env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}

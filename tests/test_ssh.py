@@ -312,6 +312,7 @@ def test_ssh_config_alias_hostname_port_user_identity_and_match_exec(cluster, tm
     assert [t["host"] for t in plan["tasks"]] == ["alpha", "beta"]
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @pytest.mark.cluster
 def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(cluster, tmp_path):
     import psutil

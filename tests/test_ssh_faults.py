@@ -132,6 +132,7 @@ def test_env_values_never_appear_on_any_command_line(cluster, tmp_path, runs):
         assert job.wait(60) == 130
 
 
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @pytest.mark.parametrize("remote", [False, True])
 def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluster, tmp_path, runs, remote):
     import signal

@@ -3,14 +3,17 @@ one module here per subcommand, registered on one Typer app in the order ``--hel
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
 
-from ddlctl.cli import check, compare, launch, partition, report, stop, submit  # noqa: F401 - registers them
 from ddlctl.cli.common import _ARGV, app
 
 __all__ = ["app", "main", "run_app"]
+
+for _command in ("launch", "compare", "partition", "report", "check", "stop", "submit"):  # --help lists them so
+    importlib.import_module(f"ddlctl.cli.{_command}")
 
 
 def run_app(args: list[str] | None = None) -> int:

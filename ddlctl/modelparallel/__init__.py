@@ -151,11 +151,14 @@ class Pipeline:
                 counts[where] = counts.get(where, 0) + 1
         return counts
 
-    def stage_times(self, x, repeats: int = 3) -> list[float]:
+    def stage_times(self, x, repeats: int = 5) -> list[float]:
         """Each stage's own work per step (s): its forward and backward passes over the step's
         micro-batches on its device, its input already there, timed alone, less a no-op call's
         round trip to that device. A pipelined step lasts at least the largest; the rest of a
-        stage's step is its bubble (waiting for its neighbours). The weights are not changed."""
+        stage's step is its bubble (waiting for its neighbours). The weights are not changed.
+
+        Both are the fastest of ``repeats`` calls: other load only ever adds time, and the
+        difference of two medians taken on a busy machine can fall to (or below) zero."""
         import tensorflow as tf
 
         from ddlctl.planning.profile_model import noop_call
@@ -177,7 +180,7 @@ class Pipeline:
                 start = time.perf_counter()
                 noop(here).numpy()
                 idle.append(time.perf_counter() - start)
-            times.append(max(0.0, sorted(spent)[len(spent) // 2] - sorted(idle)[len(idle) // 2]))
+            times.append(max(0.0, min(spent) - min(idle)))
             with tf.device(device):
                 for layer in layers:
                     here = layer(here, training=False)
