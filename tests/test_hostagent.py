@@ -311,7 +311,7 @@ def test_cluster_tasks_retry_grpc_connections_quickly_unless_told_otherwise(tmp_
 def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):
     """The netlink reading (sock_diag) and /proc/net/tcp* agree, IPv4 and IPv6, over a dump that
     takes several netlink messages; a socket that stops listening disappears from both."""
-    from ddlctl.runtime import hostagent
+    from ddlctl.runtime import procs
 
     sockets = []
     try:
@@ -322,13 +322,13 @@ def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):
             sock.listen()
             sockets.append(sock)
         ports = {s.getsockname()[1] for s in sockets}
-        by_netlink, by_proc = hostagent._listening_by_netlink(), hostagent._listening_by_proc()
+        by_netlink, by_proc = procs._listening_by_netlink(), procs._listening_by_proc()
         assert ports <= set(by_netlink)
         assert by_netlink == by_proc
         closed = sockets.pop()
         gone = closed.getsockname()[1]
         closed.close()
-        assert gone not in hostagent.listening_sockets()
+        assert gone not in procs.listening_sockets()
     finally:
         for sock in sockets:
             sock.close()
