@@ -6,7 +6,8 @@ import csv
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from ddlctl.report.summary import GpuSummary, HostSummary, RunSummary, TaskSummary
+from ddlctl.report.hosts import GpuSummary, HostSummary
+from ddlctl.report.summary import RunSummary, TaskSummary
 
 
 def write_csv(summary: RunSummary, folder: str | Path) -> list[Path]:

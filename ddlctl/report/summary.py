@@ -21,22 +21,20 @@ Rules, stated once:
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import operator
 import os
-from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
-from itertools import repeat
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
-from ddlctl.report.gpudiag import Sample, diagnose_gpu, throttling
+from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
+from ddlctl.report.stats import mean, median_of, percentile
+from ddlctl.report.stepfile import TaskSteps, last_end_us, read_steps
 from ddlctl.rundir import task_dirs
-from ddlctl.telemetry.nvml import GPU_FIELDS
 
 DEFAULT_WARMUP_STEPS = 5
 STRAGGLER_RATIO = 1.10
@@ -44,120 +42,6 @@ LATE_ARRIVAL_FRACTION = 0.10
 INPUT_BOUND_FRACTION = 0.30
 GPU_IDLE_UTIL = 50.0
 CPU_SATURATED = 90.0
-GAP_INTERVALS = 3.0
-
-
-def percentile(sorted_values: Sequence[float], p: float) -> float | None:
-    """``p``-th percentile (0-100) of already sorted values, linear interpolation."""
-    n = len(sorted_values)
-    if n == 0:
-        return None
-    rank = (n - 1) * p / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, n - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
-
-
-def mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if len(values) else None
-
-
-def _median(values: Iterable[float]) -> float | None:
-    return percentile(sorted(values), 50)
-
-
-@dataclass
-class TaskSteps:
-    """Step records of one task, as compact columns."""
-
-    name: str
-    step: array = field(default_factory=lambda: array("q"))
-    start_us: array = field(default_factory=lambda: array("q"))
-    duration: array = field(default_factory=lambda: array("d"))
-    samples: array = field(default_factory=lambda: array("q"))  # -1: unknown
-    input_s: array = field(default_factory=lambda: array("d"))  # -1: not recorded
-    sync_s: array = field(default_factory=lambda: array("d"))  # -1: not recorded
-    block: int = 1  # steps per record (steps_per_execution)
-    bad_lines: int = 0
-    worker: list = field(default_factory=list)  # per record: the task that ran it (ps), or None
-    total: int | None = None  # steps the task declared it would run
-
-
-def parse_json_lines(data: bytes) -> tuple[list, int]:
-    """Objects of a JSON-lines text and the number of unreadable lines. One ``json.loads`` over
-    the whole file when every line is sound (fast), line by line otherwise."""
-    lines = [line for line in data.split(b"\n") if line.strip()]
-    if not lines:
-        return [], 0
-    try:
-        return json.loads(b"[" + b",".join(lines) + b"]"), 0
-    except ValueError:
-        pass
-    records, bad = [], 0
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            bad += 1
-    return records, bad
-
-
-def read_steps(path: Path, name: str) -> TaskSteps:
-    """Parse one ``steps.jsonl``; unreadable lines (e.g. a task killed mid-write) are counted."""
-    steps = TaskSteps(name)
-    if not path.is_file():
-        return steps
-    records, steps.bad_lines = parse_json_lines(path.read_bytes())
-    try:  # fast path: every record well formed
-        steps.step = array("q", [int(r["step"]) for r in records])
-        steps.start_us = array("q", [int(r["start_us"]) for r in records])
-        steps.duration = array("d", [float(r["duration_s"]) for r in records])
-        steps.samples = array("q", [-1 if r.get("samples") is None else int(r["samples"]) for r in records])
-        steps.input_s = array("d", [-1.0 if r.get("input_s") is None else float(r["input_s"]) for r in records])
-        steps.sync_s = array("d", [-1.0 if r.get("sync_s") is None else float(r["sync_s"]) for r in records])
-        steps.block = max([int(r.get("steps", 1)) for r in records], default=1)
-        workers = [r.get("worker") for r in records]
-        steps.worker = workers if any(workers) else []
-        if records and records[-1].get("task"):
-            steps.name = str(records[-1]["task"])
-        steps.total = _declared_total(records)
-        return steps
-    except (KeyError, TypeError, ValueError, AttributeError):
-        pass
-    steps = TaskSteps(name, bad_lines=steps.bad_lines)
-    for raw in records:
-        try:
-            row = (int(raw["step"]), int(raw["start_us"]), float(raw["duration_s"]),
-                   -1 if raw.get("samples") is None else int(raw["samples"]),
-                   -1.0 if raw.get("input_s") is None else float(raw["input_s"]),
-                   -1.0 if raw.get("sync_s") is None else float(raw["sync_s"]), int(raw.get("steps", 1)))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            steps.bad_lines += 1
-            continue
-        for column, value in zip((steps.step, steps.start_us, steps.duration, steps.samples, steps.input_s,
-                                  steps.sync_s), row, strict=False):
-            column.append(value)
-        steps.block = max(steps.block, row[6])
-        steps.worker.append(raw.get("worker"))
-        if raw.get("task"):
-            steps.name = str(raw["task"])
-    if not any(steps.worker):
-        steps.worker = []
-    steps.total = _declared_total(records)
-    return steps
-
-
-def _declared_total(records: list) -> int | None:
-    """The last ``total`` a task declared in its records (None: never)."""
-    for record in reversed(records):
-        if isinstance(record, dict) and isinstance(record.get("total"), int):
-            return int(record["total"])
-    return None
-
-
-def last_end_us(starts: Sequence[int], durations: Sequence[float]) -> float:
-    """Latest ``start + duration`` in microseconds (C-level iteration: millions of records)."""
-    return max(map(operator.add, starts, map(operator.mul, durations, repeat(1e6))))
 
 
 @dataclass(frozen=True)
@@ -203,40 +87,6 @@ class WorkerWork:
 
 
 @dataclass(frozen=True)
-class GpuSummary:
-    index: int
-    name: str | None
-    util_mean: float | None
-    util_p5: float | None
-    sm_active_mean: float | None
-    mem_peak_bytes: int | None
-    mem_total_bytes: int | None
-    power_mean_w: float | None
-    power_peak_w: float | None
-    power_limit_w: float | None = None
-    sm_clock_busy_mean_mhz: float | None = None
-    sm_clock_max_mhz: float | None = None
-    power_capped_share: float | None = None
-    thermal_capped_share: float | None = None
-    temp_peak_c: float | None = None
-    diagnosis: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class HostSummary:
-    host: str
-    samples: int
-    cpu_util_mean: float | None
-    mem_peak_bytes: int | None
-    mem_total_bytes: int | None
-    net_sent_bytes_per_s: float | None
-    net_recv_bytes_per_s: float | None
-    gpu_note: str | None
-    gpus: tuple[GpuSummary, ...]
-    gaps: tuple[tuple[float, float], ...]
-
-
-@dataclass(frozen=True)
 class RunSummary:
     run_id: str
     strategy: str
@@ -276,149 +126,6 @@ class RunSummary:
 
 
 # -- telemetry -------------------------------------------------------------------------------
-
-
-@dataclass
-class _GpuSeries:
-    name: str | None = None
-    util: array = field(default_factory=lambda: array("d"))
-    sm: array = field(default_factory=lambda: array("d"))
-    mem: array = field(default_factory=lambda: array("d"))
-    mem_total: float | None = None
-    power: array = field(default_factory=lambda: array("d"))
-    samples: list = field(default_factory=list)  # gpudiag.Sample per reading (clock, throttle reasons...)
-    sm_clock_max: float | None = None
-    power_limit: float | None = None
-
-
-@dataclass
-class _HostSeries:
-    host: str
-    interval: float = 1.0
-    gpu_note: str | None = None
-    t: array = field(default_factory=lambda: array("d"))
-    cpu: array = field(default_factory=lambda: array("d"))
-    mem: array = field(default_factory=lambda: array("d"))
-    mem_total: float | None = None
-    net: list[tuple[float, float, float]] = field(default_factory=list)
-    gpus: dict[int, _GpuSeries] = field(default_factory=dict)
-    procs: dict[str, tuple[array, array]] = field(default_factory=dict)
-    bad_lines: int = 0
-
-
-def _column(items: list[dict], key: str) -> array:
-    return array("d", [float(v) for v in (item.get(key) for item in items) if v is not None])
-
-
-def _values(rows: list[list], position: int | None) -> array:
-    if position is None:
-        return array("d")
-    return array("d", [float(v) for v in (row[position] if len(row) > position else None for row in rows)
-                       if v is not None])
-
-
-def read_telemetry(path: Path) -> _HostSeries:
-    """Parse one ``telemetry/<host>.jsonl`` (column by column: hours of samples stay fast)."""
-    series = _HostSeries(path.stem)
-    records, series.bad_lines = parse_json_lines(path.read_bytes())
-    samples = []
-    fields = list(GPU_FIELDS)
-    for raw in records:
-        kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind == "sample" and isinstance(raw.get("t"), (int, float)):
-            samples.append(raw)
-        elif kind == "hello":
-            series.host = str(raw.get("host", series.host))
-            series.interval = float(raw.get("interval", 1.0))
-            series.gpu_note = raw.get("gpu_note")
-            fields = list(raw.get("gpu_fields") or fields)
-            for gpu in raw.get("gpus") or []:
-                entry = series.gpus.setdefault(int(gpu["index"]), _GpuSeries())
-                entry.name = gpu.get("name")
-                entry.mem_total = gpu.get("memory_total_bytes")
-                entry.sm_clock_max = gpu.get("sm_clock_max_mhz")
-                entry.power_limit = gpu.get("power_limit_w")
-        elif kind != "error":  # agents report problems as {"type": "error"}; anything else is unreadable
-            series.bad_lines += 1
-    series.t = _column(samples, "t")
-    series.cpu = _column(samples, "cpu")
-    series.mem = _column(samples, "mem_used")
-    totals = [r["mem_total"] for r in samples if r.get("mem_total")]
-    series.mem_total = totals[-1] if totals else None
-    series.net = [(float(r["t"]), float(r["net_sent"]), float(r["net_recv"])) for r in (samples[0], samples[-1])
-                  if r.get("net_sent") is not None and r.get("net_recv") is not None] if samples else []
-    # GPU readings are arrays in the order of hello's gpu_fields (older agents: dicts)
-    position = {name: i for i, name in enumerate(fields)}
-    by_gpu: dict[int, list[list]] = {}
-    for gpus in [r.get("gpus") or () for r in samples]:
-        for gpu in gpus:
-            row = gpu if isinstance(gpu, list) else [gpu.get(f) for f in fields]
-            by_gpu.setdefault(row[position["index"]], []).append(row)
-    for index, rows in by_gpu.items():
-        entry = series.gpus.setdefault(int(index), _GpuSeries())
-        entry.util, entry.sm = _values(rows, position.get("util")), _values(rows, position.get("sm_active"))
-        entry.mem, entry.power = _values(rows, position.get("mem_used")), _values(rows, position.get("power_w"))
-        totals = _values(rows, position.get("mem_total"))
-        entry.mem_total = totals[-1] if totals else entry.mem_total
-        at = {name: position.get(name) for name in ("util", "sm_active", "sm_clock_mhz", "throttle", "power_w",
-                                                      "temp_c")}
-        entry.samples = [Sample(*(row[i] if i is not None and i < len(row) else None for i in at.values()))
-                         for row in rows]
-    by_task: dict[str, list[list]] = {}
-    for procs in [r.get("procs") or {} for r in samples]:
-        for task, figures in procs.items():
-            by_task.setdefault(task, []).append(figures if isinstance(figures, list)
-                                                else [figures.get("cpu"), figures.get("rss")])
-    series.procs = {task: (_values(rows, 0), _values(rows, 1)) for task, rows in by_task.items()}
-    return series
-
-
-def _gaps(series: _HostSeries, run_start: float | None, run_end: float | None) -> tuple[tuple[float, float], ...]:
-    limit = GAP_INTERVALS * series.interval
-    times = sorted(series.t)
-    gaps = []
-    if not times:
-        return ((run_start, run_end),) if run_start is not None and run_end is not None else ()
-    if run_start is not None and times[0] - run_start > limit + 5.0:  # agent start-up allowance
-        gaps.append((run_start, times[0]))
-    for before, after in zip(times, times[1:], strict=False):
-        if after - before > limit:
-            gaps.append((before, after))
-    if run_end is not None and run_end - times[-1] > limit:
-        gaps.append((times[-1], run_end))
-    return tuple(gaps)
-
-
-def _host_summary(series: _HostSeries, run_start: float | None, run_end: float | None) -> HostSummary:
-    gpus = []
-    for index, gpu in sorted(series.gpus.items()):
-        util = sorted(gpu.util)
-        throttled = throttling(gpu.samples)
-        mem_peak = int(max(gpu.mem)) if gpu.mem else None
-        mem_total = int(gpu.mem_total) if gpu.mem_total else None
-        gpus.append(GpuSummary(
-            index=index, name=gpu.name, util_mean=mean(gpu.util), util_p5=percentile(util, 5),
-            sm_active_mean=mean(gpu.sm), mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
-            power_mean_w=mean(gpu.power), power_peak_w=max(gpu.power) if gpu.power else None,
-            power_limit_w=gpu.power_limit, sm_clock_busy_mean_mhz=throttled.sm_clock_busy_mean_mhz,
-            sm_clock_max_mhz=gpu.sm_clock_max, power_capped_share=throttled.power_capped_share,
-            thermal_capped_share=throttled.thermal_capped_share, temp_peak_c=throttled.temp_peak_c,
-            diagnosis=tuple(diagnose_gpu(f"GPU {index} on {series.host}", mean(gpu.util), mean(gpu.sm), throttled,
-                                         gpu.sm_clock_max, gpu.power_limit, mem_peak, mem_total))))
-    sent = recv = None
-    if len(series.net) >= 2 and series.net[-1][0] > series.net[0][0]:
-        span = series.net[-1][0] - series.net[0][0]
-        sent = (series.net[-1][1] - series.net[0][1]) / span
-        recv = (series.net[-1][2] - series.net[0][2]) / span
-    return HostSummary(
-        host=series.host, samples=len(series.t), cpu_util_mean=mean(series.cpu),
-        mem_peak_bytes=int(max(series.mem)) if series.mem else None,
-        mem_total_bytes=int(series.mem_total) if series.mem_total else None,
-        net_sent_bytes_per_s=sent, net_recv_bytes_per_s=recv, gpu_note=series.gpu_note,
-        gpus=tuple(gpus), gaps=_gaps(series, run_start, run_end))
-
-
-# -- steps -----------------------------------------------------------------------------------
 
 
 def _kept(steps: TaskSteps, warmup: int) -> slice:
@@ -479,7 +186,7 @@ def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, 
     keys = [list(arrivals[name]) for name in names]
     if len(names) >= 2 and all(k == keys[0] for k in keys):  # same steps everywhere: C-level path
         firsts = list(map(min, *columns))
-        return {name: _median(map(operator.sub, column, firsts)) or 0.0
+        return {name: median_of(map(operator.sub, column, firsts)) or 0.0
                 for name, column in zip(names, columns, strict=True)}
     common = set.intersection(*(set(a) for a in arrivals.values())) if arrivals else set()
     if len(arrivals) < 2 or not common:
@@ -489,7 +196,7 @@ def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, 
         first = min(a[step] for a in arrivals.values())
         for name, a in arrivals.items():
             late[name].append(a[step] - first)
-    return {name: _median(values) or 0.0 for name, values in late.items()}
+    return {name: median_of(values) or 0.0 for name, values in late.items()}
 
 
 PARALLEL_BYTES = 32 * 2**20
@@ -499,7 +206,7 @@ def _read_task(folder: Path) -> TaskSteps:
     return read_steps(folder / "steps.jsonl", folder.name.replace("-", ":", 1))
 
 
-def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[TaskSteps], list[_HostSeries]]:
+def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[TaskSteps], list[HostSeries]]:
     """Parse every steps and telemetry file; in worker processes when there is a lot to parse
     (JSON decoding is the cost: spread it over the cores)."""
     files = [f / "steps.jsonl" for f in folders] + telemetry_files
@@ -545,7 +252,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     sorted_durations = {s.name: sorted(s.duration[kept_of[s.name]]) for s in all_steps}
     windows = {s.name: _window(s, kept_of[s.name]) for s in all_steps}
     medians = {name: percentile(d, 50) or 0.0 for name, d in sorted_durations.items() if d}
-    fleet = _median(medians.values())
+    fleet = median_of(medians.values())
     lateness = _arrival_lateness(all_steps, warmup_steps) if synchronous else {}
     procs = {task: figures for series in telemetry for task, figures in series.procs.items()}
 
@@ -592,7 +299,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
             for s in all_steps if s.start_us]
     run_start = min(starts) if starts else None
     run_end = max(ends) if ends else None
-    hosts = tuple(_host_summary(series, run_start, run_end) for series in telemetry)
+    hosts = tuple(host_summary(series, run_start, run_end) for series in telemetry)
 
     wall = outcome.get("wall_time_s")
     if wall is None and run_start is not None and run_end is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddlctl.report.summary import parse_json_lines, read_steps
+from ddlctl.report.stepfile import parse_json_lines, read_steps
 from ddlctl.rundir import task_dirs
 from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
 

@@ -1,0 +1,25 @@
+"""Percentiles and means as the report states them (pure)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float | None:
+    """``p``-th percentile (0-100) of already sorted values, linear interpolation."""
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    rank = (n - 1) * p / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, n - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if len(values) else None
+
+
+def median_of(values: Iterable[float]) -> float | None:
+    return percentile(sorted(values), 50)
