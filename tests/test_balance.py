@@ -131,7 +131,7 @@ def test_op_threads_follow_the_cpu_quota():
 
 
 def test_blocks_end_where_an_uninterrupted_run_ends_and_at_the_callers_stops():
-    from ddlctl.workloads.train import _blocks
+    from ddlctl.workloads.trainer import step_blocks as _blocks
 
     assert list(_blocks(40, 8, 0, lambda: 4)) == [(0, 4), (4, 4), (8, 8), (16, 8), (24, 8), (32, 8)]
     assert list(_blocks(20, 8)) == [(0, 8), (8, 8), (16, 4)]
