@@ -42,10 +42,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ddlctl import envvars
+
 
 def enabled() -> bool:
     """Whether ddlctl asked this task to balance (``DDLCTL_BALANCE=speed``)."""
-    return os.environ.get("DDLCTL_BALANCE", "off") == "speed"
+    return os.environ.get(envvars.BALANCE, "off") == "speed"
 
 
 def shares(speeds: Sequence[float], global_batch: int) -> list[int]:
@@ -113,7 +115,7 @@ def equal_shares(global_batch: int, workers: int) -> list[int]:
 
 def speeds_from_env() -> list[float] | None:
     """Per-worker speeds ddlctl passed in ``DDLCTL_SPEEDS`` (a profile), if any."""
-    text = os.environ.get("DDLCTL_SPEEDS")
+    text = os.environ.get(envvars.SPEEDS)
     if not text:
         return None
     return [float(v) for v in json.loads(text)]
@@ -154,9 +156,9 @@ def split(strategy, global_batch: int, calibrate: Callable[[], object] | None = 
     if not enabled():
         result = Split(global_batch, tuple(equal_shares(global_batch, workers)), index, (), "equal")
     else:
-        if workers != int(os.environ.get("DDLCTL_NUM_WORKERS", workers)):
+        if workers != int(os.environ.get(envvars.NUM_WORKERS, workers)):
             raise SystemExit(f"--balance speed needs one replica per worker, but the "
-                             f"{os.environ['DDLCTL_NUM_WORKERS']} workers have {workers} replicas: "
+                             f"{os.environ[envvars.NUM_WORKERS]} workers have {workers} replicas: "
                              "use --worker-per gpu")
         speeds = speeds_from_env()
         source = "profile"
@@ -312,7 +314,7 @@ class Rebalancer:
 
 def save(result: Split, task_dir: str | None = None) -> None:
     """Write ``balance.json`` into the task folder (``DDLCTL_TASK_DIR``), if there is one."""
-    folder = task_dir or os.environ.get("DDLCTL_TASK_DIR")
+    folder = task_dir or os.environ.get(envvars.TASK_DIR)
     if not folder:
         return
     record = {**asdict(result), "local_batch": result.local_batch, "offset": result.offset}

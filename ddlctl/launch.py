@@ -35,6 +35,7 @@ from ddlctl.preflight import HostReport, probe_transports, require_usable
 from ddlctl.rundir import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE, make_dir, new_run_id, write_plan
 from ddlctl.supervise.noise import is_startup_noise
 from ddlctl.supervise.output import PrefixedWriter, QuietWriter
+from ddlctl.supervise.results import outcome_record
 from ddlctl.supervise.supervisor import JobResult, Supervisor
 from ddlctl.transport.base import Transport
 from ddlctl.transport.fleet import (
@@ -115,9 +116,11 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
                           f"not to a command ({' '.join(req.command)})",
                           "pass them to your own program after '--' instead")
     workload_args: tuple[str, ...] = ()
+    global_batch = None
     if not req.command:
+        global_batch = work.batch_size or 64
         workload_args = ("--workload", work.workload or "cnn", "--steps", str(work.steps or 200),
-                         "--batch-size", str(work.batch_size or 64),
+                         "--batch-size", str(global_batch),
                          "--execution", work.execution or "pipelined")
     env = {**defaults.env, **parse_env(req.env)}
     if req.partition:
@@ -140,6 +143,7 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
         evaluator=evaluator,
         command=tuple(req.command),
         workload_args=workload_args,
+        global_batch=global_batch,
         env=env,
         legacy_keras=legacy_keras,
         local_python=sys.executable,
@@ -174,8 +178,9 @@ def fit_batch_to_workers(batch_size: int | None, request: LaunchRequest, workers
         return request
     args = list(request.workload_args)
     index = args.index("--batch-size") + 1
-    args[index] = str(-(-int(args[index]) // workers) * workers)
-    return dataclasses.replace(request, workload_args=tuple(args))
+    fitted = -(-int(args[index]) // workers) * workers
+    args[index] = str(fitted)
+    return dataclasses.replace(request, workload_args=tuple(args), global_batch=fitted)
 
 
 def tasks_needing_ports(cluster: Cluster, request: LaunchRequest) -> dict[str, list[str]]:
@@ -383,21 +388,7 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     """After the job: outcome.json, summary.json and trace.json; the summary (or full report)
     and, last, the root cause if it failed."""
     run_dir = Path(plan.run_dir)
-    (run_dir / OUTCOME_FILE).write_text(json.dumps({
-        "ok": result.ok, "exit_code": result.exit_code, "wall_time_s": result.wall_time_s,
-        "tasks": [{"name": t.name, "host": t.host, "state": t.state.value, "restarts": t.restarts,
-                   "exit": t.status.describe() if t.status else None} for t in result.tasks],
-        "failure": None if result.failure is None else result.failure.message,
-        "root_cause": None if result.failure is None else {
-            "task": result.failure.task, "host": result.failure.host, "reason": result.failure.reason,
-            "exit_code": result.exit_code},
-        "restarts": list(result.restarts),
-        "degraded": list(result.degraded),
-        "hosts_lost": list(result.hosts_lost),
-        "agents": [{"name": t.name, "host": t.host, "state": t.state.value,
-                    "exit": t.status.describe() if t.status else None} for t in result.agents],
-        "telemetry_gaps": list(result.telemetry_gaps),
-    }, indent=1) + "\n")
+    (run_dir / OUTCOME_FILE).write_text(json.dumps(outcome_record(result), indent=1) + "\n")
     # imported here, after the run: nothing of the report delays the tasks' start
     from ddlctl.report.render import render_failure, render_report, render_summary
     from ddlctl.report.summary import summarize

@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
+from ddlctl import envvars
+
 
 class StepRecorder:
     """Appends step records to a JSON-lines file; flushes at least once a second and on close."""
@@ -49,10 +51,10 @@ class StepRecorder:
     def from_env(cls) -> StepRecorder:
         """Recorder for the task ddlctl launched (a no-op recorder outside ddlctl); its total is
         ``$DDLCTL_TOTAL_STEPS`` when that is set."""
-        task_dir = os.environ.get("DDLCTL_TASK_DIR")
-        task = os.environ.get("DDLCTL_TASK", "local:0")
+        task_dir = os.environ.get(envvars.TASK_DIR)
+        task = os.environ.get(envvars.TASK, "local:0")
         recorder = cls(Path(task_dir) / "steps.jsonl" if task_dir else None, task)
-        total = os.environ.get("DDLCTL_TOTAL_STEPS", "")
+        total = os.environ.get(envvars.TOTAL_STEPS, "")
         if total.isdigit() and int(total) > 0:
             recorder.total = int(total)
         return recorder

@@ -34,7 +34,7 @@ def write_plan(run: Path, strategy: str, tasks: dict[str, str], hosts=()):
     run.mkdir(parents=True, exist_ok=True)
     plan = {"run_id": "r1", "strategy": strategy,
             "cluster": {"hosts": [{"name": h, "gpus": 0} for h in hosts]},
-            "request": {"workload_args": ["--batch-size", "64"], "command": []},
+            "request": {"workload_args": ["--batch-size", "64"], "global_batch": 64, "command": []},
             "tasks": [{"name": n, "host": h, "role": n.split(":")[0]} for n, h in tasks.items()]}
     (run / "plan.json").write_text(json.dumps(plan))
 

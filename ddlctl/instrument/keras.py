@@ -12,6 +12,7 @@ import sys
 import time
 from functools import lru_cache
 
+from ddlctl import envvars
 from ddlctl.steps import StepRecorder, shared_recorder
 
 MARK = "_ddlctl_step_timer"
@@ -85,7 +86,7 @@ def epoch_timer_class(base: type) -> type:
 
 def _uses_parameter_servers(model: object) -> bool:
     strategy = getattr(model, "distribute_strategy", None)
-    return "ParameterServer" in type(strategy).__name__ or os.environ.get("DDLCTL_STRATEGY") == "ps"
+    return "ParameterServer" in type(strategy).__name__ or os.environ.get(envvars.STRATEGY) == "ps"
 
 
 def _default_keras() -> object:
@@ -139,7 +140,7 @@ def patch_fit(module: object) -> bool:
         return False
 
     def fit_with_step_timer(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if os.environ.get("DDLCTL_BALANCE") == "speed" and not getattr(fit_with_step_timer, "warned", False):
+        if os.environ.get(envvars.BALANCE) == "speed" and not getattr(fit_with_step_timer, "warned", False):
             fit_with_step_timer.warned = True  # type: ignore[attr-defined]
             print("ddlctl: --balance speed cannot balance model.fit (Keras splits every batch equally over the "
                   "workers): this run uses the equal split. A custom training loop can, with ddlctl.balance "

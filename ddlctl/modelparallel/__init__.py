@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ddlctl import envvars
 from ddlctl.errors import UserError
 from ddlctl.modelparallel.cluster import connect, measure_link
 from ddlctl.modelparallel.inplace import StagePlan
@@ -56,7 +57,7 @@ def plan(model: object, devices: Sequence[str], batch_size: int, microbatches: i
     from ddlctl.modelparallel.inplace import plan_stages
 
     return plan_stages(model, devices, batch_size, microbatches,
-                       partition or os.environ.get("DDLCTL_PARTITION") or None, checkpoint_dir, predict)
+                       partition or os.environ.get(envvars.PARTITION) or None, checkpoint_dir, predict)
 
 
 def variable_device(variable: object) -> str:
@@ -193,7 +194,7 @@ class Pipeline:
         a lost stage restarts every task, and the program resumes with :meth:`Checkpoints.restore`).
         None when there is no folder. Each stage task writes its own variables' shard, so stage
         tasks on several hosts need the folder on a shared file system."""
-        folder = directory or os.environ.get("DDLCTL_CHECKPOINT_DIR")
+        folder = directory or os.environ.get(envvars.CHECKPOINT_DIR)
         return Checkpoints(self, folder, max_to_keep) if folder else None
 
     def save_stages(self, x, y, planned: StagePlan | None = None, task_dir: str | None = None) -> Path | None:
@@ -202,7 +203,7 @@ class Pipeline:
         products run (traced on the batch ``(x, y)``) and each stage's busy time per step
         (:meth:`stage_times`, timed now: call it after training). The report's "stages" table and
         its predicted-vs-measured line come from it. None when there is no task folder."""
-        folder = task_dir or os.environ.get("DDLCTL_TASK_DIR")
+        folder = task_dir or os.environ.get(envvars.TASK_DIR)
         if not folder:
             return None
         counts = [len(layers) for layers in self.stages]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlctl import envvars
 from ddlctl.errors import UserError
 
 
@@ -37,7 +38,7 @@ def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, mi
     from ddlctl.planning.profile_model import device_speeds, profile
 
     n_devices = len(stage_devices)
-    described = json.loads(os.environ.get("DDLCTL_DEVICES") or "[]")
+    described = json.loads(os.environ.get(envvars.DEVICES) or "[]")
     if len(described) != n_devices:
         described = [{} for _ in range(n_devices)]
     speeds = [float(d.get("speed") or 1.0) for d in described]

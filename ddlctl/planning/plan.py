@@ -29,6 +29,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from ddlctl import envvars
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import PlanError
 
@@ -62,6 +63,7 @@ class LaunchRequest:
     evaluator: bool = False
     command: tuple[str, ...] = ()
     workload_args: tuple[str, ...] = ()
+    global_batch: int | None = None  # the built-in workload's examples per step (None: a command's own)
     env: Mapping[str, str] = field(default_factory=dict)
     legacy_keras: bool = True
     local_python: str = "python3"
@@ -408,13 +410,13 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             else f"{REMOTE_ROOT}/runs/{request.run_id}/tasks/{p.role}-{p.index}"
         env: dict[str, str] = {
             "PYTHONUNBUFFERED": "1",
-            "DDLCTL_RUN_ID": request.run_id,
-            "DDLCTL_TASK": p.name,
-            "DDLCTL_TASK_DIR": task_dir,
-            "DDLCTL_STRATEGY": strategy,
-            "DDLCTL_NUM_WORKERS": str(n_workers),
-            "DDLCTL_RESTART_COUNT": "0",
-            "DDLCTL_CHECKPOINT_DIR": checkpoint_dir(request, p.host),
+            envvars.RUN_ID: request.run_id,
+            envvars.TASK: p.name,
+            envvars.TASK_DIR: task_dir,
+            envvars.STRATEGY: strategy,
+            envvars.NUM_WORKERS: str(n_workers),
+            envvars.RESTART_COUNT: "0",
+            envvars.CHECKPOINT_DIR: checkpoint_dir(request, p.host),
         }
         if tf_config is not None:
             env["TF_CONFIG"] = json.dumps(tf_config, sort_keys=True)
@@ -423,19 +425,19 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
         elif p.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
         if strategy == "model" and p.role == "chief":  # what the chief plans its stages over
-            env["DDLCTL_DEVICES"] = json.dumps([
+            env[envvars.DEVICES] = json.dumps([
                 {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes,
                  "gflops": request.speeds.get(w.host.label) if request.speeds else None}
                 for w in placements if w.role == "worker"])
         if request.balance == "speed" and p.role == "worker":
-            env["DDLCTL_BALANCE"] = "speed"
+            env[envvars.BALANCE] = "speed"
             if request.speeds:
-                env["DDLCTL_SPEEDS"] = json.dumps([request.speeds[w.host.label] for w in placements
+                env[envvars.SPEEDS] = json.dumps([request.speeds[w.host.label] for w in placements
                                                    if w.role == "worker"])
         if multi and request.command and request.legacy_keras:
             env["TF_USE_LEGACY_KERAS"] = "1"
         if request.command and request.auto_steps and not server:
-            env["DDLCTL_AUTO_STEPS"] = "1"  # transports put the model.fit hook on PYTHONPATH
+            env[envvars.AUTO_STEPS] = "1"  # transports put the model.fit hook on PYTHONPATH
         env.update(request.env)
         tasks.append(TaskSpec(
             name=p.name,
@@ -537,8 +539,8 @@ def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[Task
             else f"{REMOTE_ROOT}/runs/{request.run_id}/telemetry/agent-{index}"
         agents.append(TaskSpec(
             name=f"agent:{index}", role="agent", index=index, host=host, port=None, kind="agent",
-            argv=argv, env={"PYTHONUNBUFFERED": "1", "DDLCTL_RUN_ID": request.run_id,
-                            "DDLCTL_TASK": f"agent:{index}"},
+            argv=argv, env={"PYTHONUNBUFFERED": "1", envvars.RUN_ID: request.run_id,
+                            envvars.TASK: f"agent:{index}"},
             unset_env=(), workdir=host.workdir or request.default_workdir, task_dir=task_dir,
             gpus=None, tf_config=None))
     return tuple(agents)

@@ -35,6 +35,7 @@ from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_tele
 from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, last_end_us, read_steps
 from ddlctl.rundir import task_dirs
+from ddlctl.supervise.results import task_exit_code
 
 DEFAULT_WARMUP_STEPS = 5
 STRAGGLER_RATIO = 1.10
@@ -273,11 +274,10 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         input_fraction = sum(inputs) / sum(steps.duration[kept]) if inputs and sum(steps.duration[kept]) else None
         info = planned.get(steps.name, {})
         end = ended.get(steps.name, {})
-        exit_text = end.get("exit") or ""
         cpu, rss = procs.get(steps.name, ((), ()))
         tasks.append(TaskSummary(
             name=steps.name, host=info.get("host"), role=info.get("role"), state=end.get("state"),
-            exit_code=int(exit_text.rsplit(" ", 1)[1]) if exit_text.startswith("exit code") else None,
+            exit_code=task_exit_code(end),
             steps=len(steps.step), kept_steps=len(durations), steps_per_record=steps.block,
             step_time_p50_s=percentile(durations, 50), step_time_p90_s=percentile(durations, 90),
             step_time_p95_s=percentile(durations, 95), step_time_p99_s=percentile(durations, 99),
@@ -305,10 +305,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     if wall is None and run_start is not None and run_end is not None:
         wall = run_end - run_start
     request = plan.get("request", {})
-    batch = None
-    args = list(request.get("workload_args") or [])
-    if "--batch-size" in args and not request.get("command"):
-        batch = int(args[args.index("--batch-size") + 1])
+    batch = request.get("global_batch")
     used_hosts = {t.get("host") for t in planned.values()}
     gpus_count = sum(len(h.gpus) for h in hosts) or sum(
         h.get("gpus", 0) for h in plan.get("cluster", {}).get("hosts", [])

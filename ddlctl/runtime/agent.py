@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from ddlctl import envvars
 from ddlctl.runtime.hostagent import StepFile
 from ddlctl.telemetry.nvml import GPU_FIELDS, GpuSampler
 
@@ -60,8 +61,8 @@ class HostSampler:
                 if proc.pid == me:
                     continue
                 env = proc.environ()
-                task = env.get("DDLCTL_TASK")
-                if env.get("DDLCTL_RUN_ID") != self.run_id or not task or task.startswith("agent"):
+                task = env.get(envvars.TASK)
+                if env.get(envvars.RUN_ID) != self.run_id or not task or task.startswith("agent"):
                     continue
                 if any(WATCHDOG_MARK in part for part in proc.info["cmdline"] or ()):
                     continue

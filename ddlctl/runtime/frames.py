@@ -14,6 +14,44 @@ import json
 MAGIC = b"DDLCTL-HOSTAGENT 1\n"
 
 
+class Op:
+    """Commands, controller -> agent (a command's ``"op"``)."""
+
+    START = "start"  # start a task: {task, spec}
+    SIGNAL = "signal"  # {task, sig}: TERM/INT/HUP (then KILL after the grace) or KILL
+    DUMP = "dump"  # {tasks}: processes and Python stacks
+    PORTS = "ports"  # {ports}: still free? fresh ones where not
+    SHUTDOWN = "shutdown"  # stop every task and leave
+    LS = "ls"  # file operations, each with an "id" its replies carry
+    READ = "read"
+    WRITE = "write"
+    PACK = "pack"
+    PRUNE = "prune"
+    FILES = (LS, READ, WRITE, PACK, PRUNE)
+
+
+class Kind:
+    """Frames, agent -> controller (a header's ``"k"``)."""
+
+    HELLO = "hello"  # first frame: pid, probe
+    BEAT = "beat"  # every 2 s
+    BYE = "bye"  # leaving after shutdown
+    SIGNALLED = "signalled"  # the agent itself got SIGTERM/SIGHUP/SIGINT
+    OUT = "out"  # a task's output (payload)
+    STARTED = "started"  # a task's pids
+    START_FAILED = "start_failed"
+    LISTENING = "listening"  # a task's own process group listens on its port
+    EXIT = "exit"  # code or signal, after the task's last output
+    STEPS = "steps"  # per task: step records, highest step, declared total
+    DUMP = "dump"
+    PORTS = "ports"
+    LS = "ls"  # replies to file operations
+    DATA = "data"
+    WRITTEN = "written"
+    FILE_ERROR = "file_error"
+    FILE_REPLIES = (LS, DATA, WRITTEN, FILE_ERROR)
+
+
 def encode_frame(header: dict, payload: bytes = b"") -> bytes:
     """One frame: the JSON header (with ``n`` when there is a payload), a newline, the payload."""
     if payload:

@@ -36,8 +36,9 @@ import subprocess
 import sys
 import time
 
+from ddlctl import envvars
 from ddlctl.runtime import cgroup
-from ddlctl.runtime.frames import MAGIC, encode_frame
+from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
 from ddlctl.runtime.procs import fresh_port, group_listens, group_processes, listening_sockets, port_free
 
@@ -142,7 +143,7 @@ class Task:
         for key in spec.get("unset", []):
             env.pop(key, None)
         for key, value in spec.get("env", {}).items():
-            env[key] = os.path.expanduser(value) if key in ("DDLCTL_TASK_DIR", "DDLCTL_CHECKPOINT_DIR") else value
+            env[key] = os.path.expanduser(value) if key in (envvars.TASK_DIR, envvars.CHECKPOINT_DIR) else value
         if "TF_CONFIG" in env:
             env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_OPTIONS)
         if "CUDA_VISIBLE_DEVICES" in spec.get("env", {}):
@@ -158,7 +159,7 @@ class Task:
         # CPU affinity: TensorFlow sizes its thread pools to the CPUs a process may run on
         cpus = cgroup.check_cpus(spec["cpus"]) if spec.get("cpus") else None
         if spec.get("cpu_quota"):
-            group = f"{os.environ.get('DDLCTL_RUN_ID', 'run')}-{name.replace(':', '-')}-{os.getpid()}"
+            group = f"{os.environ.get(envvars.RUN_ID, 'run')}-{name.replace(':', '-')}-{os.getpid()}"
             self.cgroup = cgroup.create(group, float(spec["cpu_quota"]))
             # TensorFlow's op thread pools as wide as the quota (unless the program says otherwise)
             threads = cgroup.intra_op_threads(float(spec["cpu_quota"]))
@@ -229,20 +230,20 @@ class HostAgent:
 
     def handle(self, command: dict, now: float) -> None:
         op = command.get("op")
-        if op == "start":
+        if op == Op.START:
             self.start(command["task"], command["spec"], now)
-        elif op == "signal":
+        elif op == Op.SIGNAL:
             task = self.tasks.get(command["task"])
             if task is not None and task.status is None:
                 task.terminate(SIGNALS.get(command.get("sig", "TERM"), signal.SIGTERM), now)
-        elif op == "dump":
+        elif op == Op.DUMP:
             self.begin_dump(command.get("tasks") or list(self.tasks), now)
-        elif op == "ports":
+        elif op == Op.PORTS:
             ports = {name: (port if port_free(port) else fresh_port()) for name, port in command["ports"].items()}
-            self.send({"k": "ports", "id": command.get("id"), "ports": ports})
-        elif op == "shutdown":
+            self.send({"k": Kind.PORTS, "id": command.get("id"), "ports": ports})
+        elif op == Op.SHUTDOWN:
             self.stop_all(now)
-        elif op in ("ls", "read", "write", "pack", "prune"):
+        elif op in Op.FILES:
             self.files(op, command)
 
     def files(self, op: str, command: dict) -> None:
@@ -250,7 +251,7 @@ class HostAgent:
         (in chunks), write a file (chunks to a temporary name, renamed when complete)."""
         ident = command.get("id")
         try:
-            if op == "ls":
+            if op == Op.LS:
                 root = os.path.expanduser(command["dir"])
                 listing = {}
                 for folder, _dirs, names in os.walk(root):
@@ -258,17 +259,17 @@ class HostAgent:
                         path = os.path.join(folder, name)
                         info = os.stat(path)
                         listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
-                self.send({"k": "ls", "id": ident, "root": root, "files": listing})
-            elif op == "pack":  # the run's task files at the end: one tar, no process started
+                self.send({"k": Kind.LS, "id": ident, "root": root, "files": listing})
+            elif op == Op.PACK:  # the run's task files at the end: one tar, no process started
                 self.send_chunks(ident, pack_folders(command["dirs"]))
-            elif op == "prune":
+            elif op == Op.PRUNE:
                 prune_folder(os.path.expanduser(command["path"]), command.get("keep") or [])
-                self.send({"k": "written", "id": ident})
-            elif op == "read":
+                self.send({"k": Kind.WRITTEN, "id": ident})
+            elif op == Op.READ:
                 with open(os.path.expanduser(command["path"]), "rb") as handle:
                     while True:
                         chunk = handle.read(CHUNK)
-                        self.send({"k": "data", "id": ident, "eof": len(chunk) < CHUNK}, chunk)
+                        self.send({"k": Kind.DATA, "id": ident, "eof": len(chunk) < CHUNK}, chunk)
                         if len(chunk) < CHUNK:
                             break
             else:
@@ -283,20 +284,20 @@ class HostAgent:
                     os.replace(partial, path)
                     if command.get("mtime_ns"):  # same mtime as the source: not copied again next time
                         os.utime(path, ns=(int(command["mtime_ns"]), int(command["mtime_ns"])))
-                self.send({"k": "written", "id": ident})
+                self.send({"k": Kind.WRITTEN, "id": ident})
         except (OSError, KeyError, ValueError) as exc:
-            self.send({"k": "file_error", "id": ident, "error": f"{type(exc).__name__}: {exc}"})
+            self.send({"k": Kind.FILE_ERROR, "id": ident, "error": f"{type(exc).__name__}: {exc}"})
 
     def send_chunks(self, ident: object, data: bytes) -> None:
         for at in range(0, len(data), CHUNK):
-            self.send({"k": "data", "id": ident, "eof": at + CHUNK >= len(data)}, data[at:at + CHUNK])
+            self.send({"k": Kind.DATA, "id": ident, "eof": at + CHUNK >= len(data)}, data[at:at + CHUNK])
         if not data:
-            self.send({"k": "data", "id": ident, "eof": True})
+            self.send({"k": Kind.DATA, "id": ident, "eof": True})
 
     def start(self, name: str, spec: dict, now: float) -> None:
         previous = self.tasks.get(name)
         if previous is not None and previous.status is None:
-            self.send({"k": "start_failed", "task": name, "error": "already running", "code": 1})
+            self.send({"k": Kind.START_FAILED, "task": name, "error": "already running", "code": 1})
             return
         try:
             task = Task(name, spec)
@@ -307,7 +308,7 @@ class HostAgent:
                     else f"cpus={cgroup.cpu_ranges(spec['cpus'])} on this host" if isinstance(exc, cgroup.CpusError)
                     else f"cannot start {spec['argv'][0]!r}")
             reason = exc if isinstance(exc, (cgroup.QuotaError, cgroup.CpusError)) else (exc.strerror or exc)
-            self.send({"k": "start_failed", "task": name, "error": f"{what}: {reason}",
+            self.send({"k": Kind.START_FAILED, "task": name, "error": f"{what}: {reason}",
                        "code": 127 if isinstance(exc, FileNotFoundError) else 126})
             return
         self.tasks[name] = task
@@ -315,7 +316,7 @@ class HostAgent:
                   "ssh_connection": os.environ.get("SSH_CONNECTION")}
         if task.task_dir:
             write_json(os.path.join(task.task_dir, "pid.json"), record)
-        self.send({"k": "started", "task": name, "t": time.time(), **record})
+        self.send({"k": Kind.STARTED, "task": name, "t": time.time(), **record})
 
     def stop_all(self, now: float) -> None:
         self.stopping = True
@@ -352,7 +353,7 @@ class HostAgent:
                     with contextlib.suppress(OSError), open(path, "rb") as handle:
                         handle.seek(offset)
                         stacks.append(handle.read().decode("utf-8", "replace"))
-                self.send({"k": "dump", "task": name, "procs": entry["procs"], "stacks": "".join(stacks)})
+                self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"], "stacks": "".join(stacks)})
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -383,7 +384,7 @@ class HostAgent:
         except OSError:
             chunk = b""
         if chunk:
-            self.send({"k": "out", "task": task.name}, chunk)
+            self.send({"k": Kind.OUT, "task": task.name}, chunk)
         else:
             task.eof = True
 
@@ -406,7 +407,7 @@ class HostAgent:
                           "signal": -task.status if task.status < 0 else None}
                 if task.task_dir:
                     write_json(os.path.join(task.task_dir, "exit.json"), record)
-                self.send({"k": "exit", "task": task.name, "t": task.exited_at, **record})
+                self.send({"k": Kind.EXIT, "task": task.name, "t": task.exited_at, **record})
             if task.status is None and task.kill_at is not None and now >= task.kill_at:
                 task.signal(signal.SIGKILL)
                 task.kill_at = now + 1.0  # again if it has not gone (never trust one signal)
@@ -419,7 +420,7 @@ class HostAgent:
         for task in waiting:
             if group_listens(task.pgid, task.port, listening):
                 task.listening = True
-                self.send({"k": "listening", "task": task.name, "t": time.time()})
+                self.send({"k": Kind.LISTENING, "task": task.name, "t": time.time()})
 
     def report_steps(self) -> None:
         counts, last, totals = {}, {}, {}
@@ -433,20 +434,20 @@ class HostAgent:
                     if task.steps.total is not None:
                         totals[task.name] = task.steps.total
         if counts:
-            self.send({"k": "steps", "t": time.time(), "counts": counts, "last": last, "totals": totals})
+            self.send({"k": Kind.STEPS, "t": time.time(), "counts": counts, "last": last, "totals": totals})
 
     def run(self) -> int:
         def on_signal(signum: int, _frame: object) -> None:
             # Say so first: the tasks got the same signal (a Slurm step cancelled, a host shutting
             # down), and their exits are the host's end, not the program's failure.
             with contextlib.suppress(OSError):
-                self.send({"k": "signalled", "sig": signum, "t": time.time()})
+                self.send({"k": Kind.SIGNALLED, "sig": signum, "t": time.time()})
             self.input_open = False  # treat as "controller gone"
             self.stop_all(time.monotonic())
 
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(signum, on_signal)
-        self.send({"k": "hello", "pid": os.getpid(), "t": time.time(), "probe": self.probe,
+        self.send({"k": Kind.HELLO, "pid": os.getpid(), "t": time.time(), "probe": self.probe,
                    "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0],
                    "code": code_bundle_path(), "slurm_step": slurm_step()})
         next_beat = next_steps = next_ports = time.monotonic()
@@ -474,13 +475,13 @@ class HostAgent:
                 self.report_steps()
                 next_steps = now + STEPS_S
             if now >= next_beat:
-                self.send({"k": "beat", "t": time.time()})
+                self.send({"k": Kind.BEAT, "t": time.time()})
                 next_beat = now + BEAT_S
             if (self.stopping or not self.input_open) and all(t.fd < 0 for t in self.tasks.values()):
                 if not self.input_open or not self.output_open:
                     break
                 if self.stopping:
-                    self.send({"k": "bye"})
+                    self.send({"k": Kind.BYE})
                     break
         return 0
 

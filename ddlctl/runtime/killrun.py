@@ -14,10 +14,12 @@ import os
 import signal
 import sys
 
+from ddlctl import envvars
+
 
 def run_processes(run_id: str) -> list[int]:
     """Pids whose environment carries ``DDLCTL_RUN_ID=run_id`` (this process excluded)."""
-    needle = f"DDLCTL_RUN_ID={run_id}".encode()
+    needle = f"{envvars.RUN_ID}={run_id}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

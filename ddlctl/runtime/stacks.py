@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 
+from ddlctl import envvars
+
 _handle = None  # kept open for the process's lifetime: faulthandler writes to its descriptor
 
 
 def install() -> bool:
     """Register the SIGUSR2 stack dumper for this process (once); whether it is registered."""
     global _handle
-    task_dir = os.environ.get("DDLCTL_TASK_DIR")
+    task_dir = os.environ.get(envvars.TASK_DIR)
     if _handle is not None or not task_dir:
         return _handle is not None
     try:

@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddlctl import envvars
+
 
 @dataclass(frozen=True)
 class TaskContext:
@@ -45,11 +47,11 @@ def task_context(default_strategy: str = "one_device") -> TaskContext:
     elif len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
         default_strategy = "mwms"
     return TaskContext(
-        strategy=os.environ.get("DDLCTL_STRATEGY", default_strategy),
+        strategy=os.environ.get(envvars.STRATEGY, default_strategy),
         role=task.get("type", "worker"),
         index=int(task.get("index", 0)),
-        num_workers=int(os.environ.get("DDLCTL_NUM_WORKERS", len(cluster.get("worker", [])) or 1)),
-        task_dir=os.environ.get("DDLCTL_TASK_DIR"),
+        num_workers=int(os.environ.get(envvars.NUM_WORKERS, len(cluster.get("worker", [])) or 1)),
+        task_dir=os.environ.get(envvars.TASK_DIR),
     )
 
 

@@ -131,3 +131,39 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
                      hosts_lost=tuple(hosts_lost))
+
+
+def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
+    status = task.status
+    record = {"name": task.name, "host": task.host, "state": task.state.value,
+              "exit": status.describe() if status else None,  # for people
+              "exit_code": status.code if status else None,
+              "signal": signal_name(status.signal) if status and status.signal else None,
+              "lost": bool(status and status.lost)}
+    if restarts:
+        record["restarts"] = task.restarts
+    return record
+
+
+def outcome_record(result: JobResult) -> dict:
+    """``outcome.json``: how the job ended. Every figure is a number or a name; ``exit`` and
+    ``failure`` are for people, and no reader parses them back (see :func:`task_exit_code`)."""
+    failure = result.failure
+    return {
+        "ok": result.ok, "exit_code": result.exit_code, "wall_time_s": result.wall_time_s,
+        "tasks": [_task_end(t) for t in result.tasks],
+        "failure": None if failure is None else failure.message,
+        "root_cause": None if failure is None else {
+            "task": failure.task, "host": failure.host, "reason": failure.reason, "exit_code": result.exit_code},
+        "restarts": list(result.restarts),
+        "degraded": list(result.degraded),
+        "hosts_lost": list(result.hosts_lost),
+        "agents": [_task_end(t, restarts=False) for t in result.agents],
+        "telemetry_gaps": list(result.telemetry_gaps),
+    }
+
+
+def task_exit_code(entry: dict) -> int | None:
+    """A task's exit code from its ``outcome.json`` entry (None: killed by a signal, lost, running)."""
+    code = entry.get("exit_code")
+    return int(code) if code is not None else None

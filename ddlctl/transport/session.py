@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from ddlctl import envvars
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import TaskSpec
-from ddlctl.runtime.frames import FrameReader, encode_command
+from ddlctl.runtime.frames import FrameReader, Kind, Op, encode_command
 from ddlctl.transport.status import ExitStatus
 
 #: Folder with the sitecustomize that installs the model.fit hook and the stack dumper.
@@ -115,7 +116,7 @@ class AgentTask:
         return self.status
 
     def send(self, sig: str) -> None:
-        self.session.command({"op": "signal", "task": self.spec.name, "sig": sig})
+        self.session.command({"op": Op.SIGNAL, "task": self.spec.name, "sig": sig})
 
     def force_kill(self) -> None:
         """SIGKILL: through the agent, or directly when a local agent is gone."""
@@ -200,44 +201,44 @@ class HostSession:
     def _dispatch(self, header: dict, payload: bytes) -> None:
         kind = header.get("k")
         task = self.tasks.get(header.get("task", ""))
-        if kind == "out" and task is not None:
+        if kind == Kind.OUT and task is not None:
             task.chunks.append(payload)
-        elif kind == "exit" and task is not None:
+        elif kind == Kind.EXIT and task is not None:
             if header.get("signal"):
                 status = ExitStatus(signal=int(header["signal"]))
             else:
                 status = ExitStatus(code=int(header.get("code") or 0))
             task._end(status, header.get("t"))
-        elif kind == "started" and task is not None:
+        elif kind == Kind.STARTED and task is not None:
             task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection")
                           if k in header}
             self._pids_changed = True
-        elif kind == "start_failed" and task is not None:
+        elif kind == Kind.START_FAILED and task is not None:
             task.chunks.append(f"ddlctl: {header.get('error')}\n".encode())
             self._pids_changed = True  # (it has none: the supervisor still counts it as started)
             task._end(ExitStatus(code=int(header.get("code", 127))), time.time())
-        elif kind == "listening" and task is not None:
+        elif kind == Kind.LISTENING and task is not None:
             task.listening = True
-        elif kind == "steps":
+        elif kind == Kind.STEPS:
             when = float(header.get("t") or time.time())
             last, totals = header.get("last") or {}, header.get("totals") or {}
             for name, count in header.get("counts", {}).items():
                 self._steps[name] = (int(count), when)
                 self._progress[name] = (int(last.get(name, count)), totals.get(name))
-        elif kind == "dump":
+        elif kind == Kind.DUMP:
             self._dumps[header["task"]] = header
-        elif kind == "ports":
+        elif kind == Kind.PORTS:
             self.ports_reply = header
-        elif kind in ("ls", "data", "written", "file_error"):
+        elif kind in Kind.FILE_REPLIES:
             self.replies.setdefault(header.get("id"), []).append((header, payload))
-        elif kind == "signalled":  # the agent itself was signalled: its tasks end with the host
+        elif kind == Kind.SIGNALLED:  # the agent itself was signalled: its tasks end with the host
             said = getattr(self.stream, "ended", lambda: "")()
             self._lose(f"its host agent received {signal.Signals(int(header.get('sig', 15))).name}"
                        + (f": {said}" if said else " (its Slurm step cancelled, or the host shutting down)"))
             self._drain()
-        elif kind == "hello":
+        elif kind == Kind.HELLO:
             self.hello = header
-        elif kind == "bye":
+        elif kind == Kind.BYE:
             self.closed = True
 
     def _lose(self, reason: str) -> None:
@@ -328,7 +329,7 @@ class HostSession:
         if self.lost:
             task._end(ExitStatus(lost=True), time.time())
             return task
-        self.command({"op": "start", "task": spec.name, "spec": task_command(spec, grace_s, self.pythonpath)})
+        self.command({"op": Op.START, "task": spec.name, "spec": task_command(spec, grace_s, self.pythonpath)})
         return task
 
     def take_pids_changed(self) -> bool:
@@ -348,7 +349,7 @@ class HostSession:
         """Ask the agent for the processes and Python stacks of ``names`` (see :meth:`dump_of`)."""
         for name in names:
             self._dumps.pop(name, None)
-        self.command({"op": "dump", "tasks": list(names)})
+        self.command({"op": Op.DUMP, "tasks": list(names)})
 
     def dump_of(self, name: str) -> dict | None:
         """The agent's dump of ``name`` once it came (``procs``: pid, state, command; ``stacks``)."""
@@ -359,7 +360,7 @@ class HostSession:
         if not ports:
             return {}
         self.ports_reply = None
-        self.command({"op": "ports", "ports": ports})
+        self.command({"op": Op.PORTS, "ports": ports})
         if not self.wait_for(lambda: self.ports_reply is not None, timeout):
             return dict(ports)
         return {k: int(v) for k, v in self.ports_reply["ports"].items()}  # type: ignore[index]
@@ -369,21 +370,21 @@ class HostSession:
         self._next_id += 1
         ident = self._next_id
         self.command({**command, "id": ident})
-        finished = self.wait_for(lambda: any(h.get("k") == "file_error" for h, _ in self.replies.get(ident, ()))
+        finished = self.wait_for(lambda: any(h.get("k") == Kind.FILE_ERROR for h, _ in self.replies.get(ident, ()))
                                  or done(self.replies.get(ident, [])), timeout)
         replies = self.replies.pop(ident, [])
-        errors = [h["error"] for h, _ in replies if h.get("k") == "file_error"]
+        errors = [h["error"] for h, _ in replies if h.get("k") == Kind.FILE_ERROR]
         if errors or not finished:
             raise OSError(f"{self.host.label}: {errors[0] if errors else self.lost or 'no answer'}")
         return replies
 
     def list_files(self, folder: str, timeout: float = 60.0) -> dict[str, tuple[int, int]]:
         """Files under ``folder`` on the host: relative path -> (size, mtime in ns)."""
-        replies = self._request({"op": "ls", "dir": folder}, lambda r: bool(r), timeout)
+        replies = self._request({"op": Op.LS, "dir": folder}, lambda r: bool(r), timeout)
         return {k: (int(v[0]), int(v[1])) for k, v in replies[0][0]["files"].items()}
 
     def read_file(self, path: str, timeout: float = 600.0) -> bytes:
-        replies = self._request({"op": "read", "path": path}, lambda r: any(h.get("eof") for h, _ in r), timeout)
+        replies = self._request({"op": Op.READ, "path": path}, lambda r: any(h.get("eof") for h, _ in r), timeout)
         return b"".join(payload for _h, payload in replies)
 
     def write_file(self, path: str, data: bytes, mtime_ns: int | None = None, timeout: float = 600.0) -> None:
@@ -392,23 +393,23 @@ class HostSession:
 
         chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)] or [b""]
         for i, chunk in enumerate(chunks):
-            self._request({"op": "write", "path": path, "append": i > 0, "final": i == len(chunks) - 1,
+            self._request({"op": Op.WRITE, "path": path, "append": i > 0, "final": i == len(chunks) - 1,
                            "mtime_ns": mtime_ns, "data": base64.b64encode(chunk).decode("ascii")},
                           lambda r: bool(r), timeout)
 
     def pack(self, dirs: Mapping[str, str], timeout: float = 600.0) -> bytes:
         """A tar of the plain files of each folder (``name -> path`` on the host) as ``name/file``."""
-        replies = self._request({"op": "pack", "dirs": dict(dirs)}, lambda r: any(h.get("eof") for h, _ in r),
+        replies = self._request({"op": Op.PACK, "dirs": dict(dirs)}, lambda r: any(h.get("eof") for h, _ in r),
                                 timeout)
         return b"".join(payload for _h, payload in replies)
 
     def prune(self, path: str, keep: Sequence[str] = (), timeout: float = 120.0) -> None:
         """Remove ``path`` on the host except the entries named in ``keep``."""
-        self._request({"op": "prune", "path": path, "keep": list(keep)}, lambda r: bool(r), timeout)
+        self._request({"op": Op.PRUNE, "path": path, "keep": list(keep)}, lambda r: bool(r), timeout)
 
     def shutdown(self) -> None:
         """Ask the agent to stop every task and leave."""
-        self.command({"op": "shutdown"})
+        self.command({"op": Op.SHUTDOWN})
 
     def close(self) -> None:
         self.closed = True
@@ -438,7 +439,7 @@ def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | Non
     """Start a host agent on this machine (a subprocess in its own session)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
-    env = {**os.environ, "DDLCTL_RUN_ID": run_id}  # the agent's environment is its tasks' base
+    env = {**os.environ, envvars.RUN_ID: run_id}  # the agent's environment is its tasks' base
     with open(stderr_path, "ab") as stderr:
         popen = subprocess.Popen(agent_argv(python or sys.executable, ports),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,

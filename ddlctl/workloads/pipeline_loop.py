@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+from ddlctl import envvars
 from ddlctl.errors import UserError
 from ddlctl.runtime.tfenv import TaskContext
 from ddlctl.steps import StepRecorder
@@ -54,7 +55,7 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
     every = args.checkpoint_every or max(1, min(100, args.steps // 4))
     if resumed:
         print(f"resumed from checkpoint {Path(saver.manager.latest_checkpoint).name} at step {resumed} "
-              f"(restart {os.environ.get('DDLCTL_RESTART_COUNT', '0')})", flush=True)
+              f"(restart {os.environ.get(envvars.RESTART_COUNT, '0')})", flush=True)
     iterator = iter(shard_dataset(args.seed, args.augment, args.batch_size, parallel=args.pipeline,
                                   first_step=resumed))
     progress = Progress(args, resumed)

@@ -35,6 +35,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ddlctl import envvars
 from ddlctl.runtime.tfenv import (
     TaskContext,
     cluster_addresses,
@@ -83,10 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="extra milliseconds of input time per step for --slow-task")
     parser.add_argument("--microbatches", type=int, default=4,
                         help="model strategy: micro-batches per step (pipelining across the stages)")
-    parser.add_argument("--partition", default=os.environ.get("DDLCTL_PARTITION"), metavar="N,N,...",
+    parser.add_argument("--partition", default=os.environ.get(envvars.PARTITION), metavar="N,N,...",
                         help="model strategy: layers per stage task, in order (default $DDLCTL_PARTITION, "
                              "else planned here with the greedy algorithm)")
-    parser.add_argument("--checkpoint-dir", default=os.environ.get("DDLCTL_CHECKPOINT_DIR"),
+    parser.add_argument("--checkpoint-dir", default=os.environ.get(envvars.CHECKPOINT_DIR),
                         help="where the chief saves checkpoints and every task resumes from "
                              "(the evaluator reads them too); default $DDLCTL_CHECKPOINT_DIR")
     parser.add_argument("--checkpoint-every", type=int, default=0,

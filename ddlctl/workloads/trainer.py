@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from ddlctl import envvars
 from ddlctl.runtime.tfenv import TaskContext
 from ddlctl.steps import StepRecorder
 
@@ -135,7 +136,7 @@ def executing_task():  # -> tf.Tensor (string scalar)
     import tensorflow as tf
 
     environ = tf.io.read_file("/proc/self/environ")
-    pattern = r"(?s)^(?:.*\x00)?DDLCTL_TASK=([^\x00]*).*$"
+    pattern = r"(?s)^(?:.*\x00)?" + envvars.TASK + r"=([^\x00]*).*$"
     return tf.where(tf.strings.regex_full_match(environ, pattern),
                     tf.strings.regex_replace(environ, pattern, r"\1"), tf.constant(""))
 
@@ -185,7 +186,7 @@ class Checkpointer:
         step = int(self.step.numpy())
         self.next = step + self.every
         print(f"resumed from checkpoint {Path(latest).name} at step {step} "
-              f"(restart {os.environ.get('DDLCTL_RESTART_COUNT', '0')})", flush=True)
+              f"(restart {os.environ.get(envvars.RESTART_COUNT, '0')})", flush=True)
         return step
 
     def after(self, step: int) -> None:
