@@ -92,7 +92,7 @@ def launch(
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", metavar="N", min=0,
         help="Restarts allowed for the whole job (a task, its group or every task, as the strategy needs: see "
-             "README 'Faults and restarts'). A lost ps worker never ends the job while the chief and another "
+             "docs/faults.md). A lost ps worker never ends the job while the chief and another "
              "worker live.")] = 0,
     restart_on: Annotated[RestartOn, typer.Option(  # type: ignore[valid-type]
         "--restart-on", help="fault: restart after a signal (OOM kill, preemption, kill -9), exit 42/143, a hang "
@@ -155,7 +155,7 @@ def launch(
                           "speed (measured at the start of the run, or from --speeds; the built-in workload compares "
                           "the speeds shown in training after 4 steps, then at growing intervals, and splits "
                           "again where that pays, a few steps later), with the loss weighted so "
-                          "the gradient equals the equal split's (README 'Heterogeneous clusters'). Built-in "
+                          "the gradient equals the equal split's (docs/heterogeneous.md). Built-in "
                           "workload, or programs that use ddlctl.balance. Default: the template's, else off.",
         show_default=False)] = None,
     speeds: Annotated[str | None, typer.Option(
@@ -173,7 +173,7 @@ def launch(
     slurm: Annotated[bool, typer.Option(
         "--slurm", help="Run inside a Slurm allocation (salloc, sbatch): the cluster is the job's nodes (their "
                         "NodeAddr, tasks per node as worker slots, the job's GPUs), and each node's tasks start "
-                        "in one srun job step, never over SSH (README 'Slurm').")] = False,
+                        "in one srun job step, never over SSH (docs/slurm.md).")] = False,
     python: SlurmPythonOption = None,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "

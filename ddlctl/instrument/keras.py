@@ -144,7 +144,7 @@ def patch_fit(module: object) -> bool:
             fit_with_step_timer.warned = True  # type: ignore[attr-defined]
             print("ddlctl: --balance speed cannot balance model.fit (Keras splits every batch equally over the "
                   "workers): this run uses the equal split. A custom training loop can, with ddlctl.balance "
-                  "(README 'Heterogeneous clusters').", file=sys.stderr, flush=True)
+                  "(docs/heterogeneous.md).", file=sys.stderr, flush=True)
         positional = len(args) > 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
         callbacks = list((args[5] if positional else kwargs.get("callbacks")) or [])
         if not any(getattr(cb, MARK, False) for cb in callbacks):

@@ -1,6 +1,6 @@
 """Placement of tasks on hosts and the per-task launch specification (TF_CONFIG, env, argv).
 
-Placement rules (also in the README):
+Placement rules (also in docs/strategies.md):
 
 * ``ps``: one chief on the first host that accepts it (a host with ``roles=chief`` is preferred);
   ``--ps`` tasks (default 1) round-robin over hosts with ``roles=ps`` if any, else over every host;

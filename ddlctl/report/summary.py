@@ -3,7 +3,7 @@ directory gives the same answer as the live run).
 
 Inputs: ``plan.json``, ``outcome.json``, ``tasks/*/steps.jsonl``, ``tasks/*/result.json``,
 ``telemetry/*.jsonl``. Output: :class:`RunSummary`, whose :meth:`RunSummary.to_dict` is
-``summary.json`` (keys documented in the README, ``schema`` 1).
+``summary.json`` (keys documented in docs/report.md, ``schema`` 1).
 
 Rules, stated once:
 
@@ -421,7 +421,7 @@ def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple
     cpu = {name: mean(figures[0]) if figures[0] else None for name, figures in procs.items()}
     if lead is None or not lead.worker:
         note = ("steps per worker are unknown: under ps the coordinator runs every step, and this program's "
-                "closures do not say which worker ran them (ddlctl's built-in workload does: see README "
+                "closures do not say which worker ran them (ddlctl's built-in workload does: see docs/report.md "
                 "'Work per worker'); CPU per worker is shown instead")
         return tuple(WorkerWork(w["name"], w.get("host"), None, None, None, None, cpu.get(w["name"]))
                      for w in workers), note
