@@ -221,7 +221,8 @@ def test_a_signalled_agent_is_a_lost_host_and_still_stops_its_tasks_however_much
         agent = psutil.Process(task.pids()["agent_pid"])
         child = psutil.Process(task.pids()["task_pid"])
         agent.send_signal(signal.SIGTERM)  # e.g. scancel of its Slurm step, a host shutting down
-        assert s.wait_for(lambda: False, 5) is False and s.lost and "received SIGTERM" in s.lost
+        assert s.wait_for(lambda: s.lost is not None, 5), "the agent said it was signalled: the session is lost"
+        assert s.lost and "received SIGTERM" in s.lost
         assert task.poll().lost  # the task ended with its host, not by its own doing
         psutil.wait_procs([agent, child], timeout=15)  # the agent finishes, never blocked on its output
         assert not agent.is_running() and not child.is_running()

@@ -90,6 +90,9 @@ def test_single_host_strategies_train(runs, strategy):
     run_dir = only_run_dir(runs)
     check_trained(run_dir, ["worker:0"])
     assert json.loads((run_dir / "plan.json").read_text())["tasks"][0]["tf_config"] is None
+    ran = json.loads((run_dir / "tasks" / "worker-0" / "result.json").read_text())["strategy"]
+    assert ran == {"mirrored": "MirroredStrategy", "one_device": "OneDeviceStrategy",
+                   "central_storage": "CentralStorageStrategy"}[strategy]
 
 
 @pytest.mark.parametrize("strategy", ["ps", "mwms"])
@@ -199,6 +202,11 @@ def test_evaluator_evaluates_checkpoints_and_is_stopped_after_training(runs):
     assert list((run_dir / "checkpoints").glob("ckpt-*.index")), "the chief saved checkpoints"
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert {t["name"]: t["state"] for t in outcome["tasks"]}["evaluator:0"] == "stopped"
+    # it evaluated at least one of the chief's checkpoints, with figures a model can have
+    lines = re.findall(r"evaluator: (ckpt-\d+) loss ([\d.]+) accuracy ([\d.]+)",
+                       (run_dir / "tasks" / "evaluator-0" / "output.log").read_text())
+    assert lines, "no evaluation line from the evaluator"
+    assert all(float(loss) > 0 and 0 <= float(accuracy) <= 1 for _ckpt, loss, accuracy in lines), lines
     assert_nothing_left(run_dir)
 
 

@@ -71,6 +71,8 @@ def test_model_fit_gets_step_timings_without_code_changes(runs, strategy):
         assert len(records) == 60, "3 epochs x 20 steps"
         assert records[-1]["step"] == 60
     assert all(r["duration_s"] > 0 for r in records)
+    done = [json.loads(line.split("FIT_DONE ", 1)[1]) for line in result.stdout.splitlines() if "FIT_DONE " in line]
+    assert done and all(d["hooked"] for d in done), "the records came from ddlctl's model.fit hook"
 
 
 def test_no_auto_steps_turns_the_hook_off(runs):
@@ -78,6 +80,8 @@ def test_no_auto_steps_turns_the_hook_off(runs):
                         "--runs-dir", str(runs), "--", sys.executable, str(PROGRAMS / "fit_program.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert steps_of(only_run_dir(runs), "worker:0") == []
+    done = [json.loads(line.split("FIT_DONE ", 1)[1]) for line in result.stdout.splitlines() if "FIT_DONE " in line]
+    assert done and not any(d["hooked"] for d in done), "model.fit ran, and ran without ddlctl's hook"
 
 
 def test_custom_loop_with_ddlctl_step(runs):

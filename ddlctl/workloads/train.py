@@ -380,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"final loss {loss:.4f} accuracy {accuracy:.4f} ({args.steps} steps, {train_time:.1f}s, "
           f"{args.workload}, {mode})", flush=True)
     if ctx.task_dir:
-        result = {"task": ctx.name, "workload": args.workload, "pipeline": args.pipeline,
+        ran = getattr(trainer, "strategy", None)  # the tf.distribute strategy object (model parallelism: none)
+        result = {"task": ctx.name, "strategy": type(ran).__name__ if ran is not None else "pipeline",
+                  "workload": args.workload, "pipeline": args.pipeline,
                   "execution": args.execution, "steps": args.steps,
                   "batch_size": args.batch_size, "loss": loss, "accuracy": accuracy, "train_time_s": train_time}
         Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)

@@ -34,5 +34,6 @@ with strategy.scope():
                   metrics=["accuracy"])
 data = keras.utils.experimental.DatasetCreator(dataset_fn) if strategy_name == "ps" else dataset_fn()
 history = model.fit(data, epochs=3, steps_per_epoch=20, verbose=2)
-print("FIT_DONE " + json.dumps({"keras": keras.__name__, "strategy": strategy_name,
+hooked = bool(getattr(type(model).fit, "_ddlctl_step_timer", False))  # ddlctl's model.fit hook installed
+print("FIT_DONE " + json.dumps({"keras": keras.__name__, "strategy": strategy_name, "hooked": hooked,
                                 "loss": [float(v) for v in history.history["loss"]]}), flush=True)
