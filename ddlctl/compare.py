@@ -22,9 +22,9 @@ from rich.text import Text
 from ddlctl.config import LaunchConfig
 from ddlctl.errors import ConfigError, UserError
 from ddlctl.launch import finish, prepare, supervise
-from ddlctl.planning.plan import STRATEGIES
 from ddlctl.report.render import fmt
 from ddlctl.rundir import make_dir, write_plan
+from ddlctl.strategies import STRATEGIES
 from ddlctl.workloads import EXECUTIONS
 
 BASELINE = "one_device"

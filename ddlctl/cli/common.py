@@ -14,7 +14,8 @@ from rich.text import Text
 
 from ddlctl import __version__
 from ddlctl.errors import UserError
-from ddlctl.planning.plan import BALANCE, STRATEGIES, WORKER_PER
+from ddlctl.planning.plan import BALANCE, WORKER_PER
+from ddlctl.strategies import STRATEGIES
 from ddlctl.transport.options import SshOptions
 from ddlctl.workloads import EXECUTIONS, WORKLOADS
 

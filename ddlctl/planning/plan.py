@@ -32,12 +32,9 @@ from dataclasses import asdict, dataclass, field
 from ddlctl import envvars
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import PlanError
+from ddlctl.strategies import MULTI_HOST_STRATEGIES, SERVER_STRATEGIES, SINGLE_HOST_STRATEGIES, STRATEGIES
+from ddlctl.strategies import TABLE as STRATEGY_FACTS
 
-SINGLE_HOST_STRATEGIES: tuple[str, ...] = ("mirrored", "central_storage", "one_device")
-MULTI_HOST_STRATEGIES: tuple[str, ...] = ("ps", "mwms", "model")
-#: Strategies whose worker tasks are ``tf.distribute.Server`` processes driven by the chief.
-SERVER_STRATEGIES: tuple[str, ...] = ("ps", "model")
-STRATEGIES: tuple[str, ...] = MULTI_HOST_STRATEGIES + SINGLE_HOST_STRATEGIES
 WORKER_PER: tuple[str, ...] = ("auto", "gpu", "host")
 BALANCE: tuple[str, ...] = ("off", "speed")
 
@@ -327,7 +324,9 @@ def worker_per_gpu(worker_hosts: Sequence[Host], request: LaunchRequest) -> bool
         return True
     if request.worker_per == "host":
         return False
-    return request.strategy == "mwms" and len({h.gpus for h in worker_hosts}) > 1 and any(h.gpus for h in worker_hosts)
+    unequal = len({h.gpus for h in worker_hosts}) > 1 and any(h.gpus for h in worker_hosts)
+    facts = STRATEGY_FACTS.get(request.strategy)
+    return bool(facts and facts.batch_split and unequal)
 
 
 def _require_equal_gpus(workers: Sequence[Placement]) -> None:

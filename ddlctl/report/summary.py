@@ -35,6 +35,7 @@ from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_tele
 from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, last_end_us, read_steps
 from ddlctl.rundir import task_dirs
+from ddlctl.strategies import TABLE, strategy
 from ddlctl.supervise.results import task_exit_code
 
 DEFAULT_WARMUP_STEPS = 5
@@ -320,7 +321,8 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         recorded_stages = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
         stages = _stages(recorded_stages, procs, chief_step_s)
         stage_plan = _stage_plan(recorded_stages, chief_step_s)
-    balance = _balance(run_dir, plan, all_steps, kept_of) if plan.get("strategy") == "mwms" else None
+    split = plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split
+    balance = _balance(run_dir, plan, all_steps, kept_of) if split else None
     redone = redone_mask(lead.step) if lead is not None else []
     restarts = summarize_restarts(outcome.get("restarts", []), lead.step if lead else [],
                                   lead.start_us if lead else [],

@@ -37,6 +37,7 @@ import dataclasses
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
+from ddlctl.strategies import strategy as facts
 from ddlctl.supervise.rootcause import TRACEBACK_HEAD
 from ddlctl.supervise.tfmessages import blame_peer, final_error
 from ddlctl.transport.status import ExitStatus, signal_name
@@ -84,7 +85,7 @@ class Decision:
 
 def leader_of(strategy: str) -> str:
     """The task that leads TensorFlow's coordination service."""
-    return "chief:0" if strategy in ("ps", "model") else "worker:0"
+    return facts(strategy).leader
 
 
 def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
@@ -216,7 +217,7 @@ def port_retry(strategy: str, task: str, host: str, port: int, members: tuple[st
     None once the retries are spent: then it is an ordinary fault."""
     if retries_used >= MAX_PORT_RETRIES:
         return None
-    scope = "group" if strategy == "mwms" else "all"
+    scope = "group" if facts(strategy).group_restart else "all"
     return Decision("restart", members, scope,
                     f"{task} on {host}: port {port} was taken before it could bind: choosing new ports and "
                     f"starting the {scope} again (try {retries_used + 1} of {MAX_PORT_RETRIES})")

@@ -46,6 +46,7 @@ from ddlctl.runtime.tfenv import (
     task_context,
 )
 from ddlctl.steps import StepRecorder
+from ddlctl.strategies import TABLE
 from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
 from ddlctl.workloads.pipeline_loop import train_model_parallel
 from ddlctl.workloads.trainer import Checkpointer, Progress, Trainer, evaluate, record_block, step_blocks
@@ -108,22 +109,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_strategy(ctx: TaskContext):
-    """The tf.distribute strategy named by ``ctx.strategy``."""
+    """The tf.distribute strategy named by ``ctx.strategy`` (its class: ``ddlctl.strategies``)."""
     import tensorflow as tf
 
-    if ctx.strategy == "ps":
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return tf.distribute.ParameterServerStrategy(resolver)
-    if ctx.strategy == "mwms":
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    if ctx.strategy == "mirrored":
-        return tf.distribute.MirroredStrategy()
-    if ctx.strategy == "central_storage":
+    if ctx.strategy not in TABLE or TABLE[ctx.strategy].tf_class is None:
+        raise SystemExit(f"unknown strategy {ctx.strategy!r}")
+    name = TABLE[ctx.strategy].tf_class
+    if name == "ParameterServerStrategy":
+        return tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    if name == "OneDeviceStrategy":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0")
+    if name == "CentralStorageStrategy":
         return tf.distribute.experimental.CentralStorageStrategy()
-    if ctx.strategy == "one_device":
-        device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
-        return tf.distribute.OneDeviceStrategy(device)
-    raise SystemExit(f"unknown strategy {ctx.strategy!r}")
+    return getattr(tf.distribute, name)()
 
 
 def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
