@@ -20,7 +20,7 @@ from ddlctl.transport.local import LocalTransport
 def gather_slurm(python: str | None = None) -> list[HostReport]:
     """Reports for every node of the Slurm allocation ddlctl runs in, each probed in a job step."""
     from ddlctl.slurm.allocation import read_allocation
-    from ddlctl.slurm.transport import slurm_transports
+    from ddlctl.transport.slurm import slurm_transports
 
     allocation = read_allocation()
     cluster, _, _ = load_cluster(None, None, 1, allocation, python)

@@ -414,8 +414,8 @@ def render_srun_commands(plan: Plan, allocation: Allocation, out: Console) -> No
     """``--dry-run --slurm``: the srun command of each node's host agent step (tasks start inside it)."""
     import shlex
 
-    from ddlctl.slurm.transport import srun_argv
     from ddlctl.transport.remote import bundled_agent_argv
+    from ddlctl.transport.slurm import srun_argv
 
     used = {t.host.label for t in plan.tasks}
     out.print(f"srun job steps (job {allocation.job_id}; one host agent per node, which starts that node's "

@@ -52,7 +52,7 @@ def run_steps(job_id: str, run_id: str) -> list[str]:
     reconnections started are found too)."""
     import subprocess
 
-    from ddlctl.slurm.transport import step_name
+    from ddlctl.transport.slurm import step_name
 
     try:
         done = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True,

@@ -26,7 +26,7 @@ from ddlctl.slurm.allocation import (
     parse_node_addresses,
 )
 from ddlctl.slurm.submit import SubmitOptions, check_options, exit_code_of, sbatch_script, strategy_of
-from ddlctl.slurm.transport import srun_argv
+from ddlctl.transport.slurm import srun_argv
 from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, processes_of_run
 from tests.faults import step_count, wait_for
 from tests.slurm import ADDRESSES, NODES, SlurmCluster, unavailable_reason

@@ -34,7 +34,7 @@ def make_transports(cluster: Cluster, ssh: SshOptions | None,
     connection per remote host (opened in parallel; one error message names every host that could
     not be reached)."""
     if allocation is not None:
-        from ddlctl.slurm.transport import slurm_transports
+        from ddlctl.transport.slurm import slurm_transports
 
         return dict(slurm_transports(cluster.hosts, allocation))
     transports: dict[str, Transport] = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}

@@ -12,12 +12,15 @@ import hashlib
 import io
 import shlex
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
 import ddlctl
+from ddlctl.cluster.model import Host
+from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT
+from ddlctl.transport.session import HostSession, Stream
 
 PACKAGE_DIR = Path(ddlctl.__file__).resolve().parent
 
@@ -107,3 +110,29 @@ def _entry(name: str) -> zipfile.ZipInfo:
 def bundle_path() -> str:
     """Remote path of this controller's code bundle (content-addressed: versions never mix)."""
     return f"{REMOTE_ROOT}/code/ddlctl-{ddlctl.__version__}-{bundle_digest()}.zip"
+
+
+def start_bundled_agent(host: Host, python: str, start: Callable[[], tuple[Stream, Callable[[], bool]]],
+                        upload: Callable[[], str], bundle: str | None) -> tuple[HostSession, str]:
+    """Start a host agent that runs ddlctl's code from the shipped bundle, for every transport that
+    reaches a host where ddlctl is not installed (SSH, srun). ``start()`` starts the agent and gives
+    its stream and a function that says whether it exited for want of the bundle; then the bundle is
+    uploaded (``upload()``: its path on the host) and the agent started once more. Returns the
+    session, its tasks' PYTHONPATH set, and the bundle's path. A LaunchError says why it failed."""
+    for attempt in range(2):
+        stream, needs_code = start()
+        session = HostSession(host, stream, [], python)
+        try:
+            session.await_hello()
+        except LaunchError as exc:
+            if attempt == 0 and (NEED_CODE_TEXT in exc.message or needs_code()):
+                bundle = upload()
+                continue
+            raise
+        found = str((session.hello or {}).get("code") or bundle or "")
+        if not found:
+            session.close()
+            raise LaunchError(f"{host.label}: the host agent did not say where ddlctl's code is")
+        session.pythonpath = (f"{found}/ddlctl/instrument/autoload", found)
+        return session, found
+    raise AssertionError("unreachable")

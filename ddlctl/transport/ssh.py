@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +31,12 @@ from ddlctl.transport.remote import (
     EXPAND_1,
     FIND_BUNDLE,
     NEED_CODE_EXIT,
-    NEED_CODE_TEXT,
     UPLOAD_BUNDLE,
     bundle_path,
     bundled_agent_argv,
     code_bundle,
     shell_command,
+    start_bundled_agent,
 )
 from ddlctl.transport.session import HostSession
 
@@ -327,32 +327,23 @@ class SshTransport:
         the same exec (one round trip per host when it is there); uploaded, and the agent started
         again, when it is not."""
         argv = bundled_agent_argv(self.python, run_id, ports)
-        for attempt in range(2):
+
+        def start() -> tuple[ChannelStream, Callable[[], bool]]:
             try:
                 channel = self.conn.transport.open_session(timeout=30)
                 channel.exec_command(shell_command(argv))
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 raise LaunchError(f"{self.host.label}: cannot start the ddlctl host agent over SSH: {exc}") from None
-            session = HostSession(self.host, ChannelStream(channel), [], self.python)
-            try:
-                session.await_hello()
-            except LaunchError as exc:
-                # the exit status may arrive just after the channel's end: wait for it a moment
+
+            def needs_code() -> bool:  # the exit status may arrive just after the channel's end
                 channel.status_event.wait(5)
-                missing = (channel.exit_status_ready() and channel.recv_exit_status() == NEED_CODE_EXIT) \
-                    or NEED_CODE_TEXT in exc.message
-                if attempt == 0 and missing:
-                    self._bundle = self.conn.ensure_bundle()
-                    continue
-                raise
-            bundle = (session.hello or {}).get("code") or self._bundle
-            if not bundle:
-                session.close()
-                raise LaunchError(f"{self.host.label}: the host agent did not say where ddlctl's code is")
-            self._bundle = str(bundle)
-            session.pythonpath = (f"{self._bundle}/ddlctl/instrument/autoload", self._bundle)
-            return session
-        raise AssertionError("unreachable")
+                return channel.exit_status_ready() and channel.recv_exit_status() == NEED_CODE_EXIT
+
+            return ChannelStream(channel), needs_code
+
+        session, self._bundle = start_bundled_agent(self.host, self.python, start, self.conn.ensure_bundle,
+                                                    self._bundle)
+        return session
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle;

@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ddlctl.cluster.model import Host
@@ -24,12 +24,12 @@ from ddlctl.errors import HostGoneError, LaunchError
 from ddlctl.slurm.allocation import Allocation, Node, describe_job_end, job_state
 from ddlctl.transport.remote import (
     NEED_CODE_EXIT,
-    NEED_CODE_TEXT,
     RUN_BUNDLED,
     UPLOAD_BUNDLE,
     bundle_path,
     bundled_agent_argv,
     code_bundle,
+    start_bundled_agent,
 )
 from ddlctl.transport.session import HostSession, PipeStream
 
@@ -154,7 +154,9 @@ class SlurmTransport:
         when the node does not have it yet."""
         log_dir.mkdir(parents=True, exist_ok=True)
         stderr_path = log_dir / f"hostagent-{self.host.label.replace('/', '_')}.log"
-        for attempt in range(2):
+        streams: list[SrunStream] = []
+
+        def start() -> tuple[SrunStream, Callable[[], bool]]:
             argv = srun_argv(self.allocation.job_id, self.node, bundled_agent_argv(self.python, run_id, ports),
                              run_id)
             offset = stderr_path.stat().st_size if stderr_path.exists() else 0
@@ -164,28 +166,27 @@ class SlurmTransport:
                                              env=self.env, close_fds=True, start_new_session=True)
                 except FileNotFoundError:
                     raise no_srun() from None
-            stream = SrunStream(popen, stderr_path, self.env, self.allocation.job_id, offset)
-            session = HostSession(self.host, stream, [], self.python)
-            try:
-                session.await_hello()
-            except LaunchError as exc:
+            streams.append(SrunStream(popen, stderr_path, self.env, self.allocation.job_id, offset))
+
+            def needs_code() -> bool:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     popen.wait(5)
-                if attempt == 0 and (popen.returncode == NEED_CODE_EXIT or NEED_CODE_TEXT in exc.message):
-                    self.ensure_bundle()
-                    continue
-                if "not found on the host" in exc.message:
-                    raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on node {self.node.name} "
-                                      f"(job {self.allocation.job_id}): give the nodes' Python with --python PATH",
-                                      "--python PATH") from None
-                raise LaunchError(f"{exc.message} [srun step on node {self.node.name} of job "
-                                  f"{self.allocation.job_id}]", exc.hint) from None
-            stream.step = (session.hello or {}).get("slurm_step")
-            bundle = str((session.hello or {}).get("code") or self._bundle or "")
-            self._bundle = bundle or None
-            session.pythonpath = (f"{bundle}/ddlctl/instrument/autoload", bundle)
-            return session
-        raise AssertionError("unreachable")
+                return popen.returncode == NEED_CODE_EXIT
+
+            return streams[-1], needs_code
+
+        try:
+            session, self._bundle = start_bundled_agent(self.host, self.python, start, self.ensure_bundle,
+                                                        self._bundle)
+        except LaunchError as exc:
+            if "not found on the host" in exc.message:
+                raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on node {self.node.name} "
+                                  f"(job {self.allocation.job_id}): give the nodes' Python with --python PATH",
+                                  "--python PATH") from None
+            raise LaunchError(f"{exc.message} [srun step on node {self.node.name} of job "
+                              f"{self.allocation.job_id}]", exc.hint) from None
+        streams[-1].step = (session.hello or {}).get("slurm_step")
+        return session
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts from ``ddlctl.runtime.probe`` run by the node's Python in a step of the job."""
