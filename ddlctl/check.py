@@ -40,7 +40,7 @@ def gather(hosts: str | None, template: str | None, ssh: object | None) -> list[
             if isinstance(result, Exception):
                 errors[label] = result.message  # type: ignore[attr-defined]
             else:
-                transports[label] = SshTransport(result)
+                transports[label] = SshTransport(result, ssh if isinstance(ssh, SshOptions) else None)
     try:
         reachable = [h for h in cluster.hosts if h.label in transports]
         probed = {r.host: r for r in probe_transports(transports, reachable)}

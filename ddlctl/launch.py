@@ -369,7 +369,7 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
         supervisor = Supervisor(plan, connected.sessions, writer, config.supervision, notify=notify,  # type: ignore[arg-type]
                                 on_sample=live.on_sample if live is not None else None,
                                 on_progress=live.on_progress if live is not None else None,
-                                reconnect=reconnector(plan, connected.transports, config.ssh))
+                                reconnect=reconnector(plan, connected.transports))
         try:
             with live if live is not None else contextlib.nullcontext():
                 result = supervisor.run()
@@ -430,7 +430,7 @@ def render_srun_commands(plan: Plan, allocation: Allocation, out: Console) -> No
 def write_slurm_record(plan: Plan, connected: Connected) -> None:
     """``slurm.json``: the job and the agents' steps of a ``--slurm`` run (``ddlctl stop`` cancels them)."""
     assert connected.allocation is not None
-    steps = [getattr(s.stream, "step", None) for s in connected.sessions.values()]
+    steps = [(s.hello or {}).get("slurm_step") for s in connected.sessions.values()]
     (Path(plan.run_dir) / "slurm.json").write_text(json.dumps({
         "job_id": connected.allocation.job_id, "steps": [s for s in steps if s],
         "nodes": {n.name: n.address for n in connected.allocation.nodes}}, indent=1) + "\n")

@@ -101,5 +101,15 @@ class Transport(Protocol):
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
         """Facts about the host (``ddlctl.runtime.probe``); ``quick_ports``: launch-time form."""
 
+    def reopen(self, run_id: str, log_dir: Path) -> HostSession:
+        """After a lost connection: reach the host again and start a new agent (raises
+        ``HostGoneError`` when it cannot come back, e.g. its Slurm job ended)."""
+
+    def address(self) -> str | None:
+        """The host's network address when its name is an alias (None: its name)."""
+
+    def source_address(self) -> str | None:
+        """This machine's address as the host sees it (None: not known from this transport)."""
+
     def close(self) -> None:
         """Release connections."""

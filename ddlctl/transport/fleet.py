@@ -7,7 +7,6 @@ everything live here, for every transport.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import tarfile
@@ -44,7 +43,7 @@ def make_transports(cluster: Cluster, ssh: SshOptions | None,
         from ddlctl.transport.ssh import SshTransport, connect_all
 
         connections = connect_all(remote, ssh or SshOptions())
-        transports.update({label: SshTransport(conn) for label, conn in connections.items()})
+        transports.update({label: SshTransport(conn, ssh) for label, conn in connections.items()})
     return transports
 
 
@@ -52,9 +51,10 @@ def with_ssh_addresses(cluster: Cluster, transports: dict[str, Transport]) -> Cl
     """Record each SSH host's real address (``HostName`` from ~/.ssh/config) for TF_CONFIG."""
     hosts = []
     for host in cluster.hosts:
-        target = getattr(getattr(transports.get(host.label), "conn", None), "target", None)
-        if target is not None and target.hostname != host.name:
-            host = dataclasses.replace(host, address=target.hostname)
+        transport = transports.get(host.label)
+        address = transport.address() if transport is not None else None
+        if address is not None and address != host.name:
+            host = dataclasses.replace(host, address=address)
         hosts.append(host)
     return dataclasses.replace(cluster, hosts=tuple(hosts))
 
@@ -62,10 +62,9 @@ def with_ssh_addresses(cluster: Cluster, transports: dict[str, Transport]) -> Cl
 def connection_source_address(transports: dict[str, Transport]) -> str | None:
     """This machine's address on its SSH connection to the first remote host (what that host sees)."""
     for transport in transports.values():
-        conn = getattr(transport, "conn", None)
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                return conn.client.get_transport().sock.getsockname()[0]
+        address = transport.source_address()
+        if address is not None:
+            return address
     return None
 
 
@@ -96,25 +95,11 @@ def open_sessions(transports: Mapping[str, Transport], hosts: Sequence[Host], ru
     return all_or_fail(results, "start ddlctl's host agent on", HostSession.close)
 
 
-def reconnector(plan: Plan, transports: dict[str, Transport], ssh: SshOptions | None):  # noqa: ANN201
-    """A function that reconnects to a host whose connection was lost and starts a new agent there."""
+def reconnector(plan: Plan, transports: dict[str, Transport]):  # noqa: ANN201
+    """A function that reaches a host whose connection was lost again and starts a new agent there."""
 
     def reconnect(label: str) -> HostSession:
-        old = transports[label]
-        if isinstance(old, LocalTransport):
-            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
-        check_job = getattr(old, "check_job", None)
-        if check_job is not None:  # a Slurm node: a new agent step, while the job still runs
-            check_job()
-            return old.open_session(plan.run_id, Path(plan.run_dir) / "agents")
-        from ddlctl.transport.options import SshOptions
-        from ddlctl.transport.ssh import SshTransport, connect
-
-        with contextlib.suppress(Exception):
-            old.close()
-        fresh = SshTransport(connect(old.host, ssh or SshOptions()))
-        transports[label] = fresh
-        return fresh.open_session(plan.run_id, Path(plan.run_dir) / "agents")
+        return transports[label].reopen(plan.run_id, Path(plan.run_dir) / "agents")
 
     return reconnect
 

@@ -50,5 +50,15 @@ class LocalTransport:
                               f"{done.stderr.strip()[-300:]}")
         return json.loads(done.stdout)
 
+    def address(self) -> str | None:
+        return None
+
+    def source_address(self) -> str | None:
+        return None
+
+    def reopen(self, run_id: str, log_dir: Path) -> HostSession:
+        """A new local agent (the old one was cut off)."""
+        return self.open_session(run_id, log_dir)
+
     def close(self) -> None:
         pass

@@ -44,6 +44,7 @@ class Stream(Protocol):
     def errors(self) -> str: ...  # what the agent printed on stderr (for messages)
     def abandon(self) -> None: ...  # the agent went silent: cut it off (it then kills its tasks)
     def close(self) -> None: ...
+    def ended(self) -> str: ...  # what the transport knows of why the stream ended ("" when nothing)
 
 
 class PipeStream:
@@ -77,6 +78,10 @@ class PipeStream:
             return ""
         with contextlib.suppress(OSError):
             return self.stderr_path.read_text(errors="replace")[-2000:]
+        return ""
+
+    def ended(self) -> str:
+        """A local pipe says nothing more than its end."""
         return ""
 
     def abandon(self) -> None:
@@ -186,7 +191,7 @@ class HostSession:
             if data is None:
                 return
             if data == b"":
-                said = getattr(self.stream, "ended", lambda: "")()
+                said = self.stream.ended()
                 self._lose("connection closed" + (f": {said}" if said else ""))
                 return
             self.last_heard = time.monotonic()
@@ -232,7 +237,7 @@ class HostSession:
         elif kind in Kind.FILE_REPLIES:
             self.replies.setdefault(header.get("id"), []).append((header, payload))
         elif kind == Kind.SIGNALLED:  # the agent itself was signalled: its tasks end with the host
-            said = getattr(self.stream, "ended", lambda: "")()
+            said = self.stream.ended()
             self._lose(f"its host agent received {signal.Signals(int(header.get('sig', 15))).name}"
                        + (f": {said}" if said else " (its Slurm step cancelled, or the host shutting down)"))
             self._drain()

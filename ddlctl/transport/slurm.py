@@ -209,6 +209,17 @@ class SlurmTransport:
     def free_ports(self, count: int) -> list[int]:
         return [int(p) for p in self.probe(quick_ports=count)["ports"]]  # type: ignore[union-attr]
 
+    def address(self) -> str | None:
+        return None
+
+    def source_address(self) -> str | None:
+        return None
+
+    def reopen(self, run_id: str, log_dir: Path) -> HostSession:
+        """A new agent step on the node, while the job still runs (HostGoneError once it has ended)."""
+        self.check_job()
+        return self.open_session(run_id, log_dir)
+
     def close(self) -> None:
         pass
 

@@ -305,14 +305,36 @@ class ChannelStream:
         with contextlib.suppress(Exception):
             self.channel.close()
 
+    def ended(self) -> str:
+        """Nothing more than the closed channel says."""
+        return ""
+
 
 class SshTransport:
     """Runs tasks on one remote host through its :class:`SshConnection`."""
 
-    def __init__(self, conn: SshConnection) -> None:
+    def __init__(self, conn: SshConnection, options: SshOptions | None = None) -> None:
         self.conn = conn
         self.host = conn.host
+        self.options = options or SshOptions()  # to connect again after a loss
         self._bundle: str | None = None
+
+    def address(self) -> str | None:
+        """The host's real address (``HostName`` of ~/.ssh/config), for TF_CONFIG."""
+        return self.conn.target.hostname
+
+    def source_address(self) -> str | None:
+        """This machine's address on the connection: what the host sees of it."""
+        with contextlib.suppress(Exception):
+            return self.conn.client.get_transport().sock.getsockname()[0]
+        return None
+
+    def reopen(self, run_id: str, log_dir: Path) -> HostSession:
+        """After a lost connection: connect again and start a new agent."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        self.conn = connect(self.host, self.options)
+        return self.open_session(run_id, log_dir)
 
     @property
     def python(self) -> str:
