@@ -190,6 +190,7 @@ def test_partition_profiles_the_built_in_model_and_plans_it_under_memory_caps(tm
     assert refused.returncode == 2 and "alone needs" in refused.stdout, refused.stdout[-2000:]
 
 
+@pytest.mark.timing  # profiles the model and measures this machine's speed: alone, not beside other tests
 def test_measured_speeds_and_link_of_a_profile_replace_the_declared_ones(tmp_path):
     import json
 
@@ -280,3 +281,20 @@ def test_a_given_plan_without_prediction_is_taken_as_is_kept_and_resumed(tmp_pat
     assert mp.plan(None, ["a", "b"], 64, 1, checkpoint_dir=str(kept)) == StagePlan([2, 3], "resumed")
     with pytest.raises(UserError, match="not a comma-separated list"):
         mp.plan(None, ["a", "b"], 64, 1, partition="2;3", predict=False)
+
+
+def test_the_cost_model_on_plans_worked_out_by_hand():
+    """Literal figures, computed by hand (not by the cost model under test). Four 1 s layers on two
+    equal devices, 4 micro-batches, free links: 2 + 2 layers gives stages of 2 s, a step of
+    sum/m + (m - 1) x max/m = 4/4 + 3 x 2/4 = 2.5 s; 1 + 3 would give 1 + 3 x 3/4 = 3.25 s. With one
+    device at half speed, its share shrinks: 3 layers (3 s) on the fast one, 1 (2 s) on the slow one,
+    a 5/4 + 3 x 3/4 = 3.5 s step (2 + 2 would be 2 + 4 s: 6/4 + 3 x 4/4 = 4.5 s)."""
+    equal = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0), Device("b", 1.0)], 4)
+    assert [s.layers for s in equal.stages] == [2, 2]
+    assert (equal.bottleneck_s, equal.step_time_s) == (pytest.approx(2.0), pytest.approx(2.5))
+    slow = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0), Device("b", 0.5)], 4)
+    assert [s.layers for s in slow.stages] == [3, 1]
+    assert (slow.bottleneck_s, slow.step_time_s) == (pytest.approx(3.0), pytest.approx(3.5))
+    # no micro-batching: the sum of the stages, so everything goes on the fastest device
+    whole = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0), Device("b", 2.0)], 1)
+    assert [s.layers for s in whole.stages] == [0, 4] and whole.step_time_s == pytest.approx(2.0)
