@@ -166,10 +166,14 @@ def test_balance_speed_gives_the_throttled_worker_a_smaller_share_same_training_
     results = [json.loads((d / "tasks" / "worker-0" / "result.json").read_text()) for d in dirs]
     assert results[1]["loss"] == pytest.approx(results[0]["loss"], rel=0.02)
     assert results[1]["accuracy"] == pytest.approx(results[0]["accuracy"], abs=0.02)
-    ratio = balanced["throughput_samples_per_s"] / equal["throughput_samples_per_s"]
-    print(f"throughput: equal split {equal['throughput_samples_per_s']:,.0f} samples/s, balanced "
-          f"{balanced['throughput_samples_per_s']:,.0f} ({ratio:.2f}x); speeds {fast:,.0f} / {slow:,.0f}")
-    assert ratio > 1.0
+    # within each run, per step: the throttled worker's compute was far longer than the other's with
+    # equal shares, and no longer than about the other's with balanced ones (the speed-up itself,
+    # measured side by side, is benchmarks/heterogeneous.py's)
+    compute = {name: [w["compute_s"] for w in summary["balance"]["workers"]]
+               for name, summary in (("equal", equal), ("balanced", balanced))}
+    print(f"compute per step (s), fast / throttled worker: {compute}; speeds {fast:,.0f} / {slow:,.0f}")
+    assert compute["equal"][1] > 1.5 * compute["equal"][0], compute
+    assert compute["balanced"][1] < 1.5 * compute["balanced"][0], compute
     assert equal["balance"]["split"] == "equal"
     assert balanced["balance"]["split"] == f"speed ({split['source']})"
     # the median step's batch, at the final split when it ran long enough

@@ -132,7 +132,6 @@ def test_env_values_never_appear_on_any_command_line(cluster, tmp_path, runs):
         assert job.wait(60) == 130
 
 
-@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @pytest.mark.parametrize("remote", [False, True])
 def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluster, tmp_path, runs, remote):
     import signal
@@ -155,9 +154,10 @@ def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluste
     for _ in range(3):
         job.proc.send_signal(signal.SIGINT)
         time.sleep(0.05)
-    sent = time.monotonic()
-    assert job.wait(10) == 130
-    assert time.monotonic() - sent < 3, "the third Ctrl-C exits at once"
+    assert job.wait(30) == 130
+    # the third Ctrl-C left at once: the run never got to its report (a second one waits for its
+    # tasks and then writes outcome.json)
+    assert not (job.run_dir / "outcome.json").exists(), "ddlctl went on to the report after the third Ctrl-C"
     wait_for(lambda: not processes_of_run(job.run_dir.name), 3 + 10, "the agents to kill every task")
 
 
