@@ -242,6 +242,9 @@ class ReusedPipe:
     def fileno(self) -> int:
         return self.fd
 
+    def ended(self) -> str:
+        return ""
+
     def read(self) -> bytes | None:
         try:
             return os.read(self.fd, 65536)

@@ -149,12 +149,12 @@ class HostSession:
         self.stream = stream
         self.pythonpath = tuple(pythonpath)  # for tasks: where ddlctl's code is on that host
         self.reader = FrameReader()
-        self.tasks: dict[str, AgentTask] = {}
+        self._tasks: dict[str, AgentTask] = {}
         self._steps: dict[str, tuple[int, float]] = {}  # task -> (steps recorded so far, when it last grew)
         self._progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
         self._dumps: dict[str, dict] = {}
         self.ports_reply: dict | None = None
-        self.replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
+        self._replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
         self._next_id = 0
         self.hello: dict | None = None
         self._pids_changed = False  # a task reported its pids since the supervisor last looked
@@ -205,7 +205,7 @@ class HostSession:
 
     def _dispatch(self, header: dict, payload: bytes) -> None:
         kind = header.get("k")
-        task = self.tasks.get(header.get("task", ""))
+        task = self._tasks.get(header.get("task", ""))
         if kind == Kind.OUT and task is not None:
             task.chunks.append(payload)
         elif kind == Kind.EXIT and task is not None:
@@ -235,7 +235,7 @@ class HostSession:
         elif kind == Kind.PORTS:
             self.ports_reply = header
         elif kind in Kind.FILE_REPLIES:
-            self.replies.setdefault(header.get("id"), []).append((header, payload))
+            self._replies.setdefault(header.get("id"), []).append((header, payload))
         elif kind == Kind.SIGNALLED:  # the agent itself was signalled: its tasks end with the host
             said = self.stream.ended()
             self._lose(f"its host agent received {signal.Signals(int(header.get('sig', 15))).name}"
@@ -250,7 +250,7 @@ class HostSession:
         if self.lost or self.closed:
             return
         self.lost, self.lost_at = reason, time.time()
-        for task in self.tasks.values():
+        for task in self._tasks.values():
             if task.status is None:
                 task._end(ExitStatus(lost=True), self.lost_at)
             task.eof = True
@@ -329,7 +329,7 @@ class HostSession:
     def start(self, spec: TaskSpec, grace_s: float) -> AgentTask:
         """Ask the agent to start ``spec``; the returned task fills in as frames arrive."""
         task = AgentTask(spec, self)
-        self.tasks[spec.name] = task
+        self._tasks[spec.name] = task
         self._steps.pop(spec.name, None)
         if self.lost:
             task._end(ExitStatus(lost=True), time.time())
@@ -375,9 +375,9 @@ class HostSession:
         self._next_id += 1
         ident = self._next_id
         self.command({**command, "id": ident})
-        finished = self.wait_for(lambda: any(h.get("k") == Kind.FILE_ERROR for h, _ in self.replies.get(ident, ()))
-                                 or done(self.replies.get(ident, [])), timeout)
-        replies = self.replies.pop(ident, [])
+        finished = self.wait_for(lambda: any(h.get("k") == Kind.FILE_ERROR for h, _ in self._replies.get(ident, ()))
+                                 or done(self._replies.get(ident, [])), timeout)
+        replies = self._replies.pop(ident, [])
         errors = [h["error"] for h, _ in replies if h.get("k") == Kind.FILE_ERROR]
         if errors or not finished:
             raise OSError(f"{self.host.label}: {errors[0] if errors else self.lost or 'no answer'}")
