@@ -33,7 +33,9 @@ from ddlctl import envvars
 
 
 class StepRecorder:
-    """Appends step records to a JSON-lines file; flushes at least once a second and on close."""
+    """Appends step records to a JSON-lines file. A record is on disk within ``flush_interval_s``
+    even when no further step comes (a task that hangs keeps nothing in its buffer: a background
+    thread flushes what waits), and everything on close."""
 
     def __init__(self, path: str | Path | None, task: str, flush_interval_s: float = 1.0) -> None:
         self.task = task
@@ -44,6 +46,10 @@ class StepRecorder:
             self._file = self.path.open("a", encoding="utf-8")
         self._flush_interval = flush_interval_s
         self._last_flush = time.monotonic()
+        self._lock = threading.Lock()  # the file, between the recording thread and the flusher
+        self._dirty = False
+        self._closed = threading.Event()
+        self._flusher: threading.Thread | None = None
         self.count = 0
         self.total: int | None = None
 
@@ -78,21 +84,41 @@ class StepRecorder:
             line["total"] = self.total
         if worker:
             line["worker"] = worker
-        self._file.write(json.dumps(line) + "\n")
-        now = time.monotonic()
-        if now - self._last_flush >= self._flush_interval:
-            self._file.flush()
-            self._last_flush = now
+        text = json.dumps(line) + "\n"
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.write(text)
+            now = time.monotonic()
+            if now - self._last_flush >= self._flush_interval:
+                self._file.flush()
+                self._last_flush, self._dirty = now, False
+            else:
+                self._dirty = True
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_waiting, name="ddlctl-steps-flush", daemon=True)
+            self._flusher.start()
+
+    def _flush_waiting(self) -> None:
+        """Flush records that wait in the buffer, every ``flush_interval_s``, until closed."""
+        while not self._closed.wait(self._flush_interval):
+            with self._lock:
+                if self._dirty and self._file is not None:
+                    self._file.flush()
+                    self._last_flush, self._dirty = time.monotonic(), False
 
     def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-            self._last_flush = time.monotonic()
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+                self._last_flush, self._dirty = time.monotonic(), False
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._closed.set()
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     def __enter__(self) -> StepRecorder:
         return self
