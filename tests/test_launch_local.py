@@ -164,7 +164,7 @@ def test_sigint_stops_every_task_within_10s(runs):
 
 def test_startup_timeout_names_the_task_that_never_joined(runs):
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--startup-timeout",
-                        "20", "--grace", "1", "--runs-dir", str(runs), "--", sys.executable,
+                        "10", "--grace", "1", "--runs-dir", str(runs), "--", sys.executable,
                         str(PROGRAMS / "never_joins.py"), timeout=120)
     assert result.returncode == 1
     assert "startup timeout" in result.stderr
