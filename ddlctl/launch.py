@@ -32,7 +32,8 @@ from ddlctl.planning.plan import (
     needs_port,
 )
 from ddlctl.preflight import HostReport, probe_transports, require_usable
-from ddlctl.rundir import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE, make_dir, new_run_id, write_plan
+from ddlctl.rundir import make_dir, new_run_id, write_plan
+from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
 from ddlctl.supervise.noise import is_startup_noise
 from ddlctl.supervise.output import PrefixedWriter, QuietWriter
 from ddlctl.supervise.results import outcome_record

@@ -12,17 +12,7 @@ from pathlib import Path
 
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import Plan
-
-PLAN_FILE = "plan.json"
-PIDS_FILE = "pids.json"
-OUTCOME_FILE = "outcome.json"
-SUMMARY_FILE = "summary.json"
-TRACE_FILE = "trace.json"
-TASKS_DIR = "tasks"
-TELEMETRY_DIR = "telemetry"
-HANG_DIR = "hang"
-TASK_LOG = "output.log"
-TASK_ERROR = "error.json"
+from ddlctl.runfiles import PLAN_FILE, TASK_LOG, TASKS_DIR, TELEMETRY_DIR
 
 
 def task_dir(run_dir: str | Path, dir_name: str) -> Path:

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ddlctl import envvars
+from ddlctl.runfiles import TASK_STEPS
 
 
 class StepRecorder:
@@ -59,7 +60,7 @@ class StepRecorder:
         ``$DDLCTL_TOTAL_STEPS`` when that is set."""
         task_dir = os.environ.get(envvars.TASK_DIR)
         task = os.environ.get(envvars.TASK, "local:0")
-        recorder = cls(Path(task_dir) / "steps.jsonl" if task_dir else None, task)
+        recorder = cls(Path(task_dir) / TASK_STEPS if task_dir else None, task)
         total = os.environ.get(envvars.TOTAL_STEPS, "")
         if total.isdigit() and int(total) > 0:
             recorder.total = int(total)

@@ -10,12 +10,13 @@ from rich.console import Console
 
 from ddlctl.cluster.model import Host
 from ddlctl.errors import ConfigError, LaunchError
+from ddlctl.runfiles import PLAN_FILE
 from ddlctl.runtime.killrun import kill_run
 
 
 def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
     """Run id and the hosts that ran tasks, from ``plan.json``."""
-    path = run_dir / "plan.json"
+    path = run_dir / PLAN_FILE
     try:
         plan = json.loads(path.read_text())
     except FileNotFoundError:

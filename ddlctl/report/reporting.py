@@ -13,13 +13,14 @@ from ddlctl.report.export import write_csv
 from ddlctl.report.render import render_report
 from ddlctl.report.summary import summarize
 from ddlctl.report.trace import write_trace
+from ddlctl.runfiles import PLAN_FILE
 
 
 def report(run_dir: str, json_out: bool, csv_dir: str | None, trace: str | None, warmup_steps: int,
            console: Console) -> int:
     """Render (or print as JSON) the summary of ``run_dir``; optional CSV and trace files."""
     folder = Path(run_dir)
-    if not (folder / "plan.json").is_file():
+    if not (folder / PLAN_FILE).is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no plan.json)", "pass a folder like runs/<run-id>")
     summary = summarize(folder, warmup_steps=warmup_steps)
     if json_out:

@@ -35,6 +35,7 @@ from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_tele
 from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, last_end_us, read_steps
 from ddlctl.rundir import task_dirs
+from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_RESULT, TASK_STEPS
 from ddlctl.strategies import TABLE, strategy
 from ddlctl.supervise.results import task_exit_code
 
@@ -205,13 +206,13 @@ PARALLEL_BYTES = 32 * 2**20
 
 
 def _read_task(folder: Path) -> TaskSteps:
-    return read_steps(folder / "steps.jsonl", folder.name.replace("-", ":", 1))
+    return read_steps(folder / TASK_STEPS, folder.name.replace("-", ":", 1))
 
 
 def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[TaskSteps], list[HostSeries]]:
     """Parse every steps and telemetry file; in worker processes when there is a lot to parse
     (JSON decoding is the cost: spread it over the cores)."""
-    files = [f / "steps.jsonl" for f in folders] + telemetry_files
+    files = [f / TASK_STEPS for f in folders] + telemetry_files
     size = sum(p.stat().st_size for p in files if p.is_file())
     workers = min(os.cpu_count() or 1, 8)
     if size < PARALLEL_BYTES or workers < 2:
@@ -233,8 +234,8 @@ def _load_json(path: Path) -> dict:
 def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> RunSummary:
     """Summary of the run in ``run_dir``."""
     run_dir = Path(run_dir)
-    plan = _load_json(run_dir / "plan.json")
-    outcome = _load_json(run_dir / "outcome.json")
+    plan = _load_json(run_dir / PLAN_FILE)
+    outcome = _load_json(run_dir / OUTCOME_FILE)
     planned = {t["name"]: t for t in plan.get("tasks", [])}
     ended = {t["name"]: t for t in outcome.get("tasks", [])}
 
@@ -244,7 +245,7 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
     all_steps: list[TaskSteps] = []
     results: dict[str, dict] = {}
     for folder, steps in zip(folders, parsed_steps, strict=True):
-        result = _load_json(folder / "result.json")
+        result = _load_json(folder / TASK_RESULT)
         if steps.step or result:
             all_steps.append(steps)
             results[steps.name] = result

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ddlctl.report.stepfile import parse_json_lines, read_steps
 from ddlctl.rundir import task_dirs
+from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_STEPS
 from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
 
 
@@ -19,7 +20,7 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
     """The trace as a JSON-ready dict ``{"traceEvents": [...], "displayTimeUnit": "ms"}``."""
     run_dir = Path(run_dir)
     try:
-        plan = json.loads((run_dir / "plan.json").read_text())
+        plan = json.loads((run_dir / PLAN_FILE).read_text())
     except (OSError, ValueError):
         plan = {}
     host_of = {t["name"]: t["host"] for t in plan.get("tasks", [])}
@@ -34,7 +35,7 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
         return pids[host]
 
     for tid, folder in enumerate(task_dirs(run_dir), start=1):
-        steps = read_steps(folder / "steps.jsonl", folder.name.replace("-", ":", 1))
+        steps = read_steps(folder / TASK_STEPS, folder.name.replace("-", ":", 1))
         if not steps.step:
             continue
         pid = pid_for(host_of.get(steps.name, "unknown host"))
@@ -67,7 +68,7 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
                     events.append({"ph": "C", "name": f"GPU {gpu['index']} memory GiB", "pid": pid,
                                    "ts": ts, "args": {"used": round(gpu["mem_used"] / 2**30, 3)}})
     try:
-        outcome = json.loads((run_dir / "outcome.json").read_text())
+        outcome = json.loads((run_dir / OUTCOME_FILE).read_text())
     except (OSError, ValueError):
         outcome = {}
     for event in outcome.get("restarts", []):  # global instant events: a fault, then its restart

@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict
 
 from ddlctl import envvars
+from ddlctl.runfiles import TASK_STEPS
 from ddlctl.runtime.hostagent import StepFile
 from ddlctl.telemetry.nvml import GPU_FIELDS, GpuSampler
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     counters = {}
     for item in args.watch:
         task, _, folder = item.partition("=")
-        counters[task] = StepFile(os.path.join(folder, "steps.jsonl"))
+        counters[task] = StepFile(os.path.join(folder, TASK_STEPS))
     hello = {"type": "hello", "t": time.time(), "host": args.host, "interval": args.interval,
              "pid": os.getpid(), "gpus": [asdict(g) for g in gpus.gpus], "driver": gpus.inventory.driver,
              "gpu_note": gpus.note, "psutil": host.psutil is not None, "gpu_fields": list(GPU_FIELDS)}

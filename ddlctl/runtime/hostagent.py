@@ -37,6 +37,7 @@ import sys
 import time
 
 from ddlctl import envvars
+from ddlctl.runfiles import TASK_STEPS
 from ddlctl.runtime import cgroup
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
@@ -180,7 +181,7 @@ class Task:
         self.status: int | None = None
         self.exited_at: float | None = None
         self.eof = False
-        self.steps = StepFile(os.path.join(self.task_dir, "steps.jsonl")) if self.task_dir else None
+        self.steps = StepFile(os.path.join(self.task_dir, TASK_STEPS)) if self.task_dir else None
         self.reported_steps = -1
         self.port = int(spec.get("port") or 0)
         self.listening = not self.port

@@ -1,11 +1,13 @@
 """The host agent's file operations: a tar of task folders, pruning a run's folder, a JSON record
-written atomically. Standard library only (it runs from ddlctl's code bundle)."""
+written atomically. Standard library (and ddlctl's name-only contracts) only: it runs from the code bundle."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+
+from ddlctl.runfiles import TASK_LOG
 
 
 def write_json(path: str, record: dict) -> None:
@@ -32,7 +34,7 @@ def pack_folders(dirs: dict) -> bytes:
                 continue
             for entry in entries:
                 full = os.path.join(folder, entry)
-                if entry == "output.log" or entry.endswith((".tmp", ".ddlctl-partial")) or not os.path.isfile(full):
+                if entry == TASK_LOG or entry.endswith((".tmp", ".ddlctl-partial")) or not os.path.isfile(full):
                     continue
                 with contextlib.suppress(OSError):  # a file that vanished is simply not there
                     archive.add(full, arcname=f"{name}/{entry}", recursive=False)

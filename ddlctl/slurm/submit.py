@@ -25,6 +25,7 @@ from rich.console import Console
 
 from ddlctl.errors import ConfigError, LaunchError
 from ddlctl.rundir import make_dir, new_run_id
+from ddlctl.runfiles import OUTCOME_FILE
 from ddlctl.slurm.allocation import job_state
 
 #: Job states after which nothing more happens (``scontrol show job``'s JobState).
@@ -132,7 +133,7 @@ def submit(opts: SubmitOptions, out: Console, err: Console, env: Mapping[str, st
 def exit_code_of(run_dir: Path, state: str, slurm_exit: str) -> int:
     """The run's exit code: ddlctl's own (``outcome.json``), else what Slurm says of the job."""
     try:
-        return int(json.loads((run_dir / "outcome.json").read_text())["exit_code"])
+        return int(json.loads((run_dir / OUTCOME_FILE).read_text())["exit_code"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     code, _, signal = slurm_exit.partition(":")

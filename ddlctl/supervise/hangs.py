@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddlctl.rundir import HANG_DIR
+from ddlctl.runfiles import HANG_DIR
 from ddlctl.supervise.hangwatch import HangWatch
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.policy import Fault, leader_of

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ddlctl.planning.plan import Plan, TaskSpec
-from ddlctl.rundir import PIDS_FILE, task_log, telemetry_file
+from ddlctl.rundir import task_log, telemetry_file
+from ddlctl.runfiles import PIDS_FILE
 from ddlctl.supervise.output import LineSplitter
 from ddlctl.transport.base import AgentSession, TaskProcess
 from ddlctl.transport.status import ExitStatus

@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddlctl.rundir import TASK_ERROR, task_dir
+from ddlctl.rundir import task_dir
+from ddlctl.runfiles import TASK_ERROR
 from ddlctl.supervise.job import Job, SupervisedTask, TaskState
 from ddlctl.supervise.policy import Fault
 from ddlctl.supervise.rootcause import last_traceback, read_tail, tail_lines

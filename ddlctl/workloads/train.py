@@ -36,6 +36,7 @@ from collections import deque
 from pathlib import Path
 
 from ddlctl import envvars
+from ddlctl.runfiles import TASK_RESULT
 from ddlctl.runtime.tfenv import (
     TaskContext,
     cluster_addresses,
@@ -384,5 +385,5 @@ def main(argv: list[str] | None = None) -> int:
                   "execution": args.execution, "steps": args.steps,
                   "batch_size": args.batch_size, "loss": loss, "accuracy": accuracy, "train_time_s": train_time}
         Path(ctx.task_dir).mkdir(parents=True, exist_ok=True)
-        (Path(ctx.task_dir) / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+        (Path(ctx.task_dir) / TASK_RESULT).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -1,0 +1,16 @@
+"""The run directory's file names: the contract between whoever writes them (the controller, the
+host agent, the tasks) and whoever reads them (the summary, ``ddlctl report``, ``ddlctl stop``).
+Names only, no import: the host side and the tasks use them too."""
+
+PLAN_FILE = "plan.json"
+PIDS_FILE = "pids.json"
+OUTCOME_FILE = "outcome.json"
+SUMMARY_FILE = "summary.json"
+TRACE_FILE = "trace.json"
+TASKS_DIR = "tasks"
+TELEMETRY_DIR = "telemetry"
+HANG_DIR = "hang"
+TASK_LOG = "output.log"
+TASK_ERROR = "error.json"
+TASK_STEPS = "steps.jsonl"  # a task's step records (ddlctl.steps)
+TASK_RESULT = "result.json"  # the built-in workload's final loss and accuracy
