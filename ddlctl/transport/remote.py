@@ -113,12 +113,15 @@ def bundle_path() -> str:
 
 
 def start_bundled_agent(host: Host, python: str, start: Callable[[], tuple[Stream, Callable[[], bool]]],
-                        upload: Callable[[], str], bundle: str | None) -> tuple[HostSession, str]:
+                        upload: Callable[[], str], bundle: str | None,
+                        require_bundle: bool = True) -> tuple[HostSession, str | None]:
     """Start a host agent that runs ddlctl's code from the shipped bundle, for every transport that
     reaches a host where ddlctl is not installed (SSH, srun). ``start()`` starts the agent and gives
     its stream and a function that says whether it exited for want of the bundle; then the bundle is
     uploaded (``upload()``: its path on the host) and the agent started once more. Returns the
-    session, its tasks' PYTHONPATH set, and the bundle's path. A LaunchError says why it failed."""
+    session, its tasks' PYTHONPATH set, and the bundle's path. A LaunchError says why it failed.
+    ``require_bundle=False``: an agent that runs from an installed ddlctl (a Slurm node that shares
+    the controller's file system says no bundle) is fine too."""
     for attempt in range(2):
         stream, needs_code = start()
         session = HostSession(host, stream, [], python)
@@ -130,9 +133,9 @@ def start_bundled_agent(host: Host, python: str, start: Callable[[], tuple[Strea
                 continue
             raise
         found = str((session.hello or {}).get("code") or bundle or "")
-        if not found:
+        if not found and require_bundle:
             session.close()
             raise LaunchError(f"{host.label}: the host agent did not say where ddlctl's code is")
         session.pythonpath = (f"{found}/ddlctl/instrument/autoload", found)
-        return session, found
+        return session, found or None
     raise AssertionError("unreachable")

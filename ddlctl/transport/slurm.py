@@ -177,7 +177,7 @@ class SlurmTransport:
 
         try:
             session, self._bundle = start_bundled_agent(self.host, self.python, start, self.ensure_bundle,
-                                                        self._bundle)
+                                                        self._bundle, require_bundle=False)
         except LaunchError as exc:
             if "not found on the host" in exc.message:
                 raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on node {self.node.name} "
