@@ -34,23 +34,18 @@ from ddlctl.runfiles import TASK_STEPS
 
 
 class StepRecorder:
-    """Appends step records to a JSON-lines file. A record is on disk within ``flush_interval_s``
-    even when no further step comes (a task that hangs keeps nothing in its buffer: a background
-    thread flushes what waits), and everything on close."""
+    """Appends step records to a JSON-lines file, each written through at once (line-buffered: one
+    write a record). A task that hangs, is killed or is stopped keeps nothing in a buffer, so the
+    report counts every step it made, and the steps a restart redoes."""
 
-    def __init__(self, path: str | Path | None, task: str, flush_interval_s: float = 1.0) -> None:
+    def __init__(self, path: str | Path | None, task: str) -> None:
         self.task = task
         self.path = Path(path) if path is not None else None
         self._file = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
-        self._flush_interval = flush_interval_s
-        self._last_flush = time.monotonic()
-        self._lock = threading.Lock()  # the file, between the recording thread and the flusher
-        self._dirty = False
-        self._closed = threading.Event()
-        self._flusher: threading.Thread | None = None
+            self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()  # one line at a time, whichever thread records
         self.count = 0
         self.total: int | None = None
 
@@ -87,35 +82,16 @@ class StepRecorder:
             line["worker"] = worker
         text = json.dumps(line) + "\n"
         with self._lock:
-            if self._file is None:
-                return
-            self._file.write(text)
-            now = time.monotonic()
-            if now - self._last_flush >= self._flush_interval:
-                self._file.flush()
-                self._last_flush, self._dirty = now, False
-            else:
-                self._dirty = True
-        if self._flusher is None:
-            self._flusher = threading.Thread(target=self._flush_waiting, name="ddlctl-steps-flush", daemon=True)
-            self._flusher.start()
-
-    def _flush_waiting(self) -> None:
-        """Flush records that wait in the buffer, every ``flush_interval_s``, until closed."""
-        while not self._closed.wait(self._flush_interval):
-            with self._lock:
-                if self._dirty and self._file is not None:
-                    self._file.flush()
-                    self._last_flush, self._dirty = time.monotonic(), False
+            if self._file is not None:
+                self._file.write(text)
 
     def flush(self) -> None:
+        """Nothing waits: every record is written when it is made (kept for callers)."""
         with self._lock:
             if self._file is not None:
                 self._file.flush()
-                self._last_flush, self._dirty = time.monotonic(), False
 
     def close(self) -> None:
-        self._closed.set()
         with self._lock:
             if self._file is not None:
                 self._file.close()
