@@ -31,9 +31,10 @@ from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, processes_of_run
 from tests.faults import step_count, wait_for
 from tests.slurm import ADDRESSES, NODES, SlurmCluster, unavailable_reason
 
-# One Slurm test cluster at a time (its nodes have fixed names and addresses): every test of this
-# file on the same pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("slurm")
+# One Slurm test cluster at a time (its nodes have fixed names and addresses, and proctrack/cgroup
+# paths named by job ids that two clusters would share): `--dist loadfile` keeps this file on one
+# pytest-xdist worker. (xdist_group / --dist loadgroup does not group under pytest 9: its node-id
+# suffix is ignored, and two clusters ran at once.)
 
 # -- pure ------------------------------------------------------------------------------------------
 
