@@ -40,7 +40,7 @@ class HostWatch:
         self.reconnect = reconnect
         self.attach, self.detach = attach, detach  # the loop's selector
         self.reconnecting: dict[str, tuple[threading.Thread, list]] = {}
-        self.lost_since: dict[str, float] = {}  # hosts lost and not back yet
+        self.away: set[str] = set()  # hosts lost and not back yet
         self.lost_mono: dict[str, float] = {}  # when each host was last lost
         self.lost: list[dict] = []  # every loss, for outcome.json
 
@@ -50,8 +50,8 @@ class HostWatch:
         for session in sessions.values():
             session.check_silence(self.job.options.silence_s, now)
         for label, session in sessions.items():
-            if session.lost and label not in self.lost_since:
-                self.lost_since[label] = now
+            if session.lost and label not in self.away:
+                self.away.add(label)
                 self.lost_mono[label] = now
                 self.lost.append({"host": label, "time": session.lost_at, "reason": session.lost})
                 self.job.notify(f"connection to {label} lost ({session.lost}): its tasks are gone")
@@ -86,7 +86,7 @@ class HostWatch:
             return HostGone(label, getattr(result, "message", str(result)), isinstance(result, HostGoneError))
         self.job.sessions[label] = result
         self.attach(result)
-        self.lost_since.pop(label, None)
+        self.away.discard(label)
         self.job.notify(f"reconnected to {label}")
         return True
 
