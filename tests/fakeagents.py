@@ -48,6 +48,9 @@ class Behaviour:
     stalls_at: float | None = None  # stops stepping (a hang) this long after start
     stopped: bool = False  # SIGSTOPped: state T in dumps, ignores TERM
     kill_takes: float = 0.0  # world seconds between SIGKILL and its end (a slow host, a process in D state)
+    runs_on: tuple[str, ...] = ()  # a ps chief: its steps run on these workers in turn (credited to them);
+    # it stalls on a step whose worker is stopped or stalled, as a coordinator waits on its closure
+    stack: str | None = None  # the faulthandler text a dump shows (default: a bland main thread)
 
 
 class FakeTask:
@@ -102,6 +105,11 @@ class FakeTask:
             self.chunks.append(output)
         self.status, self.ended_t, self.eof = status, self.session.world.wall(), True
 
+    def stalled(self, now: float) -> bool:
+        b = self.behaviour
+        late = b.stalls_at is not None and now - self.started_at >= b.stalls_at
+        return self.status is not None or b.stopped or late
+
     def advance(self, now: float) -> None:
         """One world tick of this task's life."""
         if self.status is not None:
@@ -113,11 +121,17 @@ class FakeTask:
             return
         if self.spec.port and b.listen_after is not None and age >= b.listen_after:
             self.listening = True
-        stalled = b.stopped or (b.stalls_at is not None and age >= b.stalls_at)
-        if b.steps and self.spec.kind == "program" and not stalled:
+        if b.steps and self.spec.kind == "program" and not self.stalled(now):
+            live = [w for w in b.runs_on if self.session.world.latest[w].status is None]  # the lost: rescheduled
+            worker = live[self.steps % len(live)] if live else None
+            if worker is not None and self.session.world.latest[worker].stalled(now):
+                return  # waits on that worker's closure
             self.steps += 1
             self.session.counts[self.spec.name] = (self.steps, now)
             self.session.totals[self.spec.name] = (self.steps, None)
+            if worker is not None:
+                mine = self.session.credit.setdefault(self.spec.name, {})
+                mine[worker] = mine.get(worker, 0) + 1
         if b.exit_after is not None and age >= b.exit_after and not b.stopped:
             self.end(ExitStatus(code=b.code), b.output)
 
@@ -131,6 +145,7 @@ class FakeSession:
         self.tasks: dict[str, FakeTask] = {}
         self.counts: dict[str, tuple[int, float]] = {}
         self.totals: dict[str, tuple[int, int | None]] = {}
+        self.credit: dict[str, dict[str, int]] = {}
         self.dumps: dict[str, dict] = {}
         self.files: dict[str, bytes] = {}  # path -> bytes (its "file system")
         self.mtimes: dict[str, int] = {}
@@ -175,6 +190,9 @@ class FakeSession:
     def progress(self) -> dict[str, tuple[int, int | None]]:
         return self.totals
 
+    def credits(self) -> dict[str, dict[str, int]]:
+        return self.credit
+
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         return False
 
@@ -182,8 +200,10 @@ class FakeSession:
         for name in names:
             task = self.tasks[name]
             state = "T" if task.behaviour.stopped else "S"
+            bland = ('Current thread 0x1 (most recent call first):\n'
+                     '  File "/site-packages/tensorflow/x.py", line 1 in wait\n')
             self.dumps[name] = {"procs": [[task.pid, state, " ".join(task.spec.argv)]],
-                                "stacks": None if task.behaviour.stopped else f"Thread main of {name}\n  in loop"}
+                                "stacks": None if task.behaviour.stopped else (task.behaviour.stack or bland)}
 
     def dump_of(self, name: str) -> dict | None:
         return self.dumps.get(name)
@@ -285,6 +305,10 @@ class World:
     def crash(self, name: str, code: int, output: bytes) -> None:
         """The task prints ``output`` and exits with ``code``."""
         self.task(name).end(ExitStatus(code=code), output)
+
+    def say(self, name: str, output: bytes) -> None:
+        """The running task prints ``output`` (and goes on)."""
+        self.task(name).chunks.append(output)
 
     def stop(self, name: str) -> None:
         """SIGSTOP: it stops stepping, ignores TERM and shows state T."""

@@ -336,3 +336,18 @@ def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_a_ps_chiefs_step_records_credit_the_workers_that_ran_them(tmp_path):
+    from ddlctl.runtime.hostagent import StepFile
+
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"step": 1, "steps": 10, "worker": "worker:0", "total": 100}\n'
+                    '{"step": 11, "steps": 10, "worker": "worker:1"}\n{"step": 21, "steps": 10, "worker": "worker:0"}\n'
+                    '{"step": 31, "steps": 10, "worker": "worker:1"')  # not complete yet
+    steps = StepFile(str(path))
+    assert steps.poll() == 30
+    assert (steps.credits, steps.last, steps.total) == ({"worker:0": 20, "worker:1": 10}, 30, 100)
+    with path.open("a") as handle:
+        handle.write("}\n")
+    assert steps.poll() == 40 and steps.credits == {"worker:0": 20, "worker:1": 20}

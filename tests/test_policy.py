@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from ddlctl.supervise.hangwatch import HangWatch
 from ddlctl.supervise.policy import Fault, backoff_s, classify, decide
 from ddlctl.supervise.tfmessages import blame_peer
 from ddlctl.transport.base import ExitStatus
@@ -141,18 +140,18 @@ def test_backoff_doubles_and_is_capped():
 
 # -- hang watch --------------------------------------------------------------------------------------
 
-def test_hang_watch_arms_on_the_first_step_and_rearms_after_a_restart():
-    watch = HangWatch(10)
-    assert not watch.hung(1000), "no step yet: never hung (the startup timeout covers that)"
-    watch.update("worker:0", 5, now=0)
-    watch.update("worker:1", 5, now=0)
-    watch.update("worker:0", 9, now=4)
-    assert not watch.hung(13)
-    assert watch.hung(14.5)
-    assert watch.stalled_first(["worker:0", "worker:1"]) == ["worker:1", "worker:0"]
-    watch.rearm(20)
-    assert not watch.hung(29) and watch.hung(31)
-    assert not HangWatch(0).hung(10**9), "0 = off"
+def test_a_running_peers_heartbeat_report_names_the_stopped_task_without_a_traceback():
+    from ddlctl.supervise.tfmessages import LiveReports
+
+    reports = LiveReports()
+    found = [b for b in map(reports.feed, fixture("mwms_worker1_stopped_peer_steps_on.worker0.log").splitlines())
+             if b is not None]
+    [blame] = found
+    assert (blame.task, blame.kind) == ("worker:1", "heartbeat")
+    assert blame.line.startswith("E0000") and "stopped sending heartbeats" in blame.line
+    quiet = LiveReports()
+    assert all(quiet.feed(line) is None for line in fixture("ps_worker1_killed.chief.log").splitlines()), \
+        "a ps chief's recoverable worker losses name nobody"
 
 
 def test_a_server_that_could_not_bind_its_port_is_recognised():

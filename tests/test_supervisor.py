@@ -247,7 +247,88 @@ def test_a_hang_without_a_stopped_process_blames_the_first_to_stop_stepping(tmp_
                           "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True)})
     result, _ = world.run(tmp_path, hang_timeout_s=3.0)
     assert (result.failure.reason, result.failure.task) == ("hang", "worker:1")
-    assert "it stopped stepping first" in result.failure.message
+    assert "it stopped making progress first" in result.failure.message
+
+
+USER_LOCK = """Thread 0x2 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x1 (most recent call first):
+  File "/home/me/train.py", line 42 in on_train_batch_end
+  File "/venv/lib/python3.11/site-packages/keras/src/callbacks/callback_list.py", line 106 in on_train_batch_end
+  File "/home/me/train.py", line 77 in <module>
+"""
+IN_COLLECTIVE = """Current thread 0x1 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 53 in quick_execute
+  File "/venv/lib/python3.11/site-packages/keras/src/trainers/trainer.py", line 9 in fit
+  File "/home/me/train.py", line 77 in <module>
+"""
+
+
+def test_a_stopped_ps_worker_is_named_from_its_state_and_the_job_goes_on_degraded(tmp_path):
+    # the chief's steps run on the workers in turn; worker:1 stopped: the chief waits on its closure
+    world = ps_world(**{"chief:0": Behaviour(exit_after=8.0, runs_on=("worker:0", "worker:1")),
+                        "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.stop, "worker:1")
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0)
+    assert (result.ok, [d["task"] for d in result.degraded]) == (True, ["worker:1"])
+    [hang] = result.hangs
+    assert (hang["culprit"], hang["why"]) == ("worker:1", "its process is stopped (state T)")
+    assert hang["rule"] == "--hang-timeout 3s" and 3.0 <= hang["idle_s"] <= 3.2
+    stood = {t["task"]: t["state"] for t in hang["tasks"]}
+    assert stood == {"chief:0": "waiting", "worker:0": "waiting", "worker:1": "stopped", "ps:0": "waiting"}
+
+
+def test_a_ps_worker_that_stalls_without_stopping_is_blamed_by_its_credits_not_the_chief(tmp_path):
+    world = ps_world(**{"chief:0": Behaviour(exit_after=8.0, runs_on=("worker:0", "worker:1")),
+                        "worker:1": Behaviour(exit_after=None, stalls_at=1.0)})
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0)
+    [hang] = result.hangs
+    assert (hang["culprit"], hang["why"]) == ("worker:1", "it stopped making progress first")
+    assert [d["task"] for d in result.degraded] == ["worker:1"]
+
+
+def test_a_task_in_its_own_code_is_blamed_not_the_peer_waiting_in_the_collective(tmp_path):
+    # both stop at the same step: the tie goes to the stacks, not to whoever was seen last
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True,
+                                                stack=IN_COLLECTIVE),
+                          "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True, stack=USER_LOCK)})
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0)
+    assert (result.failure.task, result.failure.reason) == ("worker:1", "hang")
+    assert "its own code at me/train.py:42 in on_train_batch_end" in result.failure.message
+    assert "worker:0 waiting in TensorFlow (eager/execute.py:53 in quick_execute" in result.failure.message
+
+
+def test_a_task_that_stops_while_its_peers_keep_stepping_is_hung(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.stop, "worker:1")
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=0)
+    assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "hang", 124)
+    [hang] = result.hangs
+    assert hang["tasks"][0]["idle_s"] < 0.2, "worker:0 stepped on"
+    assert 3.0 <= hang["idle_s"] <= 3.2, "named once its own threshold passed"
+
+
+def test_the_default_threshold_is_ten_times_the_p99_interval_or_sixty_seconds(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(5.0, world.stop, "worker:1")
+    result, _ = world.run(tmp_path, hang_timeout_s=None, startup_timeout_s=30.0)
+    assert result.failure.task == "worker:1"
+    assert "threshold 60s: the 60s floor" in result.failure.message
+    assert 60.0 <= result.hangs[0]["idle_s"] <= 60.2
+
+
+def test_a_job_that_never_steps_is_hung_after_the_startup_timeout_by_default(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, steps=False),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True, steps=False)})
+    result, _ = world.run(tmp_path, hang_timeout_s=None, startup_timeout_s=8.0)
+    assert (result.failure.reason, result.exit_code) == ("hang", 124)
+    assert "before the first step: the startup timeout" in result.failure.message
+    assert result.failure.task == "worker:0", "nobody says more: the coordination leader"
+    assert 8.0 <= result.hangs[0]["idle_s"] <= 8.2
 
 
 def test_a_peer_that_names_a_hung_task_gets_it_blamed_not_itself(tmp_path):
@@ -258,6 +339,20 @@ def test_a_peer_that_names_a_hung_task_gets_it_blamed_not_itself(tmp_path):
     result, plan = world.run(tmp_path, max_restarts=0)
     assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "hang", 124)
     assert (Path(plan.run_dir) / "hang" / "1" / "worker-1.txt").exists(), "its stacks were kept first"
+
+
+def test_a_running_peer_that_reports_a_stopped_task_gets_it_blamed_at_once(tmp_path):
+    report = (FIXTURES / "mwms_worker1_stopped_peer_steps_on.worker0.log").read_bytes()
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.stop, "worker:1")
+    world.at(2.0, world.say, "worker:0", report)  # and it goes on stepping
+    result, plan = world.run(tmp_path, max_restarts=0, hang_timeout_s=None)
+    assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "hang", 124)
+    assert "worker:0 reports" in result.failure.message and "stopped sending heartbeats" in result.failure.message
+    [hang] = result.hangs
+    assert hang["rule"] == "named by worker:0's TensorFlow" and 0.9 <= hang["idle_s"] <= 1.2
+    assert (Path(plan.run_dir) / "hang" / "1" / "worker-1.txt").exists()
 
 
 def test_a_task_that_never_listens_fails_the_startup_naming_it(tmp_path):

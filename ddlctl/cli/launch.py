@@ -98,10 +98,12 @@ def launch(
         "--restart-on", help="fault: restart after a signal (OOM kill, preemption, kill -9), exit 42/143, a hang "
                              "or a lost host; any: also after a Python exception or another non-zero exit.")
     ] = DEFAULT_RESTART_ON,
-    hang_timeout: Annotated[float, typer.Option(
+    hang_timeout: Annotated[float | None, typer.Option(
         "--hang-timeout", metavar="SECONDS", min=0,
-        help="Time without any training step, once every task is up, before the job counts as hung: stacks "
-             "are saved, the task at fault is named and handled as a fault. 0: off.")] = 600.0,
+        help="Time a training task may make no progress (no step; under ps a worker: no block run) before "
+             "it counts as hung: every task's stacks are saved, the task at fault is named and handled as a "
+             "fault. Default: adaptive, max(10 x the task's p99 step interval, 60 s) once it has stepped a "
+             "few times, the startup timeout before. 0: off.")] = None,
     host_timeout: Annotated[float, typer.Option(
         "--host-timeout", metavar="SECONDS", min=0, help="Time to keep reconnecting to a host whose SSH "
                                                          "connection dropped before the job fails naming it.")] = 60.0,

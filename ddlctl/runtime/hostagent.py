@@ -91,8 +91,9 @@ def code_bundle_path() -> str | None:
 class StepFile:
     """Follows a task's ``steps.jsonl``, reading only what is new: ``count`` training steps
     recorded (a record of a block counts its ``steps``), ``last`` the highest step number reached
-    (a resumed run records steps again from its checkpoint: ``last`` is progress, ``count`` work)
-    and ``total`` the steps the task declared it will run (None: unknown)."""
+    (a resumed run records steps again from its checkpoint: ``last`` is progress, ``count`` work),
+    ``total`` the steps the task declared it will run (None: unknown) and ``credits`` the steps
+    of each worker that ran some (a ps chief's records say which worker ran each block)."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.expanduser(path)
@@ -100,6 +101,7 @@ class StepFile:
         self.count = 0
         self.last = 0
         self.total: int | None = None
+        self.credits: dict[str, int] = {}
 
     def poll(self) -> int:
         try:
@@ -118,6 +120,8 @@ class StepFile:
                 self.last = max(self.last, int(record["step"]) + steps - 1)
                 if isinstance(record.get("total"), int):
                     self.total = record["total"]
+                if isinstance(record.get("worker"), str) and record["worker"]:
+                    self.credits[record["worker"]] = self.credits.get(record["worker"], 0) + steps
             except (ValueError, TypeError, KeyError, AttributeError):
                 steps = 1  # an unreadable line still counts as a record
             self.count += steps
@@ -424,7 +428,7 @@ class HostAgent:
                 self.send({"k": Kind.LISTENING, "task": task.name, "t": time.time()})
 
     def report_steps(self) -> None:
-        counts, last, totals = {}, {}, {}
+        counts, last, totals, credits = {}, {}, {}, {}
         for task in self.tasks.values():
             if task.steps is not None:
                 count = task.steps.poll()
@@ -434,8 +438,11 @@ class HostAgent:
                     last[task.name] = task.steps.last
                     if task.steps.total is not None:
                         totals[task.name] = task.steps.total
+                    if task.steps.credits:
+                        credits[task.name] = dict(task.steps.credits)
         if counts:
-            self.send({"k": Kind.STEPS, "t": time.time(), "counts": counts, "last": last, "totals": totals})
+            self.send({"k": Kind.STEPS, "t": time.time(), "counts": counts, "last": last, "totals": totals,
+                       "credits": credits})
 
     def run(self) -> int:
         def on_signal(signum: int, _frame: object) -> None:

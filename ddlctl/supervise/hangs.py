@@ -1,74 +1,133 @@
-"""Hangs: noticing that training stopped, saving every task's stacks, and naming the culprit.
+"""Hangs: noticing that a task stopped making progress, saving every task's stacks, and naming
+the culprit.
 
-The watch itself (:class:`~.hangwatch.HangWatch`) counts step records; this module feeds it from
-the host agents' reports, asks the agents for their tasks' processes and Python stacks when it
-fires (saved in ``hang/<n>/<task>.txt``), and blames one task (:func:`hang_culprit`). What
-happens to the culprit is the policy's decision, as for any fault.
+The watch (:class:`~.hangwatch.HangWatch`) follows each training task's progress: its step
+records, and under ps each worker's share of the chief's (the records say which worker ran each
+block). When a task is past its threshold this module asks the host agents for every running
+task's processes and Python stacks (saved in ``hang/<n>/<task>.txt``), reads where each one stood
+(:mod:`~.stackread`) and blames one (:func:`hang_culprit`). What happens to the culprit is the
+policy's decision, as for any fault.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from ddlctl.runfiles import HANG_DIR
-from ddlctl.supervise.hangwatch import HangWatch
+from ddlctl.supervise.hangwatch import HangWatch, Overdue
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.policy import Fault, leader_of
+from ddlctl.supervise.stackread import Standing, stand
+
+#: How long the supervisor waits for the agents' dumps (an agent waits 1.5 s for the stacks).
+DUMP_WAIT_S = 10.0
 
 
-def hang_culprit(replies: Mapping[str, dict | None], watch: HangWatch, roles: Mapping[str, str],
-                 strategy: str) -> tuple[str, str]:
-    """The task to blame for a hang, and why: a stopped process, else the first to stop stepping,
-    else the coordination leader."""
-    for name, reply in replies.items():
-        states = {state for _pid, state, _cmd in (reply or {}).get("procs", [])}
-        if states & {"T", "t"}:
-            return name, "its process is stopped (state T)"
-    stepping = [n for n in replies if n in watch.counts]
-    if stepping:
-        return watch.stalled_first(stepping)[0], "it stopped stepping first"
-    servers = [n for n in replies if roles.get(n) == "worker"]
-    leader = leader_of(strategy)
-    return (leader if leader in replies else (servers or list(replies))[0]), "no task says more"
+def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, float],
+                 leader: str) -> tuple[str, str, str]:
+    """(task to blame, why, why not the others) when the tasks of ``standings`` stopped.
+
+    In order: a stopped process (state T); a task whose main thread is in its own code (a busy
+    loop, a lock never released, a read nobody answers) while the others wait in a library; the
+    first to stop making progress (``last_progress``); the coordination ``leader``. Ties go to
+    the one that stopped first."""
+    def first(names: list[str]) -> str:
+        return sorted(names, key=lambda n: last_progress.get(n, float("-inf")))[0]
+
+    stopped = [n for n, s in standings.items() if s.state == "stopped"]
+    in_user = [n for n, s in standings.items() if s.state == "user"]
+    if stopped:
+        culprit, why = first(stopped), "its process is stopped (state T)"
+    elif in_user:
+        culprit = first(in_user)
+        why = f"its main thread is in its own code at {standings[culprit].where}"
+    elif any(n in last_progress for n in standings):
+        culprit, why = first([n for n in standings if n in last_progress]), "it stopped making progress first"
+    else:
+        culprit = leader if leader in standings else next(iter(standings))
+        why = "no task says more: the coordination leader is blamed"
+    others = [f"{n} {s.where}" for n, s in standings.items() if n != culprit]
+    return culprit, why, ("the others: " + "; ".join(others)) if others else ""
 
 
 class Hangs:
-    """The hang watch of one job and the stack dumps it takes."""
+    """The hang watch of one job, the stack dumps it takes and what they showed."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.watch = HangWatch(job.options.hang_timeout_s)
+        timeout = job.options.hang_timeout_s
+        self.watch = HangWatch(timeout, job.options.startup_timeout_s)
         self.dumps = 0
+        self.reports: list[dict] = []  # one per hang handled (outcome.json "hangs")
 
     def feed(self, now: float) -> None:
-        """Step counts as the host agents last reported them."""
+        """Progress as the host agents last reported it: each task's step records, and each ps
+        worker's share of the chief's. A task past its declared last step is done stepping."""
         for session in self.job.sessions.values():
-            for name, (count, _t) in session.step_counts().items():
+            counts = session.step_counts()
+            progress = session.progress()
+            credits = session.credits()
+            for name, (count, _t) in counts.items():
                 task = self.job.tasks.get(name)
-                if task is not None and not task.is_agent:
-                    self.watch.update(name, count, now)
+                if task is None or task.is_agent:
+                    continue
+                self.watch.update(name, count, now)
+                last, total = progress.get(name, (0, None))
+                finished = total is not None and last >= total
+                if finished:
+                    self.watch.finish(name)
+                for worker, done in credits.get(name, {}).items():
+                    if worker in self.job.tasks and worker != name:
+                        self.watch.update(worker, done, now)
+                        if finished:
+                            self.watch.finish(worker)
 
     def check(self, now: float) -> Fault | None:
-        """The hang fault once no task has stepped for the timeout (stacks saved first)."""
-        if not self.watch.hung(now):
+        """The hang fault once a task is past its threshold (stacks saved first)."""
+        names = sorted(t.name for t in self.job.tasks.values() if t.alive and not t.is_agent)
+        overdue = self.watch.overdue(now, names) if names else None
+        if overdue is None:
             return None
-        names = [t.name for t in self.job.tasks.values() if t.alive and not t.is_agent]
-        if not names:
-            return None
-        self.job.notify(f"no training step for {self.job.options.hang_timeout_s:g}s: the job is hung; "
-                        "collecting every task's stacks")
+        self.job.notify(f"hang: {overdue.describe()}; collecting every task's stacks")
         folder, replies = self.collect_stacks(names)
-        culprit, why = hang_culprit(replies, self.watch, self.job.roles, self.job.strategy)
+        standings = {n: stand(n, replies.get(n)) for n in names}
+        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(self.job.strategy))
+        self._report(now, overdue, standings, culprit, why, folder)
         self.watch.rearm(self.job.clock())
+        detail = f"hung ({why}; {overdue.describe()}"
+        detail += f"; {others}" if others else ""
         return Fault(task=culprit, cause="hang", reporter=culprit, status=None,
-                     detail=f"hung ({why}; stacks in {folder})")
+                     detail=f"{detail}; stacks in {folder})")
+
+    def named(self, fault: Fault, now: float) -> Fault:
+        """A hung task that a peer's TensorFlow named (``fault``): every running task's stacks are
+        saved first, as for a hang the watch found, and the hang is recorded."""
+        names = sorted(t.name for t in self.job.tasks.values() if t.alive and not t.is_agent)
+        folder, replies = self.collect_stacks(names)
+        standings = {n: stand(n, replies.get(n)) for n in names}
+        idle = now - self.watch.last_progress.get(fault.task, now)
+        self._report(now, Overdue((fault.task,), idle, 0.0, f"named by {fault.reporter}'s TensorFlow"), standings,
+                     fault.task, fault.detail, folder)
+        return dataclasses.replace(fault, detail=f"{fault.detail}; stacks in {folder}")
+
+    def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,
+                why: str, folder: Path) -> None:
+        progress = {n: p for s in self.job.sessions.values() for n, p in s.progress().items()}
+        self.reports.append({
+            "time": time.time(), "culprit": culprit, "why": why, "threshold_s": round(overdue.threshold_s, 1),
+            "rule": overdue.rule, "idle_s": round(overdue.idle_s, 1), "stacks": str(folder),
+            "tasks": [{"task": n, "state": s.state, "where": s.where,
+                       "last_step": progress[n][0] if n in progress else None,
+                       "idle_s": round(now - self.watch.last_progress[n], 1) if n in self.watch.last_progress
+                       else None} for n, s in standings.items()]})
 
     def collect_stacks(self, names: list[str]) -> tuple[Path, dict[str, dict | None]]:
         """Ask the host agents for the processes (and Python stacks) of ``names``; save them in
-        ``hang/<n>/<task>.txt``. Waits a few seconds at most (the loop pauses meanwhile)."""
+        ``hang/<n>/<task>.txt``. Waits :data:`DUMP_WAIT_S` at most (the loop pauses meanwhile)."""
         job = self.job
         self.dumps += 1
         folder = job.run_dir / HANG_DIR / str(self.dumps)
@@ -77,7 +136,7 @@ class Hangs:
             by_host.setdefault(job.tasks[name].host, []).append(name)
         for label, mine in by_host.items():
             job.sessions[label].request_dump(mine)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + DUMP_WAIT_S
         for label, mine in by_host.items():
             session = job.sessions[label]
             session.wait_for(lambda s=session, m=mine: all(s.dump_of(n) is not None for n in m),

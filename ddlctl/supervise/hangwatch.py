@@ -1,54 +1,141 @@
-"""Hang detection from step counts alone: no training task recorded a step for too long.
+"""Hang detection from progress alone: each training task is watched on its own.
 
-Fed with each task's number of step records (the host agents report them); armed when every task
-is up (or by the first step), re-armed after every restart. Under ps this is the only way a hung worker is
-ever noticed (TensorFlow reports nothing); under MWMS TensorFlow's heartbeat usually fires first.
+A task's progress is its step records (the host agents count them); under ps a worker's is the
+closures the chief credits to it (its step records say which worker ran each block). A task that
+made progress is hung once it makes none for its threshold, whatever its peers do; a job in which
+no task has made any progress since the cluster came up is hung after the startup threshold.
+
+Thresholds (:meth:`HangWatch.threshold`):
+
+* ``--hang-timeout S`` fixes every threshold at S seconds (0: no watch at all);
+* by default a task is hung after ``max(10 x p99 of its intervals between progress, 60 s)`` once
+  it has :data:`WARM` such intervals; before that (and before its first step after a start or
+  restart) the startup timeout applies.
+
+The intervals are measured where the supervisor sees progress (the agents report about once a
+second), so they include checkpoints, evaluations and a slow host, which is what a threshold must
+allow for.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+FLOOR_S = 60.0
+FACTOR = 10.0
+WARM = 5
+KEEP = 256
+
+
+def p99(values: Iterable[float]) -> float:
+    """The 99th percentile (nearest rank) of ``values`` (not empty)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """What the watch found: ``tasks`` past their thresholds (empty: no task ever made progress)."""
+
+    tasks: tuple[str, ...]
+    idle_s: float  # how long the first of them (or the job) has made no progress
+    threshold_s: float
+    rule: str  # which threshold applied, for people
+
+    def describe(self) -> str:
+        who = ", ".join(self.tasks) if self.tasks else "no task"
+        return f"{who}: no progress for {self.idle_s:.0f}s (threshold {self.threshold_s:.0f}s: {self.rule})"
 
 
 class HangWatch:
-    """Tracks when each task last made progress; ``hung(now)`` once nobody has for ``timeout_s``."""
+    """Tracks when each task last made progress and how long its usual intervals are."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float | None, startup_s: float = 180.0) -> None:
+        self.timeout_s = timeout_s  # None: adaptive; 0: off
+        self.startup_s = startup_s or FLOOR_S
         self.counts: dict[str, int] = {}
-        self.last_progress: dict[str, float] = {}
+        self.last_progress: dict[str, float] = {}  # the last progress, or the (re)start of the watch
+        self.stepped: set[str] = set()  # progressed since the watch last (re)started on it
+        self.gaps: dict[str, deque[float]] = {}
+        self.finished: set[str] = set()  # done stepping (its declared total reached)
         self.armed_at: float | None = None
 
+    @property
+    def enabled(self) -> bool:
+        return self.timeout_s is None or self.timeout_s > 0
+
     def update(self, task: str, count: int, now: float) -> None:
-        """``task`` has written ``count`` step records so far."""
+        """``task`` has made ``count`` units of progress so far."""
         if count > self.counts.get(task, 0):
+            if task in self.stepped:
+                self.gaps.setdefault(task, deque(maxlen=KEEP)).append(now - self.last_progress[task])
+            self.stepped.add(task)
             self.last_progress[task] = now
             if self.armed_at is None:
                 self.armed_at = now
-        self.counts[task] = count
+        self.counts[task] = max(count, self.counts.get(task, 0))
+
+    def finish(self, task: str) -> None:
+        """``task`` reached its declared last step: what it does now (saving, evaluating) is not a hang."""
+        self.finished.add(task)
 
     def arm(self, now: float) -> None:
-        """Start the clock now if no step has started it (every task is up: steps should follow)."""
+        """Start the clock now if no progress has started it (every task is up: steps should follow)."""
         if self.armed_at is None:
             self.armed_at = now
 
-    def rearm(self, now: float) -> None:
-        """After a restart or a handled hang: the clock starts again (if it had started)."""
-        if self.armed_at is not None:
-            self.armed_at = now
-            for task in self.last_progress:
-                self.last_progress[task] = max(self.last_progress[task], now)
+    def rearm(self, now: float, restarted: Iterable[str] = ()) -> None:
+        """After a restart or a handled hang: every clock starts again (if it had started); the
+        ``restarted`` tasks are back before their first step (the startup threshold applies)."""
+        if self.armed_at is None:
+            return
+        self.armed_at = now
+        for task in self.last_progress:
+            self.last_progress[task] = max(self.last_progress[task], now)
+        for task in restarted:
+            self.stepped.discard(task)
+            self.finished.discard(task)
 
-    def latest(self) -> float | None:
-        times = list(self.last_progress.values())
-        if self.armed_at is not None:
-            times.append(self.armed_at)
-        return max(times) if times else None
+    def threshold(self, task: str | None) -> tuple[float, str]:
+        """(seconds, which rule) for ``task`` (None: the job before any progress)."""
+        if self.timeout_s:
+            return self.timeout_s, f"--hang-timeout {self.timeout_s:g}s"
+        if task is None or task not in self.stepped:
+            return self.startup_s, "before the first step: the startup timeout"
+        gaps = self.gaps.get(task, ())
+        if len(gaps) < WARM:
+            return self.startup_s, f"not warm yet ({len(gaps)} of {WARM} step intervals): the startup timeout"
+        typical = p99(gaps)
+        if FACTOR * typical > FLOOR_S:
+            return FACTOR * typical, f"{FACTOR:g} x its p99 step interval of {typical:.1f}s"
+        return FLOOR_S, f"the {FLOOR_S:g}s floor (10 x its p99 step interval of {typical:.1f}s is less)"
 
-    def hung(self, now: float) -> bool:
-        latest = self.latest()
-        return bool(self.timeout_s) and latest is not None and now - latest > self.timeout_s
+    def overdue(self, now: float, watched: Iterable[str]) -> Overdue | None:
+        """The tasks of ``watched`` (running training tasks) past their thresholds, if any."""
+        if not self.enabled or self.armed_at is None:
+            return None
+        watched = list(watched)
+        late: list[tuple[float, str, float, str]] = []
+        for task in watched:
+            if task not in self.last_progress or task in self.finished:
+                continue
+            limit, rule = self.threshold(task)
+            idle = now - self.last_progress[task]
+            if idle > limit:
+                late.append((idle, task, limit, rule))
+        if late:
+            late.sort(reverse=True)
+            idle, _, limit, rule = late[0]
+            return Overdue(tuple(t for _, t, _, _ in late), idle, limit, rule)
+        if any(t in self.last_progress for t in watched):
+            return None
+        limit, rule = self.threshold(None)
+        idle = now - self.armed_at
+        return Overdue((), idle, limit, rule) if idle > limit else None
 
     def stalled_first(self, tasks: Iterable[str]) -> list[str]:
-        """``tasks`` ordered by when they last stepped (earliest first; never: first of all)."""
+        """``tasks`` ordered by when they last made progress (earliest first; never: first of all)."""
         return sorted(tasks, key=lambda t: self.last_progress.get(t, float("-inf")))

@@ -23,6 +23,7 @@ from ddlctl.planning.plan import Plan, TaskSpec
 from ddlctl.rundir import task_log, telemetry_file
 from ddlctl.runfiles import PIDS_FILE
 from ddlctl.supervise.output import LineSplitter
+from ddlctl.supervise.tfmessages import LiveReports
 from ddlctl.transport.base import AgentSession, TaskProcess
 from ddlctl.transport.status import ExitStatus
 
@@ -37,7 +38,9 @@ class TaskState(enum.Enum):
 
 @dataclass(frozen=True)
 class SupervisorOptions:
-    """How to supervise: timeouts in seconds (0 disables the startup timeout and the hang watch)."""
+    """How to supervise: timeouts in seconds (0 disables the startup timeout and the hang watch;
+    ``hang_timeout_s`` None: each task's threshold adapts to its step intervals, see
+    :mod:`~ddlctl.supervise.hangwatch`)."""
 
     startup_timeout_s: float = 180.0
     grace_s: float = 5.0
@@ -46,7 +49,7 @@ class SupervisorOptions:
     drain_s: float = 2.0
     max_restarts: int = 0
     restart_on: str = "fault"
-    hang_timeout_s: float = 600.0
+    hang_timeout_s: float | None = None
     host_timeout_s: float = 60.0
     restart_grace_s: float = 2.0
     silence_s: float = 15.0  # a host agent beats every 2 s: this long without a word = host lost
@@ -62,6 +65,7 @@ class SupervisedTask:
     log: BinaryIO
     started: float
     splitter: LineSplitter = field(default_factory=LineSplitter)
+    reports: LiveReports = field(default_factory=LiveReports)  # TensorFlow naming a hung peer in its output
     state: TaskState = TaskState.STARTING
     status: ExitStatus | None = None
     ended: float | None = None

@@ -62,6 +62,7 @@ class JobResult:
     restarts: tuple[dict, ...] = ()
     degraded: tuple[dict, ...] = ()
     hosts_lost: tuple[dict, ...] = ()
+    hangs: tuple[dict, ...] = ()
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -123,7 +124,7 @@ def outcome_of(task: SupervisedTask) -> TaskOutcome:
 
 def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence[int], *,
                telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
-               hosts_lost: Sequence[dict]) -> JobResult:
+               hosts_lost: Sequence[dict], hangs: Sequence[dict] = ()) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -131,7 +132,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      tasks=tuple(outcome_of(t) for t in ordered if not t.is_agent), failure=failure,
                      agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
-                     hosts_lost=tuple(hosts_lost))
+                     hosts_lost=tuple(hosts_lost), hangs=tuple(hangs))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -159,6 +160,7 @@ def outcome_record(result: JobResult) -> dict:
         "restarts": list(result.restarts),
         "degraded": list(result.degraded),
         "hosts_lost": list(result.hosts_lost),
+        "hangs": list(result.hangs),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

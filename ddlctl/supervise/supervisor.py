@@ -45,7 +45,7 @@ from ddlctl.supervise.policy import Decision, Fault, classify, decide, decide_du
 from ddlctl.supervise.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
 from ddlctl.supervise.rootcause import read_tail
-from ddlctl.supervise.tfmessages import port_taken
+from ddlctl.supervise.tfmessages import Blame, port_taken
 from ddlctl.transport.base import AgentSession
 from ddlctl.transport.status import signal_name
 
@@ -107,7 +107,7 @@ class Supervisor:
             self.selector.close()
         return job_result(self.job, self.job.clock() - started, self.failure, self.signals,
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
-                          degraded=self.degraded, hosts_lost=self.hosts.lost)
+                          degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports)
 
     def _attach(self, session: AgentSession) -> None:
         self.selector.register(session.fileno(), selectors.EVENT_READ, session)
@@ -158,12 +158,12 @@ class Supervisor:
             fault = self.hangs.check(now)
             if fault is not None:
                 self._on_fault(fault)
-        was_under_way = self.restarts.under_way
+        restarting = list(self.restarts.current.tasks) if self.restarts.current is not None else None
         failed = self.restarts.advance(now)
         if failed is not None:
             self._restart_failed(failed)
-        elif was_under_way and not self.restarts.under_way:  # its tasks started again
-            self.hangs.watch.rearm(now)
+        elif restarting is not None and not self.restarts.under_way:  # its tasks started again
+            self.hangs.watch.rearm(now, restarting)
         self._check_job_done()
 
     def _note_pids(self) -> None:
@@ -193,6 +193,10 @@ class Supervisor:
         """Task lines go to the terminal; agent lines are samples (anything else is shown)."""
         if not task.is_agent:
             self.writer.write(task.name, task.host, lines)
+            for line in lines:
+                blame = task.reports.feed(line.decode("utf-8", "replace"))
+                if blame is not None:
+                    self._peer_report(task, blame)
             return
         others = []
         for line in lines:
@@ -252,9 +256,19 @@ class Supervisor:
         if fault.cause == "host-lost" and session is not None and session.lost:  # say why the host went
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
         if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
-            folder, _ = self.hangs.collect_stacks(sorted(alive))
-            fault = dataclasses.replace(fault, detail=f"{fault.detail}; stacks in {folder}")
+            fault = self.hangs.named(fault, self.job.clock())
         self._on_fault(fault)
+
+    def _peer_report(self, reporter: SupervisedTask, blame: Blame) -> None:
+        """A running task's TensorFlow named a hung peer (and may go on): that peer is at fault."""
+        culprit = self.job.tasks.get(blame.task)
+        current = self.restarts.current
+        if culprit is None or culprit.is_agent or culprit is reporter or not culprit.alive or self.job.stopping \
+                or (current is not None and blame.task in current.tasks):
+            return
+        fault = Fault(task=blame.task, cause="hang", reporter=reporter.name, status=None,
+                      detail=f"hung ({reporter.name} reports \"{blame.line[:240]}\")")
+        self._on_fault(self.hangs.named(fault, self.job.clock()))
 
     def _on_fault(self, fault: Fault) -> None:
         job = self.job

@@ -79,3 +79,24 @@ def blame_peer(text: str, leader: str) -> Blame | None:
     if match:
         return Blame(leader, "leader", _line_at(error, match.start()))
     return None
+
+
+class LiveReports:
+    """Fault reports in a *running* task's output: TensorFlow's coordination service logs that a
+    peer "stopped sending heartbeats" as an ``E`` line (the peer's name on the next line) and the
+    reporting process may go on stepping: no traceback ever follows. Fed line by line."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, line: str) -> Blame | None:
+        """The peer named by ``line`` (with the line before it, when that one began the report)."""
+        text = f"{self._pending}\n{line}" if self._pending else line
+        self._pending = ""
+        match = HEARTBEAT.search(text)
+        if match:
+            return Blame(f"{match.group(1)}:{match.group(2)}", "heartbeat", " ".join(text.split("\n")).strip()[:400])
+        if "stopped sending heartbeats" in line:
+            self._pending = line.strip()
+        return None
+

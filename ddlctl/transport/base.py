@@ -61,6 +61,9 @@ class AgentSession(Protocol):
     def progress(self) -> Mapping[str, tuple[int, int | None]]:
         """Task -> (highest step reached, declared total)."""
 
+    def credits(self) -> Mapping[str, Mapping[str, int]]:
+        """Task -> worker -> the steps that worker ran for it (a ps chief's records say)."""
+
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         """Lose (and cut off) the session when the agent said nothing for ``limit_s``."""
 

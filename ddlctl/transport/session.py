@@ -151,6 +151,7 @@ class HostSession:
         self.reader = FrameReader()
         self._tasks: dict[str, AgentTask] = {}
         self._steps: dict[str, tuple[int, float]] = {}  # task -> (steps recorded so far, when it last grew)
+        self._credits: dict[str, dict[str, int]] = {}  # task -> worker -> steps it ran (ps chief)
         self._progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
         self._dumps: dict[str, dict] = {}
         self.ports_reply: dict | None = None
@@ -230,6 +231,8 @@ class HostSession:
             for name, count in header.get("counts", {}).items():
                 self._steps[name] = (int(count), when)
                 self._progress[name] = (int(last.get(name, count)), totals.get(name))
+            for name, credits in (header.get("credits") or {}).items():
+                self._credits[name] = {str(w): int(n) for w, n in credits.items()}
         elif kind == Kind.DUMP:
             self._dumps[header["task"]] = header
         elif kind == Kind.PORTS:
@@ -345,6 +348,10 @@ class HostSession:
     def step_counts(self) -> Mapping[str, tuple[int, float]]:
         """Task -> (step records so far, when the count last grew), as the agent reports them."""
         return self._steps
+
+    def credits(self) -> Mapping[str, Mapping[str, int]]:
+        """Task -> the steps each worker ran for it, as its records say (a ps chief's; else empty)."""
+        return self._credits
 
     def progress(self) -> Mapping[str, tuple[int, int | None]]:
         """Task -> (highest step reached, declared total)."""

@@ -1,0 +1,132 @@
+"""Where a hung task stands, read from what its host agent saw: the process state and the Python
+stacks that :mod:`faulthandler` wrote (``Thread 0x... (most recent call first):`` blocks).
+
+Pure functions over text. The main thread is the block that did not start in ``threading``'s
+``_bootstrap`` (faulthandler lists the newest thread first, so it is also the last block). Its
+innermost frame outside the standard library says what it is doing:
+
+* in TensorFlow, Keras or another installed library (``site-packages``), or in ddlctl's own
+  instrumentation: **waiting** (a collective, ``quick_execute``, a coordinator's ``join``): it
+  waits for someone else;
+* anywhere else (the user's program, ddlctl's built-in workload): **in user code**: a busy loop,
+  a lock that is never released, a read of a pipe nobody writes. That task holds the others up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):\s*$")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_LIBRARY = ("/site-packages/", "/dist-packages/")
+#: ddlctl's own code that runs inside a task without being the user's: a frame there is waiting.
+_DDLCTL_INTERNAL = ("/ddlctl/instrument/", "/ddlctl/runtime/", "/ddlctl/steps.py", "/ddlctl/balance.py")
+_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One line of a faulthandler stack."""
+
+    path: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} in {self.function}"
+
+    @property
+    def kind(self) -> str:
+        """"stdlib", "library" (installed packages, ddlctl's instrumentation) or "user"."""
+        if any(part in self.path for part in _LIBRARY):
+            return "library"
+        if _STDLIB.search(self.path) or self.path.startswith("<"):
+            return "stdlib"
+        if "/ddlctl/" in self.path and not any(part in self.path for part in _DDLCTL_INTERNAL):
+            return "user"  # the built-in workload is the user's program here
+        if "/ddlctl/" in self.path:
+            return "library"
+        return "user"
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where one task stood when the hang was noticed."""
+
+    task: str
+    state: str  # "stopped" (state T), "user" (in its own code), "waiting" (in a library), "unknown", "gone"
+    where: str  # "train.py:88 in on_batch_end", "waiting in TensorFlow (execute.py:53 in quick_execute)"
+    frame: Frame | None = None  # the innermost user frame, when there is one
+
+    @property
+    def suspect(self) -> bool:
+        return self.state in ("stopped", "user")
+
+
+def threads(text: str) -> list[list[Frame]]:
+    """Every thread's frames (innermost first) in the order faulthandler wrote them. Of several
+    dumps in ``text`` (one per request, appended), the last is read: a dump starts again where a
+    thread id repeats."""
+    blocks: list[list[Frame]] = []
+    seen: set[str] = set()
+    current: list[Frame] | None = None
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            if head.group(2) in seen:
+                blocks, seen = [], set()
+            seen.add(head.group(2))
+            current = []
+            blocks.append(current)
+            continue
+        match = _FRAME.match(line)
+        if match and current is not None:
+            current.append(Frame(match.group(1), int(match.group(2)), match.group(3).strip()))
+    return blocks
+
+
+def main_thread(stacks: list[list[Frame]]) -> list[Frame]:
+    """The main thread's frames: the last block that did not start in ``threading``."""
+    for frames in reversed(stacks):
+        if frames and not (frames[-1].function in ("_bootstrap", "_bootstrap_inner")
+                           and frames[-1].path.endswith("threading.py")):
+            return frames
+    return stacks[-1] if stacks else []
+
+
+def stand(task: str, reply: dict | None) -> Standing:
+    """Where ``task`` stood, from its host agent's dump reply (``procs``: pid, state, command;
+    ``stacks``: faulthandler text) or ``None`` when no reply came."""
+    if reply is None:
+        return Standing(task, "unknown", "no reply from its host agent")
+    procs = reply.get("procs") or []
+    if not procs:
+        return Standing(task, "gone", "no process left")
+    if any(state in ("T", "t") for _pid, state, _cmd in procs):
+        return Standing(task, "stopped", "its process is stopped (state T)")
+    frames = main_thread(threads(reply.get("stacks") or ""))
+    if not frames:
+        return Standing(task, "unknown", "no Python stack (not a Python task ddlctl started)")
+    innermost = next((f for f in frames if f.kind != "stdlib"), None)
+    if innermost is None:
+        return Standing(task, "waiting", f"in the standard library ({frames[0]})")
+    if innermost.kind == "user":
+        return Standing(task, "user", str(_short(innermost)), innermost)
+    user = next((f for f in frames if f.kind == "user"), None)
+    tail = f", called from {_short(user)}" if user is not None else ""
+    return Standing(task, "waiting", f"waiting in {_library_name(innermost)} ({_short(innermost)}{tail})", user)
+
+
+def _short(frame: Frame) -> str:
+    parts = frame.path.split("/")
+    return f"{'/'.join(parts[-2:]) if len(parts) > 1 else frame.path}:{frame.line} in {frame.function}"
+
+
+def _library_name(frame: Frame) -> str:
+    path = frame.path
+    for marker in _LIBRARY:
+        if marker in path:
+            package = path.split(marker, 1)[1].split("/", 1)[0]
+            return {"tensorflow": "TensorFlow", "keras": "Keras", "tf_keras": "Keras"}.get(package, package)
+    return "ddlctl's instrumentation" if "/ddlctl/" in path else "a library"

@@ -1,0 +1,73 @@
+"""An MWMS user program in which worker:1 hangs on purpose, as ``HANG_KIND`` says, at step
+``HANG_AT`` (its peers are left waiting for it in the all-reduce):
+
+* ``lock``: a Keras callback waits on a lock that is never released (``model.fit``, tf-keras);
+* ``spin``: a Keras callback spins in a busy loop (CPU at 100 %);
+* ``pipe``: a Keras callback reads a pipe nobody writes;
+* ``local``: no hang of its own and no collective: every worker steps on its own (the test stops
+  worker:1 with SIGSTOP; its peers keep stepping).
+"""
+
+import os
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import ddlctl
+
+KIND = os.environ.get("HANG_KIND", "lock")
+AT = int(os.environ.get("HANG_AT", "15"))
+ME = os.environ["DDLCTL_TASK"]
+keras = tf.keras
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+if KIND == "local":
+    weight = tf.Variable(1.0)
+
+    @tf.function
+    def local_step(x):
+        weight.assign_sub(0.001 * x)
+
+    for _ in range(100_000):
+        with ddlctl.step(samples=8):
+            local_step(tf.constant(1.0))
+            time.sleep(0.02)
+    raise SystemExit(0)
+
+LOCK = threading.Lock()
+
+
+def wait_forever_on_a_lock() -> None:
+    LOCK.acquire()
+    LOCK.acquire()  # never released: a deadlock in the user's own code
+
+
+def spin_forever() -> None:
+    total = 0
+    while True:
+        total += 1
+
+
+def read_a_pipe_nobody_writes() -> None:
+    read_end, _write_end = os.pipe()
+    os.read(read_end, 1)
+
+
+class HangOnPurpose(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if ME == "worker:1" and batch == AT:
+            print(f"worker:1 hangs now ({KIND})", flush=True)
+            {"lock": wait_forever_on_a_lock, "spin": spin_forever, "pipe": read_a_pipe_nobody_writes}[KIND]()
+
+
+rng = np.random.default_rng(0)
+x = rng.random((512, 8)).astype("float32")
+y = (x.sum(axis=1) > 4).astype("int32")
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+with strategy.scope():
+    model = keras.Sequential([keras.layers.Dense(16, activation="relu", input_shape=(8,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(data, epochs=1, steps_per_epoch=10_000, verbose=0, callbacks=[HangOnPurpose()])

@@ -1,0 +1,139 @@
+"""The hang watch's thresholds, where a stack says a task stood, and whom a hang blames: pure
+functions, milliseconds. The supervisor's use of them is in test_supervisor.py; real hangs of
+real TensorFlow tasks in test_faults.py."""
+
+from __future__ import annotations
+
+from ddlctl.supervise.hangs import hang_culprit
+from ddlctl.supervise.hangwatch import HangWatch, p99
+from ddlctl.supervise.stackread import Standing, stand, threads
+
+SITE = "/venv/lib/python3.11/site-packages"
+STDLIB = "/usr/lib/python3.11"
+
+
+def dump(*blocks: list[tuple[str, int, str]], current: int = -1) -> str:
+    """faulthandler's text for threads given innermost frame first (the last block is the main thread)."""
+    out = []
+    for index, frames in enumerate(blocks):
+        head = "Current thread" if index == (current % len(blocks)) else "Thread"
+        out.append(f"{head} 0x{index + 1:012x} (most recent call first):")
+        out += [f'  File "{path}", line {line} in {function}' for path, line, function in frames]
+        out.append("")
+    return "\n".join(out)
+
+
+BOOTSTRAP = [(f"{STDLIB}/threading.py", 331, "wait"), (f"{STDLIB}/threading.py", 1002, "_bootstrap")]
+
+
+def running(stacks: str) -> dict:
+    return {"procs": [[100, "S", "python train.py"]], "stacks": stacks}
+
+
+# -- thresholds -------------------------------------------------------------------------------------
+
+def test_a_fixed_timeout_watches_each_task_on_its_own_and_rearms_after_a_restart():
+    watch = HangWatch(10)
+    assert watch.overdue(1000, ["worker:0"]) is None, "not armed: never hung (the startup timeout covers that)"
+    watch.update("worker:0", 5, now=0)
+    watch.update("worker:1", 5, now=0)
+    watch.update("worker:0", 9, now=4)
+    assert watch.overdue(9.5, ["worker:0", "worker:1"]) is None
+    late = watch.overdue(10.5, ["worker:0", "worker:1"])
+    assert late.tasks == ("worker:1",) and late.threshold_s == 10, "worker:1 alone, though worker:0 stepped"
+    assert watch.overdue(15, ["worker:0", "worker:1"]).tasks == ("worker:1", "worker:0"), "longest idle first"
+    watch.rearm(20, restarted=["worker:1"])
+    assert watch.overdue(29, ["worker:0", "worker:1"]) is None and watch.overdue(31, ["worker:0"]) is not None
+    assert HangWatch(0).overdue(10**9, ["worker:0"]) is None, "0 = off"
+
+
+def test_the_adaptive_threshold_is_ten_times_the_p99_interval_with_a_sixty_second_floor():
+    watch = HangWatch(None, startup_s=180)
+    watch.arm(0)
+    assert watch.threshold("worker:0") == (180, "before the first step: the startup timeout")
+    for step in range(1, 4):
+        watch.update("worker:0", step, now=step * 2.0)
+    assert watch.threshold("worker:0")[1].startswith("not warm yet (2 of 5"), "the first step is no interval"
+    for step in range(4, 40):
+        watch.update("worker:0", step, now=step * 2.0)
+    assert watch.threshold("worker:0") == (60, "the 60s floor (10 x its p99 step interval of 2.0s is less)")
+    watch.update("worker:0", 40, now=40 * 2.0 + 9.0)  # one slow interval (a checkpoint): 11 s
+    assert watch.threshold("worker:0")[0] == 110, "p99 of 38 intervals is the slowest: 10 x 11 s"
+    assert watch.overdue(89 + 109, ["worker:0"]) is None and watch.overdue(89 + 111, ["worker:0"]) is not None
+
+
+def test_a_task_past_its_declared_last_step_is_not_watched():
+    watch = HangWatch(5)
+    watch.update("chief:0", 100, now=0)
+    watch.finish("chief:0")
+    assert watch.overdue(100, ["chief:0"]) is None
+    watch.rearm(100, restarted=["chief:0"])
+    assert watch.overdue(106, ["chief:0"]) is not None, "a restarted task steps again"
+
+
+def test_a_job_that_never_made_progress_is_hung_after_the_startup_threshold():
+    watch = HangWatch(None, startup_s=30)
+    watch.arm(0)
+    assert watch.overdue(29, ["worker:0"]) is None
+    late = watch.overdue(31, ["worker:0"])
+    assert late.tasks == () and late.rule == "before the first step: the startup timeout"
+    assert p99([3.0, 1.0, 2.0]) == 3.0 and p99([1.0] * 99 + [50.0]) == 1.0
+
+
+# -- where a task stood -----------------------------------------------------------------------------
+
+def test_a_main_thread_blocked_on_a_lock_in_a_keras_callback_is_in_user_code():
+    text = dump(BOOTSTRAP, [("/home/me/train.py", 42, "on_train_batch_end"),
+                            (f"{SITE}/keras/src/callbacks/callback_list.py", 106, "on_train_batch_end"),
+                            ("/home/me/train.py", 77, "<module>")])
+    standing = stand("worker:1", running(text))
+    assert (standing.state, standing.where) == ("user", "me/train.py:42 in on_train_batch_end")
+
+
+def test_a_main_thread_in_a_collective_is_waiting_and_says_who_called_it():
+    text = dump([(f"{STDLIB}/threading.py", 331, "wait"), (f"{SITE}/tensorflow/python/eager/execute.py", 53,
+                                                            "quick_execute"), ("/home/me/train.py", 77, "<module>")],
+                BOOTSTRAP, current=1)
+    standing = stand("worker:0", running(text))
+    assert standing.state == "waiting"
+    assert standing.where == ("waiting in TensorFlow (eager/execute.py:53 in quick_execute, "
+                              "called from me/train.py:77 in <module>)")
+
+
+def test_the_last_of_several_appended_dumps_is_read_and_a_stopped_process_comes_first():
+    old = dump([("/home/me/train.py", 5, "old_place")])
+    new = dump([("/home/me/train.py", 9, "new_place")])
+    assert threads(old + new)[0][0].function == "new_place"
+    stopped = {"procs": [[100, "T", "python train.py"]], "stacks": ""}
+    assert stand("w", stopped).state == "stopped"
+    assert stand("w", None).state == "unknown" and stand("w", {"procs": []}).state == "gone"
+
+
+def test_ddlctls_builtin_workload_is_user_code_and_its_instrumentation_is_not():
+    workload = dump([("/work/main/ddlctl/workloads/train.py", 300, "coordinate")])
+    hook = dump([("/work/main/ddlctl/instrument/keras_hooks.py", 20, "on_batch_end"),
+                 ("/home/me/fit.py", 3, "<module>")])
+    assert stand("chief:0", running(workload)).state == "user"
+    assert stand("worker:0", running(hook)).where.startswith("waiting in ddlctl's instrumentation")
+
+
+# -- whom to blame ----------------------------------------------------------------------------------
+
+def standing(task: str, state: str, where: str = "somewhere") -> Standing:
+    return Standing(task, state, where)
+
+
+def test_blame_goes_to_the_stopped_then_to_user_code_then_to_the_first_to_stop():
+    progress = {"worker:0": 10.0, "worker:1": 10.0, "worker:2": 5.0}
+    both = {"worker:0": standing("worker:0", "waiting", "waiting in TensorFlow"),
+            "worker:1": standing("worker:1", "user", "train.py:42 in cb"),
+            "worker:2": standing("worker:2", "waiting", "waiting in TensorFlow")}
+    culprit, why, others = hang_culprit(both, progress, "worker:0")
+    assert (culprit, why) == ("worker:1", "its main thread is in its own code at train.py:42 in cb")
+    assert others == "the others: worker:0 waiting in TensorFlow; worker:2 waiting in TensorFlow"
+    both["worker:0"] = standing("worker:0", "stopped")
+    assert hang_culprit(both, progress, "worker:0")[0] == "worker:0"
+    waiting = {n: standing(n, "waiting") for n in both}
+    assert hang_culprit(waiting, progress, "worker:0")[:2] == ("worker:2", "it stopped making progress first")
+    assert hang_culprit({"ps:0": standing("ps:0", "waiting"), "chief:0": standing("chief:0", "waiting")},
+                        {}, "chief:0")[0] == "chief:0", "nobody says more: the coordination leader"
