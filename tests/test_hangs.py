@@ -68,7 +68,9 @@ def test_a_task_past_its_declared_last_step_is_not_watched():
     watch.finish("chief:0")
     assert watch.overdue(100, ["chief:0"]) is None
     watch.rearm(100, restarted=["chief:0"])
-    assert watch.overdue(106, ["chief:0"]) is not None, "a restarted task steps again"
+    assert watch.overdue(170, ["chief:0"]) is None, "back before its first step: the startup timeout"
+    watch.update("chief:0", 101, now=171)
+    assert watch.overdue(177, ["chief:0"]) is not None, "a restarted task is watched again"
 
 
 def test_a_job_that_never_made_progress_is_hung_after_the_startup_threshold():

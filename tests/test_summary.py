@@ -264,3 +264,29 @@ def test_summary_trace_and_csv_of_a_recorded_run_with_a_restart(tmp_path):
     with open(tmp_path / "csv" / "tasks.csv") as handle:
         rows = {row["name"]: row for row in csv.DictReader(handle)}
     assert {n: int(r["steps"]) for n, r in rows.items()} == {n: len(r) for n, r in steps.items()}
+
+
+def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_path):
+    from rich.console import Console
+
+    from ddlctl.report.render import render_report
+
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h1"}, hosts=["h1"])
+    write_steps(run, "worker:0", [0.1] * 20)
+    write_steps(run, "worker:1", [0.1] * 20)
+    hang = {"time": T0 + 30, "culprit": "worker:1", "why": "its main thread is in its own code at train.py:42 in cb",
+            "threshold_s": 60.0, "rule": "the 60s floor", "idle_s": 61.5, "stacks": str(run / "hang" / "1"),
+            "tasks": [{"task": "worker:0", "state": "waiting", "where": "waiting in TensorFlow (execute.py:53)",
+                       "last_step": 20, "idle_s": 61.0},
+                      {"task": "worker:1", "state": "user", "where": "train.py:42 in cb", "last_step": 20,
+                       "idle_s": 61.5}]}
+    (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang]}))
+    summary = summarize(run)
+    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 6
+    console = Console(record=True, width=200)
+    render_report(summary, console)
+    text = console.export_text()
+    assert "hang 1: worker:1 blamed (its main thread is in its own code at train.py:42 in cb)" in text
+    assert "waiting in TensorFlow (execute.py:53)" in text
+    assert "noticed after 62s without progress (threshold 60s: the 60s floor)" in text

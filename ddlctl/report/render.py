@@ -249,6 +249,24 @@ def render_faults(summary: RunSummary, console: Console) -> None:
                   f"{summary.steps_lost} step(s) redone after resuming")
 
 
+def render_hangs(summary: RunSummary, console: Console) -> None:
+    """Each hang: whom ddlctl blamed and why, the threshold that applied, where every task stood."""
+    for number, hang in enumerate(summary.hangs, 1):
+        table = Table(title=f"hang {number}: {hang.get('culprit')} blamed ({hang.get('why')})", title_justify="left")
+        for column in ("task", "state", "last step", "idle s", "where it stood"):
+            table.add_column(column, justify="right" if column in ("last step", "idle s") else "left",
+                             overflow="fold")
+        for task in hang.get("tasks", []):
+            style = "red" if task.get("task") == hang.get("culprit") else ""
+            table.add_row(Text(str(task.get("task")), style=style), str(task.get("state")),
+                          "-" if task.get("last_step") is None else str(task["last_step"]),
+                          "-" if task.get("idle_s") is None else f"{task['idle_s']:.0f}", str(task.get("where")))
+        console.print(table)
+        threshold = f"threshold {hang['threshold_s']:.0f}s: " if hang.get("threshold_s") else ""
+        console.print(Text(f"  noticed after {hang.get('idle_s', 0):.0f}s without progress ({threshold}"
+                           f"{hang.get('rule')}); stacks in {hang.get('stacks')}", style="dim"), soft_wrap=True)
+
+
 def _triple(a: float | None, b: float | None, c: float | None) -> str:
     return " / ".join(_ms(v) for v in (a, b, c))
 
@@ -299,6 +317,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
     render_balance(summary, console)
     render_stages(summary, console)
     render_faults(summary, console)
+    render_hangs(summary, console)
     if summary.diagnosis:
         console.print(Text("diagnosis", style="bold"))
         for line in summary.diagnosis:

@@ -116,13 +116,14 @@ class RunSummary:
     stages: tuple[dict, ...] = ()  # model strategy: per stage task, its layers and CPU
     balance: dict | None = None  # mwms: per-worker speed, share, compute and wait; predictions
     stage_plan: dict | None = None  # model strategy: the plan, its predicted and measured step time
+    hangs: tuple[dict, ...] = ()  # each hang handled: culprit, why, threshold and rule, where each task stood
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
-        total_steps_declared (3), plus stages and balance (4), plus stage_plan (5))."""
+        total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6))."""
         data = asdict(self)
-        data = {"schema": 5, **data}
+        data = {"schema": 6, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -339,7 +340,8 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         goodput=goodput(lead.start_us, lead.duration, redone) if lead is not None else None,
         steps_lost=sum(redone) * (lead.block if lead is not None else 1),
         degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])),
-        work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan)
+        work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan,
+        hangs=tuple(outcome.get("hangs", [])))
     return _with_diagnosis(summary, outcome, run_end)
 
 

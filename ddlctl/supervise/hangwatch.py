@@ -7,10 +7,11 @@ no task has made any progress since the cluster came up is hung after the startu
 
 Thresholds (:meth:`HangWatch.threshold`):
 
-* ``--hang-timeout S`` fixes every threshold at S seconds (0: no watch at all);
+* before a task's first step (after a start or a restart) the startup timeout applies (or
+  ``--hang-timeout`` if longer): importing TensorFlow and tracing take their time under load;
+* ``--hang-timeout S`` fixes every threshold after that at S seconds (0: no watch at all);
 * by default a task is hung after ``max(10 x p99 of its intervals between progress, 60 s)`` once
-  it has :data:`WARM` such intervals; before that (and before its first step after a start or
-  restart) the startup timeout applies.
+  it has :data:`WARM` such intervals, and after the startup timeout before that.
 
 The intervals are measured where the supervisor sees progress (the agents report about once a
 second), so they include checkpoints, evaluations and a slow host, which is what a threshold must
@@ -101,10 +102,10 @@ class HangWatch:
 
     def threshold(self, task: str | None) -> tuple[float, str]:
         """(seconds, which rule) for ``task`` (None: the job before any progress)."""
+        if task is None or task not in self.stepped:
+            return max(self.startup_s, self.timeout_s or 0.0), "before the first step: the startup timeout"
         if self.timeout_s:
             return self.timeout_s, f"--hang-timeout {self.timeout_s:g}s"
-        if task is None or task not in self.stepped:
-            return self.startup_s, "before the first step: the startup timeout"
         gaps = self.gaps.get(task, ())
         if len(gaps) < WARM:
             return self.startup_s, f"not warm yet ({len(gaps)} of {WARM} step intervals): the startup timeout"

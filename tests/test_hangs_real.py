@@ -1,0 +1,77 @@
+"""Real hangs of real TensorFlow tasks on localhost, one kind each: whom ddlctl blames, how long
+after the stall it says so, how the job ends, and that nothing is left. The rules themselves are
+tested in milliseconds in test_hangs.py and test_supervisor.py; the kinds measured with default
+thresholds in benchmarks/hang_bench.py."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PROGRAMS
+from tests.faults import Job, wait_for
+from tests.test_faults import log, nothing_left
+
+pytestmark = pytest.mark.cluster
+QUICK = ("--no-telemetry", "--startup-timeout", "120", "--grace", "2")
+HANG_KINDS = str(PROGRAMS / "hang_kinds.py")
+
+
+def stalled_at(job: Job, task: str, words: str) -> float:
+    """When ``task`` printed ``words`` (polled: within 0.1 s)."""
+    wait_for(lambda: words in log(job, task) or job.proc.poll() is not None, 180, f"{task} to say {words!r}")
+    return time.time()
+
+
+def test_a_task_stopped_while_its_peer_steps_on_is_named_from_tensorflows_heartbeat_report(runs):
+    job = Job(runs, "-s", "mwms", "--env", "HANG_KIND=local", *QUICK, "--", sys.executable, HANG_KINDS)
+    job.wait_steps("worker-1", 20)
+    stalled = job.kill("worker-1", signal.SIGSTOP)
+    assert job.wait() == 124, job.stderr()[-3000:]
+    outcome = job.outcome()
+    assert (outcome["root_cause"]["task"], outcome["root_cause"]["reason"]) == ("worker:1", "hang")
+    [hang] = outcome["hangs"]
+    assert hang["rule"] == "named by worker:0's TensorFlow" and "stopped sending heartbeats" in hang["why"]
+    stood = {t["task"]: t["state"] for t in hang["tasks"]}
+    assert stood["worker:1"] == "stopped"
+    assert hang["time"] - stalled < 30, "TensorFlow names it ~6 s after the stall"
+    assert job.steps("worker-0") > job.steps("worker-1") + 50, "worker:0 stepped on meanwhile"
+    nothing_left(job)
+
+
+@pytest.mark.parametrize(("kind", "function"), [("lock", "wait_forever_on_a_lock"), ("spin", "spin_forever"),
+                                                ("pipe", "read_a_pipe_nobody_writes")])
+def test_a_task_hung_in_its_own_code_is_blamed_from_its_stack_not_its_waiting_peer(runs, kind, function):
+    job = Job(runs, "-s", "mwms", "--hang-timeout", "8", "--env", f"HANG_KIND={kind}", *QUICK, "--",
+              sys.executable, HANG_KINDS)
+    stalled = stalled_at(job, "worker-1", f"worker:1 hangs now ({kind})")
+    assert job.wait() == 124, job.stderr()[-3000:]
+    outcome = job.outcome()
+    assert (outcome["root_cause"]["task"], outcome["root_cause"]["reason"]) == ("worker:1", "hang")
+    [hang] = outcome["hangs"]
+    stood = {t["task"]: (t["state"], t["where"]) for t in hang["tasks"]}
+    assert stood["worker:1"][0] == "user" and stood["worker:1"][1].startswith("programs/hang_kinds.py:")
+    assert stood["worker:1"][1].endswith(f" in {function}")
+    assert stood["worker:0"][0] == "waiting" and "TensorFlow" in stood["worker:0"][1]
+    assert "its main thread is in its own code at programs/hang_kinds.py:" in job.stderr()
+    assert 8 < hang["time"] - stalled < 8 + 12, "named soon after its 8 s threshold"
+    nothing_left(job)
+
+
+def test_a_stopped_model_parallel_stage_is_blamed_not_the_chief_waiting_for_it(runs):
+    job = Job(runs, "-s", "model", "--workers", "2", "--hang-timeout", "8", *QUICK, "--", sys.executable, "-m",
+              "ddlctl.workloads", "--workload", "deep", "--steps", "100000")
+    job.wait_steps("chief-0", 10)
+    stalled = job.kill("worker-1", signal.SIGSTOP)
+    assert job.wait() == 124, job.stderr()[-3000:]
+    outcome = job.outcome()
+    assert (outcome["root_cause"]["task"], outcome["root_cause"]["reason"]) == ("worker:1", "hang")
+    [hang] = outcome["hangs"]
+    stood = {t["task"]: t["state"] for t in hang["tasks"]}
+    assert stood == {"chief:0": "waiting", "worker:0": "waiting", "worker:1": "stopped"}, hang["tasks"]
+    assert hang["why"] == "its process is stopped (state T)"
+    assert 8 < hang["time"] - stalled < 8 + 12
+    nothing_left(job)
