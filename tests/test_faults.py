@@ -52,7 +52,7 @@ def test_ps_worker_killed_is_restarted_in_place_and_training_finishes(runs):
     [event] = outcome["restarts"]
     assert (event["task"], event["cause"], event["scope"], event["tasks"]) == ("worker:1", "signal", "task",
                                                                               ["worker:1"])
-    assert event["listening_at"] - event["time"] < 15, "replaced and listening again quickly"
+    assert event["listening_at"] > event["time"], "replaced and listening again (how fast: benchmarks/recovery.py)"
     ports = plan_ports(job)
     assert pids(job)["worker:1"] != before
     assert log(job, "worker-1").count(f"listening at grpc://localhost:{ports['worker:1']}") == 2, "same port twice"
