@@ -53,7 +53,12 @@ def test_the_adaptive_threshold_is_ten_times_the_p99_interval_with_a_sixty_secon
     assert watch.threshold("worker:0") == (180, "before the first step: the startup timeout")
     for step in range(1, 4):
         watch.update("worker:0", step, now=step * 2.0)
-    assert watch.threshold("worker:0")[1].startswith("not warm yet (2 of 5"), "the first step is no interval"
+    assert watch.threshold("worker:0") == (60, "the 60s floor (not warm yet: 2 of 5 step intervals)"), \
+        "the first step is no interval"
+    slow = HangWatch(None)
+    slow.update("worker:0", 1, now=0)
+    slow.update("worker:0", 2, now=8.0)
+    assert slow.threshold("worker:0") == (80, "10 x its longest step interval yet, 8.0s (not warm)")
     for step in range(4, 40):
         watch.update("worker:0", step, now=step * 2.0)
     assert watch.threshold("worker:0") == (60, "the 60s floor (10 x its p99 step interval of 2.0s is less)")

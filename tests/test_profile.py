@@ -95,7 +95,7 @@ def test_custom_loop_with_ddlctl_step(runs):
 
 def test_agent_death_leaves_a_gap_and_the_job_goes_on(runs):
     proc = subprocess.Popen(
-        ddlctl_cmd("launch", "--strategy", "one_device", "--steps", "500", "--sample-interval", "0.3",
+        ddlctl_cmd("launch", "--strategy", "one_device", "--steps", "200", "--sample-interval", "0.3",
                    "--runs-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -60,9 +60,9 @@ def remote_steps(job: Job, task: str) -> int:
 
 def start_mwms(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
-    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "500", "--no-telemetry", "--grace", "2",
-              "--startup-timeout", "120", *extra, env=cluster.env)
-    wait_for(lambda: remote_steps(job, "worker-0") >= 150 or job.proc.poll() is not None, 180, "training")
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "300", "--no-telemetry", "--grace", "2",
+              "--startup-timeout", "120", *extra, env=cluster.env)  # a checkpoint every 75 steps
+    wait_for(lambda: remote_steps(job, "worker-0") >= 100 or job.proc.poll() is not None, 180, "training")
     assert job.proc.poll() is None, job.stderr()[-3000:]
     return job
 
@@ -167,10 +167,10 @@ def test_a_group_restart_copies_the_checkpoint_to_hosts_that_do_not_share_it(tmp
     apart = SshTestCluster(tmp_path_factory.mktemp("apart"), 2, separate_homes=True)
     try:
         hosts = apart.hosts_file(tmp_path / "hosts.txt")
-        job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "600", "--max-restarts", "1",
+        job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "300", "--max-restarts", "1",
                   "--no-telemetry", "--grace", "2", "--startup-timeout", "120", env=apart.env)
         steps = apart.host_home(apart.hosts[0]) / ".ddlctl" / "runs" / job.run_dir.name / "tasks" / "worker-0"
-        wait_for(lambda: step_count(steps / "steps.jsonl") >= 150 or job.proc.poll() is not None, 180, "training")
+        wait_for(lambda: step_count(steps / "steps.jsonl") >= 100 or job.proc.poll() is not None, 180, "training")
         pid = json.loads((job.run_dir / "pids.json").read_text())["worker:1"]["task_pid"]
         __import__("os").kill(pid, signal.SIGKILL)
         assert job.wait(300) == 0, job.stderr()[-3000:]

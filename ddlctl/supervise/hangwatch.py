@@ -11,7 +11,8 @@ Thresholds (:meth:`HangWatch.threshold`):
   ``--hang-timeout`` if longer): importing TensorFlow and tracing take their time under load;
 * ``--hang-timeout S`` fixes every threshold after that at S seconds (0: no watch at all);
 * by default a task is hung after ``max(10 x p99 of its intervals between progress, 60 s)`` once
-  it has :data:`WARM` such intervals, and after the startup timeout before that.
+  it has :data:`WARM` such intervals; before that, after ``max(10 x its longest interval, 60 s)``
+  (a task that stepped a few times and stopped is named within the floor too).
 
 The intervals are measured where the supervisor sees progress (the agents report about once a
 second), so they include checkpoints, evaluations and a slow host, which is what a threshold must
@@ -108,7 +109,10 @@ class HangWatch:
             return self.timeout_s, f"--hang-timeout {self.timeout_s:g}s"
         gaps = self.gaps.get(task, ())
         if len(gaps) < WARM:
-            return self.startup_s, f"not warm yet ({len(gaps)} of {WARM} step intervals): the startup timeout"
+            longest = max(gaps, default=0.0)
+            if FACTOR * longest > FLOOR_S:
+                return FACTOR * longest, f"{FACTOR:g} x its longest step interval yet, {longest:.1f}s (not warm)"
+            return FLOOR_S, f"the {FLOOR_S:g}s floor (not warm yet: {len(gaps)} of {WARM} step intervals)"
         typical = p99(gaps)
         if FACTOR * typical > FLOOR_S:
             return FACTOR * typical, f"{FACTOR:g} x its p99 step interval of {typical:.1f}s"
