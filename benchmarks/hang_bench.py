@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +69,10 @@ def wait_for(predicate, timeout: float):  # noqa: ANN001
     raise TimeoutError
 
 
-def measure(kind: Kind, root: Path) -> dict:
-    """One run of ``kind``: the stall, then ddlctl's hang record."""
-    runs = root / kind.name.split()[0]
+def measure(key: str, kind: Kind, root: Path) -> dict:
+    """One run of ``kind``: the stall, the root-cause line on ddlctl's stderr, then its hang record
+    (a ps worker hung without restarts leaves the job going on degraded: it is stopped with Ctrl-C)."""
+    runs = root / key
     runs.mkdir(parents=True, exist_ok=True)
     env_args = [a for pair in kind.env for a in ("--env", pair)]
     args = list(kind.args)
@@ -78,7 +80,11 @@ def measure(kind: Kind, root: Path) -> dict:
     command = [sys.executable, "-m", "ddlctl", "launch", "--runs-dir", str(runs), "--no-telemetry", *args[:split],
                *env_args, *args[split:]]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-                            env={**os.environ, "NO_COLOR": "1"})
+                            env={**os.environ, "NO_COLOR": "1", "COLUMNS": "250"})
+    said: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: said.extend((time.time(), line.decode(errors="replace"))
+                                                         for line in proc.stderr), daemon=True)
+    reader.start()
     try:
         run_dir = wait_for(lambda: next((p for p in runs.iterdir() if p.is_dir()), None), 60)
         folder = kind.culprit.replace(":", "-")
@@ -92,7 +98,11 @@ def measure(kind: Kind, root: Path) -> dict:
             log = run_dir / "tasks" / folder / "output.log"
             wait_for(lambda: log.exists() and kind.says.encode() in log.read_bytes(), 300)
         stalled = time.time()
-        code = proc.wait(600)
+        named = wait_for(lambda: next((t for t, line in list(said) if " hung (" in line), None)
+                         or (proc.poll() is not None and float("nan")), 600)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        code = proc.wait(120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -100,8 +110,8 @@ def measure(kind: Kind, root: Path) -> dict:
     outcome = json.loads((run_dir / "outcome.json").read_text())
     hang = (outcome.get("hangs") or [{}])[0]
     return {"kind": kind.name, "expected": kind.culprit, "named": hang.get("culprit"), "exit": code,
-            "detected_s": round(hang["time"] - stalled, 1) if "time" in hang else None,
-            "threshold_s": hang.get("threshold_s"), "rule": hang.get("rule"), "why": hang.get("why")}
+            "detected_s": round(named - stalled, 1), "threshold_s": hang.get("threshold_s"), "rule": hang.get("rule"),
+            "why": hang.get("why")}
 
 
 def main() -> None:
@@ -111,7 +121,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for key in args.kinds.split(","):
-            row = measure(KINDS[key], Path(tmp))
+            row = measure(key, KINDS[key], Path(tmp))
             rows.append(row)
             print(json.dumps(row), flush=True)
     print()
