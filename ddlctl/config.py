@@ -66,6 +66,7 @@ class OutputOptions:
     profile: bool = False  # the live view and the full report
     quiet: bool = False
     verbose: bool = False
+    task_colors: bool = False  # let tasks' colour sequences through to the console (other controls never)
 
 
 @dataclass(frozen=True)

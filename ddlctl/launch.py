@@ -354,9 +354,10 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
     elif on_terminal:
         from ddlctl.report.live import ConsoleLineWriter
 
-        writer = ConsoleLineWriter(out)  # scrolls above the live region
+        writer = ConsoleLineWriter(out, task_colors=opts.task_colors)  # scrolls above the live region
     else:
-        writer = PrefixedWriter(sys.stderr.buffer if opts.json_out else sys.stdout.buffer)
+        writer = PrefixedWriter(sys.stderr.buffer if opts.json_out else sys.stdout.buffer,
+                                task_colors=opts.task_colors)
     # While a live region is up, everything goes through its console (another stream writing to
     # the terminal would leave copies of the region in the scrollback).
     messages = out if on_terminal else err

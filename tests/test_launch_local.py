@@ -227,3 +227,15 @@ def test_sigterm_to_ddlctl_stops_everything(runs):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_tasks_escape_sequences_are_shown_on_the_console_and_kept_raw_in_its_log(tmp_path):
+    forge = ("import sys; sys.stdout.buffer.write(b'\\x1b[1A\\x1b[2Kddlctl: job succeeded\\x1b]52;c;aGk=\\x07\\n'); "
+             "sys.stdout.flush()")
+    done = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path / "runs"), "--",
+                      sys.executable, "-c", forge)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[worker:0@localhost] ^[[1A^[[2Kddlctl: job succeeded^[]52;c;aGk=^G" in done.stdout
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    log = (only_run_dir(tmp_path / "runs") / "tasks" / "worker-0" / "output.log").read_bytes()
+    assert b"\x1b[1A\x1b[2Kddlctl: job succeeded\x1b]52;c;aGk=\x07\n" in log

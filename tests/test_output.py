@@ -81,3 +81,27 @@ def test_quiet_writer_leaves_noise_off_the_console_and_says_so_once():
     writer.write("worker:0", "h", [banner, b"step 1\n"])
     writer.write("worker:1", "h", [banner])
     assert out.getvalue() == b"[worker:0@h] step 1\n" and said == [1] and writer.hidden == 2
+
+
+def test_control_characters_from_tasks_are_shown_not_obeyed():
+    from ddlctl.supervise.output import visible
+
+    forged = (b"\x1b[1A\x1b[2K\x1b[32mddlctl: job succeeded\x1b[0m\x1b]52;c;cm0gLXJmIH4=\x07\tdone\x7f "
+              b"\xc2\x9b2J caf\xc3\xa9")
+    shown = visible(forged)
+    assert shown == (b"^[[1A^[[2K^[[32mddlctl: job succeeded^[[0m^[]52;c;cm0gLXJmIH4=^G\tdone^? <U+009B>2J "
+                     b"caf\xc3\xa9"), "controls visible, tab and UTF-8 kept"
+    colored = visible(forged, keep_colors=True)
+    assert colored.startswith(b"^[[1A^[[2K\x1b[32mddlctl: job succeeded\x1b[0m^[]52;")
+    out = io.BytesIO()
+    PrefixedWriter(out, color=False).write("worker:0", "h", [b"\x1b[2Jhi\r\n"])
+    assert out.getvalue() == b"[worker:0@h] ^[[2Jhi\n"
+
+
+@given(st.binary(max_size=200))
+def test_no_control_character_but_tab_survives(data):
+    from ddlctl.supervise.output import visible
+
+    shown = visible(data)
+    assert not any(b < 0x20 and b != 0x09 or b == 0x7f for b in shown)
+    assert b"\xc2\x9b" not in shown

@@ -127,6 +127,10 @@ def launch(
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show every line tasks print, TensorFlow's start-up notices included (they are "
                                 "always in <run>/tasks/*/output.log).")] = False,
+    task_colors: Annotated[bool, typer.Option(
+        "--task-colors", help="Let the colour sequences tasks print reach the console. Every other control "
+                              "character (cursor moves, clipboard, title) is always shown as text (^[, <U+009B>); "
+                              "the logs keep the raw bytes.")] = False,
     auto_steps: Annotated[bool, typer.Option(
         "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
                                              "code changes (a callback ddlctl adds to every fit call).")] = True,
@@ -206,7 +210,8 @@ def launch(
                                       restart_on=_value(restart_on) or "fault", hang_timeout_s=hang_timeout,
                                       host_timeout_s=host_timeout),
         output=OutputOptions(run_dir=_runs_dir(runs_dir, old_run_dir), run_id=_run_id(run_id), dry_run=dry_run,
-                             json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose),
+                             json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose,
+                             task_colors=task_colors),
         ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
     )
     _exit_with(lambda: run_launch(config, people_console(), error_console()))

@@ -217,11 +217,15 @@ class ConsoleLineWriter:
     """Task output through a rich console (so it scrolls above a live view), same interface as
     :class:`ddlctl.supervise.output.PrefixedWriter`."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, task_colors: bool = False) -> None:
         self.console = console
+        self.task_colors = task_colors
 
     def write(self, task: str, host: str, lines: list[bytes]) -> None:
+        from ddlctl.supervise.output import visible
+
         for line in lines:
             text = Text(f"[{task}@{host}] ", style="cyan")
-            text.append(line.rstrip(b"\r\n").decode("utf-8", "replace"))
+            body = visible(line.rstrip(b"\r\n"), self.task_colors).decode("utf-8", "replace")
+            text.append(Text.from_ansi(body) if self.task_colors else Text(body))
             self.console.print(text, soft_wrap=True)

@@ -57,13 +57,40 @@ class LineSplitter:
 
 
 _COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)
+#: C0 controls but tab, DEL, and C1 controls as UTF-8 (U+0080-U+009F): what a terminal acts on.
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\xc2[\x80-\x9f]")
+_SGR = re.compile(rb"\x1b\[[0-9;]*m")  # colours and text attributes only
+
+
+def _show(match: re.Match[bytes]) -> bytes:
+    raw = match.group()
+    if len(raw) == 2:  # C1
+        return f"<U+{raw[1]:04X}>".encode()  # U+0080-U+009F is 0xC2 0x80-0x9F
+    return b"^?" if raw == b"\x7f" else b"^" + bytes([raw[0] + 0x40])
+
+
+def visible(line: bytes, keep_colors: bool = False) -> bytes:
+    """``line`` with every control character a terminal would act on made visible (ESC -> ``^[``,
+    BEL -> ``^G``, CSI -> ``<U+009B>``): a task's output cannot move the cursor, rewrite ddlctl's
+    lines or set the clipboard. Tabs stay. ``keep_colors``: colour sequences (``ESC [ ... m``)
+    pass unchanged. The task logs keep the raw bytes."""
+    if not keep_colors:
+        return _CONTROL.sub(_show, line)
+    parts = _SGR.split(line)
+    colors = _SGR.findall(line)
+    out = bytearray(_CONTROL.sub(_show, parts[0]))
+    for color, part in zip(colors, parts[1:], strict=True):
+        out += color + _CONTROL.sub(_show, part)
+    return bytes(out)
 
 
 class PrefixedWriter:
-    """Writes tasks' lines to ``stream`` as ``[worker:1@host] line``; colours on a terminal."""
+    """Writes tasks' lines to ``stream`` as ``[worker:1@host] line`` (control characters made
+    visible: :func:`visible`); coloured prefixes on a terminal."""
 
-    def __init__(self, stream: BinaryIO, color: bool | None = None) -> None:
+    def __init__(self, stream: BinaryIO, color: bool | None = None, task_colors: bool = False) -> None:
         self.stream = stream
+        self.task_colors = task_colors
         if color is None:
             isatty = getattr(stream, "isatty", lambda: False)
             color = bool(isatty()) and "NO_COLOR" not in os.environ
@@ -86,7 +113,7 @@ class PrefixedWriter:
         prefix = self.prefix(task, host)
         out = bytearray()
         for line in lines:
-            body = line.rstrip(b"\r\n")
+            body = visible(line.rstrip(b"\r\n"), self.task_colors)
             out += prefix + body + b"\n"
         try:
             self.stream.write(bytes(out))
