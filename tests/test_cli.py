@@ -37,7 +37,8 @@ def test_dry_run_json_is_the_plan_and_nothing_else(runs):
     plan = json.loads(result.stdout)
     assert [t["name"] for t in plan["tasks"]] == ["chief:0", "worker:0", "worker:1", "ps:0"]
     chief = plan["tasks"][0]
-    assert chief["argv"] == ["python", "train.py", "--lr", "0.1"] and chief["env"]["A"] == "1"
+    assert chief["argv"] == ["python", "train.py", "--lr", "0.1"] and chief["env"]["A"] == "***"
+    assert chief["env"]["DDLCTL_TASK"] == "chief:0", "ddlctl's own variables stay readable"
     ports = [t["port"] for t in plan["tasks"]]
     assert all(ports) and len(set(ports)) == 4
     assert list(runs.iterdir()) == [], "a dry run creates nothing"

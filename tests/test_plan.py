@@ -217,11 +217,16 @@ def test_ps_tasks_go_to_cpu_only_hosts_and_gpu_workers_get_one_gpu_each():
 
 
 def test_user_env_overrides_and_secrets_are_redacted_in_plan_json():
-    req = request("mwms", env={"API_TOKEN": "s3cret", "PYTHONUNBUFFERED": "0"}, workers=1)
+    req = request("mwms", env={"API_TOKEN": "s3cret", "PYTHONUNBUFFERED": "0", "DB_PASS": "pw1",
+                               "DATABASE_URL": "postgres://u:pw2@db/x", "SENTRY_DSN": "https://k3@s/1"}, workers=1)
     plan = make_plan(local_cluster(), req, {"worker:0": 1234})
-    assert plan.tasks[0].env["PYTHONUNBUFFERED"] == "0"
+    assert plan.tasks[0].env["PYTHONUNBUFFERED"] == "0" and plan.tasks[0].env["DB_PASS"] == "pw1"
     text = json.dumps(plan.to_dict())
-    assert "s3cret" not in text and '"API_TOKEN": "***"' in text
+    for secret in ("s3cret", "pw1", "pw2", "k3@"):
+        assert secret not in text, "every value the user gave is masked, whatever its name"
+    written = plan.to_dict()["tasks"][0]["env"]
+    assert written["API_TOKEN"] == written["SENTRY_DSN"] == written["PYTHONUNBUFFERED"] == "***"
+    assert written["DDLCTL_TASK"] == "worker:0" and "TF_CONFIG" in written
 
 
 def test_heterogeneous_template_layout():

@@ -25,7 +25,14 @@ from ddlctl.slurm.allocation import (
     parse_job_gpus,
     parse_node_addresses,
 )
-from ddlctl.slurm.submit import SubmitOptions, check_options, exit_code_of, sbatch_script, strategy_of
+from ddlctl.slurm.submit import (
+    SubmitOptions,
+    check_options,
+    exit_code_of,
+    hide_env_values,
+    sbatch_script,
+    strategy_of,
+)
 from ddlctl.transport.slurm import srun_argv
 from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, processes_of_run
 from tests.faults import step_count, wait_for
@@ -102,6 +109,9 @@ def test_the_batch_script_runs_launch_slurm_with_the_given_options(tmp_path):
     assert lines[-1] == (f"exec /py/bin/python -m ddlctl launch --slurm --runs-dir {tmp_path}/runs --run-id r1 "
                          "-s ps -- python t.py 'a b'")
     assert strategy_of(["--strategy=ps"]) == "ps" and strategy_of(["--", "x", "-s", "ps"]) == "mwms"
+    args, values = hide_env_values(["--env", "A=1=2", "--env=B=x y", "--env", "C", "--", "prog", "--env", "D=4"])
+    assert args == ("--env", "A", "--env=B", "--env", "C", "--", "prog", "--env", "D=4")
+    assert values == {"A": "1=2", "B": "x y"}, "the program's own arguments after -- are its business"
     with pytest.raises(ConfigError, match="--time"):
         check_options(SubmitOptions(time_limit="soon"))
     with pytest.raises(ConfigError, match="--hosts"):
@@ -317,14 +327,19 @@ def test_dry_run_shows_each_nodes_srun_command_and_starts_nothing(idle, runs):
 def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
     done = subprocess.run(ddlctl_cmd("submit", "--nodes", "3", "--time", "10", "--runs-dir", str(runs), "--follow",
-                                     "-s", "ps", "--steps", "12"),
+                                     "-s", "ps", "--steps", "12", "--env", "DB_URL=postgres://u:pw@db/x"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     job = done.stdout.split()[0]
     run_dir = next(runs.iterdir())
     assert f"submitted Slurm job {job}; run directory {run_dir}" in done.stderr
     assert "final loss" in done.stdout and "throughput" in done.stdout  # the streamed report
-    assert (run_dir / "submit.sbatch").read_text().startswith("#!/bin/bash")
+    script = run_dir / "submit.sbatch"
+    assert script.read_text().startswith("#!/bin/bash") and (script.stat().st_mode & 0o777) == 0o600
+    assert "--env DB_URL " in script.read_text() and "pw@" not in script.read_text(), "names only"
+    # launch inside the job found the value in its environment (a bare --env KEY without one fails)
+    assert json.loads((run_dir / "plan.json").read_text())["request"]["env"] == {"DB_URL": "***"}
+    assert "pw@" not in (run_dir / "plan.json").read_text()
     assert (run_dir / f"slurm-{job}.out").is_file()
     assert json.loads((run_dir / "outcome.json").read_text())["ok"]
     assert job not in idle.jobs()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ddlctl import envvars
@@ -156,7 +156,8 @@ class Plan:
     def to_dict(self, redact: bool = True) -> dict[str, object]:
         """JSON-ready form (``plan.json``, ``--dry-run --json``), secrets redacted."""
         req = asdict(self.request)
-        req["env"] = redact_env(self.request.env) if redact else dict(self.request.env)
+        given = tuple(self.request.env)
+        req["env"] = redact_env(self.request.env, given) if redact else dict(self.request.env)
 
         def task_dict(t: TaskSpec) -> dict[str, object]:
             return {
@@ -167,7 +168,7 @@ class Plan:
                 "port": t.port,
                 "kind": t.kind,
                 "argv": list(t.argv),
-                "env": redact_env(t.env) if redact else dict(t.env),
+                "env": redact_env(t.env, given) if redact else dict(t.env),
                 "unset_env": list(t.unset_env),
                 "workdir": t.workdir,
                 "task_dir": t.task_dir,
@@ -193,9 +194,12 @@ def _host_dict(host: Host) -> dict[str, object]:
     return data
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Copy of ``env`` with values of secret-looking keys replaced by ``***``."""
-    return {k: ("***" if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
+def redact_env(env: Mapping[str, str], given: Iterable[str] = ()) -> dict[str, str]:
+    """Copy of ``env`` with ``***`` for the value of every key the user ``given`` (``--env``,
+    a template's ``env:``: whatever its name, a value may be a password) and of secret-looking
+    keys. ddlctl's own variables (``DDLCTL_*``, ``TF_CONFIG``...) stay readable."""
+    given = set(given)
+    return {k: ("***" if k in given or any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
 
 
 def address_of(host: Host) -> str:

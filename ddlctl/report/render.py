@@ -40,7 +40,7 @@ def render_plan(plan: Plan, console: Console) -> None:
         console.print(Text(f"{task.name}", style="bold"))
         if task.tf_config is not None:
             console.print(Text(f"  TF_CONFIG={json.dumps(task.tf_config, sort_keys=True)}"), soft_wrap=True)
-        extra = {k: v for k, v in redact_env(task.env).items() if k != "TF_CONFIG"}
+        extra = {k: v for k, v in redact_env(task.env, plan.request.env).items() if k != "TF_CONFIG"}
         console.print(Text("  env: " + " ".join(f"{k}={v}" for k, v in extra.items())), soft_wrap=True)
         console.print(Text(f"  cwd: {task.workdir}"))
         console.print(Text("  argv: " + json.dumps(list(task.argv))), soft_wrap=True)

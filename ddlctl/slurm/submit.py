@@ -9,6 +9,7 @@ stop``) are in the run directory, which the batch node must see (a shared file s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -71,6 +72,35 @@ def sbatch_script(opts: SubmitOptions, run_dir: Path, run_id: str, python: str, 
     return "\n".join(lines)
 
 
+def hide_env_values(launch_args: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``launch_args`` with every ``--env KEY=VALUE`` turned into ``--env KEY``, and those values:
+    the batch script holds names only; sbatch exports the values to the job from its environment
+    (its default ``--export=ALL``), where ``launch --env KEY`` picks them up."""
+    args: list[str] = []
+    values: dict[str, str] = {}
+    items = list(launch_args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if arg == "--":
+            args += items[i:]
+            break
+        if arg == "--env" and i + 1 < len(items) and "=" in items[i + 1]:
+            key, value = items[i + 1].split("=", 1)
+            values[key] = value
+            args += ["--env", key]
+            i += 2
+            continue
+        if arg.startswith("--env=") and "=" in arg[len("--env="):]:
+            key, value = arg[len("--env="):].split("=", 1)
+            values[key] = value
+            args.append(f"--env={key}")
+        else:
+            args.append(arg)
+        i += 1
+    return tuple(args), values
+
+
 def check_options(opts: SubmitOptions) -> None:
     """Refuse what sbatch would refuse later, with the option named."""
     if opts.time_limit and not _TIME.match(opts.time_limit):
@@ -107,8 +137,16 @@ def submit(opts: SubmitOptions, out: Console, err: Console, env: Mapping[str, st
     check_options(opts)
     run_id = new_run_id(strategy_of(opts.launch_args))
     run_dir = make_dir(Path(opts.runs_dir).expanduser().resolve() / run_id, "--runs-dir")
+    launch_args, values = hide_env_values(opts.launch_args)
+    if values and any(a.startswith("--export") for a in opts.sbatch_args):
+        raise ConfigError("--env KEY=VALUE needs sbatch to export ddlctl's environment to the job",
+                          "drop --sbatch-arg=--export..., or export the variables yourself and give --env KEY")
+    env.update(values)
     script = run_dir / "submit.sbatch"
-    script.write_text(sbatch_script(opts, run_dir, run_id, sys.executable, os.getcwd()))
+    text = sbatch_script(dataclasses.replace(opts, launch_args=launch_args), run_dir, run_id, sys.executable,
+                         os.getcwd())
+    with os.fdopen(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        handle.write(text)  # 0600: the command line is the user's business
     try:
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                               timeout=60)
