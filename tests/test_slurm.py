@@ -109,9 +109,10 @@ def test_the_batch_script_runs_launch_slurm_with_the_given_options(tmp_path):
     assert lines[-1] == (f"exec /py/bin/python -m ddlctl launch --slurm --runs-dir {tmp_path}/runs --run-id r1 "
                          "-s ps -- python t.py 'a b'")
     assert strategy_of(["--strategy=ps"]) == "ps" and strategy_of(["--", "x", "-s", "ps"]) == "mwms"
-    args, values = hide_env_values(["--env", "A=1=2", "--env=B=x y", "--env", "C", "--", "prog", "--env", "D=4"])
-    assert args == ("--env", "A", "--env=B", "--env", "C", "--", "prog", "--env", "D=4")
-    assert values == {"A": "1=2", "B": "x y"}, "the program's own arguments after -- are its business"
+    args, values = hide_env_values(["--env", "A=1=2", "--env=B=x y", "--env", "C", "-e", "E=5", "--", "prog",
+                                    "--env", "D=4"])
+    assert args == ("--env", "A", "--env=B", "--env", "C", "-e", "E", "--", "prog", "--env", "D=4")
+    assert values == {"A": "1=2", "B": "x y", "E": "5"}, "the program's own arguments after -- are its business"
     with pytest.raises(ConfigError, match="--time"):
         check_options(SubmitOptions(time_limit="soon"))
     with pytest.raises(ConfigError, match="--hosts"):

@@ -85,10 +85,10 @@ def hide_env_values(launch_args: Sequence[str]) -> tuple[tuple[str, ...], dict[s
         if arg == "--":
             args += items[i:]
             break
-        if arg == "--env" and i + 1 < len(items) and "=" in items[i + 1]:
+        if arg in ("--env", "-e") and i + 1 < len(items) and "=" in items[i + 1]:
             key, value = items[i + 1].split("=", 1)
             values[key] = value
-            args += ["--env", key]
+            args += [arg, key]
             i += 2
             continue
         if arg.startswith("--env=") and "=" in arg[len("--env="):]:
