@@ -6,7 +6,9 @@ Its file names are defined here once; every writer and reader goes through these
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import stat
 import time
 from pathlib import Path
 
@@ -36,9 +38,27 @@ def new_run_id(strategy: str, now: float | None = None) -> str:
     return f"{stamp}-{strategy}-{secrets.token_hex(3)}"
 
 
+def check_private(path: Path, option: str = "--runs-dir") -> None:
+    """Refuse a folder someone else owns or others may write to: whoever can write there can
+    replace plan.json or a log with a symlink, or read what the run leaves."""
+    try:
+        info = path.stat()
+    except OSError:
+        return
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise ConfigError(f"{option}: {path} belongs to another user (uid {info.st_uid})",
+                          f"give {option} a folder of your own, e.g. ~/ddlctl-runs")
+    if info.st_mode & 0o022:
+        raise ConfigError(f"{option}: {path} is writable by {'others' if info.st_mode & 0o002 else 'its group'} "
+                          f"(mode {stat.S_IMODE(info.st_mode):o}): anyone who may write there can replace the "
+                          "run's files", f"chmod go-w {path}, or give {option} a folder of your own")
+
+
 def make_dir(path: str | Path, option: str = "--runs-dir") -> Path:
-    """Create ``path`` (and parents); a file-system error is a clear message naming the path."""
+    """Create ``path`` (and parents); a file-system error is a clear message naming the path. A
+    folder that another user owns or others may write to is refused (:func:`check_private`)."""
     path = Path(path)
+    check_private(path, option)
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".ddlctl-write-test-{secrets.token_hex(4)}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -169,3 +170,26 @@ def test_report_on_a_folder_without_plan_json_is_not_a_run(tmp_path):
     (tmp_path / "tasks").mkdir()
     code, err = invoke(["report", str(tmp_path)])
     assert code == 2 and "is not a run directory (no plan.json)" in err
+
+
+def test_a_runs_folder_others_may_write_to_is_refused_and_run_files_are_private(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    code, err = invoke(["launch", "-s", "one_device", "--runs-dir", str(shared), "--", "true"])
+    assert code == 2 and f"--runs-dir: {shared} is writable by others (mode 777)" in err, err
+    assert "chmod go-w" in err and list(shared.iterdir()) == []
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    if os.getuid() == 0:  # root can give it away (CI runs as root)
+        os.chown(theirs, 65534, 65534)
+        code, err = invoke(["launch", "-s", "one_device", "--runs-dir", str(theirs), "--", "true"])
+        assert code == 2 and f"--runs-dir: {theirs} belongs to another user (uid 65534)" in err, err
+    mine = tmp_path / "mine"
+    done = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(mine), "--", "true")
+    assert done.returncode == 0, done.stderr
+    run_dir = next(mine.iterdir())
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    assert ((run_dir / "plan.json").stat().st_mode & 0o777) == 0o600
+    log = run_dir / "tasks" / "worker-0" / "output.log"
+    assert (log.stat().st_mode & 0o077) == 0, "nothing of the run readable by others"

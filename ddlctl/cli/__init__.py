@@ -54,6 +54,7 @@ def main() -> None:
         raise KeyboardInterrupt
 
     interrupts: list[bool] = []
+    os.umask(0o077)  # private by default: run folders, logs, plans, checkpoints are the user's alone
     signal.signal(signal.SIGINT, interrupted)  # the supervisor has its own while tasks run
     try:
         code = run_app()

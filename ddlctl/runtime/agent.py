@@ -113,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Sample until SIGTERM; one JSON line per sample on stdout."""
+    os.umask(0o077)
     args = parse_args(argv)
     stop = []
     sleeping = []

@@ -517,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m ddlctl.runtime.hostagent [--ports N]``: with ``--ports``, the hello carries the
     launch-time probe (Python, TensorFlow present, N free ports): one process start per host."""
     args = sys.argv[1:] if argv is None else argv
+    os.umask(0o077)  # the run's files on this host (and its tasks' own) are the user's alone
     with contextlib.suppress(OSError):  # own session: a terminal's Ctrl-C is ddlctl's to handle
         os.setsid()
     os.write(1, MAGIC)
