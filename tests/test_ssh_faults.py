@@ -4,6 +4,7 @@ dropped connections (the sshd processes serving ddlctl killed mid-run)."""
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import sys
 import time
@@ -151,13 +152,27 @@ def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluste
         return path.exists() and b"up" in path.read_bytes()
 
     wait_for(lambda: up("worker-0") and up("worker-1"), 60, "tasks up")
-    for _ in range(3):
+    # Each Ctrl-C is sent once the one before was acknowledged: signals sent faster than a loaded
+    # machine schedules ddlctl are merged by the kernel (a pending SIGINT absorbs the next).
+    job.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "stopping all tasks" in job.stderr(), 30, "the first Ctrl-C to be taken")
+    # the host agents stopped: the KILL of the second Ctrl-C cannot end the job before the third
+    records = json.loads((job.run_dir / "pids.json").read_text()).values()
+    agents = {r["agent_pid"] for r in records if r.get("agent_pid")}
+    for pid in agents:
+        os.kill(pid, signal.SIGSTOP)
+    try:
         job.proc.send_signal(signal.SIGINT)
-        time.sleep(0.05)
-    assert job.wait(30) == 130
-    # the third Ctrl-C left at once: the run never got to its report (a second one waits for its
-    # tasks and then writes outcome.json)
-    assert not (job.run_dir / "outcome.json").exists(), "ddlctl went on to the report after the third Ctrl-C"
+        wait_for(lambda: "stopping now: SIGKILL" in job.stderr(), 30, "the second Ctrl-C to be taken")
+        job.proc.send_signal(signal.SIGINT)
+        assert job.wait(30) == 130
+        # the third Ctrl-C left at once: the run never got to its report (a second one waits for
+        # its tasks and then writes outcome.json)
+        assert not (job.run_dir / "outcome.json").exists(), "ddlctl went on to the report after the third Ctrl-C"
+    finally:
+        for pid in agents:
+            os.kill(pid, signal.SIGCONT)
+    # ddlctl is gone: each agent sees its input end and kills its tasks
     wait_for(lambda: not processes_of_run(job.run_dir.name), 3 + 10, "the agents to kill every task")
 
 
