@@ -38,7 +38,9 @@ class LocalTransport:
         python = self.host.python or self.python
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
         package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": package_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        # no empty entry: Python reads one as the current directory, whoever's files are there
+        path = [package_root, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         try:
             done = subprocess.run([python, "-m", "ddlctl.runtime.probe", *extra], capture_output=True, text=True,
                                   timeout=60, env=env)
