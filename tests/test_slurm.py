@@ -337,7 +337,7 @@ def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     assert "final loss" in done.stdout and "throughput" in done.stdout  # the streamed report
     script = run_dir / "submit.sbatch"
     assert script.read_text().startswith("#!/bin/bash") and (script.stat().st_mode & 0o777) == 0o600
-    assert "--env DB_URL " in script.read_text() and "pw@" not in script.read_text(), "names only"
+    assert script.read_text().rstrip().endswith("--env DB_URL") and "pw@" not in script.read_text(), "names only"
     # launch inside the job found the value in its environment (a bare --env KEY without one fails)
     assert json.loads((run_dir / "plan.json").read_text())["request"]["env"] == {"DB_URL": "***"}
     assert "pw@" not in (run_dir / "plan.json").read_text()
