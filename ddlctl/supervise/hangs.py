@@ -59,8 +59,7 @@ class Hangs:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        timeout = job.options.hang_timeout_s
-        self.watch = HangWatch(timeout, job.options.startup_timeout_s)
+        self.watch = HangWatch(job.options.hang_timeout_s, job.options.startup_timeout_s)
         self.dumps = 0
         self.reports: list[dict] = []  # one per hang handled (outcome.json "hangs")
 
@@ -88,13 +87,12 @@ class Hangs:
 
     def check(self, now: float) -> Fault | None:
         """The hang fault once a task is past its threshold (stacks saved first)."""
-        names = sorted(t.name for t in self.job.tasks.values() if t.alive and not t.is_agent)
+        names = sorted(self.job.alive())
         overdue = self.watch.overdue(now, names) if names else None
         if overdue is None:
             return None
         self.job.notify(f"hang: {overdue.describe()}; collecting every task's stacks")
-        folder, replies = self.collect_stacks(names)
-        standings = {n: stand(n, replies.get(n)) for n in names}
+        folder, standings = self._stand(names)
         culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(self.job.strategy))
         self._report(now, overdue, standings, culprit, why, folder)
         self.watch.rearm(self.job.clock())
@@ -106,13 +104,16 @@ class Hangs:
     def named(self, fault: Fault, now: float) -> Fault:
         """A hung task that a peer's TensorFlow named (``fault``): every running task's stacks are
         saved first, as for a hang the watch found, and the hang is recorded."""
-        names = sorted(t.name for t in self.job.tasks.values() if t.alive and not t.is_agent)
-        folder, replies = self.collect_stacks(names)
-        standings = {n: stand(n, replies.get(n)) for n in names}
+        folder, standings = self._stand(sorted(self.job.alive()))
         idle = now - self.watch.last_progress.get(fault.task, now)
         self._report(now, Overdue((fault.task,), idle, 0.0, f"named by {fault.reporter}'s TensorFlow"), standings,
                      fault.task, fault.detail, folder)
         return dataclasses.replace(fault, detail=f"{fault.detail}; stacks in {folder}")
+
+    def _stand(self, names: list[str]) -> tuple[Path, dict[str, Standing]]:
+        """Every task's stacks saved, and where each one stood."""
+        folder, replies = self.collect_stacks(names)
+        return folder, {n: stand(n, replies.get(n)) for n in names}
 
     def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,
                 why: str, folder: Path) -> None:

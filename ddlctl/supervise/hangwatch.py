@@ -140,7 +140,3 @@ class HangWatch:
         limit, rule = self.threshold(None)
         idle = now - self.armed_at
         return Overdue((), idle, limit, rule) if idle > limit else None
-
-    def stalled_first(self, tasks: Iterable[str]) -> list[str]:
-        """``tasks`` ordered by when they last made progress (earliest first; never: first of all)."""
-        return sorted(tasks, key=lambda t: self.last_progress.get(t, float("-inf")))

@@ -60,6 +60,7 @@ _COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)
 #: C0 controls but tab, DEL, and C1 controls as UTF-8 (U+0080-U+009F): what a terminal acts on.
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\xc2[\x80-\x9f]")
 _SGR = re.compile(rb"\x1b\[[0-9;]*m")  # colours and text attributes only
+_SGR_OR_CONTROL = re.compile(_SGR.pattern + b"|" + _CONTROL.pattern)
 
 
 def _show(match: re.Match[bytes]) -> bytes:
@@ -69,19 +70,18 @@ def _show(match: re.Match[bytes]) -> bytes:
     return b"^?" if raw == b"\x7f" else b"^" + bytes([raw[0] + 0x40])
 
 
+def _show_but_colors(match: re.Match[bytes]) -> bytes:
+    return match.group() if _SGR.fullmatch(match.group()) else _show(match)
+
+
 def visible(line: bytes, keep_colors: bool = False) -> bytes:
     """``line`` with every control character a terminal would act on made visible (ESC -> ``^[``,
     BEL -> ``^G``, CSI -> ``<U+009B>``): a task's output cannot move the cursor, rewrite ddlctl's
     lines or set the clipboard. Tabs stay. ``keep_colors``: colour sequences (``ESC [ ... m``)
     pass unchanged. The task logs keep the raw bytes."""
-    if not keep_colors:
-        return _CONTROL.sub(_show, line)
-    parts = _SGR.split(line)
-    colors = _SGR.findall(line)
-    out = bytearray(_CONTROL.sub(_show, parts[0]))
-    for color, part in zip(colors, parts[1:], strict=True):
-        out += color + _CONTROL.sub(_show, part)
-    return bytes(out)
+    if keep_colors:
+        return _SGR_OR_CONTROL.sub(_show_but_colors, line)
+    return _CONTROL.sub(_show, line)
 
 
 class PrefixedWriter:

@@ -39,15 +39,11 @@ class Frame:
     @property
     def kind(self) -> str:
         """"stdlib", "library" (installed packages, ddlctl's instrumentation) or "user"."""
-        if any(part in self.path for part in _LIBRARY):
+        if any(part in self.path for part in (*_LIBRARY, *_DDLCTL_INTERNAL)):
             return "library"
         if _STDLIB.search(self.path) or self.path.startswith("<"):
             return "stdlib"
-        if "/ddlctl/" in self.path and not any(part in self.path for part in _DDLCTL_INTERNAL):
-            return "user"  # the built-in workload is the user's program here
-        if "/ddlctl/" in self.path:
-            return "library"
-        return "user"
+        return "user"  # the user's program (ddlctl's built-in workload is the user's program here)
 
 
 @dataclass(frozen=True)
@@ -57,11 +53,6 @@ class Standing:
     task: str
     state: str  # "stopped" (state T), "user" (in its own code), "waiting" (in a library), "unknown", "gone"
     where: str  # "train.py:88 in on_batch_end", "waiting in TensorFlow (execute.py:53 in quick_execute)"
-    frame: Frame | None = None  # the innermost user frame, when there is one
-
-    @property
-    def suspect(self) -> bool:
-        return self.state in ("stopped", "user")
 
 
 def threads(text: str) -> list[list[Frame]]:
@@ -112,10 +103,10 @@ def stand(task: str, reply: dict | None) -> Standing:
     if innermost is None:
         return Standing(task, "waiting", f"in the standard library ({frames[0]})")
     if innermost.kind == "user":
-        return Standing(task, "user", str(_short(innermost)), innermost)
+        return Standing(task, "user", _short(innermost))
     user = next((f for f in frames if f.kind == "user"), None)
     tail = f", called from {_short(user)}" if user is not None else ""
-    return Standing(task, "waiting", f"waiting in {_library_name(innermost)} ({_short(innermost)}{tail})", user)
+    return Standing(task, "waiting", f"waiting in {_library_name(innermost)} ({_short(innermost)}{tail})")
 
 
 def _short(frame: Frame) -> str:

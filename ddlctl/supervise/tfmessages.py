@@ -91,6 +91,8 @@ class LiveReports:
 
     def feed(self, line: str) -> Blame | None:
         """The peer named by ``line`` (with the line before it, when that one began the report)."""
+        if not self._pending and "heartbeats" not in line:
+            return None  # almost every line
         text = f"{self._pending}\n{line}" if self._pending else line
         self._pending = ""
         match = HEARTBEAT.search(text)
@@ -99,4 +101,3 @@ class LiveReports:
         if "stopped sending heartbeats" in line:
             self._pending = line.strip()
         return None
-
