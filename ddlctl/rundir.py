@@ -49,9 +49,11 @@ def check_private(path: Path, option: str = "--runs-dir") -> None:
         raise ConfigError(f"{option}: {path} belongs to another user (uid {info.st_uid})",
                           f"give {option} a folder of your own, e.g. ~/ddlctl-runs")
     if info.st_mode & 0o022:
+        shared = info.st_mode & stat.S_ISVTX  # /tmp and the like: meant for everyone, never chmod them
         raise ConfigError(f"{option}: {path} is writable by {'others' if info.st_mode & 0o002 else 'its group'} "
                           f"(mode {stat.S_IMODE(info.st_mode):o}): anyone who may write there can replace the "
-                          "run's files", f"chmod go-w {path}, or give {option} a folder of your own")
+                          "run's files", f"give {option} a folder of your own inside it, e.g. {path / 'my-runs'}"
+                          if shared else f"chmod go-w {path}, or give {option} a folder of your own")
 
 
 def make_dir(path: str | Path, option: str = "--runs-dir") -> Path:
