@@ -47,18 +47,28 @@ def test_rows_speedup_efficiency_spread_and_failures_are_computed_from_runs():
 
 @pytest.mark.cluster
 def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
-    result = run_ddlctl("compare", "--strategies", "one_device,mirrored,mwms", "--steps", "30",
+    # (the single-host strategies are tested here, each in its own run of the comparison)
+    result = run_ddlctl("compare", "--strategies", "one_device,mirrored,central_storage,mwms", "--steps", "30",
                         "--runs-dir", str(tmp_path), "--json", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     rows = {r["strategy"]: r for r in data["rows"]}
-    assert set(rows) == {"one_device", "mirrored", "mwms"}
+    assert set(rows) == {"one_device", "mirrored", "central_storage", "mwms"}
     base = rows["one_device"]["throughput_samples_per_s"]
-    for row in rows.values():
-        recorded = json.loads((tmp_path / "x").parent.joinpath(row["run_dirs"][0], "summary.json").read_text())
+    ran = {"one_device": "OneDeviceStrategy", "mirrored": "MirroredStrategy",
+           "central_storage": "CentralStorageStrategy", "mwms": "CollectiveAllReduceStrategy"}  # MWMS's class
+    for strategy, row in rows.items():
+        run_dir = tmp_path / row["run_dirs"][0]
+        recorded = json.loads((run_dir / "summary.json").read_text())
         assert row["throughput_samples_per_s"] == recorded["throughput_samples_per_s"]
         assert row["speedup_vs_one_device"] == pytest.approx(recorded["throughput_samples_per_s"] / base)
         assert row["accuracy"] > 0.3
+        worker = run_dir / "tasks" / "worker-0"
+        assert json.loads((worker / "result.json").read_text())["strategy"] == ran[strategy]
+        steps = [json.loads(line)["step"] for line in (worker / "steps.jsonl").read_text().splitlines()]
+        assert steps == list(range(1, 31)), strategy
+        plan = json.loads((run_dir / "plan.json").read_text())
+        assert (plan["tasks"][0]["tf_config"] is None) == (strategy != "mwms"), "TF_CONFIG only for a cluster"
     assert rows["mwms"]["workers"] == 2
     assert json.loads((only_run_dir(tmp_path) / "compare.json").read_text()) == data
     # a strategy that cannot run is a row with its reason, not an abort

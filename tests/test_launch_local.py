@@ -83,18 +83,6 @@ def test_mwms_two_workers_train_in_lockstep(runs):
     assert_nothing_left(run_dir)
 
 
-@pytest.mark.parametrize("strategy", ["mirrored", "one_device", "central_storage"])
-def test_single_host_strategies_train(runs, strategy):
-    result = run_ddlctl("launch", "--strategy", strategy, "--steps", STEPS, "--runs-dir", str(runs))
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(runs)
-    check_trained(run_dir, ["worker:0"])
-    assert json.loads((run_dir / "plan.json").read_text())["tasks"][0]["tf_config"] is None
-    ran = json.loads((run_dir / "tasks" / "worker-0" / "result.json").read_text())["strategy"]
-    assert ran == {"mirrored": "MirroredStrategy", "one_device": "OneDeviceStrategy",
-                   "central_storage": "CentralStorageStrategy"}[strategy]
-
-
 @pytest.mark.parametrize("strategy", ["ps", "mwms"])
 def test_model_fit_program_works_with_tf_keras(runs, strategy):
     balance = ["--balance", "speed"] if strategy == "mwms" else []  # model.fit cannot be balanced: told so
@@ -134,7 +122,7 @@ def test_crashing_task_is_the_root_cause_and_everything_stops(runs):
 
 def test_sigint_stops_every_task_within_10s(runs):
     proc = subprocess.Popen(
-        ddlctl_cmd("launch", "--strategy", "ps", "--workers", "2", "--steps", "100000",
+        ddlctl_cmd("launch", "--strategy", "ps", "--workers", "1", "--steps", "100000",
                    "--runs-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -146,7 +134,7 @@ def test_sigint_stops_every_task_within_10s(runs):
         while not (run_dir / "tasks" / "chief-0" / "steps.jsonl").exists():
             assert time.monotonic() < deadline, "training never started"
             time.sleep(0.2)
-        assert len(processes_of_run(run_dir.name)) >= 5, "4 tasks and the host agent"
+        assert len(processes_of_run(run_dir.name)) >= 4, "3 tasks and the host agent"
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         rest = proc.communicate(timeout=30)[0]
@@ -178,7 +166,7 @@ def test_two_launches_at_once_both_succeed(tmp_path):
     for i in range(2):
         run_root = tmp_path / f"runs{i}"
         procs.append((run_root, subprocess.Popen(
-            ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "2", "--steps", "20",
+            ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "1", "--steps", "20",
                        "--runs-dir", str(run_root)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     ports = []
@@ -187,11 +175,11 @@ def test_two_launches_at_once_both_succeed(tmp_path):
         assert proc.returncode == 0, err[-3000:]
         plan = json.loads((only_run_dir(run_root) / "plan.json").read_text())
         ports += [t["port"] for t in plan["tasks"]]
-    assert len(set(ports)) == 4
+    assert len(ports) == 2 and len(set(ports)) == 2, ports
 
 
 def test_evaluator_evaluates_checkpoints_and_is_stopped_after_training(runs):
-    result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--evaluator",
+    result = run_ddlctl("launch", "--strategy", "ps", "--workers", "1", "--evaluator",
                         "--steps", "120", "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)

@@ -58,6 +58,17 @@ def test_the_reporter_of_a_hung_peer_is_not_the_root_cause():
     assert fault.exit_code == 124
 
 
+def test_a_task_killed_from_outside_blames_no_peer_its_log_mentions():
+    # a ps chief that lost worker:1 and went on, then was killed by SIGKILL (or a shell's 137)
+    text = fixture("ps_worker1_killed.chief.log") + "step 72/240 loss 1.7052\n"
+    for status in (KILLED, ExitStatus(code=137), ExitStatus(signal=15)):
+        fault = classify("chief:0", status, text, "ps", alive=set(PS_ROLES), known=set(PS_ROLES))
+        assert (fault.task, fault.cause, fault.reporter) == ("chief:0", "signal", "chief:0"), status
+    # the same log and an abort of its own (SIGABRT) still names the peer
+    fault = classify("chief:0", ExitStatus(signal=6), text, "ps", alive=set(PS_ROLES), known=set(PS_ROLES))
+    assert (fault.task, fault.reporter) == ("worker:1", "chief:0")
+
+
 def test_a_killed_peer_that_already_ended_is_a_signal_fault():
     fault = classify("worker:0", ExitStatus(code=1), fixture("mwms_worker1_killed.worker0.log"), "mwms",
                      alive=set(), known=set(MWMS_ROLES))

@@ -106,12 +106,26 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     return "exit", f"exit code {code}"
 
 
+#: Signals a process never sends itself because of a peer: a task they killed was killed from
+#: outside (a user, the OOM killer, a scheduler), whatever its log says about its peers.
+OUTSIDE_SIGNALS = frozenset({1, 2, 9, 15})  # SIGHUP, SIGINT, SIGKILL, SIGTERM
+
+
+def killed_from_outside(status: ExitStatus) -> bool:
+    """Whether ``status`` is a death by a signal from outside (or a shell's report of one)."""
+    number = status.signal if status.signal is not None else \
+        (status.code - 128 if status.code is not None and status.code > 128 else None)
+    return number in OUTSIDE_SIGNALS
+
+
 def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive: Set[str],
              known: Set[str]) -> Fault:
     """The fault behind ``name`` ending with ``status``. A peer that the log blames and that is a
-    task of this job (``known``) is at fault instead: hung if it is still running (``alive``)."""
+    task of this job (``known``) is at fault instead: hung if it is still running (``alive``);
+    never when ``name`` was killed from outside (a ps chief killed after it had logged, and
+    recovered from, a lost worker is its own fault)."""
     cause, detail = own_cause(status, log_text)
-    if cause in ("traceback", "exit", "signal") and not status.lost:
+    if cause in ("traceback", "exit", "signal") and not status.lost and not killed_from_outside(status):
         blame = blame_peer(log_text, leader_of(strategy))
         if blame is not None and blame.task != name and blame.task in known:
             if blame.task in alive or blame.hung:
