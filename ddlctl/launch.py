@@ -34,6 +34,7 @@ from ddlctl.planning.plan import (
 from ddlctl.preflight import HostReport, probe_transports, require_usable
 from ddlctl.rundir import make_dir, new_run_id, write_plan
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
+from ddlctl.supervise.collapse import CollapsingWriter
 from ddlctl.supervise.noise import is_startup_noise
 from ddlctl.supervise.output import PrefixedWriter, QuietWriter
 from ddlctl.supervise.results import outcome_record
@@ -364,7 +365,8 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
     notify = (lambda _msg: None) if opts.quiet else \
         (lambda msg: messages.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     if not opts.verbose and not opts.quiet:
-        writer = QuietWriter(writer, is_startup_noise, lambda: notify(
+        # the same line from several tasks shown once ([worker:0-7@host]); --verbose shows each
+        writer = QuietWriter(CollapsingWriter(writer), is_startup_noise, lambda: notify(
             f"TensorFlow's start-up notices are left out here (all output is in {plan.run_dir}/tasks/*/output.log; "
             "--verbose shows everything)"))
     try:

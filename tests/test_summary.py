@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddlctl.report.export import write_csv
+from ddlctl.report.grouping import figure_range, named
 from ddlctl.report.summary import percentile, summarize
 from ddlctl.report.trace import build_trace
 from ddlctl.telemetry.nvml import GPU_FIELDS
@@ -290,3 +291,24 @@ def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_
     assert "hang 1: worker:1 blamed (its main thread is in its own code at train.py:42 in cb)" in text
     assert "waiting in TensorFlow (execute.py:53)" in text
     assert "noticed after 62s without progress (threshold 60s: the 60s floor)" in text
+
+
+def test_what_holds_for_many_hosts_is_one_diagnosis_line_naming_them_with_the_range_of_figures(tmp_path):
+    run = tmp_path / "run"
+    hosts = [f"127.0.0.{i}:22300" for i in range(1, 9)]
+    write_plan(run, "mwms", {f"worker:{i}": h for i, h in enumerate(hosts)}, hosts=hosts)
+    for i, host in enumerate(hosts):
+        write_steps(run, f"worker:{i}", [0.1] * 10)
+        write_telemetry(run, host, [10.0 + i] * 4, [2**30] * 4, cpu=91.0 + i)
+    lines = summarize(run, warmup_steps=0).diagnosis
+    saturated = [line for line in lines if line.startswith("CPU saturated")]
+    assert saturated == [f"CPU saturated on 8 hosts ({', '.join(hosts)}): mean 91-98% (input pipeline, or too many "
+                         "tasks for its cores)"]
+    idle = [line for line in lines if "mostly idle" in line]
+    assert idle == ["8 GPUs (" + ", ".join(f"{h} GPU 0" for h in hosts) + ") mostly idle: busy 10-17% of the time "
+                    "(idle 83-90%)"]
+
+
+def test_figures_and_names_of_a_grouped_line():
+    assert figure_range([90.2, 97.4, 93]) == "90-97%" and figure_range([90.4, 89.6]) == "90%"
+    assert named(["a"], "hosts") == "a" and named(["a", "b"], "hosts") == "2 hosts (a, b)"

@@ -125,8 +125,9 @@ def launch(
     sample_interval: Annotated[float, typer.Option(
         "--sample-interval", metavar="SECONDS", min=0.05, help="Time between telemetry samples.")] = 1.0,
     verbose: Annotated[bool, typer.Option(
-        "--verbose", "-v", help="Show every line tasks print, TensorFlow's start-up notices included (they are "
-                                "always in <run>/tasks/*/output.log).")] = False,
+        "--verbose", "-v", help="Show every line tasks print: TensorFlow's start-up notices, and each task's "
+                                "copy of a line several tasks print within 0.5 s (by default shown once, as "
+                                "[worker:0-7@host] line). Every line is always in <run>/tasks/*/output.log.")] = False,
     task_colors: Annotated[bool, typer.Option(
         "--task-colors", help="Let the colour sequences tasks print reach the console. Every other control "
                               "character (cursor moves, clipboard, title) is always shown as text (^[, <U+009B>); "

@@ -229,3 +229,9 @@ class ConsoleLineWriter:
             body = visible(line.rstrip(b"\r\n"), self.task_colors).decode("utf-8", "replace")
             text.append(Text.from_ansi(body) if self.task_colors else Text(body))
             self.console.print(text, soft_wrap=True)
+
+    def tick(self, now: float) -> None:
+        """Nothing is held here."""
+
+    def flush(self) -> None:
+        """Nothing is held here."""

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
+from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, last_end_us, read_steps
@@ -465,21 +466,33 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
         lines.append("no task recorded a step; see outcome.json" + (f" ({failed})" if failed else "")
                      + " and tasks/*/output.log (a program of your own records steps with ddlctl.step, "
                        "or with model.fit through --auto-steps)")
+    # what holds for many tasks or hosts is one line naming them all, with the range of figures
+    input_bound = [t for t in summary.tasks if t.input_fraction is not None and t.input_fraction > INPUT_BOUND_FRACTION]
     for task in summary.tasks:
         if task.straggler:
             lines.append(f"straggler: {task.name} on {task.host}: {task.straggler_reason}")
-        if task.input_fraction is not None and task.input_fraction > INPUT_BOUND_FRACTION:
-            lines.append(f"input-bound on {task.host}: {task.name} spends {task.input_fraction:.0%} of each "
-                         f"step waiting for input (parallel map, prefetch, more CPU for the input pipeline)")
+    if input_bound:
+        where = named(sorted({str(t.host) for t in input_bound}), "hosts")
+        who = f"{task_range(t.name for t in input_bound)} spend" if len(input_bound) > 1 else \
+            f"{input_bound[0].name} spends"
+        lines.append(f"input-bound on {where}: {who} {figure_range([100 * t.input_fraction for t in input_bound])} "
+                     f"of each step waiting for input (parallel map, prefetch, more CPU for the input pipeline)")
+    idle_gpus = [(host.host, gpu) for host in summary.hosts for gpu in host.gpus
+                 if gpu.util_mean is not None and gpu.util_mean < GPU_IDLE_UTIL]
+    if idle_gpus:
+        busy = [gpu.util_mean for _, gpu in idle_gpus]
+        which = f"GPU {idle_gpus[0][1].index} on {idle_gpus[0][0]}" if len(idle_gpus) == 1 else \
+            f"{len(idle_gpus)} GPUs ({', '.join(f'{h} GPU {g.index}' for h, g in idle_gpus)})"
+        lines.append(f"{which} mostly idle: busy {figure_range(busy)} of the time "
+                     f"(idle {figure_range([100 - b for b in busy])})")
+    saturated = [h for h in summary.hosts if h.cpu_util_mean is not None and h.cpu_util_mean > CPU_SATURATED]
+    if saturated:
+        lines.append(f"CPU saturated on {named([h.host for h in saturated], 'hosts')}: mean "
+                     f"{figure_range([h.cpu_util_mean for h in saturated])} (input pipeline, or too many tasks "
+                     f"for its cores)")
     for host in summary.hosts:
         for gpu in host.gpus:
-            if gpu.util_mean is not None and gpu.util_mean < GPU_IDLE_UTIL:
-                lines.append(f"GPU {gpu.index} on {host.host} mostly idle: busy {gpu.util_mean:.0f}% of the "
-                             f"time (idle {100 - gpu.util_mean:.0f}%)")
             lines.extend(gpu.diagnosis)  # kernels too small, power/thermal capped, memory nearly full
-        if host.cpu_util_mean is not None and host.cpu_util_mean > CPU_SATURATED:
-            lines.append(f"CPU saturated on {host.host}: mean {host.cpu_util_mean:.0f}% (input pipeline, or "
-                         f"too many tasks for its cores)")
         for start, end in host.gaps:
             lines.append(f"telemetry gap on {host.host}: no samples for {end - start:.1f}s")
     for gap in outcome.get("telemetry_gaps", []):

@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable
 from typing import BinaryIO
 
+from ddlctl.supervise.collapse import LineWriter
+
 _LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r(?!\Z))")
 
 
@@ -121,12 +123,18 @@ class PrefixedWriter:
         except (BrokenPipeError, ValueError):
             pass  # reader of our stdout went away; the log files still have everything
 
+    def tick(self, now: float) -> None:
+        """Nothing is held here."""
+
+    def flush(self) -> None:
+        """Nothing is held here."""
+
 
 class QuietWriter:
     """Leaves lines that ``hide`` matches (TensorFlow's start-up notices) off the console, and says
     so once; the task logs keep every byte. Same interface as :class:`PrefixedWriter`."""
 
-    def __init__(self, inner: PrefixedWriter, hide: Callable[[bytes], bool], on_first: Callable[[], None]) -> None:
+    def __init__(self, inner: LineWriter, hide: Callable[[bytes], bool], on_first: Callable[[], None]) -> None:
         self.inner = inner
         self.hide = hide
         self.on_first = on_first
@@ -139,3 +147,9 @@ class QuietWriter:
                 self.on_first()
             self.hidden += len(lines) - len(shown)
         self.inner.write(task, host, shown)
+
+    def tick(self, now: float) -> None:
+        self.inner.tick(now)
+
+    def flush(self) -> None:
+        self.inner.flush()

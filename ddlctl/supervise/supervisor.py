@@ -37,10 +37,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from ddlctl.planning.plan import Plan
+from ddlctl.supervise.collapse import LineWriter
 from ddlctl.supervise.hangs import Hangs
 from ddlctl.supervise.hosts import HostWatch, Reconnect
 from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
-from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.policy import Decision, Fault, classify, decide, decide_during_restart
 from ddlctl.supervise.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
@@ -55,14 +55,18 @@ __all__ = ["Failure", "JobResult", "Supervisor", "SupervisorOptions", "TaskState
 class Supervisor:
     """Starts the plan's tasks through their hosts' agents and supervises them to the end."""
 
-    def __init__(self, plan: Plan, sessions: Mapping[str, AgentSession], writer: PrefixedWriter,
+    def __init__(self, plan: Plan, sessions: Mapping[str, AgentSession], writer: LineWriter,
                  options: SupervisorOptions, notify: Callable[[str], None] = lambda _msg: None,
                  on_sample: Callable[[str, dict], None] | None = None,
                  reconnect: Reconnect | None = None,
                  on_progress: Callable[[dict[str, tuple[int, int | None]]], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  hard_exit: Callable[[int], None] = os._exit) -> None:
-        self.job = Job(plan, options, dict(sessions), notify, clock)
+        def say(message: str) -> None:  # task lines held for merging come out before ddlctl's words
+            writer.flush()
+            notify(message)
+
+        self.job = Job(plan, options, dict(sessions), say, clock)
         self.writer = writer
         self.on_sample = on_sample
         self.on_progress = on_progress  # (task -> (highest step, declared total)) as the agents report it
@@ -99,6 +103,7 @@ class Supervisor:
                 self._tick()
         finally:
             self._restore_signal_handlers(previous)
+            self.writer.flush()
             for task in self.job.tasks.values():
                 if task.alive:  # only on an exception inside the loop: never leave them running
                     task.proc.force_kill()
@@ -141,6 +146,7 @@ class Supervisor:
             self._read(task, now)
             if not task.is_agent:
                 self.writer.write(task.name, task.host, task.splitter.flush_stale(now))
+        self.writer.tick(now)
         self._note_pids()
         self._handle_signals()
         self.hosts.watch(now)

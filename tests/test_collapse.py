@@ -1,0 +1,112 @@
+"""One console line for what many tasks say (pure: a fake clock, a byte buffer as the console)."""
+
+from __future__ import annotations
+
+import io
+
+from ddlctl.report.grouping import hosts_label, task_range
+from ddlctl.supervise.collapse import CollapsingWriter
+from ddlctl.supervise.output import PrefixedWriter
+
+
+def test_task_names_become_ranges_by_role():
+    assert task_range(["worker:0", "worker:1", "worker:2", "worker:5", "chief:0"]) == "chief:0,worker:0-2,5"
+    assert task_range(["worker:3", "worker:1"]) == "worker:1,3"
+    assert task_range([f"worker:{i}" for i in range(8)]) == "worker:0-7"
+    assert task_range(["worker:10", "worker:9", "worker:11", "ps:0"]) == "ps:0,worker:9-11"
+    assert hosts_label(["a", "a"]) == "a" and hosts_label(["a", "b", "a"]) == "2 hosts"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def console() -> tuple[io.BytesIO, CollapsingWriter, Clock]:
+    out = io.BytesIO()
+    clock = Clock()
+    return out, CollapsingWriter(PrefixedWriter(out, color=False), window_s=0.5, clock=clock), clock
+
+
+def test_the_same_line_from_eight_tasks_is_shown_once_with_their_range():
+    out, writer, clock = console()
+    for i in range(8):
+        clock.now = i * 0.01
+        writer.write(f"worker:{i}", "localhost", [b"WARNING: the same warning\n", f"own line {i}\n".encode()])
+    assert out.getvalue() == b"", "held for the window"
+    clock.now = 0.6
+    writer.tick(clock.now)
+    lines = out.getvalue().decode().splitlines()
+    assert lines[0] == "[worker:0-7@localhost] WARNING: the same warning"
+    assert lines[1:] == [f"[worker:{i}@localhost] own line {i}" for i in range(8)]
+    assert writer.merged == 7
+
+
+def test_lines_that_differ_are_never_merged_and_each_tasks_order_is_kept():
+    out, writer, clock = console()
+    writer.write("worker:0", "h1", [b"error: disk full\n", b"step 1\n"])
+    writer.write("worker:1", "h2", [b"error: disk ful\n"])  # one character less: not the same
+    writer.write("worker:1", "h2", [b"step 1\n"])
+    writer.write("worker:2", "h1", [b"step 1\n", b"error: disk full\n"])  # its own order: step first
+    writer.flush()
+    assert out.getvalue().decode().splitlines() == [
+        "[worker:0@h1] error: disk full",
+        "[worker:1@h2] error: disk ful",
+        "[worker:0-2@2 hosts] step 1",  # moved down after worker:1's own error
+        "[worker:2@h1] error: disk full",  # not merged upwards: that would show it before worker:2's "step 1"
+    ]
+    writer.write("worker:0", "h1", [b"same\n"])
+    writer.write("worker:3", "h2", [b"same\n"])
+    writer.flush()
+    assert out.getvalue().decode().splitlines()[-1] == "[worker:0,3@2 hosts] same"
+
+
+def test_a_line_arriving_after_the_window_is_shown_again_and_a_task_repeating_itself_is_not_merged():
+    out, writer, clock = console()
+    writer.write("worker:0", "h", [b"tick\n", b"tick\n"])
+    clock.now = 0.7
+    writer.write("worker:1", "h", [b"tick\n"])  # the first window is over
+    writer.tick(clock.now)
+    clock.now = 1.3
+    writer.tick(clock.now)
+    assert out.getvalue().decode().splitlines() == ["[worker:0@h] tick", "[worker:0@h] tick", "[worker:1@h] tick"]
+
+
+def test_ticks_release_only_the_lines_whose_window_has_passed():
+    out, writer, clock = console()
+    writer.write("worker:0", "h", [b"first\n"])
+    clock.now = 0.4
+    writer.write("worker:0", "h", [b"second\n"])
+    clock.now = 0.55
+    writer.tick(clock.now)
+    assert out.getvalue() == b"[worker:0@h] first\n"
+    clock.now = 0.45 + 0.5
+    writer.tick(clock.now)
+    assert out.getvalue().endswith(b"[worker:0@h] second\n")
+
+
+def test_a_real_job_shows_what_every_task_says_once_and_verbose_shows_every_line(tmp_path):
+    import sys
+
+    from tests.conftest import PROGRAMS, run_ddlctl
+
+    program = ["--", sys.executable, str(PROGRAMS / "say_the_same.py")]
+    done = run_ddlctl("launch", "-s", "mwms", "--workers", "3", "--no-telemetry", "--runs-dir", str(tmp_path / "a"),
+                      *program, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines.count("[worker:0-2@localhost] WARNING: the same warning from every task") == 1, done.stdout
+    assert lines.count("[worker:0-2@localhost] done") == 1, done.stdout
+    assert sorted(line for line in lines if "says this" in line) == [
+        f"[worker:{i}@localhost] only worker:{i} says this" for i in range(3)]
+    verbose = run_ddlctl("launch", "-s", "mwms", "--workers", "3", "--no-telemetry", "--verbose", "--runs-dir",
+                         str(tmp_path / "b"), *program, timeout=120)
+    assert verbose.returncode == 0, verbose.stderr[-2000:]
+    assert sorted(line for line in verbose.stdout.splitlines() if "WARNING: the same" in line) == [
+        f"[worker:{i}@localhost] WARNING: the same warning from every task" for i in range(3)]
+    for run in ("a", "b"):  # the logs keep every line of every task
+        logs = sorted((tmp_path / run).glob("*/tasks/worker-*/output.log"))
+        assert len(logs) == 3 and all("WARNING: the same warning" in p.read_text() for p in logs)
