@@ -291,7 +291,7 @@ def test_scancel_of_the_job_fails_the_run_naming_it_and_leaves_no_process(idle, 
 @needs_slurm
 def test_ctrl_c_stops_every_task_and_leaves_the_allocation_to_its_owner(idle, runs, tmp_path):
     after = tmp_path / "after.txt"
-    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "100000", shell_after=(
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "100000", nodes=2, shell_after=(
         f'echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'))
     _ddlctl_child(proc).send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
