@@ -76,8 +76,16 @@ def write_plan(plan: Plan) -> Path:
     """Write ``plan.json`` (secrets redacted) before anything starts."""
     run_dir = make_dir(plan.run_dir)
     path = run_dir / PLAN_FILE
-    path.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+    write_whole(path, json.dumps(plan.to_dict(), indent=1) + "\n")
     return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (``ddlctl stop``, a test, a user's script) sees
+    the old file or the whole new one, never a half-written one: a temporary file, then a rename."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def task_dirs(run_dir: str | Path) -> list[Path]:

@@ -42,3 +42,13 @@ def test_run_dir_is_absolute_and_unique(tmp_path, monkeypatch):
     assert first.run_dir.startswith(str(tmp_path / "runs"))
     assert first.run_id != second.run_id
     assert all(t.task_dir.startswith(first.run_dir) for t in first.tasks)
+
+
+def test_run_files_read_while_the_job_runs_are_replaced_whole(tmp_path):
+    from ddlctl.rundir import write_whole
+
+    path = tmp_path / "pids.json"
+    write_whole(path, '{"a": 1}\n')
+    write_whole(path, '{"a": 2}\n')
+    assert path.read_text() == '{"a": 2}\n'
+    assert list(tmp_path.iterdir()) == [path], "no partial file is left beside it"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ddlctl.planning.plan import Plan, TaskSpec
-from ddlctl.rundir import task_log, telemetry_file
+from ddlctl.rundir import task_log, telemetry_file, write_whole
 from ddlctl.runfiles import PIDS_FILE
 from ddlctl.supervise.output import LineSplitter
 from ddlctl.supervise.tfmessages import LiveReports
@@ -151,4 +151,4 @@ class Job:
             if pids:
                 self.pids[task.name] = {"host": task.host, "restarts": task.restarts, **pids}
         with contextlib.suppress(OSError):
-            (self.run_dir / PIDS_FILE).write_text(json.dumps(self.pids, indent=1) + "\n")
+            write_whole(self.run_dir / PIDS_FILE, json.dumps(self.pids, indent=1) + "\n")
