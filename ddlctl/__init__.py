@@ -14,6 +14,14 @@ def step(samples: int | None = None, input_s: float | None = None):  # noqa: ANN
     return _step(samples=samples, input_s=input_s)
 
 
+def phase(name: str):  # noqa: ANN201 - a context manager
+    """Time a phase that is not a training step: ``with ddlctl.phase("checkpoint"): save()``
+    (``"checkpoint"`` or ``"eval"``); the report's time by cause counts it (see :func:`ddlctl.steps.phase`)."""
+    from ddlctl.steps import phase as _phase
+
+    return _phase(name)
+
+
 def set_total_steps(total: int) -> None:
     """Tell ddlctl how many steps this program will run, so ``launch`` and ``profile`` show a
     progress bar with an ETA (``$DDLCTL_TOTAL_STEPS`` does the same without code)."""

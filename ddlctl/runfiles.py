@@ -13,4 +13,5 @@ HANG_DIR = "hang"
 TASK_LOG = "output.log"
 TASK_ERROR = "error.json"
 TASK_STEPS = "steps.jsonl"  # a task's step records (ddlctl.steps)
+TASK_PHASES = "phases.jsonl"  # a task's checkpoint saves and evaluations (ddlctl.phase)
 TASK_RESULT = "result.json"  # the built-in workload's final loss and accuracy

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ddlctl import envvars
-from ddlctl.runfiles import TASK_STEPS
+from ddlctl.runfiles import TASK_PHASES, TASK_STEPS
 
 
 class StepRecorder:
@@ -148,3 +148,24 @@ def set_total_steps(total: int) -> None:
     if total < 1:
         raise ValueError(f"total steps must be at least 1, not {total}")
     shared_recorder().total = int(total)
+
+
+#: Phases a task may report besides its steps (the report's time by cause counts them).
+PHASES = ("checkpoint", "eval")
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time a phase that is not a training step (``name`` in :data:`PHASES`), e.g. a checkpoint
+    save: ``with ddlctl.phase("checkpoint"): manager.save()``. One JSON line in the task's
+    ``phases.jsonl`` (``{"phase", "start_us", "duration_s"}``) under ddlctl; nothing otherwise."""
+    if name not in PHASES:
+        raise ValueError(f"unknown phase {name!r}: one of {', '.join(PHASES)}")
+    task_dir = os.environ.get(envvars.TASK_DIR)
+    wall, start = time.time(), time.monotonic()
+    yield
+    if task_dir:
+        line = json.dumps({"phase": name, "start_us": int(wall * 1e6),
+                           "duration_s": round(time.monotonic() - start, 9)}) + "\n"
+        with open(Path(task_dir) / TASK_PHASES, "a", encoding="utf-8") as handle:
+            handle.write(line)

@@ -258,7 +258,17 @@ def test_summary_trace_and_csv_of_a_recorded_run_with_a_restart(tmp_path):
     rss = [r["procs"]["worker:0"][1] for r in samples if "worker:0" in r["procs"]]
     assert tasks["worker:0"].rss_peak_bytes == max(rss)
     trace = build_trace(run)["traceEvents"]
-    assert sum(e["ph"] == "X" for e in trace) == sum(len(r) for r in steps.values())
+    assert sum(e["ph"] == "X" and e["cat"] == "step" for e in trace) == sum(len(r) for r in steps.values())
+    [down] = [e for e in trace if e.get("cat") == "job"]  # recorded before ddlctl wrote its start: no start-up
+    assert down["name"] == "restart downtime: worker:1 (signal)" and down["dur"] == pytest.approx(13.12e6, abs=1e4)
+    # by cause, over the job's window (first step of any task to the last end: 20.051 s, 2 ms more
+    # than worker:0's): the kept steps are goodput's 3.118 s, the restart its 13.12 s
+    causes = summary.time_by_cause
+    assert causes["wall_s"] == pytest.approx(20.051, abs=1e-3)
+    assert causes["productive_s"] == pytest.approx(3.118, abs=1e-3)
+    assert causes["restart_s"] == pytest.approx(13.12, abs=0.01) and causes["startup_s"] == 0
+    exclusive = ("productive_s", "redone_s", "checkpoint_s", "eval_s", "restart_s", "startup_s", "other_s")
+    assert sum(causes[k] for k in exclusive) == pytest.approx(causes["wall_s"], abs=0.01)
     instants = [e["name"] for e in trace if e["ph"] == "i"]
     assert instants == ["fault: worker:1 (signal)", "restart: worker:0, worker:1"]
     write_csv(summary, tmp_path / "csv")
@@ -284,7 +294,7 @@ def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_
                        "idle_s": 61.5}]}
     (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang]}))
     summary = summarize(run)
-    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 6
+    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 7
     console = Console(record=True, width=200)
     render_report(summary, console)
     text = console.export_text()

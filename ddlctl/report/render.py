@@ -143,6 +143,8 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
                       fmt(s.loss if s else None, ".4f"), fmt(s.accuracy if s else None, ".4f"))
     console.print(table)
     console.print(_throughput_line(summary))
+    if summary.time_by_cause:
+        console.print(f"time by cause: {summary.time_by_cause['line']}", highlight=False)
     render_work(summary, console)
     render_balance(summary, console)
     render_stages(summary, console)
@@ -276,6 +278,8 @@ def render_report(summary: RunSummary, console: Console) -> None:
     console.print(Text(f"run {summary.run_id}", style="bold"))
     console.print(_header(summary))
     console.print(_throughput_line(summary))
+    if summary.time_by_cause:
+        console.print(f"time by cause: {summary.time_by_cause['line']}", highlight=False)
     tasks = Table(title="tasks", title_justify="left")
     for column in ("task", "host", "steps", "step ms p50 / p90 / p99", "samples/s", "input %", "late ms",
                    "CPU %", "RSS", "straggler"):

@@ -30,13 +30,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
+from ddlctl.report.causes import straggler_wait, time_by_cause
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.stats import mean, median_of, percentile
-from ddlctl.report.stepfile import TaskSteps, last_end_us, read_steps
+from ddlctl.report.stepfile import TaskSteps, last_end_us, parse_json_lines, read_steps
 from ddlctl.rundir import task_dirs
-from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_RESULT, TASK_STEPS
+from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
 from ddlctl.strategies import TABLE, strategy
 from ddlctl.supervise.results import task_exit_code
 
@@ -118,13 +119,15 @@ class RunSummary:
     balance: dict | None = None  # mwms: per-worker speed, share, compute and wait; predictions
     stage_plan: dict | None = None  # model strategy: the plan, its predicted and measured step time
     hangs: tuple[dict, ...] = ()  # each hang handled: culprit, why, threshold and rule, where each task stood
+    time_by_cause: dict | None = None  # the job's wall time split by cause (ddlctl.report.causes)
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
-        total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6))."""
+        total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
+        plus time_by_cause (7))."""
         data = asdict(self)
-        data = {"schema": 6, **data}
+        data = {"schema": 7, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -224,6 +227,13 @@ def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[T
         telemetry = pool.map(read_telemetry, telemetry_files)
         steps = pool.map(_read_task, folders, chunksize=max(1, len(folders) // (4 * workers)))
         return list(steps), list(telemetry)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def _load_json(path: Path) -> dict:
@@ -342,8 +352,40 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         steps_lost=sum(redone) * (lead.block if lead is not None else 1),
         degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])),
         work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan,
-        hangs=tuple(outcome.get("hangs", [])))
+        hangs=tuple(outcome.get("hangs", [])),
+        time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)))
     return _with_diagnosis(summary, outcome, run_end)
+
+
+def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | None, redone: Sequence[bool],
+                   restarts: Sequence[RestartSummary], all_steps: Sequence[TaskSteps],
+                   stepped: tuple[float | None, float | None]) -> dict | None:
+    """The job's wall time by cause, from ddlctl's start and end (``outcome.json``; the first and
+    last step for runs recorded before ddlctl wrote them) and the lead task's records."""
+    if lead is None:
+        return None
+    start, end = outcome.get("started_at") or stepped[0], outcome.get("ended_at") or stepped[1]
+    if start is None or end is None or end <= start:
+        return None
+    spans = [(s / 1e6, s / 1e6 + d) for s, d in zip(lead.start_us, lead.duration, strict=True)]
+    phases: dict[str, list[tuple[float, float]]] = {}
+    records, _bad = parse_json_lines(_read_bytes(run_dir / TASKS_DIR / lead.name.replace(":", "-") / TASK_PHASES))
+    for record in records:
+        if isinstance(record, dict) and record.get("phase") and record.get("start_us") is not None:
+            at = record["start_us"] / 1e6
+            phases.setdefault(str(record["phase"]), []).append((at, at + float(record.get("duration_s") or 0)))
+    downtime = [(r.time, r.time + r.downtime_s) for r in restarts if r.downtime_s is not None]
+    since = [float(at) for d in outcome.get("degraded", []) if (at := d.get("since") or d.get("time"))]
+    wait = None
+    workers = [s for s in all_steps if s.name.startswith("worker:") and s.step]
+    if plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split and len(workers) > 1:
+        arrivals = [{st: t / 1e6 + y for st, t, y in zip(w.step, w.start_us, w.sync_s, strict=True) if y >= 0}
+                    for w in workers]
+        mine = arrivals[workers.index(lead)] if lead in workers else {}
+        wait = straggler_wait(mine, arrivals) if mine else None
+    result = time_by_cause((float(start), float(end)), [x for x, r in zip(spans, redone, strict=True) if not r],
+                           [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait)
+    return {**result.to_dict(), "line": result.line()}
 
 
 def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice]) -> dict | None:

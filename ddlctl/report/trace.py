@@ -2,7 +2,9 @@
 
 A process per host, a thread per task, a complete ("X") event per step record, counter ("C")
 events for each GPU's utilisation and memory and for host CPU, and global instant ("i") events for
-each fault, restart and lost connection. Built from the run directory alone.
+each fault, restart and lost connection; checkpoint saves and evaluations (``ddlctl.phase``) as
+complete events on their task's thread, and the job's start-up and restart downtimes on a "job"
+track. Built from the run directory alone.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from ddlctl.report.stepfile import parse_json_lines, read_steps
 from ddlctl.rundir import task_dirs
-from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_STEPS
+from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_STEPS
 from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
 
 
@@ -34,12 +36,23 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
                            "args": {"name": host}})
         return pids[host]
 
+    starts: dict[str, list[float]] = {}  # task -> its step records' starts (epoch s)
     for tid, folder in enumerate(task_dirs(run_dir), start=1):
         steps = read_steps(folder / TASK_STEPS, folder.name.replace("-", ":", 1))
         if not steps.step:
             continue
+        starts[steps.name] = [s / 1e6 for s in steps.start_us]
         pid = pid_for(host_of.get(steps.name, "unknown host"))
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": steps.name}})
+        try:
+            phases, _ = parse_json_lines((folder / TASK_PHASES).read_bytes())
+        except OSError:
+            phases = []
+        for record in phases:  # checkpoint saves and evaluations (ddlctl.phase)
+            if isinstance(record, dict) and record.get("phase") and record.get("start_us") is not None:
+                duration_us = round(float(record.get("duration_s") or 0) * 1e6, 1)
+                events.append({"ph": "X", "name": str(record["phase"]), "cat": "phase", "pid": pid, "tid": tid,
+                               "ts": int(record["start_us"]), "dur": duration_us})
         for step, start, duration, samples, input_s in zip(steps.step, steps.start_us, steps.duration,
                                                            steps.samples, steps.input_s, strict=True):
             args: dict[str, object] = {"step": step}
@@ -80,12 +93,36 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
             events.append({"ph": "i", "s": "g", "name": f"restart: {', '.join(event.get('tasks', []))}",
                            "pid": pid, "tid": 0, "ts": int(float(event["restarted_at"]) * 1e6),
                            "args": {"scope": event.get("scope")}})
+    events.extend(_job_phases(outcome, starts, pid_for))
     for lost in outcome.get("hosts_lost", []):
         if lost.get("time"):
             events.append({"ph": "i", "s": "g", "name": f"connection lost: {lost.get('host')}",
                            "pid": pid_for(str(lost.get("host"))), "tid": 0, "ts": int(float(lost["time"]) * 1e6),
                            "args": {"reason": lost.get("reason")}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _job_phases(outcome: dict, starts: dict[str, list[float]], pid_for) -> list[dict[str, object]]:  # noqa: ANN001
+    """The job's own phases on a "job" track: start-up (ddlctl's start to the first step) and each
+    restart's downtime (the fault until a restarted task steps, or listens, again)."""
+    spans = []
+    first = min((s[0] for s in starts.values() if s), default=None)
+    if outcome.get("started_at") and first is not None and first > outcome["started_at"]:
+        spans.append(("start-up", float(outcome["started_at"]), first))
+    for event in outcome.get("restarts", []):
+        restarted = event.get("restarted_at")
+        if event.get("action") != "restart" or not restarted:
+            continue
+        after = [t for name in event.get("tasks", []) for t in starts.get(name, []) if t >= restarted]
+        back = min(after) if after else event.get("listening_at")
+        if back:
+            spans.append((f"restart downtime: {event.get('task')} ({event.get('cause')})", float(event["time"]),
+                          float(back)))
+    if not spans:
+        return []
+    pid = pid_for("job (ddlctl)")
+    return [{"ph": "X", "name": name, "cat": "job", "pid": pid, "tid": 0, "ts": int(start * 1e6),
+             "dur": round((end - start) * 1e6, 1)} for name, start, end in spans]
 
 
 def write_trace(run_dir: str | Path, path: str | Path) -> Path:

@@ -63,6 +63,7 @@ class JobResult:
     degraded: tuple[dict, ...] = ()
     hosts_lost: tuple[dict, ...] = ()
     hangs: tuple[dict, ...] = ()
+    started_at: float | None = None  # epoch seconds when the supervisor started the tasks
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -124,7 +125,7 @@ def outcome_of(task: SupervisedTask) -> TaskOutcome:
 
 def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence[int], *,
                telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
-               hosts_lost: Sequence[dict], hangs: Sequence[dict] = ()) -> JobResult:
+               hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -132,7 +133,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      tasks=tuple(outcome_of(t) for t in ordered if not t.is_agent), failure=failure,
                      agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
-                     hosts_lost=tuple(hosts_lost), hangs=tuple(hangs))
+                     hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at)
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -153,6 +154,8 @@ def outcome_record(result: JobResult) -> dict:
     failure = result.failure
     return {
         "ok": result.ok, "exit_code": result.exit_code, "wall_time_s": result.wall_time_s,
+        "started_at": result.started_at,
+        "ended_at": None if result.started_at is None else result.started_at + result.wall_time_s,
         "tasks": [_task_end(t) for t in result.tasks],
         "failure": None if failure is None else failure.message,
         "root_cause": None if failure is None else {

@@ -93,7 +93,7 @@ class Supervisor:
 
     def run(self) -> JobResult:
         """Start every task, supervise until all have ended, return the result."""
-        started = self.job.clock()
+        started, started_at = self.job.clock(), time.time()
         previous = self._install_signal_handlers()
         try:
             for session in self.job.sessions.values():
@@ -112,7 +112,8 @@ class Supervisor:
             self.selector.close()
         return job_result(self.job, self.job.clock() - started, self.failure, self.signals,
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
-                          degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports)
+                          degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
+                          started_at=started_at)
 
     def _attach(self, session: AgentSession) -> None:
         self.selector.register(session.fileno(), selectors.EVENT_READ, session)

@@ -46,7 +46,7 @@ from ddlctl.runtime.tfenv import (
     quiet_tensorflow_logs,
     task_context,
 )
-from ddlctl.steps import StepRecorder
+from ddlctl.steps import StepRecorder, phase
 from ddlctl.strategies import TABLE
 from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
 from ddlctl.workloads.pipeline_loop import train_model_parallel
@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             trainer = train_synchronous(ctx, args, recorder, make_strategy(ctx))
     train_time = time.monotonic() - started
-    loss, accuracy = trainer.evaluate()
+    with phase("eval"):
+        loss, accuracy = trainer.evaluate()
     mode = args.execution
     print(f"final loss {loss:.4f} accuracy {accuracy:.4f} ({args.steps} steps, {train_time:.1f}s, "
           f"{args.workload}, {mode})", flush=True)

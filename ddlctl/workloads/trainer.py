@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ddlctl import envvars
 from ddlctl.runtime.tfenv import TaskContext
-from ddlctl.steps import StepRecorder
+from ddlctl.steps import StepRecorder, phase
 
 
 class Trainer:
@@ -191,8 +191,9 @@ class Checkpointer:
 
     def after(self, step: int) -> None:
         if step >= self.next:
-            self.step.assign(step)
-            self.manager.save(checkpoint_number=step)
+            with phase("checkpoint"):
+                self.step.assign(step)
+                self.manager.save(checkpoint_number=step)
             self.next = step + self.every
 
 

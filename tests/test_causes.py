@@ -1,0 +1,66 @@
+"""The job's wall time by cause (pure: literal intervals, then a recorded run directory)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddlctl.report.causes import minus, straggler_wait, time_by_cause, union
+from ddlctl.report.summary import summarize
+
+
+def test_intervals_merge_and_subtract():
+    assert union([(5, 7), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 7)]
+    assert minus([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
+    assert minus([(0, 2), (4, 6)], []) == [(0, 2), (4, 6)]
+
+
+def test_every_second_of_the_window_is_counted_once_in_order_of_precedence():
+    causes = time_by_cause((0.0, 100.0), kept=[(10, 20), (20, 30), (50, 60)], redone=[(30, 40)],
+                           phases={"checkpoint": [(40, 42)], "eval": [(95, 97)]}, restarts=[(40, 50)],
+                           degraded_since=[55.0], straggler_wait_s=3.0)
+    assert (causes.productive_s, causes.redone_s, causes.checkpoint_s, causes.eval_s, causes.restart_s,
+            causes.startup_s, causes.other_s) == (30, 10, 2, 2, 8, 10, 38)  # the restart's first 2 s: a save
+    assert causes.degraded_s == 5 and causes.straggler_wait_s == 3.0
+    assert causes.line() == ("productive 30% · redone 10% · checkpoints 2% · evaluation 2% · restarts 8% · "
+                             "start-up 10% · other 38% (of the productive time: degraded 5%, waiting for "
+                             "stragglers 3%)")
+
+
+def test_the_lead_waits_for_the_last_worker_to_arrive_at_each_step():
+    lead = {1: 10.0, 2: 20.0, 3: 30.0}
+    others = [lead, {1: 10.5, 2: 19.0, 3: 30.1}, {1: 10.25, 2: 20.2}]  # step 3 not recorded by one: left out
+    assert straggler_wait(lead, others) == pytest.approx(0.5 + 0.2)
+
+
+def _lines(records: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def test_a_recorded_run_with_a_restart_is_split_by_cause(tmp_path):
+    run = tmp_path / "run"
+    chief = run / "tasks" / "chief-0"
+    chief.mkdir(parents=True)
+    t0 = 1_800_000_000.0
+    (run / "plan.json").write_text(json.dumps({"run_id": "r", "strategy": "ps", "request": {}, "tasks": [
+        {"name": "chief:0", "host": "h", "role": "chief"}, {"name": "worker:0", "host": "h", "role": "worker"}]}))
+    # steps 1-4 (1 s each from t0+5), the chief killed at t0+9.5, back stepping at t0+14 from step 3
+    steps = [(1, 5), (2, 6), (3, 7), (4, 8), (3, 14), (4, 15), (5, 16), (6, 17)]
+    (chief / "steps.jsonl").write_text(_lines([{"task": "chief:0", "step": n, "start_us": int((t0 + at) * 1e6),
+                                                "duration_s": 1.0, "samples": 64} for n, at in steps]))
+    (chief / "phases.jsonl").write_text(_lines([{"phase": "checkpoint", "start_us": int((t0 + 7.0) * 1e6),
+                                                 "duration_s": 0.5},  # inside a step: the step counts
+                                                {"phase": "eval", "start_us": int((t0 + 18.5) * 1e6),
+                                                 "duration_s": 1.0}]))
+    (run / "outcome.json").write_text(json.dumps({
+        "ok": True, "exit_code": 0, "wall_time_s": 20.0, "started_at": t0, "ended_at": t0 + 20.0, "tasks": [],
+        "restarts": [{"time": t0 + 9.5, "task": "chief:0", "host": "h", "cause": "signal", "action": "restart",
+                      "scope": "task", "tasks": ["chief:0"], "restarted_at": t0 + 10.0}]}))
+    causes = summarize(run, warmup_steps=0).time_by_cause
+    assert {k: causes[k] for k in ("wall_s", "productive_s", "redone_s", "checkpoint_s", "eval_s", "restart_s",
+                                   "startup_s", "other_s")} == {
+        "wall_s": 20.0, "productive_s": 6.0, "redone_s": 2.0, "checkpoint_s": 0.0, "eval_s": 1.0,
+        "restart_s": 4.5, "startup_s": 5.0, "other_s": 1.5}
+    assert causes["straggler_wait_s"] is None, "ps: no all-reduce to wait at"
+    assert causes["line"].startswith("productive 30% · redone 10% · evaluation 5% · restarts 22% · start-up 25%")
