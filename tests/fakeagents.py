@@ -124,8 +124,9 @@ class FakeTask:
         if b.steps and self.spec.kind == "program" and not self.stalled(now):
             live = [w for w in b.runs_on if self.session.world.latest[w].status is None]  # the lost: rescheduled
             worker = live[self.steps % len(live)] if live else None
-            if worker is not None and self.session.world.latest[worker].stalled(now):
-                return  # waits on that worker's closure
+            if worker is not None and (self.session.world.latest[worker].stalled(now)
+                                       or not self.session.world.latest[worker].listening):
+                return  # waits on that worker's closure (a replacement not listening yet: too)
             self.steps += 1
             self.session.counts[self.spec.name] = (self.steps, now)
             self.session.totals[self.spec.name] = (self.steps, None)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import PROGRAMS, processes_of_run, run_ddlctl
-from tests.faults import Job, wait_for
+from tests.faults import Job, task_pid, wait_for
 
 pytestmark = pytest.mark.cluster
 BUILTIN = ("--no-telemetry", "--startup-timeout", "120", "--grace", "2")
@@ -87,22 +87,6 @@ def test_ps_worker_then_chief_killed_are_each_restarted_alone_and_training_finis
     nothing_left(job)
 
 
-def test_ps_worker_killed_without_restarts_runs_degraded(runs):
-    job = Job(runs, "-s", "ps", "--steps", "240", *BUILTIN)
-    job.wait_steps("chief-0", 60)
-    job.kill("worker-0", signal.SIGKILL)
-    assert job.wait() == 0, job.stderr()[-3000:]
-    outcome = job.outcome()
-    assert outcome["restarts"] == [] and outcome["degraded"][0]["task"] == "worker:0"
-    assert "training goes on degraded with 1 worker(s)" in job.stderr()
-    summary = json.loads((job.run_dir / "summary.json").read_text())
-    [line] = [d for d in summary["diagnosis"] if d.startswith("ran degraded")]
-    assert "for the last" in line and "worker:0 was lost" in line
-    assert {t["name"]: t["state"] for t in outcome["tasks"]}["worker:0"] == "failed"
-    assert result(job)["accuracy"] > 0.6
-    nothing_left(job)
-
-
 def test_ps_task_killed_restarts_everything_and_resumes_from_the_checkpoint(runs):
     job = Job(runs, "-s", "ps", "--steps", "240", "--max-restarts", "1", *BUILTIN)  # a checkpoint every 60 steps
     job.wait_steps("chief-0", 100)
@@ -117,6 +101,23 @@ def test_ps_task_killed_restarts_everything_and_resumes_from_the_checkpoint(runs
     assert at >= 60, "resumed from a checkpoint, not from step 0"
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["steps_lost"] <= 120, "at most one checkpoint interval (and what was in flight) redone"
+    assert result(job)["accuracy"] > 0.6
+    nothing_left(job)
+
+
+def test_ps_worker_killed_without_restarts_runs_degraded(runs):
+    job = Job(runs, "-s", "ps", "--steps", "240", *BUILTIN)
+    job.wait_steps("chief-0", 60)
+    job.kill("worker-0", signal.SIGKILL)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    outcome = job.outcome()
+    assert outcome["restarts"] == [] and outcome["degraded"][0]["task"] == "worker:0"
+    assert "training goes on degraded with 1 worker(s)" in job.stderr()
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    [line] = [d for d in summary["diagnosis"] if d.startswith("ran degraded")]
+    assert "for the last" in line and "worker:0 was lost" in line
+    assert {t["name"]: t["state"] for t in outcome["tasks"]}["worker:0"] == "failed"
+    assert summary["time_by_cause"]["degraded_s"] > 0
     assert result(job)["accuracy"] > 0.6
     nothing_left(job)
 
@@ -137,28 +138,28 @@ def test_ps_stopped_worker_is_found_by_the_hang_watch_killed_and_restarted(runs)
     nothing_left(job)
 
 
-def test_mwms_stopped_worker_is_blamed_from_tensorflows_words_and_the_group_restarts(runs):
-    job = Job(runs, "-s", "mwms", "--steps", "300", "--max-restarts", "1", *BUILTIN)  # a checkpoint every 75
-    job.wait_steps("worker-0", 100)
+def test_mwms_stopped_worker_is_blamed_from_tensorflows_words_restarted_then_fails_the_job_naming_it(runs):
+    job = Job(runs, "-s", "mwms", "--steps", "2000", "--max-restarts", "1", *BUILTIN)  # a checkpoint every 100
+    job.wait_steps("worker-0", 120)
+    first = task_pid(job.run_dir, "worker-1")
     job.kill("worker-1", signal.SIGSTOP)
-    assert job.wait() == 0, job.stderr()[-3000:]
-    [event] = job.outcome()["restarts"]
+    wait_for(lambda: "resumed from checkpoint" in log(job, "worker-1") or job.proc.poll() is not None, 120,
+             "the group to restart and resume")
+    resumed = job.steps("worker-1")
+    job.wait_steps("worker-1", resumed + 10)
+    assert task_pid(job.run_dir, "worker-1") != first
+    job.kill("worker-1", signal.SIGSTOP)  # again, with no restart left
+    assert job.wait() == 124, job.stderr()[-3000:]
+    outcome = job.outcome()
+    [event] = outcome["restarts"]
     assert (event["task"], event["cause"], event["reporter"], event["scope"]) == \
         ("worker:1", "hang", "worker:0", "group")
     assert "stopped sending heartbeats" in event["detail"]
     assert (job.run_dir / "hang" / "1" / "worker-1.txt").exists(), "stacks saved before the group was killed"
-    for task in ("worker-0", "worker-1"):
-        assert "resumed from checkpoint" in log(job, task)
-    nothing_left(job)
-
-
-def test_mwms_stopped_worker_without_restarts_fails_naming_it(runs):
-    job = Job(runs, "-s", "mwms", "--steps", "2000", *BUILTIN)
-    job.wait_steps("worker-0", 100)
-    job.kill("worker-1", signal.SIGSTOP)
-    assert job.wait() == 124, job.stderr()[-3000:]
+    assert "resumed from checkpoint" in log(job, "worker-0")
     assert "worker:1 on localhost failed: hung (worker:0 reports" in job.stderr()
-    assert job.outcome()["root_cause"]["task"] == "worker:1"
+    assert outcome["root_cause"]["task"] == "worker:1"
+    assert len(outcome["hangs"]) == 2
     nothing_left(job)  # the stopped process included
 
 

@@ -280,6 +280,18 @@ def test_a_stopped_ps_worker_is_named_from_its_state_and_the_job_goes_on_degrade
     assert stood == {"chief:0": "waiting", "worker:0": "waiting", "worker:1": "stopped", "ps:0": "waiting"}
 
 
+def test_peers_waiting_for_a_replacement_are_not_hung_before_it_listens(tmp_path):
+    # worker:1 is replaced (its replacement takes 6 s to listen) and worker:0 is lost with no restart
+    # left: the chief waits for the replacement longer than --hang-timeout, then trains on degraded
+    world = ps_world(**{"chief:0": Behaviour(exit_after=14.0, runs_on=("worker:0", "worker:1"))})
+    world.retries[("worker:1", 1)] = Behaviour(exit_after=None, listen_after=6.0)
+    world.at(5.0, world.kill, "worker:1")
+    world.at(6.5, world.kill, "worker:0")  # the replacement started (no backoff yet), not listening
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=1)
+    assert result.ok and result.hangs == (), result.failure
+    assert [e["task"] for e in result.restarts] == ["worker:1"] and [d["task"] for d in result.degraded] == ["worker:0"]
+
+
 def test_a_ps_worker_that_stalls_without_stopping_is_blamed_by_its_credits_not_the_chief(tmp_path):
     world = ps_world(**{"chief:0": Behaviour(exit_after=8.0, runs_on=("worker:0", "worker:1")),
                         "worker:1": Behaviour(exit_after=None, stalls_at=1.0)})

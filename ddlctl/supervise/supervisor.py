@@ -161,7 +161,10 @@ class Supervisor:
         self.hangs.feed(now)
         self._probe_ports(now)
         self._check_startup_timeout(now)
-        if not self.restarts.under_way:
+        # while a replacement server starts, its peers may wait for it (a ps chief with no other
+        # worker): no hang is judged until it listens (the startup timeout covers one that never does)
+        replacing = any(t.restarts and t.state is TaskState.STARTING and t.alive for t in self.job.tasks.values())
+        if not self.restarts.under_way and not replacing:
             fault = self.hangs.check(now)
             if fault is not None:
                 self._on_fault(fault)
@@ -324,6 +327,8 @@ class Supervisor:
                 if task.spec.port and task.proc.listening:
                     task.state = TaskState.RUNNING
                     self.restarts.listening(task.name)
+                    if task.restarts:  # its peers may have waited for it: their clocks start now
+                        self.hangs.watch.rearm(now)
         if not self.all_ready_noted and tasks and all(t.state is not TaskState.STARTING for t in tasks):
             self.all_ready_noted = True
             self.hangs.watch.arm(now)  # a job that never steps at all is hung too
