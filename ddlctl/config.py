@@ -67,6 +67,7 @@ class OutputOptions:
     quiet: bool = False
     verbose: bool = False
     task_colors: bool = False  # let tasks' colour sequences through to the console (other controls never)
+    metrics: str | None = None  # --metrics-port: [HOST:]PORT to serve Prometheus metrics on while the job runs
 
 
 @dataclass(frozen=True)

@@ -369,10 +369,30 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
         writer = QuietWriter(CollapsingWriter(writer), is_startup_noise, lambda: notify(
             f"TensorFlow's start-up notices are left out here (all output is in {plan.run_dir}/tasks/*/output.log; "
             "--verbose shows everything)"))
+    server = None
     try:
+        metrics = None
+        if opts.metrics:
+            from ddlctl.report.metrics import JobMetrics, MetricsServer, parse_metrics_address
+
+            metrics = JobMetrics()
+            server = MetricsServer(metrics, *parse_metrics_address(opts.metrics))
+            notify(f"Prometheus metrics at {server.url}")
+        samples = [f for f in (live.on_sample if live else None, metrics.on_sample if metrics else None) if f]
+
+        def on_sample(host: str, record: dict) -> None:
+            for feed in samples:
+                feed(host, record)
+
+        def on_progress(figures: Mapping[str, tuple[int, int | None]]) -> None:
+            if live is not None:
+                live.on_progress(figures)
+            if metrics is not None:
+                metrics.on_progress(figures, supervisor.status())
+
         supervisor = Supervisor(plan, connected.sessions, writer, config.supervision, notify=notify,  # type: ignore[arg-type]
-                                on_sample=live.on_sample if live is not None else None,
-                                on_progress=live.on_progress if live is not None else None,
+                                on_sample=on_sample if samples else None,
+                                on_progress=on_progress if live is not None or metrics is not None else None,
                                 reconnect=reconnector(plan, connected.transports))
         try:
             with live if live is not None else contextlib.nullcontext():
@@ -383,6 +403,8 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
             for session in connected.sessions.values():
                 session.shutdown()
     finally:
+        if server is not None:
+            server.close()
         connected.close()
     return result
 

@@ -128,6 +128,11 @@ def launch(
         "--verbose", "-v", help="Show every line tasks print: TensorFlow's start-up notices, and each task's "
                                 "copy of a line several tasks print within 0.5 s (by default shown once, as "
                                 "[worker:0-7@host] line). Every line is always in <run>/tasks/*/output.log.")] = False,
+    metrics_port: Annotated[str | None, typer.Option(
+        "--metrics-port", metavar="[HOST:]PORT",
+        help="Serve Prometheus metrics while the job runs (steps, step time, task up, restarts, goodput, host "
+             "CPU, per-GPU utilisation/SM activity/memory/power) at http://HOST:PORT/metrics; HOST defaults to "
+             "127.0.0.1 (0.0.0.0 for a Prometheus on another machine).", show_default=False)] = None,
     task_colors: Annotated[bool, typer.Option(
         "--task-colors", help="Let the colour sequences tasks print reach the console. Every other control "
                               "character (cursor moves, clipboard, title) is always shown as text (^[, <U+009B>); "
@@ -212,7 +217,7 @@ def launch(
                                       host_timeout_s=host_timeout),
         output=OutputOptions(run_dir=_runs_dir(runs_dir, old_run_dir), run_id=_run_id(run_id), dry_run=dry_run,
                              json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose,
-                             task_colors=task_colors),
+                             task_colors=task_colors, metrics=metrics_port),
         ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
     )
     _exit_with(lambda: run_launch(config, people_console(), error_console()))

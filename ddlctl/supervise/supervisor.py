@@ -115,6 +115,12 @@ class Supervisor:
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
                           started_at=started_at)
 
+    def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
+        """(task, host, role, running) for every task, and the restarts so far (metrics)."""
+        roles = self.job.roles
+        return ([(t.name, t.host, roles.get(t.name, "agent"), t.alive) for t in self.job.tasks.values()
+                 if not t.is_agent], len(self.restarts.events))
+
     def _attach(self, session: AgentSession) -> None:
         self.selector.register(session.fileno(), selectors.EVENT_READ, session)
 
