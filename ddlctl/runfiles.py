@@ -15,3 +15,4 @@ TASK_ERROR = "error.json"
 TASK_STEPS = "steps.jsonl"  # a task's step records (ddlctl.steps)
 TASK_PHASES = "phases.jsonl"  # a task's checkpoint saves and evaluations (ddlctl.phase)
 TASK_RESULT = "result.json"  # the built-in workload's final loss and accuracy
+TASK_FLOPS = "flops.json"  # model FLOPs per training sample (ddlctl.flops)

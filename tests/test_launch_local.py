@@ -80,6 +80,13 @@ def test_mwms_two_workers_train_in_lockstep(runs):
                for i in (0, 1)]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"]), "synchronous replicas agree"
     assert read_steps(run_dir / "tasks" / "worker-0")[0]["samples"] == 32, "64 split over 2"
+    # model FLOPs of the built-in cnn (worked out by hand in test_mfu.py); no GPU here: MFU n/a
+    mfu = json.loads((run_dir / "summary.json").read_text())["mfu"]
+    assert [(r["task"], r["train_flops_per_sample"], r["note"]) for r in mfu] == [
+        ("worker:0", 3 * 1_172_864, "n/a: no GPU (CPU host)"), ("worker:1", 3 * 1_172_864, "n/a: no GPU (CPU host)")]
+    assert all(r["achieved_flops_per_s"] > 0 for r in mfu)
+    assert "model FLOPs 3.52 MFLOP/sample (3 x forward); achieved worker:0 " in result.stdout
+    assert "MFU n/a: no GPU (CPU host)" in result.stdout
     assert_nothing_left(run_dir)
 
 
@@ -107,6 +114,9 @@ def test_model_fit_program_works_with_tf_keras(runs, strategy):
     else:
         assert len(records) == 60 and records[-1]["step"] == 60, "3 epochs x 20 steps"
     assert all(r["duration_s"] > 0 for r in records)
+    # and the model's FLOPs, also without code changes: Dense 8x16 and 16x2, 2 FLOPs a multiply-add, x3
+    flops = json.loads((only_run_dir(runs) / "tasks" / trainer / "flops.json").read_text())
+    assert flops["train_flops_per_sample"] == 3 * 2 * (8 * 16 + 16 * 2)
     assert_nothing_left(only_run_dir(runs))
     if balance:
         assert "--balance speed cannot balance model.fit" in result.stdout

@@ -13,6 +13,7 @@ import time
 from functools import lru_cache
 
 from ddlctl import envvars
+from ddlctl.flops import record_model_flops
 from ddlctl.steps import StepRecorder, shared_recorder
 
 MARK = "_ddlctl_step_timer"
@@ -37,6 +38,7 @@ class _TimerState:
         epochs, steps = params.get("epochs"), params.get("steps")
         if self.recorder.total is None and epochs and steps:
             self.recorder.total = int(epochs) * int(steps)
+        record_model_flops(getattr(self, "model", None))  # model FLOPs for the report (never raises)
 
 
 @lru_cache(maxsize=4)

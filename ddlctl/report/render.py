@@ -145,12 +145,39 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
     console.print(_throughput_line(summary))
     if summary.time_by_cause:
         console.print(f"time by cause: {summary.time_by_cause['line']}", highlight=False)
+    if summary.mfu:
+        console.print(mfu_line(summary.mfu), highlight=False)
     render_work(summary, console)
     render_balance(summary, console)
     render_stages(summary, console)
     render_faults(summary, console)
     for line in summary.diagnosis:
         console.print(Text(f"• {line}", style="yellow"))
+
+
+def _flops(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def mfu_line(rows: tuple[dict, ...]) -> str:
+    """``model FLOPs 3.52 MFLOP/sample; achieved worker:0 1.20 GFLOP/s, ...; MFU worker:0 41.0%, ...``
+    (one note for all when MFU cannot be given)."""
+    per_sample = {r["train_flops_per_sample"] for r in rows}
+    head = (f"model FLOPs {_flops(next(iter(per_sample)), 'FLOP')}/sample (3 x forward)" if len(per_sample) == 1
+            else "model FLOPs per task")
+    achieved = ", ".join(f"{r['task']} {_flops(r['achieved_flops_per_s'], 'FLOP/s')}" for r in rows)
+    notes = {r["note"] for r in rows if r["mfu"] is None}
+    if all(r["mfu"] is None for r in rows) and len(notes) == 1:
+        mfu = f"MFU {next(iter(notes))}"
+    else:
+        mfu = "MFU " + ", ".join(f"{r['task']} " + (f"{r['mfu']:.1%}" if r["mfu"] is not None else r["note"])
+                                 for r in rows)
+    return f"{head}; achieved {achieved}; {mfu}"
 
 
 def render_stages(summary: RunSummary, console: Console) -> None:
@@ -280,6 +307,8 @@ def render_report(summary: RunSummary, console: Console) -> None:
     console.print(_throughput_line(summary))
     if summary.time_by_cause:
         console.print(f"time by cause: {summary.time_by_cause['line']}", highlight=False)
+    if summary.mfu:
+        console.print(mfu_line(summary.mfu), highlight=False)
     tasks = Table(title="tasks", title_justify="left")
     for column in ("task", "host", "steps", "step ms p50 / p90 / p99", "samples/s", "input %", "late ms",
                    "CPU %", "RSS", "straggler"):

@@ -34,10 +34,11 @@ from ddlctl.report.causes import straggler_wait, time_by_cause
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
+from ddlctl.report.mfu import task_mfu
 from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, last_end_us, parse_json_lines, read_steps
 from ddlctl.rundir import task_dirs
-from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
+from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
 from ddlctl.strategies import TABLE, strategy
 from ddlctl.supervise.results import task_exit_code
 
@@ -120,12 +121,13 @@ class RunSummary:
     stage_plan: dict | None = None  # model strategy: the plan, its predicted and measured step time
     hangs: tuple[dict, ...] = ()  # each hang handled: culprit, why, threshold and rule, where each task stood
     time_by_cause: dict | None = None  # the job's wall time split by cause (ddlctl.report.causes)
+    mfu: tuple[dict, ...] = ()  # per task with flops.json: model FLOPs per sample, achieved FLOP/s, MFU
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
         total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
-        plus time_by_cause (7))."""
+        plus time_by_cause and mfu (7))."""
         data = asdict(self)
         data = {"schema": 7, **data}
         for host in data["hosts"]:
@@ -353,8 +355,30 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> 
         degraded=tuple(outcome.get("degraded", [])), hosts_lost=tuple(outcome.get("hosts_lost", [])),
         work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan,
         hangs=tuple(outcome.get("hangs", [])),
-        time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)))
+        time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)),
+        mfu=_mfu(run_dir, plan, tasks, hosts))
     return _with_diagnosis(summary, outcome, run_end)
+
+
+def _mfu(run_dir: Path, plan: dict, tasks: Sequence[TaskSummary], hosts: Sequence[HostSummary]) -> tuple[dict, ...]:
+    """Each task that wrote ``flops.json``: achieved model FLOP/s and MFU over the GPUs it trains on
+    (its host's, shared with the other training tasks there; a ps chief: every worker's host's)."""
+    gpus = {h.host: [g.name or "unknown GPU" for g in h.gpus] for h in hosts}
+    flops = {t.name: _load_json(run_dir / TASKS_DIR / t.name.replace(":", "-") / TASK_FLOPS) for t in tasks}
+    flops = {name: record for name, record in flops.items() if record}
+    planned = {t["name"]: t.get("host") for t in plan.get("tasks", [])}
+    rows = []
+    for task in tasks:
+        if task.name not in flops:
+            continue
+        if plan.get("strategy") == "ps" and task.role == "chief":
+            hosts_used = sorted({h for n, h in planned.items() if n.startswith("worker:")})
+            names = [g for h in hosts_used for g in gpus.get(h, [])]
+        else:
+            sharing = sum(1 for n in flops if planned.get(n) == task.host)
+            names = gpus.get(task.host, [])[:max(1, len(gpus.get(task.host, [])) // max(1, sharing))]
+        rows.append({"task": task.name, **task_mfu(flops[task.name], task.samples_per_s, names)})
+    return tuple(rows)
 
 
 def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | None, redone: Sequence[bool],

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddlctl import envvars
+from ddlctl.flops import record_model_flops
 from ddlctl.runtime.tfenv import TaskContext
 from ddlctl.steps import StepRecorder, phase
 
@@ -37,6 +38,7 @@ class Trainer:
             self.model = getattr(models, args.workload)()
             self.optimizer = keras.optimizers.Adam(args.learning_rate)
             self.optimizer.build(self.model.trainable_variables)
+        record_model_flops(self.model)  # flops.json: the report's achieved FLOP/s and MFU
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         model, optimizer, record_ids = self.model, self.optimizer, args.record_ids
         is_ps = isinstance(strategy, tf.distribute.ParameterServerStrategy)

@@ -1,0 +1,75 @@
+"""Model FLOPs per training sample, counted from a Keras model's layers (task side).
+
+The model FLOPs of MFU (as PaLM and MegaScale count them): the arithmetic the model needs, not
+what the hardware happened to run (no recomputation, no padding). A forward pass costs 2 FLOPs per
+multiply-accumulate of its Dense and convolution layers (the rest is negligible beside them);
+training costs 3 forward passes (forward, and backward for activations and for weights).
+The built-in workload and ddlctl's ``model.fit`` hook write ``flops.json`` in the task directory;
+the report turns it into achieved FLOP/s and, on GPUs, MFU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from ddlctl import envvars
+from ddlctl.runfiles import TASK_FLOPS
+
+#: Training FLOPs per forward FLOP (forward + backward for activations + backward for weights).
+TRAIN_FACTOR = 3
+METHOD = "3 x forward; forward = 2 x multiply-accumulates of Dense and convolution layers"
+
+
+def _shape(value: object) -> tuple[int | None, ...]:
+    return tuple(None if d is None else int(d) for d in getattr(value, "shape", ()))
+
+
+def layer_flops(layer: object) -> int:
+    """Forward FLOPs per sample of one Keras layer (0 for layers without multiply-accumulates)."""
+    kind = type(layer).__name__
+    kernel = getattr(layer, "kernel", None)
+    if kernel is None:
+        return 0
+    weights = math.prod(d or 0 for d in _shape(kernel))
+    if kind in ("Dense", "EinsumDense"):
+        return 2 * weights
+    if kind in ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D"):
+        # the kernel (k..., inputs per group, outputs) is applied at every output position of a sample
+        output = _shape(getattr(layer, "output", None))[1:-1]  # (batch, positions..., channels)
+        return 2 * weights * math.prod(output) if output and None not in output else 0  # type: ignore[arg-type]
+    return 0
+
+
+def model_flops(model: object) -> tuple[int, int]:
+    """(forward FLOPs per sample, layers counted) of a Keras model, nested models included."""
+    total = counted = 0
+    for layer in getattr(model, "layers", ()):
+        if getattr(layer, "layers", None):
+            inner, n = model_flops(layer)
+            total, counted = total + inner, counted + n
+            continue
+        flops = layer_flops(layer)
+        if flops:
+            total, counted = total + flops, counted + 1
+    return total, counted
+
+
+def record_model_flops(model: object, task_dir: str | None = None) -> dict | None:
+    """Write ``flops.json`` for ``model`` in the task directory (``$DDLCTL_TASK_DIR``); the record,
+    or None outside ddlctl or for a model with no layer counted. Never raises: FLOPs are a figure
+    of the report, not a reason to stop training."""
+    folder = task_dir or os.environ.get(envvars.TASK_DIR)
+    try:
+        forward, layers = model_flops(model)
+        if not folder or not forward:
+            return None
+        dtype = getattr(getattr(model, "dtype_policy", None), "compute_dtype", None) or "float32"
+        record = {"train_flops_per_sample": TRAIN_FACTOR * forward, "forward_flops_per_sample": forward,
+                  "layers_counted": layers, "dtype": str(dtype), "method": METHOD}
+        (Path(folder) / TASK_FLOPS).write_text(json.dumps(record) + "\n")
+        return record
+    except Exception:  # noqa: BLE001 - a layer of a kind never seen must not stop training
+        return None
