@@ -9,6 +9,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 
 
@@ -29,20 +30,28 @@ class TaskSteps:
     total: int | None = None  # steps the task declared it would run
 
 
+try:  # orjson decodes about twice as fast as the json module (the report's main cost at scale)
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - a dependency; json still works
+    _loads = json.loads
+
+
 def parse_json_lines(data: bytes) -> tuple[list, int]:
-    """Objects of a JSON-lines text and the number of unreadable lines. One ``json.loads`` over
-    the whole file when every line is sound (fast), line by line otherwise."""
-    lines = [line for line in data.split(b"\n") if line.strip()]
-    if not lines:
+    """Objects of a JSON-lines text and the number of unreadable lines. One decode of the whole
+    file as an array when every line is sound (fast), line by line otherwise."""
+    body = data.strip()
+    if not body:
         return [], 0
     try:
-        return json.loads(b"[" + b",".join(lines) + b"]"), 0
+        return _loads(b"[" + body.replace(b"\n", b",") + b"]"), 0
     except ValueError:
         pass
     records, bad = [], 0
-    for line in lines:
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
         try:
-            records.append(json.loads(line))
+            records.append(_loads(line))
         except ValueError:
             bad += 1
     return records, bad
@@ -53,11 +62,12 @@ def read_steps(path: Path, name: str) -> TaskSteps:
     steps = TaskSteps(name)
     if not path.is_file():
         return steps
-    records, steps.bad_lines = parse_json_lines(path.read_bytes())
-    try:  # fast path: every record well formed
-        steps.step = array("q", [int(r["step"]) for r in records])
-        steps.start_us = array("q", [int(r["start_us"]) for r in records])
-        steps.duration = array("d", [float(r["duration_s"]) for r in records])
+    data = path.read_bytes()
+    records, steps.bad_lines = parse_json_lines(data)
+    try:  # fast path: every record well formed (the required fields fetched in one C-level pass)
+        required = list(zip(*map(itemgetter("step", "start_us", "duration_s"), records), strict=False))
+        step, start, duration = required if required else ((), (), ())
+        steps.step, steps.start_us, steps.duration = array("q", step), array("q", start), array("d", duration)
         steps.samples = array("q", [-1 if r.get("samples") is None else int(r["samples"]) for r in records])
         steps.input_s = array("d", [-1.0 if r.get("input_s") is None else float(r["input_s"]) for r in records])
         steps.sync_s = array("d", [-1.0 if r.get("sync_s") is None else float(r["sync_s"]) for r in records])
@@ -66,9 +76,9 @@ def read_steps(path: Path, name: str) -> TaskSteps:
         steps.worker = workers if any(workers) else []
         if records and records[-1].get("task"):
             steps.name = str(records[-1]["task"])
-        steps.total = _declared_total(records)
+        steps.total = _declared_total(records) if b'"total"' in data else None
         return steps
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         pass
     steps = TaskSteps(name, bad_lines=steps.bad_lines)
     for raw in records:
