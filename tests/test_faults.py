@@ -46,16 +46,18 @@ def test_ps_worker_then_chief_killed_are_each_restarted_alone_and_training_finis
     job = Job(runs, "-s", "ps", "--steps", "240", "--max-restarts", "2", *BUILTIN)  # a checkpoint every 60 steps
     job.wait_steps("chief-0", 60)
     first = pids(job)
-    # the chief is held while worker:1 is replaced, so the job cannot end before the new worker is back
-    # (on a fast machine the chief alone on worker:0 finished first and the replacement never served)
-    os.kill(first["chief:0"], signal.SIGSTOP)
+    # worker:0 is held while worker:1 is replaced, so the job cannot end before the new worker is back
+    # (on a fast machine the chief alone on worker:0 finished first and the replacement never served).
+    # Not the chief: a coordinator held across the replacement never sees the failure and then fetches
+    # results the old worker held ("Unable to find the relevant tensor remote_handle": a crash).
+    os.kill(first["worker:0"], signal.SIGSTOP)
     try:
         job.kill("worker-1", signal.SIGKILL)
         wait_for(lambda: log(job, "worker-1").count("listening at") == 2 or job.proc.poll() is not None, 120,
                  "worker:1 to listen again")
         time.sleep(1.5)  # ddlctl probes a starting task's port every 0.5 s: it sees worker:1 listening
     finally:
-        os.kill(first["chief:0"], signal.SIGCONT)
+        os.kill(first["worker:0"], signal.SIGCONT)
     job.wait_steps("chief-0", 100)
     job.kill("chief-0", signal.SIGKILL)
     assert job.wait() == 0, job.stderr()[-3000:]
