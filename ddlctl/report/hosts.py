@@ -4,6 +4,7 @@ GPUs (utilisation, SM activity, memory, power, throttling) and the gaps in its s
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,20 +82,29 @@ def _column(items: list[dict], key: str) -> array:
     return array("d", [float(v) for v in (item.get(key) for item in items) if v is not None])
 
 
-def _values(rows: list[list], position: int | None, columns: list[tuple] | None = None) -> array:
-    """Column ``position`` of ``rows`` without its nulls (``columns``: the rows already transposed)."""
-    if position is None:
-        return array("d")
-    if columns is not None and position < len(columns):
-        column = columns[position]
-    else:
-        column = [row[position] if len(row) > position else None for row in rows]
+#: The readings a :class:`Sample` holds, in its order.
+SAMPLE_FIELDS = ("util", "sm_active", "sm_clock_mhz", "throttle", "power_w", "temp_c")
+
+
+def _columns(rows: list[list]) -> Callable[[int | None], Sequence]:
+    """Column ``position`` of ``rows`` (None where a row has none; all None for a field not sent).
+    The rows are transposed once in C; a short row (an older agent) shortens every column, and the
+    positions past it are read row by row."""
+    columns = list(zip(*rows, strict=False))
+
+    def column(position: int | None) -> Sequence:
+        if position is None:
+            return (None,) * len(rows)
+        if position < len(columns):
+            return columns[position]
+        return [row[position] if len(row) > position else None for row in rows]
+
+    return column
+
+
+def _values(column: Sequence) -> array:
+    """A column without its nulls."""
     return array("d", [v for v in column if v is not None])
-
-
-def _transposed(rows: list[list]) -> list[tuple]:
-    """The columns of ``rows`` (C-level ``zip``; as many as the shortest row has)."""
-    return list(zip(*rows, strict=False)) if rows else []
 
 
 def read_telemetry(path: Path) -> HostSeries:
@@ -136,27 +146,19 @@ def read_telemetry(path: Path) -> HostSeries:
             by_gpu.setdefault(row[position["index"]], []).append(row)
     for index, rows in by_gpu.items():
         entry = series.gpus.setdefault(int(index), GpuSeries())
-        columns = _transposed(rows)  # one pass in C; a short row (an older agent) shortens them all
-
-        def values(name: str, rows: list[list] = rows, columns: list[tuple] = columns) -> array:
-            return _values(rows, position.get(name), columns)
-
-        entry.util, entry.sm, entry.mem, entry.power = (values("util"), values("sm_active"), values("mem_used"),
-                                                        values("power_w"))
-        totals = values("mem_total")
+        column = _columns(rows)
+        entry.util, entry.sm, entry.mem, entry.power = (_values(column(position.get(name)))
+                                                        for name in ("util", "sm_active", "mem_used", "power_w"))
+        totals = _values(column(position.get("mem_total")))
         entry.mem_total = totals[-1] if totals else entry.mem_total
-        at = [position.get(name) for name in ("util", "sm_active", "sm_clock_mhz", "throttle", "power_w", "temp_c")]
-        nothing = (None,) * len(rows)
-        entry.samples = list(map(Sample, *[columns[i] if i is not None and i < len(columns) else
-                                           [row[i] if i is not None and i < len(row) else None for row in rows]
-                                           if i is not None else nothing for i in at]))
+        entry.samples = list(map(Sample, *(column(position.get(name)) for name in SAMPLE_FIELDS)))
     by_task: dict[str, list[list]] = {}
     for procs in [r.get("procs") or {} for r in samples]:
         for task, figures in procs.items():
             by_task.setdefault(task, []).append(figures if isinstance(figures, list)
                                                 else [figures.get("cpu"), figures.get("rss")])
-    series.procs = {task: (_values(rows, 0, columns), _values(rows, 1, columns))
-                    for task, rows in by_task.items() for columns in [_transposed(rows)]}
+    series.procs = {task: (_values(column(0)), _values(column(1)))
+                    for task, rows in by_task.items() for column in [_columns(rows)]}
     return series
 
 

@@ -43,13 +43,12 @@ def dense_peak_flops(gpu_name: str, dtype: str = "float32") -> float | None:
     return None
 
 
-def task_mfu(flops: Mapping[str, object] | None, samples_per_s: float | None,
-             gpus: Sequence[str], dtype: str | None = None) -> dict:
+def task_mfu(flops: Mapping[str, object] | None, samples_per_s: float | None, gpus: Sequence[str]) -> dict:
     """One task's figures: model FLOPs per sample, achieved FLOP/s and MFU over ``gpus`` (the names
     of the GPUs it trains on; none: a CPU host, MFU n/a)."""
     per_sample = float(flops["train_flops_per_sample"]) if flops and flops.get("train_flops_per_sample") else None
     achieved = per_sample * samples_per_s if per_sample is not None and samples_per_s else None
-    peaks = [dense_peak_flops(name, dtype or str((flops or {}).get("dtype") or "float32")) for name in gpus]
+    peaks = [dense_peak_flops(name, str((flops or {}).get("dtype") or "float32")) for name in gpus]
     if not gpus:
         peak, note = None, "n/a: no GPU (CPU host)"
     elif any(p is None for p in peaks):

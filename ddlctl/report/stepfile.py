@@ -103,6 +103,21 @@ def read_steps(path: Path, name: str) -> TaskSteps:
     return steps
 
 
+def read_phases(path: Path) -> dict[str, list[tuple[float, float]]]:
+    """``phases.jsonl`` (:func:`ddlctl.phase`): phase name -> its (start, end) intervals in epoch
+    seconds, in file order (a missing file: none; unreadable lines are left out)."""
+    try:
+        records, _bad = parse_json_lines(path.read_bytes())
+    except OSError:
+        return {}
+    phases: dict[str, list[tuple[float, float]]] = {}
+    for record in records:
+        if isinstance(record, dict) and record.get("phase") and isinstance(record.get("start_us"), (int, float)):
+            at = record["start_us"] / 1e6
+            phases.setdefault(str(record["phase"]), []).append((at, at + float(record.get("duration_s") or 0)))
+    return phases
+
+
 def _declared_total(records: list) -> int | None:
     """The last ``total`` a task declared in its records (None: never)."""
     for record in reversed(records):

@@ -36,7 +36,7 @@ from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.mfu import task_mfu
 from ddlctl.report.stats import mean, median_of, percentile
-from ddlctl.report.stepfile import TaskSteps, last_end_us, parse_json_lines, read_steps
+from ddlctl.report.stepfile import TaskSteps, last_end_us, read_phases, read_steps
 from ddlctl.rundir import task_dirs
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
 from ddlctl.strategies import TABLE, strategy
@@ -231,13 +231,6 @@ def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[T
         return list(steps), list(telemetry)
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
-
-
 def _load_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -392,12 +385,7 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
     if start is None or end is None or end <= start:
         return None
     spans = [(s / 1e6, s / 1e6 + d) for s, d in zip(lead.start_us, lead.duration, strict=True)]
-    phases: dict[str, list[tuple[float, float]]] = {}
-    records, _bad = parse_json_lines(_read_bytes(run_dir / TASKS_DIR / lead.name.replace(":", "-") / TASK_PHASES))
-    for record in records:
-        if isinstance(record, dict) and record.get("phase") and record.get("start_us") is not None:
-            at = record["start_us"] / 1e6
-            phases.setdefault(str(record["phase"]), []).append((at, at + float(record.get("duration_s") or 0)))
+    phases = read_phases(run_dir / TASKS_DIR / lead.name.replace(":", "-") / TASK_PHASES)
     downtime = [(r.time, r.time + r.downtime_s) for r in restarts if r.downtime_s is not None]
     since = [float(at) for d in outcome.get("degraded", []) if (at := d.get("since") or d.get("time"))]
     wait = None

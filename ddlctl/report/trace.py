@@ -10,9 +10,11 @@ track. Built from the run directory alone.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
-from ddlctl.report.stepfile import parse_json_lines, read_steps
+from ddlctl.report.faults import summarize_restarts
+from ddlctl.report.stepfile import parse_json_lines, read_phases, read_steps
 from ddlctl.rundir import task_dirs
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_STEPS
 from ddlctl.telemetry.nvml import GPU_FIELDS, gpu_reading
@@ -36,23 +38,17 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
                            "args": {"name": host}})
         return pids[host]
 
-    starts: dict[str, list[float]] = {}  # task -> its step records' starts (epoch s)
+    starts: dict[str, Sequence[int]] = {}  # task -> its step records' starts (epoch us)
     for tid, folder in enumerate(task_dirs(run_dir), start=1):
         steps = read_steps(folder / TASK_STEPS, folder.name.replace("-", ":", 1))
         if not steps.step:
             continue
-        starts[steps.name] = [s / 1e6 for s in steps.start_us]
+        starts[steps.name] = steps.start_us
         pid = pid_for(host_of.get(steps.name, "unknown host"))
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": steps.name}})
-        try:
-            phases, _ = parse_json_lines((folder / TASK_PHASES).read_bytes())
-        except OSError:
-            phases = []
-        for record in phases:  # checkpoint saves and evaluations (ddlctl.phase)
-            if isinstance(record, dict) and record.get("phase") and record.get("start_us") is not None:
-                duration_us = round(float(record.get("duration_s") or 0) * 1e6, 1)
-                events.append({"ph": "X", "name": str(record["phase"]), "cat": "phase", "pid": pid, "tid": tid,
-                               "ts": int(record["start_us"]), "dur": duration_us})
+        for name, spans in read_phases(folder / TASK_PHASES).items():  # checkpoint saves, evaluations
+            events.extend({"ph": "X", "name": name, "cat": "phase", "pid": pid, "tid": tid, "ts": int(start * 1e6),
+                           "dur": round((end - start) * 1e6, 1)} for start, end in spans)
         for step, start, duration, samples, input_s in zip(steps.step, steps.start_us, steps.duration,
                                                            steps.samples, steps.input_s, strict=True):
             args: dict[str, object] = {"step": step}
@@ -102,22 +98,18 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _job_phases(outcome: dict, starts: dict[str, list[float]], pid_for) -> list[dict[str, object]]:  # noqa: ANN001
+def _job_phases(outcome: dict, starts: dict[str, Sequence[int]], pid_for) -> list[dict[str, object]]:  # noqa: ANN001
     """The job's own phases on a "job" track: start-up (ddlctl's start to the first step) and each
-    restart's downtime (the fault until a restarted task steps, or listens, again)."""
+    restart's downtime (as the report counts it: the fault until a restarted task steps, or listens,
+    again)."""
     spans = []
-    first = min((s[0] for s in starts.values() if s), default=None)
+    first = min((s[0] / 1e6 for s in starts.values() if s), default=None)
     if outcome.get("started_at") and first is not None and first > outcome["started_at"]:
         spans.append(("start-up", float(outcome["started_at"]), first))
-    for event in outcome.get("restarts", []):
-        restarted = event.get("restarted_at")
-        if event.get("action") != "restart" or not restarted:
-            continue
-        after = [t for name in event.get("tasks", []) for t in starts.get(name, []) if t >= restarted]
-        back = min(after) if after else event.get("listening_at")
-        if back:
-            spans.append((f"restart downtime: {event.get('task')} ({event.get('cause')})", float(event["time"]),
-                          float(back)))
+    for restart in summarize_restarts(outcome.get("restarts", []), (), (), starts):
+        if restart.downtime_s is not None:
+            spans.append((f"restart downtime: {restart.task} ({restart.cause})", restart.time,
+                          restart.time + restart.downtime_s))
     if not spans:
         return []
     pid = pid_for("job (ddlctl)")
