@@ -52,6 +52,7 @@ from ddlctl.transport.fleet import (
 from ddlctl.transport.local import LocalTransport
 
 if TYPE_CHECKING:
+    from ddlctl.report.metrics import MetricsServer
     from ddlctl.slurm.allocation import Allocation
     from ddlctl.transport.options import SshOptions
 
@@ -306,6 +307,22 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
 def launch(config: LaunchConfig, out: Console, err: Console) -> int:
     """Run ``ddlctl launch``; returns the exit code."""
     output = config.output
+    server = None
+    if output.metrics:  # a bad --metrics-port, or one in use, is refused before anything starts
+        from ddlctl.report.metrics import JobMetrics, MetricsServer, parse_metrics_address
+
+        address = parse_metrics_address(output.metrics)
+        if not output.dry_run:
+            server = MetricsServer(JobMetrics(), *address)
+    try:
+        return _launch(config, out, err, server)
+    finally:
+        if server is not None:
+            server.close()  # the metrics end with the job
+
+
+def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsServer | None) -> int:
+    output = config.output
     plan, connected = prepare(config, err)
     if output.dry_run:
         if output.json_out:
@@ -329,7 +346,7 @@ def launch(config: LaunchConfig, out: Console, err: Console) -> int:
                   f"→ {plan.run_dir}")
     if output.json_out:  # stdout carries summary.json alone; people's output goes to stderr
         out = err
-    result = supervise(plan, connected, config, out, err)
+    result = supervise(plan, connected, config, out, err, server)
     finish(plan, result, out, err, full_report=output.profile, render=not output.quiet)
     if output.json_out:
         sys.stdout.write((Path(plan.run_dir) / SUMMARY_FILE).read_text())
@@ -337,7 +354,8 @@ def launch(config: LaunchConfig, out: Console, err: Console) -> int:
     return result.exit_code
 
 
-def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Console, err: Console) -> JobResult:
+def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Console, err: Console,
+              server: MetricsServer | None = None) -> JobResult:
     """Run the plan under one supervisor; the agents and connections are closed afterwards. Task
     output goes to the terminal (through the live view's console under ``profile``), or only to
     the logs (quiet)."""
@@ -369,14 +387,9 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
         writer = QuietWriter(CollapsingWriter(writer), is_startup_noise, lambda: notify(
             f"TensorFlow's start-up notices are left out here (all output is in {plan.run_dir}/tasks/*/output.log; "
             "--verbose shows everything)"))
-    server = None
     try:
-        metrics = None
-        if opts.metrics:
-            from ddlctl.report.metrics import JobMetrics, MetricsServer, parse_metrics_address
-
-            metrics = JobMetrics()
-            server = MetricsServer(metrics, *parse_metrics_address(opts.metrics))
+        metrics = server.metrics if server is not None else None
+        if server is not None:
             notify(f"Prometheus metrics at {server.url}")
         samples = [f for f in (live.on_sample if live else None, metrics.on_sample if metrics else None) if f]
 
@@ -403,8 +416,6 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
             for session in connected.sessions.values():
                 session.shutdown()
     finally:
-        if server is not None:
-            server.close()
         connected.close()
     return result
 

@@ -144,3 +144,18 @@ def test_a_metrics_port_in_use_is_a_clear_error():
         port = holder.getsockname()[1]
         with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{port}.*choose a free port"):
             MetricsServer(JobMetrics(), "127.0.0.1", port)
+
+
+def test_a_bad_or_busy_metrics_port_is_refused_before_anything_starts(tmp_path):
+    from tests.conftest import run_ddlctl
+
+    bad = run_ddlctl("launch", "-s", "one_device", "--metrics-port", "99999", "--runs-dir", str(tmp_path / "a"))
+    assert bad.returncode == 2 and "--metrics-port '99999': give a port (9400) or HOST:PORT" in bad.stderr
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        busy = run_ddlctl("launch", "-s", "one_device", "--metrics-port", str(port), "--runs-dir", str(tmp_path / "b"))
+    assert busy.returncode == 2 and f"cannot serve metrics on 127.0.0.1:{port}" in busy.stderr
+    assert "Traceback" not in bad.stderr + busy.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists(), "no run directory, nothing started"

@@ -143,6 +143,7 @@ class MetricsServer:
     def __init__(self, metrics: JobMetrics, address: str, port: int) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
 
+        self.metrics = metrics
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(metrics)  # type: ignore[arg-type]
         try:
