@@ -250,7 +250,8 @@ class Supervisor:
         status = task.status
         assert status is not None
         if self.job.stopping or task.handled:
-            task.state = TaskState.SUCCEEDED if status.ok else TaskState.STOPPED
+            if task.state is not TaskState.FAILED:  # a hung task killed by its fault's decision stays failed
+                task.state = TaskState.SUCCEEDED if status.ok else TaskState.STOPPED
             return
         task.handled = True
         if task.is_agent:  # telemetry has a gap from here on; training goes on
@@ -302,7 +303,7 @@ class Supervisor:
             job.notify(decision.message)
             culprit = job.tasks.get(fault.task)
             if culprit is not None and culprit.alive:  # a hung task: its work moves to the others
-                culprit.handled = True
+                culprit.handled, culprit.state = True, TaskState.FAILED
                 culprit.proc.send("KILL")
             if decision.degraded:
                 self.degraded.append({**event, "since": time.time()})
