@@ -18,8 +18,9 @@ from ddlctl.workloads.trainer import Progress
 class _Evaluated:
     """What ``main`` needs of a trained model: its held-out loss and accuracy."""
 
-    def __init__(self, evaluate) -> None:  # noqa: ANN001 - a function
+    def __init__(self, evaluate, input_iterator) -> None:  # noqa: ANN001 - a function, a tf.data iterator
         self.evaluate = evaluate
+        self.input_iterator = input_iterator  # dropped only with the process (train.KEPT_UNTIL_EXIT)
 
 
 def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder) -> _Evaluated:
@@ -78,4 +79,4 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
         correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
         return float(loss), float(tf.reduce_mean(tf.cast(correct, tf.float32)))
 
-    return _Evaluated(evaluate)
+    return _Evaluated(evaluate, iterator)
