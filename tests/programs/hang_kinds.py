@@ -1,5 +1,7 @@
 """An MWMS user program in which worker:1 hangs on purpose, as ``HANG_KIND`` says, at step
-``HANG_AT`` (its peers are left waiting for it in the all-reduce):
+``HANG_AT`` (its peers are left waiting for it in the all-reduce). A comma-separated list gives
+worker:1, worker:2, ... a kind each (``lock,spin,pipe``: three workers hung three ways at once,
+worker:0 left waiting):
 
 * ``lock``: a Keras callback waits on a lock that is never released (``model.fit``, tf-keras);
 * ``spin``: a Keras callback spins in a busy loop (CPU at 100 %);
@@ -17,9 +19,11 @@ import tensorflow as tf
 
 import ddlctl
 
-KIND = os.environ.get("HANG_KIND", "lock")
+KINDS = os.environ.get("HANG_KIND", "lock").split(",")
 AT = int(os.environ.get("HANG_AT", "15"))
 ME = os.environ["DDLCTL_TASK"]
+INDEX = int(ME.split(":")[1])
+KIND = KINDS[INDEX - 1] if 0 < INDEX <= len(KINDS) else ("local" if KINDS == ["local"] else None)
 keras = tf.keras
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
@@ -57,8 +61,8 @@ def read_a_pipe_nobody_writes() -> None:
 
 class HangOnPurpose(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
-        if ME == "worker:1" and batch == AT:
-            print(f"worker:1 hangs now ({KIND})", flush=True)
+        if KIND is not None and batch == AT:
+            print(f"{ME} hangs now ({KIND})", flush=True)
             {"lock": wait_forever_on_a_lock, "spin": spin_forever, "pipe": read_a_pipe_nobody_writes}[KIND]()
 
 
