@@ -1,7 +1,7 @@
-"""Real hangs of real TensorFlow tasks on localhost, one kind each: whom ddlctl blames, how long
-after the stall it says so, how the job ends, and that nothing is left. The rules themselves are
-tested in milliseconds in test_hangs.py and test_supervisor.py; the kinds measured with default
-thresholds in benchmarks/hang_bench.py."""
+"""Real hangs of real TensorFlow tasks on localhost: whom ddlctl blames, how long after the stall it
+says so, how the job ends, and that nothing is left (a stopped model-parallel stage:
+test_model_parallel.py). The rules themselves are tested in milliseconds in test_hangs.py and
+test_supervisor.py; the kinds measured with default thresholds in benchmarks/hang_bench.py."""
 
 from __future__ import annotations
 
@@ -64,20 +64,4 @@ def test_tasks_hung_in_their_own_code_are_blamed_from_their_stacks_not_their_wai
     assert stood["worker:0"][0] == "waiting" and "TensorFlow" in stood["worker:0"][1]
     assert "its main thread is in its own code at programs/hang_kinds.py:" in job.stderr()
     assert 6 < hang["time"] - stalled < 8 + 15, "named after its 8 s threshold (and the stacks), not before"
-    nothing_left(job)
-
-
-def test_a_stopped_model_parallel_stage_is_blamed_not_the_chief_waiting_for_it(runs):
-    job = Job(runs, "-s", "model", "--workers", "2", "--hang-timeout", "8", *QUICK, "--", sys.executable, "-m",
-              "ddlctl.workloads", "--workload", "deep", "--steps", "100000")
-    job.wait_steps("chief-0", 10)
-    stalled = job.kill("worker-1", signal.SIGSTOP)
-    assert job.wait() == 124, job.stderr()[-3000:]
-    outcome = job.outcome()
-    assert (outcome["root_cause"]["task"], outcome["root_cause"]["reason"]) == ("worker:1", "hang")
-    [hang] = outcome["hangs"]
-    stood = {t["task"]: t["state"] for t in hang["tasks"]}
-    assert stood == {"chief:0": "waiting", "worker:0": "waiting", "worker:1": "stopped"}, hang["tasks"]
-    assert hang["why"] == "its process is stopped (state T)"
-    assert 6 < hang["time"] - stalled < 8 + 15, "named after its 8 s threshold (and the stacks)"
     nothing_left(job)

@@ -40,14 +40,14 @@ def check_trained(run_dir: Path, tasks: list[str], steps_run: str = STEPS) -> No
 PS_STEPS = "120"  # asynchronous updates from two workers need more steps than synchronous ones
 
 
-def test_ps_chief_two_workers_one_ps_trains(runs):
+def test_ps_chief_two_workers_one_ps_train_and_the_evaluator_evaluates_checkpoints(runs):
     # --json: summary.json alone on stdout; task output and the summary table on stderr
-    result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--ps", "1",
+    result = run_ddlctl("launch", "--strategy", "ps", "--workers", "2", "--ps", "1", "--evaluator",
                         "--steps", PS_STEPS, "--runs-dir", str(runs), "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert [t["name"] for t in plan["tasks"]] == ["chief:0", "worker:0", "worker:1", "ps:0"]
+    assert [t["name"] for t in plan["tasks"]] == ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]
     check_trained(run_dir, ["chief:0"], PS_STEPS)
     # workers and ps ran ddlctl's server and were stopped when the chief finished
     for name in ("worker-0", "worker-1", "ps-0"):
@@ -55,7 +55,8 @@ def test_ps_chief_two_workers_one_ps_trains(runs):
     assert "[chief:0@localhost] final loss" in result.stderr
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert {t["name"]: t["state"] for t in outcome["tasks"]} == {
-        "chief:0": "succeeded", "worker:0": "stopped", "worker:1": "stopped", "ps:0": "stopped"}
+        "chief:0": "succeeded", "worker:0": "stopped", "worker:1": "stopped", "ps:0": "stopped",
+        "evaluator:0": "stopped"}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert json.loads(result.stdout) == summary
     assert summary["throughput_samples_per_s"] > 0
@@ -67,6 +68,16 @@ def test_ps_chief_two_workers_one_ps_trains(runs):
     assert all(w["busy_s"] > 0 and 0 < w["busy_fraction"] <= 1.0 for w in work.values() if w["steps"]), work
     assert re.search(r"worker:0\s+│\s+localhost\s+│\s+stopped\s+│\s+\d+ ran", result.stderr)
     assert "work per worker" in result.stderr
+    # the side-car evaluator: outside the cluster spec, it evaluated at least one of the chief's
+    # checkpoints with figures a model can have, and was stopped after training
+    evaluator = next(t for t in plan["tasks"] if t["name"] == "evaluator:0")
+    assert evaluator["tf_config"]["task"] == {"type": "evaluator", "index": 0}
+    assert "evaluator" not in evaluator["tf_config"]["cluster"]
+    assert list((run_dir / "checkpoints").glob("ckpt-*.index")), "the chief saved checkpoints"
+    lines = re.findall(r"evaluator: (ckpt-\d+) loss ([\d.]+) accuracy ([\d.]+)",
+                       (run_dir / "tasks" / "evaluator-0" / "output.log").read_text())
+    assert lines, "no evaluation line from the evaluator"
+    assert all(float(loss) > 0 and 0 <= float(accuracy) <= 1 for _ckpt, loss, accuracy in lines), lines
     assert_nothing_left(run_dir)
 
 
@@ -201,29 +212,9 @@ def test_two_launches_at_once_both_succeed(tmp_path):
     assert len(ports) == 2 and len(set(ports)) == 2, ports
 
 
-def test_evaluator_evaluates_checkpoints_and_is_stopped_after_training(runs):
-    result = run_ddlctl("launch", "--strategy", "ps", "--workers", "1", "--evaluator",
-                        "--steps", "120", "--runs-dir", str(runs))
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(runs)
-    plan = json.loads((run_dir / "plan.json").read_text())
-    evaluator = next(t for t in plan["tasks"] if t["name"] == "evaluator:0")
-    assert evaluator["tf_config"]["task"] == {"type": "evaluator", "index": 0}
-    assert "evaluator" not in evaluator["tf_config"]["cluster"]
-    assert list((run_dir / "checkpoints").glob("ckpt-*.index")), "the chief saved checkpoints"
-    outcome = json.loads((run_dir / "outcome.json").read_text())
-    assert {t["name"]: t["state"] for t in outcome["tasks"]}["evaluator:0"] == "stopped"
-    # it evaluated at least one of the chief's checkpoints, with figures a model can have
-    lines = re.findall(r"evaluator: (ckpt-\d+) loss ([\d.]+) accuracy ([\d.]+)",
-                       (run_dir / "tasks" / "evaluator-0" / "output.log").read_text())
-    assert lines, "no evaluation line from the evaluator"
-    assert all(float(loss) > 0 and 0 <= float(accuracy) <= 1 for _ckpt, loss, accuracy in lines), lines
-    assert_nothing_left(run_dir)
-
-
 def test_sigterm_to_ddlctl_stops_everything(runs):
     proc = subprocess.Popen(
-        ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "2", "--steps", "100000",
+        ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "1", "--steps", "100000",
                    "--grace", "2", "--runs-dir", str(runs)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

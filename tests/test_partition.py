@@ -148,48 +148,6 @@ def test_random_is_reproducible_from_its_seed():
     assert len({tuple(plan_random(layers, devices, seed=s).assignment()) for s in range(5)}) > 1
 
 
-@pytest.mark.cluster
-def test_partition_profiles_the_built_in_model_and_plans_it_under_memory_caps(tmp_path):
-    import json
-
-    from tests.conftest import run_ddlctl
-
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost slots=2 memory=24MiB\n127.0.0.1 slots=1 speed=0.5 memory=24MiB\n")
-    saved = tmp_path / "plan.json"
-    done = run_ddlctl("partition", "--hosts", str(hosts), "--workload", "deep", "--microbatches", "4",
-                      "--save", str(saved), "--json", timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    # TensorFlow's start-up notices (a CPU-only host's cuInit error line among them) are not shown
-    assert "cuInit" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
-    data = json.loads(done.stdout)
-    assert json.loads(saved.read_text()) == data
-    assert [d["name"] for d in data["devices"]] == ["localhost/cpu:0", "localhost/cpu:1", "127.0.0.1/cpu:0"]
-    names = [layer["name"] for layer in data["layers"]]
-    assert names[0] == "flatten" and names[-1] == "logits" and len(names) == 14
-    assert all(layer["cost_s"] > 0 for layer in data["layers"][1:])  # measured, not declared
-    dense = next(layer for layer in data["layers"] if layer["name"] == "dense_1")
-    assert dense["param_bytes"] == (512 * 512 + 512) * 4 * 3  # weights + bias, float32, with Adam's 2 slots
-    plans = {p["algorithm"]: p for p in data["plans"]}
-    assert set(plans) == {"random", "greedy", "optimal", "single"}
-    assert not plans["single"]["feasible"] and "does not fit the fastest device" in plans["single"]["reason"]
-    for name in ("greedy", "optimal"):
-        stages = plans[name]["stages"]
-        assert sum(s["layers"] for s in stages) == 14
-        assert all(s["memory_bytes"] <= 24 * 2**20 for s in stages)
-        # the slow device gets less work (measured layer costs: the layers differ, so not
-        # necessarily fewer layers; it is last and sends nothing on)
-        work = [sum(layer["cost_s"] for layer in data["layers"][s["first"]:s["last"] + 1]) for s in stages]
-        assert work[2] < max(work[:2]), (work, stages)
-    assert plans["optimal"]["bottleneck_s"] <= plans["greedy"]["bottleneck_s"] + 1e-12
-    assert data["chosen"] in ("optimal", "greedy")
-    # a model that cannot be placed: exit 2 and the reason
-    tiny = tmp_path / "tiny.txt"
-    tiny.write_text("localhost slots=2 memory=8MiB\n")
-    refused = run_ddlctl("partition", "--hosts", str(tiny), "--workload", "deep", timeout=300)
-    assert refused.returncode == 2 and "alone needs" in refused.stdout, refused.stdout[-2000:]
-
-
 @pytest.mark.timing  # profiles the model and measures this machine's speed: alone, not beside other tests
 def test_measured_speeds_and_link_of_a_profile_replace_the_declared_ones(tmp_path):
     import json

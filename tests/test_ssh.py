@@ -48,20 +48,15 @@ def server_address(pid_json: Path) -> str:
 STEPS_OVER_SSH = {"mwms": 30, "ps": 80}
 
 
-@pytest.mark.cluster
-@pytest.mark.parametrize("strategy", ["mwms", "ps"])
-def test_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs, strategy):
+def check_ssh_run(cluster, run_dir: Path, strategy: str) -> None:
+    """Each task came in through the sshd of the host it was planned on, trained, and its files came
+    back; nothing is left running and the hosts keep only the run's checkpoints."""
     steps = STEPS_OVER_SSH[strategy]
-    result = ssh_launch(cluster, "--hosts", str(hosts_file), "--strategy", strategy, "--steps", str(steps),
-                        "--runs-dir", str(runs))
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(runs)
     plan = json.loads((run_dir / "plan.json").read_text())
     expected = {h.address for h in cluster.hosts}
     seen = set()
     for task in plan["tasks"]:
         folder = run_dir / "tasks" / task["name"].replace(":", "-")
-        # each task came in through the sshd of the host it was planned on
         assert server_address(folder / "pid.json") == task["host"]
         seen.add(task["host"].split(":")[0])
         assert (folder / "output.log").stat().st_size > 0
@@ -75,6 +70,14 @@ def test_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs, stra
     remote = cluster.host_home(cluster.hosts[0]) / ".ddlctl" / "runs" / run_dir.name
     assert sorted(p.name for p in remote.iterdir()) == ["checkpoints"]
     assert list((remote / "checkpoints").glob("ckpt-*.index"))
+
+
+@pytest.mark.cluster
+def test_ps_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs):
+    result = ssh_launch(cluster, "--hosts", str(hosts_file), "--strategy", "ps", "--steps", str(STEPS_OVER_SSH["ps"]),
+                        "--runs-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_ssh_run(cluster, only_run_dir(runs), "ps")
 
 
 def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, runs):
@@ -222,17 +225,18 @@ def test_sigkill_to_ddlctl_leaves_nothing_on_any_host(cluster, hosts_file, runs)
 
 
 @pytest.mark.cluster
-def test_two_runs_on_the_same_hosts_do_not_disturb_each_other(cluster, hosts_file, tmp_path):
+def test_two_mwms_runs_across_three_ssh_hosts_at_once_do_not_disturb_each_other(cluster, hosts_file, tmp_path):
     procs = []
     for i in range(2):
         procs.append((tmp_path / f"r{i}", subprocess.Popen(
-            ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "20",
-                       "--runs-dir", str(tmp_path / f"r{i}")),
+            ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps",
+                       str(STEPS_OVER_SSH["mwms"]), "--runs-dir", str(tmp_path / f"r{i}")),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)))
     ports = set()
     for root, proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]
+        check_ssh_run(cluster, only_run_dir(root), "mwms")
         plan = json.loads((only_run_dir(root) / "plan.json").read_text())
         ports |= {(t["host"], t["port"]) for t in plan["tasks"]}
     assert len(ports) == 6

@@ -83,25 +83,22 @@ class Trainer:
 
         def block(batches, steps):
             """Run ``steps`` steps over an iterator of batches, collecting per-step figures (``steps``
-            is a tensor: a shorter last block reuses the traced function instead of tracing again)."""
+            is a tensor: a shorter last block reuses the traced function instead of tracing again).
+            One in-graph loop, no Python round trip per step; written as a ``tf.while_loop`` so that
+            tracing needs no autograph (converting this code took ~1 CPU-s at every task start)."""
             steps = tf.cast(steps, tf.int32)
-            losses = tf.TensorArray(tf.float32, size=steps)
-            starts = tf.TensorArray(tf.float64, size=steps)
-            readies = tf.TensorArray(tf.float64, size=steps)
-            synceds = tf.TensorArray(tf.float64, size=steps)
-            ends = tf.TensorArray(tf.float64, size=steps)
-            counts = tf.TensorArray(tf.int32, size=steps)
-            for i in tf.range(steps):  # autograph: one in-graph loop, no Python round trip per step
+            figures = (tf.TensorArray(tf.float32, size=steps), *(tf.TensorArray(tf.float64, size=steps)
+                       for _ in range(4)), tf.TensorArray(tf.int32, size=steps))
+
+            def body(i, losses, starts, readies, synceds, ends, counts):
                 start = tf.timestamp()
                 images, labels, ids = next(batches)
                 loss, _, ready, synced, end, samples = one_step(images, labels, ids)
-                losses = losses.write(i, loss)
-                starts = starts.write(i, start)
-                readies = readies.write(i, ready)
-                synceds = synceds.write(i, synced)
-                ends = ends.write(i, end)
-                counts = counts.write(i, samples)
-            return losses.stack(), starts.stack(), readies.stack(), synceds.stack(), ends.stack(), counts.stack()
+                return (i + 1, losses.write(i, loss), starts.write(i, start), readies.write(i, ready),
+                        synceds.write(i, synced), ends.write(i, end), counts.write(i, samples))
+
+            _, *written = tf.while_loop(lambda i, *_: i < steps, body, (tf.constant(0), *figures))
+            return tuple(array.stack() for array in written)
 
         # ps: a closure also says which worker ran it (read on that worker), so work is attributed
         attribute = is_ps
@@ -109,15 +106,15 @@ class Trainer:
         def attributed(figures):
             return (*figures, executing_task()) if attribute else figures
 
-        @tf.function
+        @tf.function(autograph=False)
         def run_batch(images, labels, ids):
             return attributed(one_step(images, labels, ids))
 
-        @tf.function
+        @tf.function(autograph=False)
         def run_block(iterator, steps):
             return block(iterator, steps)
 
-        @tf.function
+        @tf.function(autograph=False)
         def run_range(first_id, steps):
             """ps (pipelined, linear): a closure reads its own id range through its own tf.data pipeline."""
             dataset = range_dataset(args.seed, args.augment, args.batch_size, first_id,
