@@ -1,8 +1,10 @@
 """The environment variables ddlctl gives every task: the contract between the controller (which
 writes them into each task's spec), the host agent and the code inside the tasks (which read them).
 
-Stdlib-free on purpose: the host agent and the instrumentation import it on any Python.
+Standard library only, on purpose: the host agent and the instrumentation import it on any Python.
 """
+
+import re
 
 RUN_ID = "DDLCTL_RUN_ID"  # the run's id (every process of a run carries it: ``ddlctl stop`` finds them)
 TASK = "DDLCTL_TASK"  # the task's name, ``role:index``
@@ -17,3 +19,18 @@ PARTITION = "DDLCTL_PARTITION"  # model parallelism: layers per stage, "3,2,1"
 SPEEDS = "DDLCTL_SPEEDS"  # per-worker device speeds (JSON list), for --balance speed and model stages
 BALANCE = "DDLCTL_BALANCE"  # "speed": split each step's batch by speed
 DEVICES = "DDLCTL_DEVICES"  # JSON: each worker's host and GPUs
+
+
+#: A variable name a process environment can hold and a shell can export.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def env_entry_problem(key: str, value: str) -> str | None:
+    """Why ``KEY=VALUE`` cannot be in a task's environment (None when it can): the name must be
+    letters, digits and '_' (not starting with a digit; an '=' would cut it short), and no value
+    may hold a NUL byte (nothing after it would arrive)."""
+    if not ENV_NAME.match(key):
+        return f"{key!r} is not a variable name (letters, digits and '_', not starting with a digit)"
+    if "\0" in value:
+        return f"the value of {key} holds a NUL byte"
+    return None

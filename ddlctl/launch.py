@@ -7,7 +7,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,9 +55,6 @@ if TYPE_CHECKING:
     from ddlctl.slurm.allocation import Allocation
     from ddlctl.transport.options import SshOptions
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``["A=1", "B=x=y", "TOKEN"]`` -> ``{"A": "1", "B": "x=y", "TOKEN": <TOKEN of environ>}``: a
     bare KEY passes ddlctl's own value on (so a secret never has to be on any command line)."""
@@ -66,7 +62,7 @@ def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) ->
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not _ENV_KEY.match(key):
+        if not envvars.ENV_NAME.match(key):
             raise ConfigError(f"--env {item!r} is not KEY=VALUE or KEY",
                               "KEY is letters, digits and '_', not starting with a digit")
         if not sep:

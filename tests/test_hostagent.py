@@ -89,6 +89,20 @@ def test_a_missing_working_directory_is_a_start_failure_with_a_reason(tmp_path):
         s.close()
 
 
+def test_a_bad_environment_entry_fails_that_task_alone_and_the_agent_goes_on(tmp_path):
+    s = session(tmp_path)
+    try:
+        bad_name = s.start(spec("worker:0", "print(1)", tmp_path / "w0", env={"A=B": "1"}), 5)
+        bad_value = s.start(spec("worker:1", "print(1)", tmp_path / "w1", env={"TOKEN": "ab\0cd"}), 5)
+        good = s.start(spec("worker:2", "print('still here')", tmp_path / "w2"), 5)
+        assert s.wait_for(lambda: all(t.poll() is not None for t in (bad_name, bad_value, good)), 20)
+        assert bad_name.poll().code == 2 and b"environment: 'A=B' is not a variable name" in output(bad_name)
+        assert bad_value.poll().code == 2 and b"the value of TOKEN holds a NUL byte" in output(bad_value)
+        assert good.poll().code == 0 and output(good) == b"still here\n"
+    finally:
+        s.close()
+
+
 def test_secrets_travel_over_stdin_never_in_a_command_line(tmp_path):
     secret = "s3cr3t-value-" + os.urandom(4).hex()
     s = session(tmp_path)

@@ -68,6 +68,8 @@ env: {NCCL_DEBUG: INFO}
         ("description: x\n", ["t.yaml", "no 'hosts:'"]),
         ("", ["t.yaml", "empty"]),
         ("hosts:\n  - {gpus: 2}\n", ["t.yaml:2", "without 'host:'"]),
+        ("hosts: [a]\nenv:\n  OK: 1\n  A=B: 2\n", ["t.yaml:4", "env: 'A=B' is not a variable name"]),
+        ('hosts: [a]\nenv:\n  TOKEN: "x\\0y"\n', ["t.yaml:3", "the value of TOKEN holds a NUL byte"]),
     ],
 )
 def test_template_errors(text, fragments):

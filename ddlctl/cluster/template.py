@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from ddlctl import envvars
 from ddlctl.cluster.fields import HOST_KEYS, check_unique, make_host, split_target
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import ConfigError
@@ -171,7 +172,13 @@ def parse_template(text: str, source: str = "<template>") -> Template:
             raise ConfigError(f"{reader.where(top['evaluator'])}: evaluator must be true or false")
         defaults["evaluator"] = value
     if "env" in top:
-        defaults["env"] = {k: str(reader.scalar(v, k)) for k, v in reader.mapping(top["env"], "env")}
+        defaults["env"] = {}
+        for key, node in reader.mapping(top["env"], "env"):
+            value = str(reader.scalar(node, key))
+            problem = envvars.env_entry_problem(key, value)
+            if problem is not None:
+                raise ConfigError(f"{reader.where(node)}: env: {problem}")
+            defaults["env"][key] = value
     if "description" in top:
         defaults["description"] = str(reader.scalar(top["description"], "description"))
     for key, choices in CHOICES.items():

@@ -137,6 +137,10 @@ class StepFile:
 GRPC_OPTIONS = "grpc.initial_reconnect_backoff_ms=50"
 
 
+class BadEnvironment(ValueError):
+    """A task's spec holds an environment entry no process can be given."""
+
+
 class Task:
     """One task process and what the agent knows about it."""
 
@@ -144,6 +148,10 @@ class Task:
         self.name = name
         self.grace = float(spec.get("grace", 5.0))
         self.task_dir = os.path.expanduser(spec.get("task_dir") or "")
+        for key, value in spec.get("env", {}).items():
+            problem = envvars.env_entry_problem(key, value)
+            if problem is not None:  # refused for this task alone (the agent and its other tasks go on)
+                raise BadEnvironment(problem)
         env = dict(os.environ)
         for key in spec.get("unset", []):
             env.pop(key, None)
@@ -306,6 +314,9 @@ class HostAgent:
             return
         try:
             task = Task(name, spec)
+        except BadEnvironment as exc:
+            self.send({"k": Kind.START_FAILED, "task": name, "error": f"environment: {exc}", "code": 2})
+            return
         except OSError as exc:
             cwd = spec.get("cwd")
             what = (f"working directory {cwd!r} does not exist" if cwd and not os.path.isdir(os.path.expanduser(cwd))
