@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,13 +11,22 @@ from rich.console import Console
 
 from ddlctl.cluster.model import Host
 from ddlctl.errors import ConfigError, LaunchError
+from ddlctl.rundir import check_private
 from ddlctl.runfiles import PLAN_FILE
 from ddlctl.runtime.killrun import kill_run
 
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_WORD = re.compile(r"^[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*$")  # one word: no space, control character or leading '-'
+_PATH = re.compile(r"^[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*$")  # no control character, no leading '-'
+
 
 def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
-    """Run id and the hosts that ran tasks, from ``plan.json``."""
+    """Run id and the hosts that ran tasks, from ``plan.json``: checked as a hosts file is (it says
+    which program runs on each host), and only from a folder and file of the user's own that
+    nobody else may write."""
     path = run_dir / PLAN_FILE
+    check_private(run_dir, "RUN_DIR")
+    check_private(path, "RUN_DIR")
     try:
         plan = json.loads(path.read_text())
     except FileNotFoundError:
@@ -24,13 +34,37 @@ def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
                           "pass a folder like runs/<run-id>") from None
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-    used = {t["host"] for t in plan["tasks"]}
+    try:
+        run_id, used, listed = plan["run_id"], {t["host"] for t in plan["tasks"]}, plan["cluster"]["hosts"]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a plan ddlctl wrote (no {exc})") from None
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise ConfigError(f"{path}: run_id {run_id!r} is not a run id")
     hosts = []
-    for fields in plan["cluster"]["hosts"]:
-        host = Host(**{**fields, "roles": tuple(fields.get("roles", ()))})
+    for i, fields in enumerate(listed, 1):
+        where = f"{path}: host {i}"
+        host = _plan_host(fields, where)
         if host.label in used:
             hosts.append(host)
-    return plan["run_id"], hosts
+    return run_id, hosts
+
+
+def _plan_host(fields: object, where: str) -> Host:
+    """A host of plan.json, refused with ``where`` when a field a command line takes is not what
+    a hosts file allows."""
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{where}: not a host")
+    for key, shape in (("name", _WORD), ("user", _WORD), ("python", _PATH)):
+        value = fields.get(key)
+        if (value is not None or key == "name") and not (isinstance(value, str) and shape.match(value)):
+            raise ConfigError(f"{where}: {key} {value!r} is not what a hosts file allows")
+    port = fields.get("port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ConfigError(f"{where}: port {port!r} is not a port")
+    try:
+        return Host(**{**fields, "roles": tuple(fields.get("roles", ()))})
+    except TypeError as exc:
+        raise ConfigError(f"{where}: not a host ddlctl wrote ({exc})") from None
 
 
 def slurm_targets(run_dir: Path) -> tuple[list[str], str] | None:

@@ -1,0 +1,56 @@
+"""``ddlctl stop RUN_DIR`` trusts only a plan of the user's own: a plan.json that names a program
+a hosts file could not, or that others may write, is refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.conftest import run_ddlctl
+
+
+def write_plan(run_dir, run_id="20261125-120000-ps-abc123", **host) -> None:  # noqa: ANN001
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    fields = {"name": "localhost", "port": 22, **host}
+    plan = {"run_id": run_id, "tasks": [{"name": "worker:0", "host": "localhost"}], "cluster": {"hosts": [fields]}}
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    (run_dir / "plan.json").chmod(0o600)
+
+
+def test_a_plan_of_ones_own_is_followed(tmp_path):
+    write_plan(tmp_path / "run")
+    done = run_ddlctl("stop", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    assert "localhost: killed 0 process(es)" in done.stdout
+
+
+def test_a_plan_naming_what_a_hosts_file_could_not_is_refused(tmp_path):
+    cases = [({"python": "-c"}, "python '-c' is not what a hosts file allows"),
+             ({"python": "/usr/bin/python3\nrm"}, "python '/usr/bin/python3\\nrm' is not what"),
+             ({"name": "local host"}, "name 'local host' is not what"),
+             ({"port": "22; id"}, "port '22; id' is not a port"),
+             ({"shell": "sh"}, "not a host ddlctl wrote")]
+    for i, (fields, said) in enumerate(cases):
+        run_dir = tmp_path / f"run{i}"
+        write_plan(run_dir, **fields)
+        done = run_ddlctl("stop", str(run_dir))
+        assert done.returncode == 2 and said in done.stderr and "host 1" in done.stderr, (fields, done.stderr)
+        assert "Traceback" not in done.stderr
+    for run_id in ("", "*", "-x", "../x"):
+        write_plan(tmp_path / "bad-id", run_id=run_id)
+        done = run_ddlctl("stop", str(tmp_path / "bad-id"))
+        assert done.returncode == 2 and "is not a run id" in done.stderr, done.stderr
+    (tmp_path / "bad-id" / "plan.json").write_text('{"tasks": []}')
+    done = run_ddlctl("stop", str(tmp_path / "bad-id"))
+    assert done.returncode == 2 and "not a plan ddlctl wrote" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_plan_others_may_write_is_refused(tmp_path):
+    write_plan(tmp_path / "run")
+    os.chmod(tmp_path / "run" / "plan.json", 0o666)
+    done = run_ddlctl("stop", str(tmp_path / "run"))
+    assert done.returncode == 2 and "plan.json is writable by others" in done.stderr, done.stderr
+    os.chmod(tmp_path / "run" / "plan.json", 0o600)
+    os.chmod(tmp_path / "run", 0o770)
+    done = run_ddlctl("stop", str(tmp_path / "run"))
+    assert done.returncode == 2 and "is writable by its group" in done.stderr, done.stderr
