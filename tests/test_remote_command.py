@@ -60,3 +60,30 @@ def test_hosts_use_the_bundles_bytecode_and_fall_back_to_source_for_another_pyth
                          env={"PYTHONPATH": str(other)}, timeout=30, cwd=tmp_path)
     assert out.stdout.strip() == f"{other}/ddlctl/runtime/hostagent.py", out.stderr
     assert len(data) < 1_000_000, "compressed"
+
+
+def test_an_upload_cut_short_or_changed_is_not_installed_and_a_bundle_without_its_check_is_not_run(tmp_path):
+    """The upload script, run by a real ``sh``: the zip is checked (size, SHA-256, by the host's
+    Python) before it is renamed into place; what is not there whole, with its check, is not run."""
+    from ddlctl.transport.remote import RUN_BUNDLED, UPLOAD_BUNDLE, upload_args
+
+    _, data = code_bundle()
+    path = tmp_path / "code" / "ddlctl-x.zip"
+
+    def upload(sent: bytes) -> subprocess.CompletedProcess:
+        args = upload_args(data, sys.executable)
+        return subprocess.run(["sh", "-c", UPLOAD_BUNDLE, "sh", str(path), *args[1:]], input=sent,
+                              capture_output=True)
+
+    for damaged in (data[: len(data) // 3], data[:-1] + b"x"):
+        done = upload(damaged)
+        assert done.returncode != 0 and b"the code bundle arrived damaged" in done.stderr
+        assert not list(path.parent.iterdir()), "nothing installed, nothing left behind"
+    done = upload(data)
+    assert done.returncode == 0 and done.stdout == str(path).encode()
+    assert path.read_bytes() == data and (tmp_path / "code" / "ddlctl-x.zip.sha256").is_file()
+    ran = subprocess.run(["sh", "-c", RUN_BUNDLED, "sh", str(path), *ECHO, "ok"], capture_output=True, text=True)
+    assert ran.returncode == 0 and json.loads(ran.stdout) == ["ok"]
+    (tmp_path / "code" / "ddlctl-x.zip.sha256").unlink()  # a bundle some other way put there
+    ran = subprocess.run(["sh", "-c", RUN_BUNDLED, "sh", str(path), *ECHO, "ok"], capture_output=True, text=True)
+    assert ran.returncode == 97 and "not on this host yet" in ran.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import socket
@@ -81,9 +82,17 @@ def test_ps_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs):
 
 
 def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, runs):
+    from ddlctl.transport.remote import bundle_path, code_bundle
+
     bare = SshTestCluster(tmp_path / "nosftp", 2, separate_homes=True, sftp=False)
     try:
         hosts = bare.hosts_file(tmp_path / "hosts.txt")
+        # the first host holds this very bundle cut short (an upload that died midway, by an older
+        # ddlctl): it is not run but sent again
+        _, bundle = code_bundle()
+        planted = bare.host_home(bare.hosts[0]) / bundle_path().removeprefix("~/")
+        planted.parent.mkdir(parents=True)
+        planted.write_bytes(bundle[:len(bundle) // 2])
         result = ssh_launch(bare, "--hosts", str(hosts), "-s", "mwms", "--steps", "16", "--runs-dir", str(runs))
         assert result.returncode == 0, result.stderr[-3000:]
         run_dir = only_run_dir(runs)
@@ -92,6 +101,9 @@ def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, 
             assert len(records) == 16 and json.loads(records[-1])["total"] == 16
             home = bare.host_home(host) / ".ddlctl"
             assert len(list((home / "code").glob("ddlctl-*.zip"))) == 1, "the code bundle, cached by content"
+            [zipped] = (home / "code").glob("ddlctl-*.zip")
+            assert zipped.read_bytes() == bundle, "whole, the planted half replaced"
+            assert (home / "code" / f"{zipped.name}.sha256").read_text().strip() == hashlib.sha256(bundle).hexdigest()
             left = sorted(p.name for p in (home / "runs" / run_dir.name).iterdir()) \
                 if (home / "runs" / run_dir.name).exists() else []
             assert left == (["checkpoints"] if i == 0 else []), (host.address, left)

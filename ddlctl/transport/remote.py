@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import shlex
+import uuid
 import zipfile
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -30,18 +31,33 @@ PACKAGE_DIR = Path(ddlctl.__file__).resolve().parent
 EXPAND_1 = 'p="$1"; case "$p" in "~/"*) p="$HOME/${p#"~/"}";; "~") p="$HOME";; esac; '
 NEED_CODE_EXIT = 97
 NEED_CODE_TEXT = "ddlctl: its code is not on this host yet"
+#: A bundle counts as there only with ``PATH.sha256`` beside it: written once the upload was checked
+#: (a zip cut short, by an upload of an older ddlctl or anything else, is never run: it is sent again).
+BUNDLE_THERE = '[ -f "$p" ] && [ -f "$p.sha256" ]'
 #: ``sh -c FIND_BUNDLE sh PATH``: prints the bundle's absolute path (and touches it) if it is there.
-FIND_BUNDLE = EXPAND_1 + 'if [ -f "$p" ]; then touch "$p"; printf %s "$p"; exit 0; fi; exit 1'
-#: ``sh -c UPLOAD_BUNDLE sh PATH UNIQUE`` with the zip on stdin: written under a unique temporary name
-#: and renamed (hosts may share a file system, and another launch may be writing the same bundle);
-#: bundles unused for 30 days are removed; prints the absolute path.
-UPLOAD_BUNDLE = (EXPAND_1 + 'set -e; mkdir -p "$(dirname "$p")"; cat > "$p.$2.tmp"; mv -f "$p.$2.tmp" "$p"; '
-                 'find "$(dirname "$p")" -maxdepth 1 -name "ddlctl-*.zip" -mtime +30 -exec rm -f {} + '
-                 '2>/dev/null || true; printf %s "$p"')
+FIND_BUNDLE = EXPAND_1 + f'if {BUNDLE_THERE}; then touch "$p"; printf %s "$p"; exit 0; fi; exit 1'
+#: ``sh -c UPLOAD_BUNDLE sh PATH UNIQUE SIZE SHA256 PYTHON`` with the zip on stdin: written under a
+#: unique temporary name, its size and SHA-256 checked (by the host's own Python: no tool assumed),
+#: then renamed (hosts may share a file system, and another launch may be writing the same bundle);
+#: a damaged upload is removed and said; bundles unused for 30 days are removed; prints the path.
+UPLOAD_BUNDLE = (EXPAND_1 + 'set -e; mkdir -p "$(dirname "$p")"; t="$p.$2.tmp"; cat > "$t"; '
+                 'n=$(wc -c < "$t" | tr -d " "); '
+                 'h=$("$5" -c "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], \'rb\').read())'
+                 '.hexdigest())" "$t") || h="(no hash: $5 failed)"; '
+                 'if [ "$n" != "$3" ] || [ "$h" != "$4" ]; then rm -f "$t"; '
+                 'echo "the code bundle arrived damaged ($n of $3 bytes, SHA-256 $h): not installed" >&2; exit 1; fi; '
+                 'mv -f "$t" "$p"; printf "%s\n" "$4" > "$p.sha256"; '
+                 'find "$(dirname "$p")" -maxdepth 1 \\( -name "ddlctl-*.zip" -o -name "ddlctl-*.zip.sha256" \\) '
+                 '-mtime +30 -exec rm -f {} + 2>/dev/null || true; printf %s "$p"')
 #: ``sh -c RUN_BUNDLED sh PATH COMMAND...``: runs COMMAND with the bundle on PYTHONPATH, or exits
 #: with NEED_CODE_EXIT when the bundle is not on the host yet.
-RUN_BUNDLED = (EXPAND_1 + 'shift; if [ -f "$p" ]; then touch "$p"; PYTHONPATH="$p"; export PYTHONPATH; '
+RUN_BUNDLED = (EXPAND_1 + f'shift; if {BUNDLE_THERE}; then touch "$p"; PYTHONPATH="$p"; export PYTHONPATH; '
                f'exec "$@"; fi; echo "{NEED_CODE_TEXT}" >&2; exit {NEED_CODE_EXIT}')
+
+
+def upload_args(data: bytes, python: str) -> list[str]:
+    """``UPLOAD_BUNDLE``'s arguments for the bundle ``data``, checked on the host by ``python``."""
+    return [bundle_path(), uuid.uuid4().hex, str(len(data)), hashlib.sha256(data).hexdigest(), python]
 
 
 def bundled_agent_argv(python: str, run_id: str, ports: int | None) -> list[str]:

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from ddlctl.transport.remote import (
     bundled_agent_argv,
     code_bundle,
     start_bundled_agent,
+    upload_args,
 )
 from ddlctl.transport.session import HostSession, PipeStream
 
@@ -134,7 +134,7 @@ class SlurmTransport:
     def ensure_bundle(self) -> str:
         """Put ddlctl's code zip on the node unless this exact version is there; its path."""
         _, data = code_bundle()
-        status, out, err = self._srun(["sh", "-c", UPLOAD_BUNDLE, "sh", bundle_path(), uuid.uuid4().hex],
+        status, out, err = self._srun(["sh", "-c", UPLOAD_BUNDLE, "sh", *upload_args(data, self.python)],
                                       data=data, timeout=120)
         if status != 0 or not out.startswith(b"/"):
             raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {bundle_path()} through srun: "

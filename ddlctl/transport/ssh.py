@@ -18,7 +18,6 @@ import re
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from ddlctl.transport.remote import (
     code_bundle,
     shell_command,
     start_bundled_agent,
+    upload_args,
 )
 from ddlctl.transport.session import HostSession
 
@@ -208,8 +208,9 @@ class SshConnection:
         """Run a fixed ``sh`` script; ``args`` are its ``$1``, ``$2``... (never parsed by a shell)."""
         return self.run_bytes(["sh", "-c", script, "sh", *args], data=data, timeout=timeout)
 
-    def ensure_bundle(self) -> str:
-        """Upload ddlctl's code zip if this exact version is not on the host yet; its absolute path.
+    def ensure_bundle(self, python: str) -> str:
+        """Upload ddlctl's code zip if this exact version is not on the host yet (``python``, the
+        host's, checks what arrived); its absolute path.
         The bundles are kept by content hash; one unused for 30 days is removed when another is
         uploaded (using a bundle touches it)."""
         status, out, _ = self.sh(FIND_BUNDLE, bundle_path())
@@ -218,7 +219,7 @@ class SshConnection:
         _, data = code_bundle()
         # a unique temporary name, renamed into place: hosts may share a file system, and another
         # launch may be putting the same bundle there at the same moment
-        status, out, err = self.sh(UPLOAD_BUNDLE, bundle_path(), uuid.uuid4().hex, data=data, timeout=120)
+        status, out, err = self.sh(UPLOAD_BUNDLE, *upload_args(data, python), data=data, timeout=120)
         if status != 0 or not out.startswith(b"/"):
             self.sh(EXPAND_1 + 'rm -f "$p".*.tmp', bundle_path())
             raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {bundle_path()}: {err.strip()}",
@@ -363,8 +364,8 @@ class SshTransport:
 
             return ChannelStream(channel), needs_code
 
-        session, self._bundle = start_bundled_agent(self.host, self.python, start, self.conn.ensure_bundle,
-                                                    self._bundle)
+        session, self._bundle = start_bundled_agent(self.host, self.python, start,
+                                                    lambda: self.conn.ensure_bundle(self.python), self._bundle)
         return session
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
@@ -372,7 +373,7 @@ class SshTransport:
         with ``quick_ports``, the cheap launch-time probe that also picks that many free ports.
         An unexpected failure is retried once (a transient exec or channel error)."""
         if self._bundle is None:
-            self._bundle = self.conn.ensure_bundle()
+            self._bundle = self.conn.ensure_bundle(self.python)
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
         argv = ["env", f"PYTHONPATH={self._bundle}", self.python, "-m", "ddlctl.runtime.probe", *extra]
         problem = ""
