@@ -19,6 +19,11 @@ PARTITION = "DDLCTL_PARTITION"  # model parallelism: layers per stage, "3,2,1"
 SPEEDS = "DDLCTL_SPEEDS"  # per-worker device speeds (JSON list), for --balance speed and model stages
 BALANCE = "DDLCTL_BALANCE"  # "speed": split each step's batch by speed
 DEVICES = "DDLCTL_DEVICES"  # JSON: each worker's host and GPUs
+#: Python's own (3.11+): "1" keeps the working directory off ``sys.path`` (``python -m`` puts it first).
+#: Set for ddlctl's own processes (host and telemetry agents, probes, benches, its servers and
+#: built-in workload) so that a ``json.py`` in a shared working directory is never imported by them;
+#: the host agent takes it out of a program task's environment unless ``--env`` asks for it.
+SAFE_PATH = "PYTHONSAFEPATH"
 
 
 #: A variable name a process environment can hold and a shell can export.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -241,3 +242,36 @@ def test_a_tasks_escape_sequences_are_shown_on_the_console_and_kept_raw_in_its_l
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
     log = (only_run_dir(tmp_path / "runs") / "tasks" / "worker-0" / "output.log").read_bytes()
     assert b"\x1b[1A\x1b[2Kddlctl: job succeeded\x1b]52;c;aGk=\x07\n" in log
+
+
+PLANTED = '''"""A json.py someone left in a shared working directory: it says who imported it."""
+import os, sys
+with open(os.environ["PLANTED_MARKER"], "a") as f:
+    f.write(f"{os.getpid()} {sys.argv!r}\\n")
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+del sys.modules["json"]
+import json as _real  # noqa: E402
+sys.modules["json"] = _real
+globals().update(_real.__dict__)
+'''
+
+
+def test_no_ddlctl_process_imports_code_from_the_working_directory_a_program_still_does(tmp_path):
+    shared = tmp_path / "exp"  # like /tmp/exp on a host whose /tmp others may write to
+    shared.mkdir()
+    (shared / "json.py").write_text(PLANTED)
+    marker = tmp_path / "imported-by.txt"
+    env = {**os.environ, "PLANTED_MARKER": str(marker), "NO_COLOR": "1"}
+    script = Path(sys.executable).parent / "ddlctl"  # as a user runs it (python -m would put . first itself)
+    done = subprocess.run([str(script), "launch", "-s", "one_device", "--steps", "10", "--runs-dir",
+                           str(tmp_path / "runs")], capture_output=True, text=True, cwd=shared, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "telemetry" in (only_run_dir(tmp_path / "runs") / "plan.json").read_text(), "the telemetry agent ran too"
+    assert not marker.exists(), marker.read_text()  # host agent, telemetry agent, the built-in workload
+    # the user's own program is run as Python runs it there: its working directory comes first
+    done = subprocess.run([str(script), "launch", "-s", "one_device", "--no-telemetry", "--runs-dir",
+                           str(tmp_path / "runs2"), "--", sys.executable, "-c", "import json"],
+                          capture_output=True, text=True, cwd=shared, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(marker.read_text().splitlines()) == 1 and "'-c'" in marker.read_text(), marker.read_text()

@@ -153,6 +153,7 @@ class Task:
             if problem is not None:  # refused for this task alone (the agent and its other tasks go on)
                 raise BadEnvironment(problem)
         env = dict(os.environ)
+        env.pop(envvars.SAFE_PATH, None)  # the agent's own: a program gets it only if its spec says so
         for key in spec.get("unset", []):
             env.pop(key, None)
         for key, value in spec.get("env", {}).items():

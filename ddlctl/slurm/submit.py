@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ddlctl import envvars
 from ddlctl.errors import ConfigError, LaunchError
 from ddlctl.rundir import make_dir, new_run_id
 from ddlctl.runfiles import OUTCOME_FILE
@@ -68,7 +69,7 @@ def sbatch_script(opts: SubmitOptions, run_dir: Path, run_id: str, python: str, 
     launch = [python, "-m", "ddlctl", "launch", "--slurm", "--runs-dir", str(run_dir.parent), "--run-id", run_id,
               *opts.launch_args]
     lines += ["# written by ddlctl submit: runs the job's tasks in srun steps of this allocation",
-              "export PYTHONUNBUFFERED=1", f"exec {shlex.join(launch)}", ""]
+              "export PYTHONUNBUFFERED=1", f"export {envvars.SAFE_PATH}=1", f"exec {shlex.join(launch)}", ""]
     return "\n".join(lines)
 
 

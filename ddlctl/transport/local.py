@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.runtime.probe import free_ports
-from ddlctl.transport.session import HostSession, open_local_session
+from ddlctl.transport.session import HostSession, open_local_session, own_python_env
 
 
 class LocalTransport:
@@ -37,13 +36,9 @@ class LocalTransport:
         with ``quick_ports``, the cheap launch-time probe that also picks that many free ports."""
         python = self.host.python or self.python
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
-        package_root = str(Path(__file__).resolve().parents[2])
-        # no empty entry: Python reads one as the current directory, whoever's files are there
-        path = [package_root, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         try:
             done = subprocess.run([python, "-m", "ddlctl.runtime.probe", *extra], capture_output=True, text=True,
-                                  timeout=60, env=env)
+                                  timeout=60, env=own_python_env())
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LaunchError(f"{self.host.label}: cannot run {python!r}: {exc}",
                               f"fix python= for this host ({self.host.source})") from None

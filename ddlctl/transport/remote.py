@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import ddlctl
+from ddlctl import envvars
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT
@@ -64,8 +65,8 @@ def bundled_agent_argv(python: str, run_id: str, ports: int | None) -> list[str]
     """The argv that starts a host agent of run ``run_id`` from the shipped code bundle."""
     from ddlctl.transport.session import agent_argv
 
-    return ["sh", "-c", RUN_BUNDLED, "sh", bundle_path(), "env", f"DDLCTL_RUN_ID={run_id}",
-            *agent_argv(python, ports)]
+    return ["sh", "-c", RUN_BUNDLED, "sh", bundle_path(), "env", f"{envvars.RUN_ID}={run_id}",
+            f"{envvars.SAFE_PATH}=1", *agent_argv(python, ports)]
 
 
 def shell_command(argv: Sequence[str]) -> str:

@@ -32,6 +32,16 @@ from ddlctl.transport.status import ExitStatus
 
 #: Folder with the sitecustomize that installs the model.fit hook and the stack dumper.
 AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "instrument" / "autoload"
+
+
+def own_python_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for ddlctl's own Python processes on this machine: this ddlctl first on
+    ``PYTHONPATH`` (it need not be installed), no empty entry (Python reads one as the current
+    directory) and :data:`envvars.SAFE_PATH` (nothing from the working directory either)."""
+    environ = os.environ if environ is None else environ
+    package_root = str(Path(__file__).resolve().parents[2])
+    path = [package_root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_root)]
+    return {**environ, "PYTHONPATH": os.pathsep.join(path), envvars.SAFE_PATH: "1"}
 HELLO_TIMEOUT_S = 60.0
 
 
@@ -451,7 +461,7 @@ def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | Non
     """Start a host agent on this machine (a subprocess in its own session)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
-    env = {**os.environ, envvars.RUN_ID: run_id}  # the agent's environment is its tasks' base
+    env = {**own_python_env(), envvars.RUN_ID: run_id}  # the agent's environment is its tasks' base
     with open(stderr_path, "ab") as stderr:
         popen = subprocess.Popen(agent_argv(python or sys.executable, ports),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,

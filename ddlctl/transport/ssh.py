@@ -1,9 +1,11 @@
 """SSH transport (paramiko): one connection per host, opened in parallel, reused for its tasks.
 
 Connections honour ``~/.ssh/config`` (Host aliases, HostName, User, Port, IdentityFile), the
-ssh-agent and ``--ssh-key``. Host keys are checked against ``~/.ssh/known_hosts``; unknown keys
-are refused unless ``accept_new_host_keys`` (like ``StrictHostKeyChecking=accept-new``), and a
-changed key is always refused. Every failure names the host and a reason a person can act on.
+ssh-agent and ``--ssh-key``. Host keys are checked against the user's known-hosts files
+(``~/.ssh/known_hosts``, or ``UserKnownHostsFile``) and the system's (``/etc/ssh/ssh_known_hosts``,
+or ``GlobalKnownHostsFile``: where administrators publish their hosts' keys); unknown keys are
+refused unless ``accept_new_host_keys`` (like ``StrictHostKeyChecking=accept-new``: recorded in the
+first user file), and a changed key is always refused. Every failure names the host and a reason a person can act on.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlctl import envvars
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
 from ddlctl.transport.fanout import all_or_fail, each_host
@@ -68,6 +71,10 @@ logging.getLogger("paramiko").propagate = False
 _known_hosts_lock = threading.Lock()
 
 
+#: OpenSSH's ``GlobalKnownHostsFile`` default: where administrators publish their hosts' keys.
+SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a host really is after ``~/.ssh/config``: address, port, user, identity files."""
@@ -76,6 +83,9 @@ class Target:
     port: int
     user: str
     key_files: tuple[str, ...]
+    #: known-hosts files, OpenSSH's order: the user's (new keys go to the first), then the system's
+    user_known_hosts: tuple[str, ...] = ("~/.ssh/known_hosts",)
+    global_known_hosts: tuple[str, ...] = SYSTEM_KNOWN_HOSTS
 
 
 @functools.lru_cache(maxsize=4)
@@ -103,7 +113,10 @@ def resolve_target(host: Host, options: SshOptions) -> Target:
         keys = (str(Path(options.key_file).expanduser()),)
     elif config.get("identityfile"):
         keys = tuple(str(Path(k).expanduser()) for k in config["identityfile"])  # type: ignore[union-attr]
-    return Target(hostname=str(config.get("hostname", host.name)), port=port, user=user, key_files=keys)
+    user_files = str(config.get("userknownhostsfile") or "").split() or [options.known_hosts]
+    global_files = str(config.get("globalknownhostsfile") or "").split() or list(SYSTEM_KNOWN_HOSTS)
+    return Target(hostname=str(config.get("hostname", host.name)), port=port, user=user, key_files=keys,
+                  user_known_hosts=tuple(user_files), global_known_hosts=tuple(global_files))
 
 
 def _known_hosts_entry(hostname: str, port: int) -> str:
@@ -234,9 +247,12 @@ def connect(host: Host, options: SshOptions) -> SshConnection:
     """Open one connection; raises :class:`LaunchError` naming the host and the reason."""
     target = resolve_target(host, options)
     client = paramiko.SSHClient()
-    known_hosts = Path(options.known_hosts).expanduser()
-    if known_hosts.is_file():
-        client.load_host_keys(str(known_hosts))
+    for name in (*target.user_known_hosts, *target.global_known_hosts):  # all of them, as OpenSSH reads them
+        path = Path(name).expanduser()
+        if path.is_file():
+            with contextlib.suppress(OSError):
+                client.get_host_keys().load(str(path))
+    known_hosts = Path(target.user_known_hosts[0]).expanduser()  # where a new key is recorded
     if options.accept_new_host_keys:
         client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts, target.port))
     else:
@@ -375,7 +391,8 @@ class SshTransport:
         if self._bundle is None:
             self._bundle = self.conn.ensure_bundle(self.python)
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
-        argv = ["env", f"PYTHONPATH={self._bundle}", self.python, "-m", "ddlctl.runtime.probe", *extra]
+        argv = ["env", f"PYTHONPATH={self._bundle}", f"{envvars.SAFE_PATH}=1", self.python, "-m",
+                "ddlctl.runtime.probe", *extra]
         problem = ""
         for _attempt in range(2):
             try:
