@@ -202,6 +202,38 @@ def test_checkpoint_folders_are_copied_only_where_they_are_not_shared(tmp_path):
     assert files_to_copy({"a": (1, 2), "b": (3, 4)}, {"a": (1, 2), "b": (3, 5)}) == ["b"]
 
 
+def test_checkpoint_copies_never_follow_a_link_nor_take_a_name_outside_the_folder(tmp_path):
+    from ddlctl.supervise.checkpoints import sync_folder, unsafe_name
+
+    secret = tmp_path / "secret.txt"  # another file of the user's, which a planted link points at
+    secret.write_text("not for copying")
+    source_dir, target_dir = tmp_path / "a", tmp_path / "b"
+    source_dir.mkdir()
+    target_dir.mkdir()
+    (source_dir / "ckpt-1.index").write_text("index")
+    (source_dir / "ckpt-1.data").symlink_to(secret)  # planted in the source folder
+    (source_dir / "linked").symlink_to(tmp_path, target_is_directory=True)
+    os.mkfifo(source_dir / "pipe")
+    one = session(tmp_path / "s1")
+    try:
+        assert one.list_files(str(source_dir)) == {"ckpt-1.index": ((source_dir / "ckpt-1.index").stat().st_size,
+                                                                     (source_dir / "ckpt-1.index").stat().st_mtime_ns)}
+        with pytest.raises(OSError, match="ckpt-1.data"):
+            one.read_file(str(source_dir / "ckpt-1.data"))
+        assert sync_folder(one, str(source_dir), one, str(target_dir))[0] == 1
+        assert sorted(p.name for p in target_dir.iterdir()) == ["ckpt-1.index"]
+        # a link planted where the copy is written is not written through
+        (target_dir / "ckpt-2.index.ddlctl-partial").symlink_to(secret)
+        with pytest.raises(OSError, match="ckpt-2.index"):
+            one.write_file(str(target_dir / "ckpt-2.index"), b"overwritten?")
+        assert secret.read_text() == "not for copying"
+    finally:
+        one.shutdown()
+        one.close()
+    assert [n for n in ("a", "sub/a", "../a", "/etc/a", "a/../../b", "", "a//b", "./a", "a\\b") if unsafe_name(n)] == \
+        ["../a", "/etc/a", "a/../../b", "", "a//b", "./a", "a\\b"]
+
+
 def test_a_tasks_gpus_are_taken_from_the_list_the_host_gave_the_agent(tmp_path, monkeypatch):
     from ddlctl.runtime.hostagent import visible_devices
 

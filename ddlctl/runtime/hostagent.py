@@ -32,6 +32,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -135,6 +136,15 @@ class StepFile:
 # ones at 1 s) before trying again. That wait was ~1 s of every ps launch here; with 50 ms the
 # retries are 50, 80, 128... ms, still capped at TensorFlow's 1 s. The connect timeout is untouched.
 GRPC_OPTIONS = "grpc.initial_reconnect_backoff_ms=50"
+
+
+def _open_plain(path: str, flags: int) -> int:
+    """Open ``path`` as a plain file, never through a symbolic link (OSError ELOOP: refused)."""
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a plain file")
+    return fd
 
 
 class BadEnvironment(ValueError):
@@ -268,11 +278,12 @@ class HostAgent:
             if op == Op.LS:
                 root = os.path.expanduser(command["dir"])
                 listing = {}
-                for folder, _dirs, names in os.walk(root):
+                for folder, _dirs, names in os.walk(root):  # (never into a linked folder)
                     for name in names:
                         path = os.path.join(folder, name)
-                        info = os.stat(path)
-                        listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
+                        info = os.lstat(path)
+                        if stat.S_ISREG(info.st_mode):  # plain files only: a link is not followed
+                            listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
                 self.send({"k": Kind.LS, "id": ident, "root": root, "files": listing})
             elif op == Op.PACK:  # the run's task files at the end: one tar, no process started
                 self.send_chunks(ident, pack_folders(command["dirs"]))
@@ -280,7 +291,7 @@ class HostAgent:
                 prune_folder(os.path.expanduser(command["path"]), command.get("keep") or [])
                 self.send({"k": Kind.WRITTEN, "id": ident})
             elif op == Op.READ:
-                with open(os.path.expanduser(command["path"]), "rb") as handle:
+                with os.fdopen(_open_plain(os.path.expanduser(command["path"]), os.O_RDONLY), "rb") as handle:
                     while True:
                         chunk = handle.read(CHUNK)
                         self.send({"k": Kind.DATA, "id": ident, "eof": len(chunk) < CHUNK}, chunk)
@@ -292,7 +303,8 @@ class HostAgent:
                 path = os.path.expanduser(command["path"])
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 partial = f"{path}.ddlctl-partial"
-                with open(partial, "ab" if command.get("append") else "wb") as handle:
+                flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if command.get("append") else os.O_TRUNC)
+                with os.fdopen(_open_plain(partial, flags), "ab" if command.get("append") else "wb") as handle:
                     handle.write(base64.b64decode(command.get("data", "")))
                 if command.get("final"):
                     os.replace(partial, path)

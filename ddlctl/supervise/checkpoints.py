@@ -20,9 +20,19 @@ def files_to_copy(source: Mapping[str, tuple[int, int]], target: Mapping[str, tu
     return sorted(name for name, stat in source.items() if tuple(target.get(name, ())) != tuple(stat))
 
 
+def unsafe_name(name: str) -> bool:
+    """Whether a name from a source listing could write outside the target folder (pure)."""
+    parts = name.split("/")
+    return not name or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts)
+
+
 def sync_folder(source: HostSession, source_dir: str, target: HostSession, target_dir: str) -> tuple[int, int]:
-    """Copy what ``target_dir`` lacks of ``source_dir``; (files, bytes) copied. Raises OSError."""
+    """Copy what ``target_dir`` lacks of ``source_dir``; (files, bytes) copied. Raises OSError,
+    also for a name in the source listing that would land outside ``target_dir``."""
     have = source.list_files(source_dir)
+    bad = sorted(name for name in have if unsafe_name(name))
+    if bad:
+        raise OSError(f"refusing to copy {bad[0]!r} from {source_dir}: not a name inside the folder")
     missing = files_to_copy(have, target.list_files(target_dir))
     copied = 0
     for name in missing:
