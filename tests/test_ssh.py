@@ -168,6 +168,18 @@ def test_unknown_host_key_refused_then_accepted_and_recorded(cluster, tmp_path, 
     recorded = (home / ".ssh" / "known_hosts").read_text()
     assert host.known_hosts_entry.rsplit(" ", 1)[1] in recorded
     assert f"[{host.address}]:{host.port}" in recorded
+    # with HashKnownHosts yes (Debian's default), the name is recorded hashed, as OpenSSH does, and
+    # the entry is found again: no flag needed the next time
+    (home / ".ssh" / "known_hosts").unlink()
+    (home / ".ssh" / "config").write_text("Host *\n  HashKnownHosts yes\n")
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--runs-dir", str(runs),
+                        "--accept-new-host-keys", "--", "true", home=home)
+    assert result.returncode == 0, result.stderr
+    [line] = (home / ".ssh" / "known_hosts").read_text().splitlines()
+    assert line.startswith("|1|") and host.address not in line, line
+    result = ssh_launch(cluster, "--hosts", str(hosts), "-s", "one_device", "--runs-dir", str(runs),
+                        "--", "true", home=home)
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_host_key_the_system_publishes_is_trusted_without_accepting_anything(cluster, tmp_path, runs):

@@ -86,6 +86,7 @@ class Target:
     #: known-hosts files, OpenSSH's order: the user's (new keys go to the first), then the system's
     user_known_hosts: tuple[str, ...] = ("~/.ssh/known_hosts",)
     global_known_hosts: tuple[str, ...] = SYSTEM_KNOWN_HOSTS
+    hash_known_hosts: bool = False  # HashKnownHosts: a key accepted is recorded under a hashed name
 
 
 @functools.lru_cache(maxsize=4)
@@ -116,7 +117,8 @@ def resolve_target(host: Host, options: SshOptions) -> Target:
     user_files = str(config.get("userknownhostsfile") or "").split() or [options.known_hosts]
     global_files = str(config.get("globalknownhostsfile") or "").split() or list(SYSTEM_KNOWN_HOSTS)
     return Target(hostname=str(config.get("hostname", host.name)), port=port, user=user, key_files=keys,
-                  user_known_hosts=tuple(user_files), global_known_hosts=tuple(global_files))
+                  user_known_hosts=tuple(user_files), global_known_hosts=tuple(global_files),
+                  hash_known_hosts=str(config.get("hashknownhosts", "no")).lower() == "yes")
 
 
 def _known_hosts_entry(hostname: str, port: int) -> str:
@@ -126,17 +128,19 @@ def _known_hosts_entry(hostname: str, port: int) -> str:
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """Accept and record an unknown key (a changed key still fails: paramiko raises before)."""
 
-    def __init__(self, known_hosts: Path, port: int) -> None:
+    def __init__(self, known_hosts: Path, port: int, hashed: bool = False) -> None:
         self.known_hosts = known_hosts
         self.port = port
+        self.hashed = hashed
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         entry = hostname if hostname.startswith("[") else _known_hosts_entry(hostname, self.port)
         client.get_host_keys().add(entry, key.get_name(), key)
+        name = paramiko.HostKeys.hash_host(entry) if self.hashed else entry  # as OpenSSH writes it
         with _known_hosts_lock:
             self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self.known_hosts.open("a") as handle:
-                handle.write(f"{entry} {key.get_name()} {key.get_base64()}\n")
+                handle.write(f"{name} {key.get_name()} {key.get_base64()}\n")
 
 
 def _tried_keys(target: Target) -> str:
@@ -254,7 +258,7 @@ def connect(host: Host, options: SshOptions) -> SshConnection:
                 client.get_host_keys().load(str(path))
     known_hosts = Path(target.user_known_hosts[0]).expanduser()  # where a new key is recorded
     if options.accept_new_host_keys:
-        client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts, target.port))
+        client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts, target.port, target.hash_known_hosts))
     else:
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
     timeout = options.connect_timeout_s
