@@ -78,6 +78,9 @@ def render(reports: list[HostReport], console: Console) -> None:
     console.print(table)
     bad = sum(not r.usable for r in reports)
     console.print(f"{len(reports) - bad} of {len(reports)} host(s) usable")
+    for r in reports:
+        for warning in r.warnings:
+            console.print(f"warning: {r.host}: {warning}", style="yellow", highlight=False)
 
 
 def _rate(value: float | None) -> str:

@@ -38,9 +38,14 @@ class HostReport:
     def usable(self) -> bool:
         return not self.problems
 
+    @property
+    def warnings(self) -> list[str]:
+        """What does not stop a run here but the user should know."""
+        return host_warnings(self.facts) if self.reachable else []
+
     def to_dict(self) -> dict[str, object]:
         return {"host": self.host, "source": self.source, "reachable": self.reachable,
-                "usable": self.usable, "problems": self.problems, "error": self.error,
+                "usable": self.usable, "problems": self.problems, "warnings": self.warnings, "error": self.error,
                 "controller_ddlctl": ddlctl.__version__, **self.facts}
 
 
@@ -57,6 +62,17 @@ def host_problems(facts: Mapping[str, object]) -> list[str]:
     if facts.get("ports_ok") is False:
         problems.append("cannot bind free TCP ports")
     return problems
+
+
+def host_warnings(facts: Mapping[str, object]) -> list[str]:
+    """Warnings from a probe's facts (pure): other users logged in, who could reach the servers."""
+    logged_in = facts.get("logged_in")
+    others = sorted(set(logged_in) - {facts.get("user")}) if isinstance(logged_in, list) else []
+    if not others:
+        return []
+    return [f"other users are logged in ({', '.join(others)}): the TensorFlow servers of a run here accept "
+            "any connection to their ports, unauthenticated (see docs/security.md: a private network, a firewall "
+            "or a network namespace of the run's own)"]
 
 
 def probe_transports(transports: Mapping[str, Transport], hosts: Sequence[Host],

@@ -27,6 +27,25 @@ def installed(*names: str) -> str | None:
     return None
 
 
+def logged_in_users() -> list[str] | None:
+    """Names of the users logged in on this host (the system's login records: ``psutil``, else
+    ``who``), sorted, each once; None when neither can tell."""
+    try:
+        import psutil
+
+        return sorted({u.name for u in psutil.users() if u.name})
+    except ImportError:
+        pass
+    import subprocess
+
+    try:
+        done = subprocess.run(["who"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted({line.split()[0] for line in done.stdout.splitlines() if line.split()}) \
+        if done.returncode == 0 else None
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct free TCP ports (all held open until chosen)."""
     sockets = []
@@ -85,7 +104,18 @@ def probe() -> dict[str, object]:
         "driver": gpus.driver,
         "gpu_note": gpus.note,
         "ports_ok": can_bind_ports(),
+        "user": _me(),
+        "logged_in": logged_in_users(),
     }
+
+
+def _me() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def main(argv: list[str]) -> None:
