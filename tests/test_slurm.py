@@ -232,7 +232,7 @@ def test_a_crashed_task_is_the_root_cause_with_its_own_exit_code(idle, runs):
 @needs_slurm
 def test_a_ps_worker_killed_then_its_nodes_agent_step_killed_are_each_restarted_through_a_step(idle, runs):
     proc, run_dir = running_launch(idle, runs, "-s", "ps", "--steps", "400", "--max-restarts", "2", task="chief-0",
-                                   count=20)
+                                   count=20, nodes=2)
     plan = {t["name"]: t["host"] for t in json.loads((run_dir / "plan.json").read_text())["tasks"]}
     node = plan["worker:1"]
     assert [name for name, host in plan.items() if host == node] == ["worker:1"], plan

@@ -73,6 +73,9 @@ def check_ssh_run(cluster, run_dir: Path, strategy: str) -> None:
     remote = cluster.host_home(cluster.hosts[0]) / ".ddlctl" / "runs" / run_dir.name
     assert sorted(p.name for p in remote.iterdir()) == ["checkpoints"]
     assert list((remote / "checkpoints").glob("ckpt-*.index"))
+    # and they stay the user's alone: no other user of the host may read the model
+    kept = [remote, remote / "checkpoints", *(remote / "checkpoints").iterdir()]
+    assert all(p.stat().st_mode & 0o077 == 0 for p in kept), {p.name: oct(p.stat().st_mode) for p in kept}
 
 
 @pytest.mark.cluster
