@@ -322,3 +322,28 @@ def test_what_holds_for_many_hosts_is_one_diagnosis_line_naming_them_with_the_ra
 def test_figures_and_names_of_a_grouped_line():
     assert figure_range([90.2, 97.4, 93]) == "90-97%" and figure_range([90.4, 89.6]) == "90%"
     assert named(["a"], "hosts") == "a" and named(["a", "b"], "hosts") == "2 hosts (a, b)"
+
+
+def test_a_step_file_reads_the_same_whether_every_line_is_sound_or_one_is_cut(tmp_path):
+    """Sound files take the typed fast path (msgspec records), a file with a cut line the general
+    one: the same columns either way, the cut line counted, optional fields missing read as -1."""
+    from ddlctl.report.stepfile import read_steps
+
+    lines = [json.dumps({"task": "chief:0", "step": 1, "start_us": 1_000_000, "duration_s": 0.5, "samples": 64,
+                         "input_s": 0.1, "sync_s": 0.4, "worker": "worker:1", "total": 3}),
+             json.dumps({"task": "chief:0", "step": 3, "start_us": 1_600_000, "duration_s": 0.25, "steps": 2,
+                         "worker": "worker:0", "total": 4})]
+    sound, cut = tmp_path / "sound.jsonl", tmp_path / "cut.jsonl"
+    sound.write_text("\n".join(lines) + "\n")
+    cut.write_text("\n".join(lines) + '\n{"task": "chief:0", "step": 4, "sta')
+    fast, general = read_steps(sound, "x"), read_steps(cut, "x")
+    assert (fast.bad_lines, general.bad_lines) == (0, 1)
+    for steps in (fast, general):
+        assert steps.name == "chief:0" and list(steps.step) == [1, 3] and list(steps.start_us) == [1_000_000, 1_600_000]
+        assert list(steps.duration) == [0.5, 0.25] and list(steps.samples) == [64, -1]
+        assert list(steps.input_s) == [0.1, -1.0] and list(steps.sync_s) == [0.4, -1.0]
+        assert steps.block == 2 and steps.worker == ["worker:1", "worker:0"] and steps.total == 4
+    odd = tmp_path / "odd.jsonl"  # a field of another type than ddlctl writes: the general path reads it
+    odd.write_text(json.dumps({"step": 1, "start_us": 5.0e6, "duration_s": 1, "samples": 8.0}) + "\n")
+    steps = read_steps(odd, "worker:0")
+    assert (list(steps.step), list(steps.start_us), list(steps.samples), steps.bad_lines) == ([1], [5_000_000], [8], 0)
