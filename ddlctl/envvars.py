@@ -34,8 +34,10 @@ def env_entry_problem(key: str, value: str) -> str | None:
     """Why ``KEY=VALUE`` cannot be in a task's environment (None when it can): the name must be
     letters, digits and '_' (not starting with a digit; an '=' would cut it short), and no value
     may hold a NUL byte (nothing after it would arrive)."""
-    if not ENV_NAME.match(key):
+    if not isinstance(key, str) or not ENV_NAME.match(key):
         return f"{key!r} is not a variable name (letters, digits and '_', not starting with a digit)"
+    if not isinstance(value, str):
+        return f"the value of {key} is not text ({value!r})"
     if "\0" in value:
         return f"the value of {key} holds a NUL byte"
     return None
