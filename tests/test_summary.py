@@ -325,8 +325,9 @@ def test_figures_and_names_of_a_grouped_line():
 
 
 def test_a_step_file_reads_the_same_whether_every_line_is_sound_or_one_is_cut(tmp_path):
-    """Sound files take the typed fast path (msgspec records), a file with a cut line the general
-    one: the same columns either way, the cut line counted, optional fields missing read as -1."""
+    """Sound files, and files whose last line a killed task cut short, take the typed fast path
+    (msgspec records); a cut line elsewhere the general one: the same columns either way, the cut
+    line counted, optional fields missing read as -1."""
     from ddlctl.report.stepfile import read_steps
 
     lines = [json.dumps({"task": "chief:0", "step": 1, "start_us": 1_000_000, "duration_s": 0.5, "samples": 64,
@@ -336,9 +337,11 @@ def test_a_step_file_reads_the_same_whether_every_line_is_sound_or_one_is_cut(tm
     sound, cut = tmp_path / "sound.jsonl", tmp_path / "cut.jsonl"
     sound.write_text("\n".join(lines) + "\n")
     cut.write_text("\n".join(lines) + '\n{"task": "chief:0", "step": 4, "sta')
-    fast, general = read_steps(sound, "x"), read_steps(cut, "x")
-    assert (fast.bad_lines, general.bad_lines) == (0, 1)
-    for steps in (fast, general):
+    middle = tmp_path / "middle.jsonl"
+    middle.write_text(lines[0] + '\n{"task": "chief:0", "st\n' + lines[1] + "\n")
+    fast, cut_last, general = read_steps(sound, "x"), read_steps(cut, "x"), read_steps(middle, "x")
+    assert (fast.bad_lines, cut_last.bad_lines, general.bad_lines) == (0, 1, 1)
+    for steps in (fast, cut_last, general):
         assert steps.name == "chief:0" and list(steps.step) == [1, 3] and list(steps.start_us) == [1_000_000, 1_600_000]
         assert list(steps.duration) == [0.5, 0.25] and list(steps.samples) == [64, -1]
         assert list(steps.input_s) == [0.1, -1.0] and list(steps.sync_s) == [0.4, -1.0]
