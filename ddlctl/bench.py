@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddlctl import envvars
 from ddlctl.errors import ConfigError, LaunchError
 
 PROFILE_KIND = "ddlctl-cluster-profile"
@@ -125,8 +124,7 @@ def _spec(host, name: str, argv: list[str], task_dir: str):  # noqa: ANN001, ANN
 
     python = host.python or (sys.executable if host.is_local else "python3")
     return TaskSpec(name=name, role="bench", index=0, host=host, port=None, kind="program",
-                    argv=(python, "-m", "ddlctl.runtime.devbench", *argv),
-                    env={"PYTHONUNBUFFERED": "1", envvars.SAFE_PATH: "1"},
+                    argv=(python, "-m", "ddlctl.runtime.devbench", *argv), env={"PYTHONUNBUFFERED": "1"},
                     unset_env=("TF_CONFIG",), workdir=host.workdir or (os.getcwd() if host.is_local else "~"),
                     task_dir=task_dir, gpus=None, tf_config=None)
 

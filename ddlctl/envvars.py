@@ -20,9 +20,11 @@ SPEEDS = "DDLCTL_SPEEDS"  # per-worker device speeds (JSON list), for --balance 
 BALANCE = "DDLCTL_BALANCE"  # "speed": split each step's batch by speed
 DEVICES = "DDLCTL_DEVICES"  # JSON: each worker's host and GPUs
 #: Python's own (3.11+): "1" keeps the working directory off ``sys.path`` (``python -m`` puts it first).
-#: Set for ddlctl's own processes (host and telemetry agents, probes, benches, its servers and
-#: built-in workload) so that a ``json.py`` in a shared working directory is never imported by them;
-#: the host agent takes it out of a program task's environment unless ``--env`` asks for it.
+#: Set for ddlctl's own processes so that a ``json.py`` in a shared working directory is never
+#: imported by them: the host agents, probes and ``submit``'s batch script by whoever starts them;
+#: the tasks by their host agent, which gives it to ``python -m ddlctl...`` (servers, the built-in
+#: workload, telemetry agents, benches) and takes it out of a program's environment unless
+#: ``--env`` asks for it.
 SAFE_PATH = "PYTHONSAFEPATH"
 
 

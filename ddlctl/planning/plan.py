@@ -423,8 +423,6 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
         }
         if tf_config is not None:
             env["TF_CONFIG"] = json.dumps(tf_config, sort_keys=True)
-        if server or not request.command:  # ddlctl's own module: nothing from the working directory
-            env[envvars.SAFE_PATH] = "1"
         if p.role == "ps":
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif p.gpus is not None:
@@ -545,7 +543,7 @@ def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[Task
         agents.append(TaskSpec(
             name=f"agent:{index}", role="agent", index=index, host=host, port=None, kind="agent",
             argv=argv, env={"PYTHONUNBUFFERED": "1", envvars.RUN_ID: request.run_id,
-                            envvars.TASK: f"agent:{index}", envvars.SAFE_PATH: "1"},
+                            envvars.TASK: f"agent:{index}"},
             unset_env=(), workdir=host.workdir or request.default_workdir, task_dir=task_dir,
             gpus=None, tf_config=None))
     return tuple(agents)

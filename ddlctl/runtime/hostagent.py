@@ -147,6 +147,12 @@ def _open_plain(path: str, flags: int) -> int:
     return fd
 
 
+def runs_own_module(argv: list) -> bool:
+    """Whether ``argv`` is ``PYTHON -m ddlctl...``: one of ddlctl's own modules (its server, the
+    built-in workload, the telemetry agent, the device bench)."""
+    return len(argv) > 2 and argv[1] == "-m" and str(argv[2]).split(".")[0] == "ddlctl"
+
+
 class BadEnvironment(ValueError):
     """A task's spec holds an environment entry no process can be given."""
 
@@ -163,7 +169,12 @@ class Task:
             if problem is not None:  # refused for this task alone (the agent and its other tasks go on)
                 raise BadEnvironment(problem)
         env = dict(os.environ)
-        env.pop(envvars.SAFE_PATH, None)  # the agent's own: a program gets it only if its spec says so
+        # nothing from the working directory for ddlctl's own modules; a program is run as Python
+        # runs it (the agent's own PYTHONSAFEPATH is not passed on unless the spec's env gives it)
+        if runs_own_module(spec["argv"]):
+            env[envvars.SAFE_PATH] = "1"
+        else:
+            env.pop(envvars.SAFE_PATH, None)
         for key in spec.get("unset", []):
             env.pop(key, None)
         for key, value in spec.get("env", {}).items():
@@ -303,8 +314,9 @@ class HostAgent:
                 path = os.path.expanduser(command["path"])
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 partial = f"{path}.ddlctl-partial"
-                flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if command.get("append") else os.O_TRUNC)
-                with os.fdopen(_open_plain(partial, flags), "ab" if command.get("append") else "wb") as handle:
+                append = bool(command.get("append"))
+                flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+                with os.fdopen(_open_plain(partial, flags), "ab" if append else "wb") as handle:
                     handle.write(base64.b64decode(command.get("data", "")))
                 if command.get("final"):
                     os.replace(partial, path)
