@@ -51,7 +51,8 @@ def check(
     """Pre-flight every host in parallel, or measure it (--bench).
 
     Per host: reachable (or why not), Python, ddlctl, TensorFlow, tf-keras, GPUs (NVML) and free
-    ports. Exits 1 when any host is unusable."""
+    ports; a warning when other users are logged in there (a run's TensorFlow servers accept any
+    connection). Exits 1 when any host is unusable."""
     from ddlctl.check import check as run_check
 
     if save and not bench:

@@ -29,7 +29,8 @@ def stop(
 
     For example after the controller was killed. Processes are found by the run id in their
     environment, never by name. A Slurm run: the job ddlctl submit created, or the run's job steps
-    inside your allocation, are cancelled with scancel."""
+    inside your allocation, are cancelled with scancel. The hosts (and each one's python=) come from
+    the run's plan.json, which must be yours and writable by nobody else (exit 2 otherwise)."""
     from ddlctl.stop import stop as run_stop
     _exit_with(lambda: run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), people_console()))
 
