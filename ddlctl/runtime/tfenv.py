@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -98,6 +99,15 @@ def quiet_own_retracing() -> None:
     logger = logging.getLogger("tensorflow")
     if not any(isinstance(f, _OwnRetracing) for f in logger.filters):
         logger.addFilter(_OwnRetracing())
+
+
+def honour_sigterm() -> None:
+    """End on SIGTERM as a plain process does. MultiWorkerMirroredStrategy's preemption notifier
+    installs a C handler that catches SIGTERM and keeps the process running, so every stop or
+    group restart of an MWMS job waited out a grace period before SIGKILL. ddlctl's own tasks call
+    this once their strategy exists: its TERM then ends them at once (a checkpoint is the way back,
+    as after SIGKILL). A program of one's own can do the same (``signal.signal(SIGTERM, SIG_DFL)``)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def min_inter_op_threads(num_workers: int) -> int:

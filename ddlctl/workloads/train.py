@@ -40,6 +40,7 @@ from ddlctl.runfiles import TASK_RESULT
 from ddlctl.runtime.tfenv import (
     TaskContext,
     cluster_addresses,
+    honour_sigterm,
     min_inter_op_threads,
     not_listening,
     quiet_own_retracing,
@@ -110,19 +111,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_strategy(ctx: TaskContext):
-    """The tf.distribute strategy named by ``ctx.strategy`` (its class: ``ddlctl.strategies``)."""
+    """The tf.distribute strategy named by ``ctx.strategy`` (its class: ``ddlctl.strategies``).
+    The process then ends on SIGTERM again (see :func:`~ddlctl.runtime.tfenv.honour_sigterm`)."""
     import tensorflow as tf
 
     if ctx.strategy not in TABLE or TABLE[ctx.strategy].tf_class is None:
         raise SystemExit(f"unknown strategy {ctx.strategy!r}")
     name = TABLE[ctx.strategy].tf_class
     if name == "ParameterServerStrategy":
-        return tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
-    if name == "OneDeviceStrategy":
-        return tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0")
-    if name == "CentralStorageStrategy":
-        return tf.distribute.experimental.CentralStorageStrategy()
-    return getattr(tf.distribute, name)()
+        strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    elif name == "OneDeviceStrategy":
+        strategy = tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0")
+    elif name == "CentralStorageStrategy":
+        strategy = tf.distribute.experimental.CentralStorageStrategy()
+    else:
+        strategy = getattr(tf.distribute, name)()
+    honour_sigterm()
+    return strategy
 
 
 def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
