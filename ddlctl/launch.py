@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -158,11 +159,37 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
     )
 
 
-def fit_batch_to_workers(batch_size: int | None, request: LaunchRequest, workers: int) -> LaunchRequest:
+def check_min_workers(min_workers: int, strategy: str, workers: int, max_restarts: int) -> None:
+    """``--min-workers`` needs a strategy whose workers can leave (mwms, ps), no more than there are,
+    and a restart to spend (going on without a lost host is one)."""
+    if not min_workers:
+        return
+    if not max_restarts:
+        raise ConfigError("--min-workers needs --max-restarts 1 or more: going on without a lost host is a "
+                          "restart (of the group under mwms)", "add --max-restarts N")
+    if strategy not in ("mwms", "ps"):
+        raise ConfigError(f"--min-workers applies to --strategy mwms or ps, not {strategy}",
+                          "drop --min-workers, or use -s mwms / -s ps")
+    if min_workers > workers:
+        raise ConfigError(f"--min-workers {min_workers} is more than the {workers} worker(s) of this cluster",
+                          f"use at most --min-workers {workers}")
+
+
+def sizes_to_split(workers: int, min_workers: int = 0) -> int:
+    """The number every mwms batch must divide by: each worker count the job may have (from
+    ``min_workers`` to ``workers``), so the global batch stays the same through membership changes."""
+    return math.lcm(*range(max(1, min_workers or workers), workers + 1))
+
+
+def fit_batch_to_workers(batch_size: int | None, request: LaunchRequest, workers: int,
+                         min_workers: int = 0) -> LaunchRequest:
     """mwms splits each step's batch evenly over workers: round the default batch up to a multiple,
-    refuse a given one that does not divide (before anything starts)."""
+    refuse a given one that does not divide (before anything starts). With ``--min-workers`` it must
+    divide by every worker count from that to ``workers``: the global batch is kept when workers
+    leave (each remaining worker takes more), so the model trains on as before."""
     if request.command or request.strategy != "mwms" or workers <= 1:
         return request
+    multiple = sizes_to_split(workers, min_workers)
     if request.balance == "speed":  # shares by speed: any batch with an example per worker
         batch = batch_size or 64
         if batch < workers:
@@ -170,14 +197,16 @@ def fit_batch_to_workers(batch_size: int | None, request: LaunchRequest, workers
                               f"use at least --batch-size {workers}")
         return request
     if batch_size is not None:
-        if batch_size % workers:
-            fitted = -(-batch_size // workers) * workers
-            raise ConfigError(f"--batch-size {batch_size} cannot be split evenly over {workers} mwms workers",
-                              f"use a multiple of {workers}, e.g. --batch-size {fitted}")
+        if batch_size % multiple:
+            fitted = -(-batch_size // multiple) * multiple
+            counts = f"{workers} mwms workers" if multiple == workers else \
+                f"any of {min_workers} to {workers} mwms workers (--min-workers)"
+            raise ConfigError(f"--batch-size {batch_size} cannot be split evenly over {counts}",
+                              f"use a multiple of {multiple}, e.g. --batch-size {fitted}")
         return request
     args = list(request.workload_args)
     index = args.index("--batch-size") + 1
-    fitted = -(-int(args[index]) // workers) * workers
+    fitted = -(-int(args[index]) // multiple) * multiple
     args[index] = str(fitted)
     return dataclasses.replace(request, workload_args=tuple(args), global_batch=fitted)
 
@@ -254,7 +283,9 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
     run_id = output.run_id or new_run_id(strategy)
     request = build_request(req, config.workload, output.run_dir, defaults, implicit, legacy, run_id)
     placements = layout(cluster, request)  # refuse impossible requests before touching any host
-    request = fit_batch_to_workers(config.workload.batch_size, request, sum(p.role == "worker" for p in placements))
+    workers = sum(p.role == "worker" for p in placements)
+    check_min_workers(config.supervision.min_workers, strategy, workers, config.supervision.max_restarts)
+    request = fit_batch_to_workers(config.workload.batch_size, request, workers, config.supervision.min_workers)
     stages = request.env.get(envvars.PARTITION)
     if stages and len(stages.split(",")) != sum(p.role == "worker" for p in placements):
         raise ConfigError(f"--partition {req.partition} has {len(stages.split(','))} stage(s) but the cluster has "

@@ -16,3 +16,4 @@ TASK_STEPS = "steps.jsonl"  # a task's step records (ddlctl.steps)
 TASK_PHASES = "phases.jsonl"  # a task's checkpoint saves and evaluations (ddlctl.phase)
 TASK_RESULT = "result.json"  # the built-in workload's final loss and accuracy
 TASK_FLOPS = "flops.json"  # model FLOPs per training sample (ddlctl.flops)
+TASK_CHECKPOINT_COPY = "ckpt-scratch"  # an mwms worker's own copy of each checkpoint (worker 0 writes the shared one)

@@ -63,3 +63,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, where everything this test needs is installed: {reason}"
+
+
+#: Test files that take longest (each starts many TensorFlow clusters; measured in the parallel part,
+#: see docs/testing.md), longest first. Workers take whole files (``--dist loadfile``) in collection
+#: order (``--no-loadscope-reorder``): the long files start first and a short one ends each worker's
+#: share. (pytest-xdist's own order, by number of tests, left these, which have few tests, for last.)
+LONGEST_FIRST = ("test_model_parallel.py", "test_faults.py", "test_slurm.py", "test_ssh.py", "test_ssh_faults.py",
+                 "test_launch_local.py", "test_compare.py", "test_hangs_real.py", "test_profile.py", "test_console.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long files first (see :data:`LONGEST_FIRST`); the order inside each file is kept."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

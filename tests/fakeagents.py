@@ -262,6 +262,7 @@ class World:
     ps: int | None = None
     evaluator: bool = False
     telemetry: bool = False
+    slots: int = 4  # per host
     behaviours: dict[str, Behaviour] = field(default_factory=dict)  # task name -> its behaviour
     retries: dict[tuple[str, int], Behaviour] = field(default_factory=dict)  # (task, attempt) -> behaviour
     now: float = 1000.0
@@ -344,7 +345,7 @@ class World:
     # -- running ---------------------------------------------------------------------------------
 
     def plan(self, run_dir: Path) -> Plan:
-        cluster = Cluster(hosts=tuple(Host(name=h, slots=4, source=f"hosts.txt:{i + 1}")
+        cluster = Cluster(hosts=tuple(Host(name=h, slots=self.slots, source=f"hosts.txt:{i + 1}")
                                       for i, h in enumerate(self.hosts)), source="hosts.txt")
         request = LaunchRequest(strategy=self.strategy, workers=self.workers, ps=self.ps, evaluator=self.evaluator,
                                 command=("python3", "train.py"), run_id="fake", run_dir=str(run_dir),

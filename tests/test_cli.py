@@ -27,7 +27,7 @@ def test_launch_help_explains_every_option():
     assert result.returncode == 0
     for option in ("--hosts", "--template", "--strategy", "--workers", "--ps", "--evaluator",
                    "--runs-dir", "--env", "--startup-timeout", "--grace", "--dry-run", "--json",
-                   "--legacy-keras", "--workload", "--steps", "--batch-size"):
+                   "--legacy-keras", "--workload", "--steps", "--batch-size", "--min-workers", "--rejoin-after"):
         assert option in result.stdout
 
 
@@ -43,6 +43,14 @@ def test_dry_run_json_is_the_plan_and_nothing_else(runs):
     ports = [t["port"] for t in plan["tasks"]]
     assert all(ports) and len(set(ports)) == 4
     assert list(runs.iterdir()) == [], "a dry run creates nothing"
+
+
+def test_min_workers_rounds_the_default_batch_to_divide_every_size_the_job_may_have(runs):
+    result = run_ddlctl("launch", "-s", "mwms", "--workers", "3", "--min-workers", "2", "--max-restarts", "1",
+                        "--dry-run", "--json", "--runs-dir", str(runs))
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)["tasks"][0]["argv"]
+    assert argv[argv.index("--batch-size") + 1] == "66", "64 rounded up to a multiple of 2 and 3"
 
 
 def test_dry_run_table_shows_tf_config(runs):
@@ -66,6 +74,15 @@ def test_dry_run_table_shows_tf_config(runs):
         (["--workers", "0"], "localhost\n", ["--workers", "x>=1"]),
         (["--env", "1BAD=x"], "localhost\n", ["--env '1BAD=x' is not KEY=VALUE"]),
         (["--steps", "5", "--", "python", "x.py"], "localhost\n", ["--steps only applies to the built-in"]),
+        (["-s", "one_device", "--min-workers", "1", "--max-restarts", "1"], "localhost\n",
+         ["--min-workers applies to --strategy mwms or ps, not one_device"]),
+        (["-s", "mwms", "--workers", "2", "--min-workers", "3", "--max-restarts", "1"], "localhost slots=2\n",
+         ["--min-workers 3 is more than the 2 worker(s)"]),
+        (["-s", "mwms", "--workers", "2", "--min-workers", "1"], "localhost slots=2\n",
+         ["--min-workers needs --max-restarts 1 or more"]),
+        (["-s", "mwms", "--workers", "3", "--min-workers", "2", "--max-restarts", "1", "--batch-size", "64"],
+         "localhost slots=3\n", ["--batch-size 64 cannot be split evenly over any of 2 to 3 mwms workers",
+                                  "use a multiple of 6, e.g. --batch-size 66"]),
     ],
 )
 def test_bad_input_is_a_clear_error_exit_2_no_traceback(tmp_path, args, hosts_text, fragments):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import sys
 import time
 from pathlib import Path
@@ -68,21 +69,10 @@ def start_mwms(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
     return job
 
 
-def test_a_dropped_connection_is_reconnected_and_a_host_that_then_stays_down_fails_the_job_naming_it(
-        cluster, tmp_path, runs):
-    job = start_mwms(cluster, tmp_path, runs, "--max-restarts", "2", "--host-timeout", "10", "--steps", "800")
-    # 1. a connection dropped (sshd still up): reconnected, the group restarted
-    lost = cluster.hosts[1]
-    lost_label = f"{lost.address}:{lost.port}"
-    assert lost.drop_connections() >= 1
-    wait_for(lambda: f"reconnected to {lost_label}" in job.stderr() or job.proc.poll() is not None, 120,
-             "the reconnection")
-    resumed = remote_steps(job, "worker-0")
-    wait_for(lambda: remote_steps(job, "worker-0") >= resumed + 20 or job.proc.poll() is not None, 180,
-             "the restarted group to train")
-    assert job.proc.poll() is None, job.stderr()[-3000:]
-    # 2. another host's connections dropped and its sshd stopped: it does not come back within
-    # --host-timeout: the job fails naming it (a restart remained, but not the host)
+def test_a_host_that_stays_down_fails_the_job_naming_it_when_too_few_workers_would_remain(cluster, tmp_path, runs):
+    # connections dropped and sshd stopped: it does not come back within --host-timeout, and without
+    # it 2 workers would remain of --min-workers 3: the job fails naming it (a restart remained)
+    job = start_mwms(cluster, tmp_path, runs, "--max-restarts", "2", "--host-timeout", "4", "--min-workers", "3")
     down = cluster.hosts[2]
     assert down.drop_connections(stop_listener=True) >= 1
     dropped = time.monotonic()
@@ -92,18 +82,110 @@ def test_a_dropped_connection_is_reconnected_and_a_host_that_then_stays_down_fai
     finally:
         down.start()
     outcome = job.outcome()
-    assert outcome["hosts_lost"][0]["host"] == lost_label
-    event = outcome["restarts"][0]
-    assert (event["task"], event["cause"], event["scope"]) == ("worker:1", "host-lost", "group")
-    assert f"connection to {lost_label} lost" in job.stderr()
     label = f"{down.address}:{down.port}"
     assert code == 255, job.stderr()[-3000:]
-    assert took < 10 + 2 + 15, f"gave up {took:.0f}s after the drop"
-    assert f"host {label} did not come back within --host-timeout 10s" in job.stderr()
+    assert took < 4 + 2 + 15, f"gave up {took:.0f}s after the drop"
+    assert f"host {label} did not come back within --host-timeout 4s" in job.stderr()
+    assert "left the job" not in job.stderr() and outcome["membership"] == []
     assert "connection refused" in job.stderr()
     report = job.stderr().split("ddlctl: job failed")[0] + (runs.parent / "ddlctl.out").read_text()
     assert "exit code 255" not in report, "a lost connection is not a program's exit code"
     assert "failed (connection to its host lost)" in report
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
+
+
+IDS = re.compile(r"ddlctl-ids \[([\d\s]*)\]")
+RESUMED = re.compile(r"resumed from checkpoint \S+ at step (\d+)")
+
+
+def ids_by_attempt(log: str) -> list[tuple[int, list[int]]]:
+    """(first step, ids read) of each attempt of a task: its output split where it resumed."""
+    attempts: list[tuple[int, list[int]]] = [(0, [])]
+    for line in log.splitlines():
+        resumed = RESUMED.search(line)
+        if resumed:
+            attempts.append((int(resumed[1]), []))
+        for found in IDS.findall(line):
+            attempts[-1][1].extend(int(i) for i in found.split())
+    return attempts
+
+
+def ids_that_count(attempts: dict[str, list[tuple[int, list[int]]]], outcome: dict, batch: int,
+                   steps: int) -> list[tuple[int, int, list[int]]]:
+    """Per attempt of the job (the first start, then one per restart in ``outcome``, with the tasks
+    it started minus those that left): the step it began at, how many workers read, and the ids they
+    read for the steps that count, those before the next attempt began (later ones were read again)."""
+    members = [sorted(attempts)] + [[t.replace(":", "-") for t in e["tasks"] if t not in e.get("left", [])]
+                                    for e in outcome["restarts"]]
+    reads: list[list[tuple[int, list[int]]]] = [[] for _ in members]
+    for task, own in attempts.items():
+        mine = [g for g, tasks in enumerate(members) if task in tasks]
+        assert len(mine) == len(own), (task, mine, [first for first, _ in own])
+        for g, attempt in zip(mine, own, strict=True):
+            reads[g].append(attempt)
+    firsts = [{first for first, _ in read} for read in reads]
+    assert all(len(f) == 1 for f in firsts), firsts  # the workers of an attempt all resumed at one step
+    begins = [f.pop() for f in firsts]
+    return [(first, len(read), [i for _, ids in read for i in ids if first * batch <= i < end * batch])
+            for first, end, read in zip(begins, [*begins[1:], steps], reads, strict=True)]
+
+
+def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_rejoins_each_sample_read_once(
+        cluster, tmp_path, runs):
+    batch, steps = 96, 1200  # 96: split evenly over 3 workers and over 2
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "2", "--min-workers", "2",
+              "--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout",
+              "120", "--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", str(batch * steps),
+              "--batch-size", str(batch), "--checkpoint-every", "120", "--record-ids", env=cluster.env)
+
+    def trains_on(count: int, what: str) -> None:
+        start = remote_steps(job, "worker-0")
+        wait_for(lambda: remote_steps(job, "worker-0") >= start + count or job.proc.poll() is not None, 180, what)
+        assert job.proc.poll() is None, job.stderr()[-3000:]
+
+    wait_for(lambda: remote_steps(job, "worker-0") >= 150 or job.proc.poll() is not None, 180, "training")
+    # 1. a connection dropped (sshd still up): reconnected at once, the group restarted
+    dropped, down = cluster.hosts[1], cluster.hosts[2]
+    dropped_label, label = f"{dropped.address}:{dropped.port}", f"{down.address}:{down.port}"
+    assert dropped.drop_connections() >= 1
+    wait_for(lambda: f"reconnected to {dropped_label}" in job.stderr() or job.proc.poll() is not None, 120,
+             "the reconnection")
+    trains_on(20, "the restarted group to train")
+    # 2. another host gone for good (its sessions and sshd): its worker leaves, two train on
+    try:
+        assert down.drop_connections(stop_listener=True) >= 1
+        wait_for(lambda: "started worker:0, worker:1 again" in job.stderr() or job.proc.poll() is not None, 120,
+                 "the two that remain to start again")
+        trains_on(20, "two workers to train")
+    finally:
+        down.start()  # 3. it answers again: taken back at the next checkpoint
+    wait_for(lambda: job.stderr().count("started worker:0, worker:1, worker:2 again") == 2
+             or job.proc.poll() is not None, 120, "the host to be taken back")
+    assert job.wait(300) == 0, job.stderr()[-3000:]
+    outcome = job.outcome()
+    assert outcome["hosts_lost"][0]["host"] == dropped_label and f"connection to {dropped_label} lost" in job.stderr()
+    assert [(e["task"], e["cause"], e["scope"]) for e in outcome["restarts"]] == [
+        ("worker:1", "host-lost", "group"), ("worker:2", "host-lost", "group"), ("worker:2", "grow", "group")]
+    left, joined = outcome["membership"]
+    assert (left["workers"], left["left"], left["host"]) == (["worker:0", "worker:1"], ["worker:2"], label)
+    assert (joined["workers"], joined["joined"], joined["cause"]) == (["worker:0", "worker:1", "worker:2"],
+                                                                      ["worker:2"], "grow")
+    assert f"worker:2 left the job (host {label} did not come back within --host-timeout 3s)" in job.stderr()
+    assert "planned: no restart counted" in job.stderr()
+    # every sample of the epoch read exactly once by the steps that count: each attempt's up to the
+    # checkpoint the next resumed from (3 workers, 3 again after the reconnection, 2, then 3)
+    logs = {w: (job.run_dir / "tasks" / w / "output.log").read_text() for w in ("worker-0", "worker-1", "worker-2")}
+    counted = ids_that_count({w: ids_by_attempt(text) for w, text in logs.items()}, outcome, batch, steps)
+    assert [readers for _, readers, _ in counted] == [3, 3, 2, 3], [first for first, _, _ in counted]
+    assert all(first % 120 == 0 for first, _, _ in counted), "each attempt resumed from a checkpoint"
+    assert sorted(i for _, _, ids in counted for i in ids) == list(range(batch * steps))
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["membership"] == [left, joined]
+    assert any("worker:2 left the job" in line and "trained on with 2 worker(s)" in line
+               for line in summary["diagnosis"])
+    result = json.loads((job.run_dir / "tasks" / "worker-0" / "result.json").read_text())
+    assert result["steps"] == steps and result["accuracy"] > 0.3
     wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
 
 

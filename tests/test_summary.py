@@ -294,7 +294,7 @@ def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_
                        "idle_s": 61.5}]}
     (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang]}))
     summary = summarize(run)
-    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 7
+    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 8
     console = Console(record=True, width=200)
     render_report(summary, console)
     text = console.export_text()

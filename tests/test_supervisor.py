@@ -227,6 +227,123 @@ def test_a_checkpoint_that_cannot_be_shared_fails_the_group_restart(tmp_path):
     assert world.starts.count("worker:0") == 1, "no worker started again from a different state"
 
 
+def three_mwms_hosts() -> World:
+    """Three mwms workers, one per host, that finish 4 s after each start."""
+    return World("mwms", hosts=("node1", "node2", "node3"), workers=3,
+                 behaviours={f"worker:{i}": Behaviour(exit_after=4.0, ignores_term=True) for i in range(3)})
+
+
+def test_min_workers_a_host_gone_for_good_leaves_and_the_others_regroup_into_a_smaller_cluster(tmp_path):
+    world = three_mwms_hosts()
+    world.at(1.0, lambda: world.sessions["node3"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=world.reconnect_to("node3", comes_back=False), max_restarts=1,
+                          host_timeout_s=0.6, min_workers=2)
+    assert (result.ok, result.exit_code) == (True, 0), result.failure
+    change, = result.membership
+    assert (change["workers"], change["left"], change["host"], change["cause"]) == (
+        ["worker:0", "worker:1"], ["worker:2"], "node3", "host-lost")
+    assert result.restarts[0]["left"] == ["worker:2"] and result.restarts[0]["scope"] == "group"
+    restarted = {s.name: s for s in world.started_specs[3:]}
+    assert set(restarted) == {"worker:0", "worker:1"}, "the one gone is not started again"
+    for index, name in enumerate(("worker:0", "worker:1")):
+        spec = restarted[name]
+        assert spec.tf_config["task"] == {"type": "worker", "index": index}
+        assert len(spec.tf_config["cluster"]["worker"]) == 2 and spec.env["DDLCTL_NUM_WORKERS"] == "2"
+    assert states(result)["worker:2"] is TaskState.FAILED
+    assert states(result)["worker:0"] is TaskState.SUCCEEDED and states(result)["worker:1"] is TaskState.SUCCEEDED
+    assert any("worker:2 left the job" in m and "--min-workers 2" in m for m in world.messages)
+
+
+def test_min_workers_when_worker0_leaves_the_next_leads_from_its_own_newer_checkpoint_copy(tmp_path):
+    world = three_mwms_hosts()
+    plan = world.plan(tmp_path / "probe")
+    spec1 = plan.task("worker:1")
+    shared, copy = spec1.env["DDLCTL_CHECKPOINT_DIR"], f"{spec1.task_dir}/ckpt-scratch"
+    node2 = world.sessions["node2"]
+    node2.put_file(shared, "checkpoint", b'model_checkpoint_path: "ckpt-75"\n')  # an older copy of worker:0's
+    node2.put_file(copy, "checkpoint", b'model_checkpoint_path: "ckpt-150"\n')
+    node2.put_file(copy, "ckpt-150.index", b"i" * 7)
+    world.at(1.0, lambda: world.sessions["node1"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=world.reconnect_to("node1", comes_back=False), max_restarts=1,
+                          host_timeout_s=0.6, min_workers=2)
+    assert result.ok, result.failure
+    assert node2.files[f"{shared}/checkpoint"] == b'model_checkpoint_path: "ckpt-150"\n'
+    assert node2.files[f"{shared}/ckpt-150.index"] == b"i" * 7
+    leader = [s for s in world.started_specs if s.name == "worker:1"][-1]
+    assert leader.tf_config["task"]["index"] == 0, "worker:1 leads the regrouped cluster"
+    assert world.sessions["node3"].files[f"{shared}/ckpt-150.index"] == b"i" * 7, "and shares its checkpoint"
+
+
+def test_min_workers_that_cannot_be_kept_fail_the_job_naming_the_host_as_without_it(tmp_path):
+    world = three_mwms_hosts()
+    world.at(1.0, lambda: world.sessions["node3"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=world.reconnect_to("node3", comes_back=False), max_restarts=1,
+                          host_timeout_s=0.6, min_workers=3)
+    assert (result.ok, result.exit_code) == (False, 255)
+    assert (result.failure.reason, result.failure.task) == ("host-lost", "worker:2")
+    assert "did not come back within --host-timeout 0.6s" in result.failure.message
+    assert result.membership == ()
+
+
+def test_min_workers_a_ps_worker_whose_host_is_gone_leaves_and_training_goes_on(tmp_path):
+    world = World("ps", hosts=("node1", "node2"), workers=2, ps=1, slots=1,
+                  behaviours={"chief:0": Behaviour(exit_after=4.0), "worker:0": Behaviour(exit_after=None),
+                              "worker:1": Behaviour(exit_after=None), "ps:0": Behaviour(exit_after=None)})
+    plan = world.plan(tmp_path / "probe")
+    lost = plan.task("worker:1").host.label
+    assert lost not in (plan.task("chief:0").host.label, plan.task("ps:0").host.label), "a host of its own"
+    world.at(1.0, lambda: world.sessions[lost].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=world.reconnect_to(lost, comes_back=False), max_restarts=1,
+                          host_timeout_s=0.6, min_workers=1)
+    assert result.ok, result.failure
+    assert result.membership[0]["workers"] == ["worker:0"] and result.membership[0]["left"] == ["worker:1"]
+    assert world.starts.count("worker:1") == 1 and world.starts.count("chief:0") == 1
+
+
+def test_min_workers_a_host_that_answers_again_is_taken_back_at_the_next_checkpoint_uncounted(tmp_path):
+    # they train until taken back (the host timeout and probes run in real time, the world's clock faster)
+    world = World("mwms", hosts=("node1", "node2", "node3"), workers=3,
+                  behaviours={f"worker:{i}": Behaviour(exit_after=None, ignores_term=True) for i in range(3)},
+                  retries={("worker:0", 2): Behaviour(exit_after=4.0), ("worker:1", 2): Behaviour(exit_after=4.0),
+                           ("worker:2", 1): Behaviour(exit_after=4.0)})
+    plan = world.plan(tmp_path / "probe")
+    shared = plan.task("worker:0").env["DDLCTL_CHECKPOINT_DIR"]
+    world.sessions["node1"].put_file(shared, "checkpoint", b'model_checkpoint_path: "ckpt-40"\n', mtime_ns=1)
+    back = world.reconnect_to("node3")
+
+    def reconnect(host):  # refused until its workers left the job, then it answers
+        if not any("left the job" in m for m in world.messages):
+            world.reconnects.append(host)
+            raise ConnectionRefusedError(f"{host}: connection refused")
+        return back(host)
+
+    class Messages(list):  # the job checkpoints 1 s after ddlctl starts waiting for that
+        def append(self, message: str) -> None:
+            super().append(message)
+            if "next checkpoint" in message:
+                world.at(world.now - 1000.0 + 1.0, world.sessions["node1"].put_file, shared, "checkpoint",
+                         b'model_checkpoint_path: "ckpt-80"\n', 2)
+
+    world.messages = Messages()
+
+    world.at(1.0, lambda: world.sessions["node3"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=reconnect, max_restarts=1, host_timeout_s=0.6, min_workers=2,
+                          rejoin_after_s=2.0)
+    assert (result.ok, result.exit_code) == (True, 0), result.failure
+    left, joined = result.membership
+    assert (left["workers"], left["left"]) == (["worker:0", "worker:1"], ["worker:2"])
+    assert (joined["workers"], joined["joined"], joined["cause"]) == (["worker:0", "worker:1", "worker:2"],
+                                                                      ["worker:2"], "grow")
+    assert [(e["cause"], e["scope"]) for e in result.restarts] == [("host-lost", "group"), ("grow", "group")]
+    last = {s.name: s for s in world.started_specs}
+    assert [last[f"worker:{i}"].tf_config["task"]["index"] for i in range(3)] == [0, 1, 2]
+    assert all(len(s.tf_config["cluster"]["worker"]) == 3 for s in last.values())
+    assert world.starts.count("worker:2") == 2 and world.starts.count("worker:0") == 3
+    assert any("planned: no restart counted" in m for m in world.messages), "--max-restarts 1 was enough"
+    assert any("taking worker:2 back at the job's next checkpoint" in m for m in world.messages)
+    assert states(result)["worker:2"] is TaskState.SUCCEEDED
+
+
 # -- hangs ------------------------------------------------------------------------------------------
 
 def test_a_hang_blames_the_stopped_process_and_saves_every_tasks_stacks(tmp_path):

@@ -107,6 +107,21 @@ def launch(
     host_timeout: Annotated[float, typer.Option(
         "--host-timeout", metavar="SECONDS", min=0, help="Time to keep reconnecting to a host whose SSH "
                                                          "connection dropped before the job fails naming it.")] = 60.0,
+    min_workers: Annotated[int | None, typer.Option(
+        "--min-workers", metavar="N", min=1,
+        help="mwms, ps: when a host is lost for good (--host-timeout passed), go on with the workers that "
+             "remain while at least N do. mwms: a group restart from the latest checkpoint with a cluster spec "
+             "of the survivors (the global batch is kept, each worker takes more: the built-in workload's "
+             "default batch is rounded to divide every size from N up); ps: on without that host's workers. "
+             "A host that answers again later is taken back (see --rejoin-after). "
+             "Default: off (a host gone for good fails an mwms job; docs/faults.md).",
+        show_default=False)] = None,
+    rejoin_after: Annotated[float, typer.Option(
+        "--rejoin-after", metavar="SECONDS", min=0,
+        help="--min-workers: ddlctl keeps trying to reach a host whose workers left (2 s, then up to 60 s "
+             "apart); one that answers and stays up this long (doubled for each time it was lost before) is "
+             "taken back at the job's next checkpoint (mwms: a group restart with every worker; ps: its workers "
+             "rejoin). A planned restart: it uses none of --max-restarts.")] = 10.0,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the plan (tasks, hosts, ports, TF_CONFIG, commands); start "
                           "nothing.")] = False,
@@ -214,7 +229,8 @@ def launch(
                                  execution=_execution(execution, pipeline)),
         supervision=SupervisorOptions(startup_timeout_s=startup_timeout, grace_s=grace, max_restarts=max_restarts,
                                       restart_on=_value(restart_on) or "fault", hang_timeout_s=hang_timeout,
-                                      host_timeout_s=host_timeout),
+                                      host_timeout_s=host_timeout, min_workers=min_workers or 0,
+                                      rejoin_after_s=rejoin_after),
         output=OutputOptions(run_dir=_runs_dir(runs_dir, old_run_dir), run_id=_run_id(run_id), dry_run=dry_run,
                              json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose,
                              task_colors=task_colors, metrics=metrics_port),

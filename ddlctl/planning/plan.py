@@ -116,8 +116,9 @@ class TaskSpec:
 
     @property
     def dir_name(self) -> str:
-        """Folder name under ``tasks/`` (``worker-1``)."""
-        return f"{self.role}-{self.index}"
+        """Folder name under ``tasks/`` (``worker-1``): from the name, which a task keeps when
+        workers leave the job and its TF_CONFIG index changes."""
+        return self.name.replace(":", "-")
 
     @property
     def address(self) -> str | None:
@@ -509,8 +510,9 @@ def checkpoint_dir(request: LaunchRequest, host: Host) -> str:
 
 
 def retarget(spec: TaskSpec, ports: Mapping[str, int]) -> TaskSpec:
-    """``spec`` with the cluster members named in ``ports`` moved to those ports (its own port and
-    every address in its TF_CONFIG), for a group restarted after a port was taken."""
+    """``spec`` with the cluster members named in ``ports`` (by their TF_CONFIG name, ``worker:1``)
+    moved to those ports (its own port and every address in its TF_CONFIG), for a group restarted
+    after a port was taken."""
     if spec.tf_config is None:
         return spec
     cluster = {}
@@ -522,8 +524,31 @@ def retarget(spec: TaskSpec, ports: Mapping[str, int]) -> TaskSpec:
         cluster[role] = moved
     tf_config = {**spec.tf_config, "cluster": cluster}
     env = {**spec.env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True)}
-    port = ports.get(spec.name, spec.port) if spec.port is not None else None
+    port = ports.get(f"{spec.role}:{spec.index}", spec.port) if spec.port is not None else None
     return dataclasses.replace(spec, tf_config=tf_config, env=env, port=port)
+
+
+def regroup(specs: Sequence[TaskSpec], members: Sequence[str]) -> list[TaskSpec]:
+    """The specs of the workers ``members`` (in order) for a cluster of just them, after others
+    left the job (mwms, ``--min-workers``): each TF_CONFIG lists the members' addresses and gives
+    the task its position there as index; ``DDLCTL_NUM_WORKERS`` counts them; ``--balance speed``
+    speeds keep the members' own. ddlctl's task names (and folders) stay as they were."""
+    by_name = {s.name: s for s in specs}
+    addresses = [by_name[n].address for n in members]
+    regrouped = []
+    for index, name in enumerate(members):
+        spec = by_name[name]
+        env = {**spec.env, envvars.NUM_WORKERS: str(len(members))}
+        tf_config = None
+        if spec.tf_config is not None:
+            tf_config = {**spec.tf_config, "cluster": {**spec.tf_config["cluster"], "worker": addresses},  # type: ignore[dict-item]
+                         "task": {"type": spec.role, "index": index}}
+            env["TF_CONFIG"] = json.dumps(tf_config, sort_keys=True)
+        if envvars.SPEEDS in env:
+            speeds = json.loads(env[envvars.SPEEDS])
+            env[envvars.SPEEDS] = json.dumps([speeds[by_name[n].index] for n in members])  # by current index
+        regrouped.append(dataclasses.replace(spec, index=index, env=env, tf_config=tf_config))
+    return regrouped
 
 
 def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[TaskSpec, ...]:

@@ -123,14 +123,15 @@ class RunSummary:
     hangs: tuple[dict, ...] = ()  # each hang handled: culprit, why, threshold and rule, where each task stood
     time_by_cause: dict | None = None  # the job's wall time split by cause (ddlctl.report.causes)
     mfu: tuple[dict, ...] = ()  # per task with flops.json: model FLOPs per sample, achieved FLOP/s, MFU
+    membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers): who left, why, who trained on
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
         total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
-        plus time_by_cause and mfu (7))."""
+        plus time_by_cause and mfu (7), plus membership (8))."""
         data = asdict(self)
-        data = {"schema": 7, **data}
+        data = {"schema": 8, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -361,7 +362,7 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
         work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan,
         hangs=tuple(outcome.get("hangs", [])),
         time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)),
-        mfu=_mfu(run_dir, plan, tasks, hosts))
+        mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])))
     return _with_diagnosis(summary, outcome, run_end)
 
 
@@ -569,6 +570,15 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
         lines.append(f"ran degraded{how_long}: {event.get('task')} was lost ({event.get('detail')}) and not replaced")
     for lost in summary.hosts_lost:
         lines.append(f"connection to {lost.get('host')} lost: {lost.get('reason')}")
+    for change in summary.membership:
+        workers = list(change.get("workers", []))
+        if change.get("cause") == "grow":
+            lines.append(f"{', '.join(change.get('joined', []))} rejoined ({change.get('why')}): trained on with "
+                         f"{len(workers)} worker(s) from the checkpoint written just before")
+        else:
+            lines.append(f"{', '.join(change.get('left', []))} left the job ({change.get('why')}): trained on with "
+                         f"{len(workers)} worker(s) ({', '.join(workers)}) from the latest checkpoint, the same "
+                         f"global batch")
     note = balance_note(summary.balance)
     if note:
         lines.append(note)

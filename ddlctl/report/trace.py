@@ -95,6 +95,12 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
             events.append({"ph": "i", "s": "g", "name": f"connection lost: {lost.get('host')}",
                            "pid": pid_for(str(lost.get("host"))), "tid": 0, "ts": int(float(lost["time"]) * 1e6),
                            "args": {"reason": lost.get("reason")}})
+    for change in outcome.get("membership", []):
+        if change.get("time"):
+            events.append({"ph": "i", "s": "g", "name": f"membership: {len(change.get('workers', []))} worker(s)",
+                           "pid": pid_for(str(change.get("host") or "unknown host")), "tid": 0,
+                           "ts": int(float(change["time"]) * 1e6),
+                           "args": {"left": change.get("left"), "why": change.get("why")}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

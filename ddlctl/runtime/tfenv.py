@@ -23,10 +23,11 @@ class TaskContext:
     index: int
     num_workers: int
     task_dir: str | None
+    task: str = ""  # ddlctl's name of the task ($DDLCTL_TASK; its TF_CONFIG index differs once workers left)
 
     @property
     def name(self) -> str:
-        return f"{self.role}:{self.index}"
+        return self.task or f"{self.role}:{self.index}"
 
     @property
     def is_chief(self) -> bool:
@@ -53,6 +54,7 @@ def task_context(default_strategy: str = "one_device") -> TaskContext:
         index=int(task.get("index", 0)),
         num_workers=int(os.environ.get(envvars.NUM_WORKERS, len(cluster.get("worker", [])) or 1)),
         task_dir=os.environ.get(envvars.TASK_DIR),
+        task=os.environ.get(envvars.TASK, ""),
     )
 
 

@@ -10,6 +10,7 @@ costs one listing). A copy that fails stops the job with a message naming both h
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Mapping
 
 from ddlctl.transport.session import HostSession
@@ -40,3 +41,29 @@ def sync_folder(source: HostSession, source_dir: str, target: HostSession, targe
         target.write_file(posixpath.join(target_dir, name), data, mtime_ns=have[name][1])
         copied += len(data)
     return len(missing), copied
+
+
+#: TensorFlow's checkpoint state file in a CheckpointManager folder (names the latest checkpoint).
+CHECKPOINT_STATE = "checkpoint"
+_LATEST = re.compile(rb'^model_checkpoint_path:\s*"(?:.*/)?[^"/]*?-(\d+)"', re.MULTILINE)
+
+
+def checkpoint_step(state: bytes | None) -> int:
+    """The number of the latest checkpoint a state file names (``ckpt-150`` -> 150); -1: none (pure)."""
+    found = _LATEST.search(state or b"")
+    return int(found[1]) if found else -1
+
+
+def promote_copy(session: HostSession, copy_dir: str, shared_dir: str) -> int:
+    """A worker that now leads (worker 0 left the job): where its own copy of the checkpoints is
+    newer than the shared folder on its host, copy it there (they were taken at the same steps, so
+    usually they are the same). The number of files copied."""
+    def latest(folder: str) -> int:
+        if CHECKPOINT_STATE not in session.list_files(folder):
+            return -1
+        return checkpoint_step(session.read_file(posixpath.join(folder, CHECKPOINT_STATE)))
+
+    if latest(copy_dir) <= latest(shared_dir):
+        return 0
+    files, _size = sync_folder(session, copy_dir, session, shared_dir)
+    return files

@@ -84,11 +84,16 @@ class HostWatch:
         result = box[0] if box else LaunchError("reconnection gave nothing")
         if isinstance(result, Exception):
             return HostGone(label, getattr(result, "message", str(result)), isinstance(result, HostGoneError))
-        self.job.sessions[label] = result
-        self.attach(result)
-        self.away.discard(label)
+        self.rejoined(label, result)
         self.job.notify(f"reconnected to {label}")
         return True
+
+    def rejoined(self, label: str, session: AgentSession) -> None:
+        """``label`` answers again through ``session`` (a reconnection, or a probe of a host whose
+        workers left the job): the job's session for it from now on."""
+        self.job.sessions[label] = session
+        self.attach(session)
+        self.away.discard(label)
 
     def _reconnect_loop(self, label: str, box: list) -> None:
         deadline = time.monotonic() + self.job.options.host_timeout_s

@@ -54,6 +54,8 @@ class SupervisorOptions:
     restart_grace_s: float = 2.0
     silence_s: float = 15.0  # a host agent beats every 2 s: this long without a word = host lost
     backoff_base_s: float = 0.5  # waits 0.5, 1, 2, 4 ... s before successive restarts
+    min_workers: int = 0  # --min-workers: go on without workers whose host is gone while this many remain
+    rejoin_after_s: float = 10.0  # a host whose workers left is taken back after this long up (x2 per loss)
 
 
 @dataclass
@@ -110,6 +112,9 @@ class Job:
     tasks: dict[str, SupervisedTask] = field(default_factory=dict)
     stopping_since: float | None = None  # when stopping began (never a restart after that)
     pids: dict[str, object] = field(default_factory=dict)
+    left: set[str] = field(default_factory=set)  # tasks that left the job (--min-workers)
+    aliases: dict[str, str] = field(default_factory=dict)  # TensorFlow's task name -> ddlctl's, where they differ
+    membership: list[dict] = field(default_factory=list)  # every change of the job's workers
 
     @property
     def run_dir(self) -> Path:
@@ -121,8 +126,8 @@ class Job:
 
     @property
     def roles(self) -> dict[str, str]:
-        """Every program and server task -> its role."""
-        return {t.name: t.role for t in self.plan.tasks}
+        """Every program and server task of the job -> its role (those that left it aside)."""
+        return {t.name: t.role for t in self.plan.tasks if t.name not in self.left}
 
     @property
     def stopping(self) -> bool:
@@ -131,6 +136,10 @@ class Job:
     def alive(self) -> set[str]:
         """Names of the training tasks still running (telemetry agents left out)."""
         return {t.name for t in self.tasks.values() if t.alive and not t.is_agent}
+
+    def own_name(self, tf_name: str) -> str:
+        """ddlctl's name of the task TensorFlow calls ``tf_name`` (they differ once workers left)."""
+        return self.aliases.get(tf_name, tf_name)
 
     def log_path(self, name: str) -> Path:
         return task_log(self.run_dir, self.plan.task(name).dir_name)

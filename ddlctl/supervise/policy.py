@@ -34,7 +34,7 @@ restart (``checkpoint_unshared``) fail the job.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
@@ -119,29 +119,32 @@ def killed_from_outside(status: ExitStatus) -> bool:
 
 
 def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive: Set[str],
-             known: Set[str]) -> Fault:
+             known: Set[str], aliases: Mapping[str, str] | None = None) -> Fault:
     """The fault behind ``name`` ending with ``status``. A peer that the log blames and that is a
     task of this job (``known``) is at fault instead: hung if it is still running (``alive``);
     never when ``name`` was killed from outside (a ps chief killed after it had logged, and
-    recovered from, a lost worker is its own fault)."""
+    recovered from, a lost worker is its own fault). ``aliases``: TensorFlow's task names that
+    are not ddlctl's (once workers left the job) -> ddlctl's."""
     cause, detail = own_cause(status, log_text)
     if cause in ("traceback", "exit", "signal") and not status.lost and not killed_from_outside(status):
         blame = blame_peer(log_text, leader_of(strategy))
-        if blame is not None and blame.task != name and blame.task in known:
-            if blame.task in alive or blame.hung:
-                return Fault(task=blame.task, cause="hang", reporter=name, status=None,
+        peer = (aliases or {}).get(blame.task, blame.task) if blame is not None else None
+        if blame is not None and peer != name and peer in known:
+            if peer in alive or blame.hung:
+                return Fault(task=peer, cause="hang", reporter=name, status=None,
                              detail=f"hung ({name} reports \"{blame.line[:240]}\")")
-            return Fault(task=blame.task, cause="signal", reporter=name, status=None,
+            return Fault(task=peer, cause="signal", reporter=name, status=None,
                          detail=f"gone ({name} reports \"{blame.line[:240]}\")")
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
 
 
 def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str], used: int,
-           max_restarts: int, restart_on: str = "fault") -> Decision:
+           max_restarts: int, restart_on: str = "fault", min_workers: int = 0) -> Decision:
     """What to do about ``fault``. ``roles``: every task of the job -> role; ``alive``: tasks
-    still running; ``used``: restarts spent so far of ``max_restarts``. A reporter that died of
-    the fault (a ps chief whose worker vanished) is restarted with the task at fault."""
-    decision = _decide(strategy, fault, roles, alive, used, max_restarts, restart_on)
+    still running; ``used``: restarts spent so far of ``max_restarts``; ``min_workers``: workers a
+    ps job needs to go on degraded (0: one). A reporter that died of the fault (a ps chief whose
+    worker vanished) is restarted with the task at fault."""
+    decision = _decide(strategy, fault, roles, alive, used, max_restarts, restart_on, min_workers)
     reporter = fault.reporter
     if decision.action == "restart" and reporter != fault.task and reporter in roles \
             and reporter not in alive and reporter not in decision.tasks:
@@ -151,7 +154,7 @@ def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str
 
 
 def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str], used: int,
-            max_restarts: int, restart_on: str) -> Decision:
+            max_restarts: int, restart_on: str, min_workers: int) -> Decision:
     """The strategy table (see the module docstring)."""
     role = roles.get(fault.task, "worker")
     retryable = restart_on == "any" or fault.cause in FAULT_CAUSES
@@ -178,10 +181,12 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
             if allowed:
                 return restart([fault.task], "task", "restarting it in place (same address: it rejoins)")
             others = [t for t, r in roles.items() if r == "worker" and t != fault.task and t in alive]
-            if "chief:0" in alive and others:
+            if "chief:0" in alive and len(others) >= max(1, min_workers):
                 return Decision("continue", message=f"{fault.task} {failed}; training goes on "
                                 f"degraded with {len(others)} worker(s)", degraded=True)
-            gone = "the chief is gone too" if "chief:0" not in alive else "no worker is left"
+            gone = ("the chief is gone too" if "chief:0" not in alive else
+                    f"only {len(others)} worker(s) left (--min-workers {min_workers})" if others else
+                    "no worker is left")
             return Decision("fail", message=f"{failed}, and {gone}")
         if role == "chief":
             if allowed:
@@ -244,6 +249,39 @@ def host_gone(task: str, host: str, why: str, gone: bool, host_timeout_s: float)
                f"host {host} did not come back within --host-timeout {host_timeout_s:g}s ({why})")
     fault = Fault(task=task, cause="host-lost", reporter=task, status=ExitStatus(lost=True), detail=message)
     return fault, Decision("fail", message=message)
+
+
+def shrink(strategy: str, gone: Sequence[str], restarting: Sequence[str], roles: Mapping[str, str],
+           min_workers: int, why: str) -> Decision | None:
+    """``--min-workers``: the tasks ``gone`` (a host that will not be back) leave the job, which goes
+    on with the workers that remain if at least ``min_workers`` do: a group restart of the others
+    of ``restarting`` with a cluster spec of the survivors (mwms), or the ps job on without them.
+    None (fail, as without the option) when it is off, another role is gone, or too few remain."""
+    if not min_workers or strategy not in ("mwms", "ps") or any(roles.get(t) != "worker" for t in gone):
+        return None
+    workers = [t for t, r in roles.items() if r == "worker" and t not in gone]
+    if len(workers) < min_workers:
+        return None
+    tasks = tuple(t for t in restarting if t not in gone)
+    names = ", ".join(gone)
+    return Decision("shrink", tasks, "group" if strategy == "mwms" else "task",
+                    f"{names} left the job ({why}): training goes on with {len(workers)} worker(s) "
+                    f"(--min-workers {min_workers})")
+
+
+def grow_back(strategy: str, returning: Sequence[str], host: str, roles: Mapping[str, str]) -> Decision:
+    """A host whose workers left the job answers again (and stayed up, and the job checkpointed
+    since): a planned restart that takes them back. mwms: the whole group again with a cluster spec
+    of every worker (``roles``: the job's tasks once they are back); ps: those workers start again
+    and rejoin the coordinator. Not a fault: no restart of ``--max-restarts`` is used."""
+    workers = [t for t, r in roles.items() if r == "worker"]
+    names = ", ".join(returning)
+    if strategy == "mwms":
+        return Decision("restart", tuple(workers), "group",
+                        f"host {host} is back: taking {names} back, the group restarts with {len(workers)} "
+                        f"worker(s) from the checkpoint just written")
+    return Decision("restart", tuple(returning), "task",
+                    f"host {host} is back: starting {names} again ({len(workers)} worker(s)); it rejoins the chief")
 
 
 def checkpoint_unshared(leader_host: str, source_dir: str, target_host: str, error: str) -> Decision:

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 
 from ddlctl.envvars import CHECKPOINT_DIR, RESTART_COUNT
-from ddlctl.planning.plan import TaskSpec, retarget
-from ddlctl.supervise.checkpoints import sync_folder
+from ddlctl.planning.plan import TaskSpec, regroup, retarget
+from ddlctl.runfiles import TASK_CHECKPOINT_COPY
+from ddlctl.supervise.checkpoints import promote_copy, sync_folder
 from ddlctl.supervise.hosts import HostGone, HostWatch
 from ddlctl.supervise.job import Job, TaskState
 from ddlctl.supervise.policy import (
@@ -25,10 +26,15 @@ from ddlctl.supervise.policy import (
     Fault,
     backoff_s,
     checkpoint_unshared,
+    grow_back,
     host_gone,
     port_retry,
+    shrink,
     wider_scope,
 )
+
+#: Restart causes not counted against --max-restarts: a port taken before binding, a planned grow.
+UNCOUNTED = frozenset({"port-in-use", "grow"})
 
 
 @dataclass
@@ -66,8 +72,8 @@ class Restarts:
         return self.current is not None
 
     def used(self) -> int:
-        """Restarts counted against --max-restarts (port retries are not)."""
-        return sum(1 for e in self.events if e.get("cause") != "port-in-use")
+        """Restarts counted against --max-restarts (port retries and planned grows are not)."""
+        return sum(1 for e in self.events if e.get("cause") not in UNCOUNTED)
 
     def begin(self, decision: Decision, event: dict) -> None:
         """Stop ``decision.tasks`` to start them again (or add them to the restart under way)."""
@@ -78,9 +84,9 @@ class Restarts:
             current.scope = wider_scope(current.scope, decision.scope)
         else:
             self.events.append(event)
+            wait = 0.0 if event.get("cause") == "grow" else backoff_s(len(self.events), self.job.options.backoff_base_s)
             self.current = Restart(tasks=list(decision.tasks), scope=decision.scope, event=event,
-                                   not_before=now + backoff_s(len(self.events), self.job.options.backoff_base_s),
-                                   stop_sent=now)
+                                   not_before=now + wait, stop_sent=now)
         for name in decision.tasks:
             task = self.job.tasks[name]
             task.handled = True
@@ -125,14 +131,18 @@ class Restarts:
             return None
         if now < restart.not_before:
             return None
-        hosts = {t.host for t in tasks}
-        for label in hosts:
+        for label in sorted({t.host for t in tasks}):
             ready = self.hosts.ready(label, now)
             if isinstance(ready, HostGone):
-                return self._host_gone(restart, ready)
-            if not ready:
+                if not self._leave(restart, ready):
+                    return self._host_gone(restart, ready)
+            elif not ready:
                 return None
+        hosts = {job.tasks[n].host for n in restart.tasks}
         if self.hosts.settling(hosts, now) or job.stopping:
+            return None
+        if not restart.tasks:  # (ps) the only task to restart left the job with its host
+            self.current = None
             return None
         specs = self._specs(restart)
         if restart.scope == "group":
@@ -145,8 +155,8 @@ class Restarts:
             job.tasks[spec.name] = job.launch(spec, task.log, restarts=task.restarts + 1)
         job.write_pids()
         restart.event["restarted_at"] = time.time()
-        counted = "" if restart.event.get("cause") == "port-in-use" else \
-            f" (restart {self.used()} of {job.options.max_restarts})"
+        counted = {"port-in-use": "", "grow": " (planned: no restart counted)"}.get(
+            restart.event.get("cause", ""), f" (restart {self.used()} of {job.options.max_restarts})")
         job.notify(f"started {', '.join(restart.tasks)} again{counted}")
         self.current = None
         return None
@@ -156,6 +166,55 @@ class Restarts:
         for event in self.events:
             if name in event.get("tasks", ()) and "restarted_at" in event:
                 event.setdefault("listening_at", time.time())
+
+    def grow(self, returning: list[str], label: str) -> None:
+        """Take back the workers of a host that left the job and answers again (a planned restart:
+        :func:`~.policy.grow_back`)."""
+        job = self.job
+        job.left.difference_update(returning)
+        decision = grow_back(job.strategy, returning, label, job.roles)
+        self._regroup()
+        job.membership.append({"time": time.time(), "workers": self._workers(), "joined": list(returning),
+                               "host": label, "why": f"host {label} is back", "cause": "grow"})
+        event = {"time": time.time(), "task": returning[0], "host": label, "cause": "grow", "reporter": returning[0],
+                 "exit_code": None, "signal": None, "detail": f"host {label} answers again", "action": "restart",
+                 "scope": decision.scope, "tasks": list(decision.tasks), "joined": list(returning)}
+        job.notify(decision.message)
+        self.begin(decision, event)
+
+    def _workers(self) -> list[str]:
+        return [n for n, role in self.job.roles.items() if role == "worker"]
+
+    def _regroup(self) -> None:
+        """mwms: every worker of the job gets a cluster spec of the job's workers as they are now."""
+        job = self.job
+        if job.strategy != "mwms":
+            return
+        workers = self._workers()
+        for spec in regroup([job.tasks[n].spec for n in workers], workers):
+            job.tasks[spec.name].spec = spec
+        job.aliases = {f"worker:{i}": n for i, n in enumerate(workers) if f"worker:{i}" != n}
+
+    def _leave(self, restart: Restart, gone: HostGone) -> bool:
+        """``--min-workers``: the restart's tasks on a host that will not be back leave the job if
+        the policy lets it go on without them (False: it does not). Under mwms the workers that
+        remain are regrouped into a cluster spec of just them."""
+        job = self.job
+        leaving = [n for n in restart.tasks if job.tasks[n].host == gone.label]
+        why = (f"host {gone.label} cannot come back: {gone.why}" if gone.gone else
+               f"host {gone.label} did not come back within --host-timeout {job.options.host_timeout_s:g}s")
+        decision = shrink(job.strategy, leaving, restart.tasks, job.roles, job.options.min_workers, why)
+        if decision is None:
+            return False
+        job.notify(decision.message)
+        job.left.update(leaving)
+        restart.tasks = list(decision.tasks)
+        self._regroup()
+        change = {"time": time.time(), "workers": self._workers(), "left": leaving, "host": gone.label, "why": why,
+                  "cause": "host-lost"}
+        job.membership.append(change)
+        restart.event.setdefault("left", []).extend(leaving)
+        return True
 
     def _host_gone(self, restart: Restart, gone: HostGone) -> RestartFailed:
         self.current = None
@@ -167,11 +226,16 @@ class Restarts:
     def _share_checkpoint(self, specs: list[TaskSpec]) -> RestartFailed | None:
         """Before a group restart: every host of the group must see worker 0's checkpoint folder
         (copied to hosts that do not share it)."""
-        leader = next((s for s in specs if s.name == "worker:0"), None)
+        leader = next((s for s in specs if s.role == "worker" and s.index == 0), None)
         if leader is None:
             return None
         sessions = self.job.sessions
         source_dir = leader.env.get(CHECKPOINT_DIR, "")
+        if leader.name != "worker:0":  # worker:0 left the job: the new leader's own copy may be newer
+            try:
+                promote_copy(sessions[leader.host.label], f"{leader.task_dir}/{TASK_CHECKPOINT_COPY}", source_dir)
+            except OSError as exc:
+                return RestartFailed(checkpoint_unshared(leader.host.label, source_dir, leader.host.label, str(exc)))
         done: set[tuple[str, str]] = set()
         for spec in specs:
             target_dir = spec.env.get(CHECKPOINT_DIR, "")
@@ -208,7 +272,7 @@ class Restarts:
                 restart.event["new_ports"] = changed
                 job.notify("port(s) taken meanwhile, new ones chosen: "
                            + ", ".join(f"{n} -> {p}" for n, p in changed.items()))
-                everyone = {n: (changed.get(n) or s.port) for n, s in specs.items() if s.port}
+                everyone = {f"{s.role}:{s.index}": (changed.get(n) or s.port) for n, s in specs.items() if s.port}
                 specs = {n: retarget(s, everyone) for n, s in specs.items()}
                 for name, spec in specs.items():
                     job.tasks[name].spec = spec

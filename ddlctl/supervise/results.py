@@ -64,6 +64,7 @@ class JobResult:
     hosts_lost: tuple[dict, ...] = ()
     hangs: tuple[dict, ...] = ()
     started_at: float | None = None  # epoch seconds when the supervisor started the tasks
+    membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers)
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -125,7 +126,8 @@ def outcome_of(task: SupervisedTask) -> TaskOutcome:
 
 def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence[int], *,
                telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
-               hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None) -> JobResult:
+               hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None,
+               membership: Sequence[dict] = ()) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -133,7 +135,8 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      tasks=tuple(outcome_of(t) for t in ordered if not t.is_agent), failure=failure,
                      agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
-                     hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at)
+                     hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at,
+                     membership=tuple(membership))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -164,6 +167,7 @@ def outcome_record(result: JobResult) -> dict:
         "degraded": list(result.degraded),
         "hosts_lost": list(result.hosts_lost),
         "hangs": list(result.hangs),
+        "membership": list(result.membership),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

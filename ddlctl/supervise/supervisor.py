@@ -13,9 +13,9 @@ and decides:
   kills at once; a third exits at once, and the host agents still kill every task).
 
 The loop's concerns live beside it: :mod:`~.restarts` (backoff, ports, checkpoints),
-:mod:`~.hosts` (lost connections, reconnecting), :mod:`~.hangs` (the watch, stacks, culprit) and
-:mod:`~.results` (failure records, the result); every decision is a pure function of
-:mod:`~.policy`.
+:mod:`~.hosts` (lost connections, reconnecting), :mod:`~.hangs` (the watch, stacks, culprit),
+:mod:`~.elastic` (winning back hosts whose workers left the job) and :mod:`~.results` (failure
+records, the result); every decision is a pure function of :mod:`~.policy`.
 
 Telemetry agents (one per host) are supervised the same way, but their output goes to
 ``telemetry/<host>.jsonl`` (each sample also to ``on_sample`` for a live view), and an agent that
@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 
 from ddlctl.planning.plan import Plan
 from ddlctl.supervise.collapse import LineWriter
+from ddlctl.supervise.elastic import Elastic
 from ddlctl.supervise.hangs import Hangs
 from ddlctl.supervise.hosts import HostWatch, Reconnect
 from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
@@ -75,6 +76,7 @@ class Supervisor:
         self.hosts = HostWatch(self.job, reconnect, self._attach, self._detach)
         self.restarts = Restarts(self.job, self.hosts)
         self.hangs = Hangs(self.job)
+        self.elastic = Elastic(self.job, self.hosts, self.restarts)
         self.failure: Failure | None = None
         self.telemetry_gaps: list[str] = []
         self.degraded: list[dict] = []
@@ -103,6 +105,7 @@ class Supervisor:
                 self._tick()
         finally:
             self._restore_signal_handlers(previous)
+            self.elastic.close()
             self.writer.flush()
             for task in self.job.tasks.values():
                 if task.alive:  # only on an exception inside the loop: never leave them running
@@ -113,12 +116,11 @@ class Supervisor:
         return job_result(self.job, self.job.clock() - started, self.failure, self.signals,
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
-                          started_at=started_at)
+                          started_at=started_at, membership=self.job.membership)
 
     def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""
-        roles = self.job.roles
-        return ([(t.name, t.host, roles.get(t.name, "agent"), t.alive) for t in self.job.tasks.values()
+        return ([(t.name, t.host, t.spec.role, t.alive) for t in self.job.tasks.values()
                  if not t.is_agent], len(self.restarts.events))
 
     def _attach(self, session: AgentSession) -> None:
@@ -165,6 +167,7 @@ class Supervisor:
             self._escalate(now)
             return
         self.hangs.feed(now)
+        self.elastic.tick(now)
         self._probe_ports(now)
         self._check_startup_timeout(now)
         # while a replacement server starts, its peers may wait for it (a ps chief with no other
@@ -268,7 +271,7 @@ class Supervisor:
             return
         task.state = TaskState.FAILED
         alive = self.job.alive()
-        fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles))
+        fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles), self.job.aliases)
         session = self.job.sessions.get(task.host)
         if fault.cause == "host-lost" and session is not None and session.lost:  # say why the host went
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
@@ -278,12 +281,13 @@ class Supervisor:
 
     def _peer_report(self, reporter: SupervisedTask, blame: Blame) -> None:
         """A running task's TensorFlow named a hung peer (and may go on): that peer is at fault."""
-        culprit = self.job.tasks.get(blame.task)
+        name = self.job.own_name(blame.task)
+        culprit = self.job.tasks.get(name)
         current = self.restarts.current
         if culprit is None or culprit.is_agent or culprit is reporter or not culprit.alive or self.job.stopping \
-                or (current is not None and blame.task in current.tasks):
+                or (current is not None and name in current.tasks):
             return
-        fault = Fault(task=blame.task, cause="hang", reporter=reporter.name, status=None,
+        fault = Fault(task=name, cause="hang", reporter=reporter.name, status=None,
                       detail=f"hung ({reporter.name} reports \"{blame.line[:240]}\")")
         self._on_fault(self.hangs.named(fault, self.job.clock()))
 
@@ -294,7 +298,7 @@ class Supervisor:
             decision = decide_during_restart(job.strategy, fault, job.roles, alive)
         else:
             decision = decide(job.strategy, fault, job.roles, alive, self.restarts.used(),
-                              job.options.max_restarts, job.options.restart_on)
+                              job.options.max_restarts, job.options.restart_on, job.options.min_workers)
         event = fault_event(job, fault, decision.action, decision.scope, decision.tasks)
         if decision.action == "fail":
             job.notify(f"{fault.task} on {event['host']} failed: {decision.message}: stopping the other tasks")
@@ -362,7 +366,8 @@ class Supervisor:
 
     def _check_job_done(self) -> None:
         tasks = self.job.tasks.values()
-        programs = [t for t in tasks if t.spec.kind == "program" and t.spec.role != "evaluator"]
+        programs = [t for t in tasks if t.spec.kind == "program" and t.spec.role != "evaluator"
+                    and t.name not in self.job.left]
         if not self.restarts.under_way and programs and all(t.state is TaskState.SUCCEEDED for t in programs):
             if any(t.alive for t in tasks):
                 self.job.notify("training finished: stopping the remaining tasks")

@@ -302,9 +302,14 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
         first, count, remote = pending.popleft()
         try:
             figures = remote.fetch()
-        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError) as exc:
+        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
+                tf.errors.InvalidArgumentError) as exc:
             # The block ran, but its results lived on a worker that is gone: run it again
-            # (at-least-once, as the coordinator does for closures that had not finished).
+            # (at-least-once, as the coordinator does for closures that had not finished). A worker
+            # restarted in place answers for the old one's results with InvalidArgumentError
+            # ("Unable to find the relevant tensor remote_handle"), seen under load: the same case.
+            if isinstance(exc, tf.errors.InvalidArgumentError) and not stale_handle(str(exc)):
+                raise
             print(f"block at step {first + 1} lost with its worker ({type(exc).__name__}): scheduling it again",
                   flush=True)
             pending.appendleft((first, count, schedule(first, count)))
@@ -328,6 +333,16 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
             checkpointer.after(first + count)
     coordinator.join()
     return trainer
+
+
+#: TensorFlow's words when a result is asked of a worker that restarted since it computed it.
+STALE_HANDLE = ("Unable to find the relevant tensor remote_handle", "Unable to find a context_id",
+                "Perhaps the worker was restarted")
+
+
+def stale_handle(message: str) -> bool:
+    """Whether an error fetching a closure's result means its worker restarted (the result is gone)."""
+    return any(words in message for words in STALE_HANDLE)
 
 
 def run_evaluator(ctx: TaskContext, args: argparse.Namespace) -> int:

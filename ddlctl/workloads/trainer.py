@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ddlctl import envvars
 from ddlctl.flops import record_model_flops
+from ddlctl.runfiles import TASK_CHECKPOINT_COPY
 from ddlctl.runtime.tfenv import TaskContext
 from ddlctl.steps import StepRecorder, phase
 
@@ -169,7 +170,7 @@ class Checkpointer:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step)
         self.shared = args.checkpoint_dir
-        directory = self.shared if ctx.is_chief else str(Path(ctx.task_dir or ".") / "ckpt-scratch")
+        directory = self.shared if ctx.is_chief else str(Path(ctx.task_dir or ".") / TASK_CHECKPOINT_COPY)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=2)
         self.every = args.checkpoint_every or max(1, min(100, args.steps // 4))
         self.next = self.every
