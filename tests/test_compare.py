@@ -71,15 +71,16 @@ def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
         assert (plan["tasks"][0]["tf_config"] is None) == (strategy != "mwms"), "TF_CONFIG only for a cluster"
     assert rows["mwms"]["workers"] == 2
     assert json.loads((only_run_dir(tmp_path) / "compare.json").read_text()) == data
-    # a strategy that cannot run is a row with its reason, not an abort
+    # a strategy that cannot run is a row with its reason, not an abort: the next one is tried too
     hosts = tmp_path / "two.txt"
     hosts.write_text("localhost\n127.0.0.1\n")
-    failed = run_ddlctl("compare", "--hosts", str(hosts), "--strategies", "one_device,mwms", "--steps", "20",
+    failed = run_ddlctl("compare", "--hosts", str(hosts), "--strategies", "one_device,mirrored", "--steps", "20",
                         "--runs-dir", str(tmp_path / "second"), timeout=600)
     assert failed.returncode == 1
-    assert "one_device" in failed.stdout and "runs on one host" in failed.stdout
     assert "Traceback" not in failed.stderr + failed.stdout
-    assert re.search(r"mwms\s+│\s+2\s+│\s+[\d,]+", failed.stdout), failed.stdout
+    for strategy in ("one_device", "mirrored"):
+        assert re.search(rf"{strategy}\s+│\s+-\s+│\s+failed \(below\)", failed.stdout), failed.stdout
+        assert f"✗ {strategy}: the {strategy} strategy runs on one host, but {hosts} lists 2 hosts" in failed.stdout
 
 
 @pytest.mark.cluster

@@ -3,6 +3,7 @@ dropped connections (the sshd processes serving ddlctl killed mid-run)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pwd
@@ -182,10 +183,56 @@ def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_re
     assert sorted(i for _, _, ids in counted for i in ids) == list(range(batch * steps))
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["membership"] == [left, joined]
+    phases = summary["membership_phases"]
+    assert [len(p["workers"]) for p in phases] == [3, 2, 3] and all(p["steps"] > 0 for p in phases), phases
+    assert all(p["samples_per_s"] > 0 for p in phases)
+    assert "membership (--min-workers)" in (runs.parent / "ddlctl.out").read_text() + job.stderr()
     assert any("worker:2 left the job" in line and "trained on with 2 worker(s)" in line
                for line in summary["diagnosis"])
     result = json.loads((job.run_dir / "tasks" / "worker-0" / "result.json").read_text())
     assert result["steps"] == steps and result["accuracy"] > 0.3
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
+
+
+def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_it_rejoins_when_back(
+        cluster, tmp_path, runs):
+    # chief, ps and worker:0 on the first host; worker:1 and worker:2 on one host each
+    batch, steps = 64, 900
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+    job = Job(runs, "--hosts", str(hosts), "-s", "ps", "--max-restarts", "1", "--min-workers", "2",
+              "--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout",
+              "120", "--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", str(batch * steps),
+              "--batch-size", str(batch), "--steps-per-call", "4", "--record-ids", env=cluster.env)
+    wait_for(lambda: remote_steps(job, "chief-0") >= 40 or job.proc.poll() is not None, 180, "training")
+    assert job.proc.poll() is None, job.stderr()[-3000:]
+    down = cluster.hosts[2]
+    label = f"{down.address}:{down.port}"
+    try:
+        assert down.drop_connections(stop_listener=True) >= 1
+        wait_for(lambda: "worker:2 left the job" in job.stderr() or job.proc.poll() is not None, 120,
+                 "worker:2 to leave")
+        seen = remote_steps(job, "chief-0")
+        wait_for(lambda: remote_steps(job, "chief-0") >= seen + 40 or job.proc.poll() is not None, 180,
+                 "two workers to train on")
+        assert job.proc.poll() is None, job.stderr()[-3000:]
+    finally:
+        down.start()
+    assert job.wait(300) == 0, job.stderr()[-3000:]
+    left, joined = job.outcome()["membership"]
+    assert (left["workers"], left["left"], left["host"]) == (["worker:0", "worker:1"], ["worker:2"], label)
+    assert (joined["joined"], joined["cause"]) == (["worker:2"], "grow")
+    assert "starting worker:2 again (3 worker(s)); it rejoins the chief" in job.stderr()
+    # every id read, and read twice only in a block the chief ran again because its worker was lost
+    # (ps is at-least-once: a closure that ran on the lost worker is run again elsewhere)
+    chief = (job.run_dir / "tasks" / "chief-0" / "output.log").read_text()
+    again = {int(n) - 1 for n in re.findall(r"block at step (\d+) lost with its worker", chief)}
+    read = [i for w in ("worker-0", "worker-1", "worker-2")  # (servers: what their closures read)
+            for i in ids_by_attempt((job.run_dir / "tasks" / w / "output.log").read_text())[0][1]]
+    assert set(read) == set(range(batch * steps)), "every id read"
+    twice = {i for i, times in collections.Counter(read).items() if times > 1}
+    assert all(any(first <= i // batch < first + 4 for first in again) for i in twice), (sorted(again), len(twice))
+    work = {w["task"]: w["steps"] for w in json.loads((job.run_dir / "summary.json").read_text())["work"]}
+    assert work["worker:2"] > 0 and work["worker:0"] > 0 and work["worker:1"] > 0, work
     wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
 
 

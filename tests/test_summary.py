@@ -350,3 +350,31 @@ def test_a_step_file_reads_the_same_whether_every_line_is_sound_or_one_is_cut(tm
     odd.write_text(json.dumps({"step": 1, "start_us": 5.0e6, "duration_s": 1, "samples": 8.0}) + "\n")
     steps = read_steps(odd, "worker:0")
     assert (list(steps.step), list(steps.start_us), list(steps.samples), steps.bad_lines) == ([1], [5_000_000], [8], 0)
+
+
+def test_membership_phases_split_the_run_at_each_change_with_its_own_steps_and_throughput():
+    from array import array
+
+    from ddlctl.report.membership import membership_phases
+    from ddlctl.report.stepfile import TaskSteps
+
+    def series(name: str, starts: list[float], samples: int) -> TaskSteps:
+        return TaskSteps(name, step=array("q", range(1, len(starts) + 1)),
+                         start_us=array("q", [int(t * 1e6) for t in starts]), duration=array("d", [0.5] * len(starts)),
+                         samples=array("q", [samples] * len(starts)))
+
+    # 3 workers of 32 step at 100..103 s; worker:2 leaves at 104 s; 2 workers of 48 step at 110..113 s
+    steps = [series("worker:0", [100, 101, 102, 103, 110, 111, 112, 113], 0),
+             series("worker:1", [100, 101, 102, 103, 110, 111, 112, 113], 0),
+             series("worker:2", [100, 101, 102, 103], 32)]
+    for s in steps[:2]:
+        s.samples = array("q", [32] * 4 + [48] * 4)
+    change = {"time": 104.0, "workers": ["worker:0", "worker:1"], "left": ["worker:2"], "why": "host gone",
+              "cause": "host-lost"}
+    before, after = membership_phases([change], ["worker:0", "worker:1", "worker:2"], steps, 100.0, 113.5)
+    assert (before["workers"], before["why"], before["steps"]) == (["worker:0", "worker:1", "worker:2"], "start", 4)
+    assert before["samples_per_s"] == pytest.approx(4 * 96 / 3.5)  # 100.0 to 103.5
+    assert (after["workers"], after["why"], after["steps"], after["start"]) == (["worker:0", "worker:1"], "host gone",
+                                                                                4, 104.0)
+    assert after["samples_per_s"] == pytest.approx(4 * 96 / 3.5), "the restart before its first step not counted"
+    assert membership_phases([], ["worker:0"], steps, 100.0, 113.5) == ()

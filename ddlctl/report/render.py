@@ -257,6 +257,7 @@ def render_balance(summary: RunSummary, console: Console) -> None:
 def render_faults(summary: RunSummary, console: Console) -> None:
     """Restarts (one timeline line each, and a table), goodput and lost steps: what faults cost."""
     if not summary.restarts and not summary.degraded and not summary.hosts_lost:
+        render_membership(summary, console)
         return
     first = min([r.time for r in summary.restarts] + [d.get("time", 0.0) for d in summary.degraded]
                 + [h.get("time") or 0.0 for h in summary.hosts_lost])
@@ -276,6 +277,23 @@ def render_faults(summary: RunSummary, console: Console) -> None:
         console.print(Text(f"  +{r.time - first:.1f}s {r.task}: {r.detail}", style="dim"), soft_wrap=True)
     console.print(f"goodput {fmt(summary.goodput, '.2f')} (productive step time / training window) · "
                   f"{summary.steps_lost} step(s) redone after resuming")
+    render_membership(summary, console)
+
+
+def render_membership(summary: RunSummary, console: Console) -> None:
+    """The job's workers over time (``--min-workers``): each set, why it began, what it did."""
+    phases = summary.membership_phases
+    if not phases:
+        return
+    first = phases[0]["start"]
+    table = Table(title="membership (--min-workers)", title_justify="left")
+    for column in ("from", "to", "workers", "why", "steps", "samples/s while training"):
+        table.add_column(column, justify="left" if column in ("workers", "why") else "right", overflow="fold")
+    for phase in phases:
+        table.add_row(f"+{phase['start'] - first:.1f}s", f"+{phase['end'] - first:.1f}s",
+                      f"{len(phase['workers'])}: {', '.join(phase['workers'])}", str(phase["why"]),
+                      str(phase["steps"]), fmt(phase["samples_per_s"], ",.0f"))
+    console.print(table)
 
 
 def render_hangs(summary: RunSummary, console: Console) -> None:

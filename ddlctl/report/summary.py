@@ -35,6 +35,7 @@ from ddlctl.report.causes import straggler_wait, time_by_cause
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
+from ddlctl.report.membership import membership_phases
 from ddlctl.report.mfu import task_mfu
 from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, last_end_us, read_phases, read_steps
@@ -124,12 +125,13 @@ class RunSummary:
     time_by_cause: dict | None = None  # the job's wall time split by cause (ddlctl.report.causes)
     mfu: tuple[dict, ...] = ()  # per task with flops.json: model FLOPs per sample, achieved FLOP/s, MFU
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers): who left, why, who trained on
+    membership_phases: tuple[dict, ...] = ()  # per set of workers: when, why, steps, samples/s while training
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
         total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
-        plus time_by_cause and mfu (7), plus membership (8))."""
+        plus time_by_cause and mfu (7), plus membership and membership_phases (8))."""
         data = asdict(self)
         data = {"schema": 8, **data}
         for host in data["hosts"]:
@@ -362,7 +364,9 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
         work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan,
         hangs=tuple(outcome.get("hangs", [])),
         time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)),
-        mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])))
+        mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])),
+        membership_phases=membership_phases(outcome.get("membership", []), [
+            t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
     return _with_diagnosis(summary, outcome, run_end)
 
 
