@@ -16,7 +16,7 @@ Printed: time from the loss to training again (target <= cold start + 5 s, beyon
 goodput and wall time of each, and final accuracy against the fault-free run's (target within 1
 point).
 
-    .venv/bin/python benchmarks/elastic.py --steps 3000
+    .venv/bin/python benchmarks/elastic.py --steps 6000 --back-after 5
 """
 
 from __future__ import annotations
@@ -76,9 +76,10 @@ def summary(job: Job) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=3000, help="steps of each run")
+    parser.add_argument("--steps", type=int, default=6000,
+                        help="steps of each run (enough for the host to be back before the end)")
     parser.add_argument("--host-timeout", type=float, default=5.0, help="--host-timeout of the faulty runs")
-    parser.add_argument("--back-after", type=float, default=15.0,
+    parser.add_argument("--back-after", type=float, default=5.0,
                         help="seconds after the elastic job trains on with two workers before the host is back")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ddlctl-elastic-"))
