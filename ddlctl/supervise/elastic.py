@@ -1,14 +1,13 @@
 """Growing back (``--min-workers``): a host whose workers left the job is probed until it answers,
 then its workers are taken back at the job's next checkpoint.
 
-After workers left with their host (:meth:`~.restarts.Restarts.grow`'s counterpart,
-``Restarts._leave``), one reconnection is tried now and then (2 s after the loss, then 4, 8 ... at
-most 60 s apart), in a thread. A host that answers must stay up for a quiet period
-(``--rejoin-after``, doubled for every loss of that host before: one that flaps is not taken back
-at every beat); then, under mwms, the job must write a checkpoint (the ``checkpoint`` state file in
-the leader's ``DDLCTL_CHECKPOINT_DIR`` changes) so the group restarts from where it is, losing no
-steps; under ps the workers start again at once and rejoin the chief. Either way it is a planned
-restart: no restart of ``--max-restarts`` is used.
+After workers left the job with their host (a shrink: ``Restarts._leave``), one reconnection to
+that host is tried now and then (2 s after, then 4, 8 ... at most 60 s apart), in a thread. A host
+that answers must stay up for a quiet period (``--rejoin-after``, doubled for every loss of that
+host before: one that flaps is not taken back at every beat); then, under mwms, the job must write
+a checkpoint (the ``checkpoint`` state file in the leader's ``DDLCTL_CHECKPOINT_DIR`` changes) so
+the group restarts from where it is, losing no steps; under ps the workers start again at once and
+rejoin the chief. Either way it is a planned restart: no restart of ``--max-restarts`` is used.
 """
 
 from __future__ import annotations
