@@ -32,6 +32,7 @@ from ddlctl.supervise.supervisor import Supervisor
 from ddlctl.transport.status import ExitStatus
 
 TICK = 0.05
+REAL_LIMIT_S = 60.0  # real seconds a fake job may take before its test fails (they take under 1 s)
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
 
 
@@ -275,6 +276,7 @@ class World:
     reconnects: list[str] = field(default_factory=list)
     latest: dict[str, FakeTask] = field(default_factory=dict)  # task name -> its latest start
     _pid: int = 1000
+    real_deadline: float | None = None  # see tick()
 
     def __post_init__(self) -> None:
         self.sessions = {label: FakeSession(self, label) for label in self.hosts}
@@ -333,7 +335,12 @@ class World:
         return self._pid
 
     def tick(self, _progress: object = None) -> None:
-        """One supervisor tick: events due, then every task's life moves on."""
+        """One supervisor tick: events due, then every task's life moves on. A job that has not
+        ended after ``REAL_LIMIT_S`` of real time fails the test instead of hanging it (the fake
+        clock races ahead while a real-time thread works, so no fake-time bound would do)."""
+        if self.real_deadline is not None and time.monotonic() > self.real_deadline:
+            raise AssertionError(f"the fake job did not end within {REAL_LIMIT_S:g}s of real time; said so far: "
+                                 f"{self.messages[-5:]}")
         self.now += TICK
         due = [e for e in self.events if e[0] <= self.now]
         self.events = [e for e in self.events if e[0] > self.now]
@@ -375,6 +382,7 @@ class World:
             **options: object) -> tuple[JobResult, Plan]:
         """Supervise this world's plan to the end."""
         plan = self.plan(tmp_path / "run")
+        self.real_deadline = time.monotonic() + REAL_LIMIT_S
         defaults: dict[str, object] = {"tick_s": 0.0, "probe_interval_s": 0.0, "grace_s": 2.0,
                                        "restart_grace_s": 1.0, "startup_timeout_s": 30.0, "hang_timeout_s": 0.0}
         writer = PrefixedWriter(open(tmp_path / "console.txt", "wb"))  # noqa: SIM115
