@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import struct
 from pathlib import Path
 
 import pytest
@@ -15,15 +15,23 @@ from tests.conftest import run_ddlctl
 UTMP = Path("/var/run/utmp")
 
 
+def login_record(pid: int, user: str, line: str, host: str) -> bytes:
+    """A USER_PROCESS record as glibc's ``struct utmp`` lays it out on Linux x86-64 (384 bytes; what
+    ``who`` and psutil read). Written here: ``utmpdump -r`` failed or crashed on about a third of
+    its runs on this machine (util-linux 2.38: "Extraneous newline in file", or SIGSEGV)."""
+    import socket
+
+    when = 1795600800  # 2026-11-25 10:00 UTC
+    return struct.pack("<h2xi32s4s32s256shhiii16s20x", 7, pid, line.encode(), line[-4:].encode(), user.encode(),
+                       host.encode(), 0, 0, 0, when, 0, socket.inet_aton(host) + bytes(12))
+
+
 @pytest.fixture
 def someone_else_logged_in():
     if os.geteuid() != 0:
         pytest.skip("writing the system's login records needs root (CI runs as root)")
     saved = UTMP.read_bytes() if UTMP.exists() else None
-    record = (f"[7] [{os.getpid()}] [ts/9] [ddlctl-other] [pts/9       ] [10.0.0.5            ] "
-              "[10.0.0.5       ] [2026-11-25T10:00:00,000000+00:00]\n")
-    done = subprocess.run(["utmpdump", "-r"], input=record.encode(), capture_output=True, check=True)
-    UTMP.write_bytes((saved or b"") + done.stdout)
+    UTMP.write_bytes((saved or b"") + login_record(os.getpid(), "ddlctl-other", "pts/9", "10.0.0.5"))
     try:
         yield "ddlctl-other"
     finally:
