@@ -164,12 +164,12 @@ def check_min_workers(min_workers: int, strategy: str, workers: int, max_restart
     and a restart to spend (going on without a lost host is one)."""
     if not min_workers:
         return
-    if not max_restarts:
-        raise ConfigError("--min-workers needs --max-restarts 1 or more: going on without a lost host is a "
-                          "restart (of the group under mwms)", "add --max-restarts N")
     if strategy not in ("mwms", "ps"):
         raise ConfigError(f"--min-workers applies to --strategy mwms or ps, not {strategy}",
                           "drop --min-workers, or use -s mwms / -s ps")
+    if not max_restarts:
+        raise ConfigError("--min-workers needs --max-restarts 1 or more: going on without a lost host is a "
+                          "restart (of the group under mwms)", "add --max-restarts N")
     if min_workers > workers:
         raise ConfigError(f"--min-workers {min_workers} is more than the {workers} worker(s) of this cluster",
                           f"use at most --min-workers {workers}")
