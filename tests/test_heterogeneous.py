@@ -213,7 +213,6 @@ def test_dry_run_shows_each_tasks_cpu_limits_only_when_a_host_has_some(tmp_path)
     assert done.returncode == 0 and "CPU limits" not in done.stdout and "worker:1" in done.stdout
 
 
-@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 def test_launch_bench_measures_first_and_balances_by_the_saved_profile(tmp_path, runs):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost\n127.0.0.1\n")

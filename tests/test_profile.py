@@ -58,7 +58,7 @@ def test_report_from_a_copied_run_directory_gives_the_same_answer(runs, tmp_path
 
 
 def test_no_auto_steps_turns_the_hook_off(runs):
-    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--no-auto-steps", "--no-telemetry",
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "1", "--no-auto-steps", "--no-telemetry",
                         "--runs-dir", str(runs), "--", sys.executable, str(PROGRAMS / "fit_program.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert steps_of(only_run_dir(runs), "worker:0") == []

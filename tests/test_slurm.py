@@ -380,7 +380,6 @@ def test_a_missing_python_on_the_nodes_is_named_with_what_to_do(idle, runs):
     assert with_hosts.returncode == 2 and "drop --hosts" in with_hosts.stderr
 
 
-@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @needs_slurm
 def test_check_bench_measures_every_node_through_its_step(idle, tmp_path):
     env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}

@@ -4,7 +4,7 @@ worker:1, worker:2, ... a kind each (``lock,spin,pipe``: three workers hung thre
 worker:0 left waiting):
 
 * ``lock``: a Keras callback waits on a lock that is never released (``model.fit``, tf-keras);
-* ``spin``: a Keras callback spins in a busy loop (CPU at 100 %);
+* ``spin``: a Keras callback spins in a busy loop (CPU at 100 %, at the lowest priority);
 * ``pipe``: a Keras callback reads a pipe nobody writes;
 * ``local``: no hang of its own and no collective: every worker steps on its own (the test stops
   worker:1 with SIGSTOP; its peers keep stepping).
@@ -49,6 +49,9 @@ def wait_forever_on_a_lock() -> None:
 
 
 def spin_forever() -> None:
+    # at the lowest priority: still a busy loop in user code (state R, 100 % of an idle CPU), but one
+    # that leaves the CPU to whatever else runs (the tests beside this one, the hang watch's stacks)
+    os.nice(19)
     total = 0
     while True:
         total += 1
