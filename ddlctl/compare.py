@@ -123,13 +123,54 @@ def rows_from_runs(runs: Sequence[RunRecord], several: bool) -> list[dict]:
             "run_dirs": [r.run_dir for r in records if r.run_dir],
         })
     baselines = {row["execution"]: row["throughput_samples_per_s"] for row in rows if row["strategy"] == BASELINE}
+    baseline_runs = {row["execution"]: row["throughput_runs"] for row in rows if row["strategy"] == BASELINE}
     for row in rows:
         base = baselines.get(row["execution"])
         value = row["throughput_samples_per_s"]
         row["speedup_vs_one_device"] = value / base if base and value else None
+        spread = speedup_range(row["throughput_runs"], baseline_runs.get(row["execution"], [])) \
+            if row["strategy"] != BASELINE else None
+        row["speedup_range"] = list(spread) if spread else None  # [lowest, highest, inside the noise]
         row["scaling_efficiency"] = row["speedup_vs_one_device"] / row["workers"] \
             if row["speedup_vs_one_device"] and row["workers"] else None
     return rows
+
+
+def speedup_range(fast: Sequence[float], slow: Sequence[float]) -> tuple[float, float, bool] | None:
+    """The spread of ``median(fast) / median(slow)`` over repeats: (lowest, highest) ratio any run
+    of one against any run of the other gives, and whether the difference is inside the noise (the
+    two ranges of throughputs overlap). None with fewer than two runs of either."""
+    if len(fast) < 2 or len(slow) < 2 or min(slow) <= 0:
+        return None
+    overlap = min(fast) <= max(slow) and min(slow) <= max(fast)
+    return min(fast) / max(slow), max(fast) / min(slow), overlap
+
+
+def execution_ranges(rows: Sequence[dict]) -> dict[str, dict[str, list]]:
+    """Per strategy and mode, with repeats: [lowest, highest] of pipelined / that mode's throughput
+    and whether the difference is inside the noise (see :func:`speedup_range`)."""
+    by = {(r["strategy"], r["execution"]): r["throughput_runs"] for r in rows}
+    ranges: dict[str, dict[str, list]] = {}
+    for (strategy, mode), runs in by.items():
+        fast = by.get((strategy, "pipelined"))
+        spread = speedup_range(fast, runs) if mode != "pipelined" and fast else None
+        if spread:
+            ranges.setdefault(strategy, {})[mode] = list(spread)
+    return ranges
+
+
+def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], repeats: int) -> str:
+    """The line that says how pipelined execution compared under ``strategy``, with the spread over
+    ``repeats`` and whether each difference is inside the noise."""
+    parts = []
+    for mode, ratio in ratios.items():
+        text = f"{ratio:.2f}x {mode}'s throughput"
+        spread = ranges.get(mode)
+        if spread:
+            low, high, noise = spread
+            text += f" ({low:.2f}-{high:.2f}x over {repeats} repeats{': inside the noise' if noise else ''})"
+        parts.append(text)
+    return f"pipelined under {strategy}: " + ", ".join(parts)
 
 
 def execution_speedups(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
@@ -165,6 +206,12 @@ def _one_run(opts: CompareOptions, strategy: str, execution: str, root: Path, er
     return RunRecord(strategy, execution, plan.run_dir, result.exit_code, error, summary, workers)
 
 
+def run_order(strategies: Sequence[str], executions: Sequence[str], repeats: int) -> list[tuple[str, str, int]]:
+    """(strategy, mode, repeat) in the order they run: interleaved (A, B, C, A, B, C ...), so that a
+    drift of the machine during the comparison falls on every row alike instead of on the last."""
+    return [(s, m, r) for r in range(repeats) for s in strategies for m in executions]
+
+
 def compare(opts: CompareOptions, out: Console, err: Console) -> int:
     """Run every (strategy, mode, repeat); print the table and bar chart; write compare.json."""
     if opts.plot:
@@ -176,7 +223,7 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
     make_dir(root)
     several = len(opts.executions) > 1
     runs: list[RunRecord] = []
-    plan = [(s, m, r) for s in opts.strategies for m in opts.executions for r in range(opts.repeats)]
+    plan = run_order(opts.strategies, opts.executions, opts.repeats)
     for i, (strategy, execution, repeat) in enumerate(plan, start=1):
         name = label(strategy, execution, several) + (f" #{repeat + 1}" if opts.repeats > 1 else "")
         err.print(Text.assemble(("ddlctl compare:", "dim"), f" [{i}/{len(plan)}] {name} …"), highlight=False)
@@ -191,12 +238,13 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
     rows = rows_from_runs(runs, several)
     result = {"schema": 2, "compare_dir": str(root), "workload": opts.launch.workload.workload or "cnn",
               "steps": opts.launch.workload.steps, "repeats": opts.repeats, "executions": list(opts.executions),
-              "rows": rows, "execution_speedups": execution_speedups(rows)}
+              "rows": rows, "execution_speedups": execution_speedups(rows),
+              "execution_speedup_ranges": execution_ranges(rows)}
     (root / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if opts.json_out:
         out.print_json(data=result)
     else:
-        render_compare(rows, result["execution_speedups"], out)
+        render_compare(rows, result["execution_speedups"], out, result["execution_speedup_ranges"], opts.repeats)
         out.print(f"compare.json and the run directories: {root}", highlight=False)
     if opts.plot:
         plot(rows, opts.plot)
@@ -204,7 +252,8 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
     return 0 if all(r["error"] is None for r in rows) else 1
 
 
-def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], console: Console) -> None:
+def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], console: Console,
+                   ranges: dict[str, dict[str, list]] | None = None, repeats: int = 1) -> None:
     table = Table(title="ddlctl compare", title_justify="left")
     for column in ("strategy", "workers", "samples/s (median)", "spread", "step ms p50 / p95", "speedup",
                    "efficiency", "GPU util %", "loss", "accuracy"):
@@ -217,8 +266,12 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], 
             if len(r["throughput_runs"]) > 1 else "-"
         p50, p95 = r["step_time_p50_s"], r["step_time_p95_s"]
         times = f"{fmt(p50 and p50 * 1e3, '.1f')} / {fmt(p95 and p95 * 1e3, '.1f')}"
+        speedup = fmt(r["speedup_vs_one_device"], ".2f") + ("x" if r["speedup_vs_one_device"] else "")
+        if r.get("speedup_range"):
+            low, high, noise = r["speedup_range"]
+            speedup += f" ({low:.2f}-{high:.2f}{', noise' if noise else ''})"
         table.add_row(r["label"], fmt(r["workers"], "d"), fmt(r["throughput_samples_per_s"], ",.0f"), spread,
-                      times, fmt(r["speedup_vs_one_device"], ".2f") + ("x" if r["speedup_vs_one_device"] else ""),
+                      times, speedup,
                       fmt(r["scaling_efficiency"], ".0%"), fmt(r["gpu_util_mean"], ".0f"),
                       fmt(r["loss"], ".4f"), fmt(r["accuracy"], ".4f"))
     console.print(table)
@@ -238,8 +291,7 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], 
             console.print(f"  {r['label']:<{width}} {bar} {value:,.0f}" if value else
                           f"  {r['label']:<{width}} (failed)", highlight=False)
     for strategy, ratios in speedups.items():
-        ratios_text = ", ".join(f"{ratio:.2f}x {mode}'s throughput" for mode, ratio in ratios.items())
-        console.print(f"pipelined under {strategy}: {ratios_text}", highlight=False)
+        console.print(verdict(strategy, ratios, (ranges or {}).get(strategy, {}), repeats), highlight=False)
     asynchronous = [r for r in rows if r.get("steps_in_flight") and r["steps_in_flight"] > 1.05]
     for r in asynchronous:
         console.print(f"{r['label']}: {r['steps_in_flight']:.2f} steps in flight on average (asynchronous "

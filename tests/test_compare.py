@@ -8,7 +8,16 @@ import sys
 
 import pytest
 
-from ddlctl.compare import RunRecord, execution_speedups, parse_executions, rows_from_runs
+from ddlctl.compare import (
+    RunRecord,
+    execution_ranges,
+    execution_speedups,
+    parse_executions,
+    rows_from_runs,
+    run_order,
+    speedup_range,
+    verdict,
+)
 from tests.conftest import only_run_dir, run_ddlctl
 
 IDS = re.compile(r"ddlctl-ids \[([\d\s]*)\]")
@@ -43,6 +52,29 @@ def test_rows_speedup_efficiency_spread_and_failures_are_computed_from_runs():
     assert parse_executions("linear, pipelined,linear") == ("linear", "pipelined")
     with pytest.raises(Exception, match="unknown mode 'fast'"):
         parse_executions("pipelined,fast")
+
+
+def test_repeats_run_interleaved_and_the_verdict_says_the_spread_and_when_it_is_noise():
+    assert run_order(["a", "b"], ["pipelined", "linear"], 2) == [
+        ("a", "pipelined", 0), ("a", "linear", 0), ("b", "pipelined", 0), ("b", "linear", 0),
+        ("a", "pipelined", 1), ("a", "linear", 1), ("b", "pipelined", 1), ("b", "linear", 1)]
+    # pipelined 110-130 against linear 90-100: apart; against 100-120: the ranges overlap
+    assert speedup_range([110.0, 120.0, 130.0], [90.0, 95.0, 100.0]) == (pytest.approx(1.1), pytest.approx(130 / 90),
+                                                                         False)
+    assert speedup_range([110.0, 130.0], [100.0, 120.0])[2] is True
+    assert speedup_range([110.0], [100.0, 120.0]) is None  # one run: no spread to speak of
+    runs = [RunRecord("ps", mode, f"{mode}{i}", 0, None, summary(v), 2)
+            for mode, values in (("pipelined", (110.0, 120.0, 130.0)), ("linear", (100.0, 105.0, 120.0)))
+            for i, v in enumerate(values)]
+    rows = rows_from_runs(runs, several=True)
+    ranges = execution_ranges(rows)
+    assert ranges == {"ps": {"linear": [pytest.approx(110 / 120), pytest.approx(1.3), True]}}
+    line = verdict("ps", execution_speedups(rows)["ps"], ranges["ps"], 3)
+    assert line == "pipelined under ps: 1.14x linear's throughput (0.92-1.30x over 3 repeats: inside the noise)"
+    one = [RunRecord("one_device", "pipelined", f"o{i}", 0, None, summary(v), 1) for i, v in enumerate((100.0, 104.0))]
+    two = [RunRecord("mwms", "pipelined", f"m{i}", 0, None, summary(v), 2) for i, v in enumerate((180.0, 200.0))]
+    mwms = {r["strategy"]: r for r in rows_from_runs(one + two, several=False)}["mwms"]
+    assert mwms["speedup_range"] == [pytest.approx(180 / 104), pytest.approx(2.0), False]
 
 
 @pytest.mark.cluster

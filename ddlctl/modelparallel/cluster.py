@@ -53,7 +53,9 @@ def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
     less): ``(latency_s, bandwidth_bps, dispatch_s)``. Each pair of neighbours passes a tensor back
     and forth ``hops`` times inside one function, once with 4 bytes and once with ``message_bytes``
     (a micro-batch's activation); a message costs ``latency + bytes / bandwidth`` (medians over the
-    pairs). ``dispatch_s`` is a step's fixed cost: one function that touches every stage once."""
+    pairs). ``dispatch_s`` is a step's fixed cost: one function that touches every stage once.
+    Each function's time is its fastest of ``repeats`` calls: a difference of two medians fell to
+    nothing on a loaded machine (a latency of 0), the fastest calls are the ones nothing delayed."""
     import tensorflow as tf
 
     def timed(fn, x) -> float:  # noqa: ANN001
@@ -64,7 +66,7 @@ def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
             start = time.perf_counter()
             fn(x).numpy()
             times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+        return min(times)
 
     def chain(pair: Sequence[str], n: int) -> Callable:
         def run(x):  # noqa: ANN001, ANN202

@@ -397,6 +397,15 @@ def plan_counts(layers: Sequence[Layer], devices: Sequence[Device], counts: Sequ
     return _plan(algorithm, _Model(layers), devices, cuts, link, microbatches)
 
 
+def gap(plans: Sequence[PartitionPlan], algorithm: str = "greedy", reference: str = "optimal") -> float | None:
+    """How much longer ``algorithm``'s predicted step is than ``reference``'s (0.05: 5% longer),
+    among ``plans``; None unless both are there and feasible."""
+    steps = {p.algorithm: p.step_time_s for p in plans if p.feasible and p.step_time_s}
+    if algorithm not in steps or reference not in steps:
+        return None
+    return steps[algorithm] / steps[reference] - 1.0
+
+
 def plan(algorithm: str, layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
          link: Link = Link(), seed: int = 0) -> PartitionPlan:
     """The plan of one algorithm (``random``, ``greedy``, ``optimal`` or ``single``)."""
