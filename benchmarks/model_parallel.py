@@ -13,13 +13,17 @@ one device. Then:
    several seeds, greedy, optimal), at 1 and at 4 micro-batches, with its predicted step time;
 3. every plan runs under ``ddlctl launch --strategy model`` and its median step time is measured.
 
-Printed side by side: predicted and measured per plan and the error, the single-fastest-device row,
-greedy over random, optimal over greedy, micro-batching (4 vs 1), and the time to plan 1,000 layers
-onto 64 devices. Targets: greedy >= 1.3x faster than random, optimal <= greedy, predictions within
+Every plan runs ``--rounds`` times, interleaved (each plan once per round, round after round), so
+that a drift of the machine falls on every plan alike. Printed side by side: predicted and
+measured per plan (median of the rounds, with the lowest and highest) and the error, the
+single-fastest-device row, greedy and optimal over random (every run of every random plan), greedy
+over optimal, micro-batching (4 vs 1), each ratio of medians with the lowest and highest that any
+pair of runs gives ("inside the noise" when the two plans' runs overlap), and the time to plan
+1,000 layers onto 64 devices. Targets: greedy >= 1.3x faster than random, optimal <= greedy, predictions within
 25%, micro-batching >= 1.3x over none on 3 stages, planning < 1 s.
 
     .venv/bin/python benchmarks/model_parallel.py [--steps 30] [--batch-size 512] [--memory 40MiB]
-        [--random-seeds 5] [--rounds 1]
+        [--random-seeds 5] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ def main() -> None:
     parser.add_argument("--quotas", default="0.6,0.3", metavar="FAST,SLOW",
                         help="CPUs of the two fast stage tasks (each) and of the slow one")
     parser.add_argument("--random-seeds", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=1, help="runs per plan (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per plan, interleaved (median and spread)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the stage devices are emulated with cgroup CPU quotas)")
@@ -116,57 +120,73 @@ def main() -> None:
     ddlctl("check", "--bench", "--hosts", str(stage_hosts), "--save", str(profile))
     gflops = {label: round(h["speed"], 1) for label, h in json.loads(profile.read_text())["hosts"].items()}
     print(f"measured GFLOP/s per device: {gflops}", flush=True)
+    planned = {m: plans_for(m, args, hosts, profile, root) for m in (1, 4)}
+    distinct = sorted({(m, tuple(s["layers"] for s in p["stages"]))
+                       for m, plans in planned.items() for p in plans.values() if p["feasible"]})
+    # every plan once per round, the rounds one after the other (A, B, C, A, B, C ...): a drift of the
+    # machine falls on every plan alike; a plan two algorithms agree on runs once per round
+    runs_of: dict[tuple, list[tuple[float, float | None]]] = {key: [] for key in distinct}
+    for round_ in range(max(1, args.rounds)):
+        for m, counts in distinct:
+            runs_of[(m, counts)].append(run_plan(list(counts), m, args, hosts, profile, root))
+            measured = runs_of[(m, counts)][-1][0]
+            print(f"round {round_ + 1}: m={m} stages {list(counts)} measured {measured * 1e3:7.1f} ms", flush=True)
     rows = []
-    measured_of: dict[tuple, float] = {}  # a plan two algorithms agree on runs once
-    for microbatches in (1, 4):
-        for name, p in plans_for(microbatches, args, hosts, profile, root).items():
+    for m, plans in planned.items():
+        for name, p in plans.items():
             if not p["feasible"]:
-                rows.append((microbatches, name, None, None, p["reason"], None))
+                rows.append((m, name, None, None, p["reason"], None))
                 continue
-            counts = [s["layers"] for s in p["stages"]]
-            key = (microbatches, tuple(counts))
-            if key not in measured_of:
-                runs = [run_plan(counts, microbatches, args, hosts, profile, root) for _ in range(max(1, args.rounds))]
-                measured_of[key] = (statistics.median(r[0] for r in runs),
-                                    statistics.median(r[1] for r in runs) if all(r[1] for r in runs) else None)
-            measured, in_situ = measured_of[key]
-            rows.append((microbatches, name, p["step_time_s"], measured, ",".join(map(str, counts)), in_situ))
-            print(f"m={microbatches} {name:<16} predicted {p['step_time_s'] * 1e3:7.1f} ms (chief: "
-                  f"{(in_situ or 0) * 1e3:7.1f} ms)  measured {measured * 1e3:7.1f} ms  stages {counts}", flush=True)
+            counts = tuple(s["layers"] for s in p["stages"])
+            steps = [r[0] for r in runs_of[(m, counts)]]
+            chief = [r[1] for r in runs_of[(m, counts)] if r[1]]
+            rows.append((m, name, p["step_time_s"], steps, ",".join(map(str, counts)),
+                         statistics.median(chief) if chief else None))
     print(f"\ndeep model, batch {args.batch_size}, 3 stage tasks (CPU quotas {fast}/{fast}/{slow}, memory "
-          f"{args.memory} each), {args.steps} steps, median step time")
+          f"{args.memory} each), {args.steps} steps, median step time of each run, median [lowest-highest] over "
+          f"{args.rounds} interleaved round(s)")
     print("predicted: by `ddlctl partition` (offline: link from check --bench); chief: by the launched chief "
           "before training (link between the stage tasks as TensorFlow moved tensors, and a step's dispatch)")
     print(f"{'m':>2} {'plan':<22} {'predicted ms':>13} {'error':>7} {'chief ms':>9} {'error':>7} "
-          f"{'measured ms':>12}  stages / note")
+          f"{'measured ms [spread]':>24}  stages / note")
     errors, chief_errors = [], []
-    for m, name, predicted, measured, note, in_situ in rows:
+    for m, name, predicted, steps, note, in_situ in rows:
         label = "single fastest device" if name == "single" else name
-        if measured is None:
-            print(f"{m:>2} {label:<22} {'-':>13} {'-':>7} {'-':>9} {'-':>7} {'-':>12}  infeasible: {note}")
+        if steps is None:
+            print(f"{m:>2} {label:<22} {'-':>13} {'-':>7} {'-':>9} {'-':>7} {'-':>24}  infeasible: {note}")
             continue
+        measured = statistics.median(steps)
         error = (predicted - measured) / measured
         errors.append(abs(error))
         chief = f"{in_situ * 1e3:>9.1f} {(in_situ - measured) / measured:>+7.0%}" if in_situ else f"{'-':>9} {'-':>7}"
         if in_situ:
             chief_errors.append(abs(in_situ - measured) / measured)
-        print(f"{m:>2} {label:<22} {predicted * 1e3:>13.1f} {error:>+7.0%} {chief} {measured * 1e3:>12.1f}  {note}")
+        spread = f"{measured * 1e3:.1f} [{min(steps) * 1e3:.1f}-{max(steps) * 1e3:.1f}]"
+        print(f"{m:>2} {label:<22} {predicted * 1e3:>13.1f} {error:>+7.0%} {chief} {spread:>24}  {note}")
+
+    def ratio(slow: list[float], fast: list[float]) -> str:
+        """median(slow) / median(fast), with the lowest and highest any pair of runs gives."""
+        low, high = min(slow) / max(fast), max(slow) / min(fast)
+        inside = " (inside the noise)" if min(slow) <= max(fast) else ""
+        return f"{statistics.median(slow) / statistics.median(fast):.2f}x [{low:.2f}-{high:.2f}]{inside}"
+
     for m in (1, 4):
-        measured = {name: value for mm, name, _, value, _, _ in rows if mm == m and value is not None}
-        randoms = [v for n, v in measured.items() if n.startswith("random")]
+        measured = {name: steps for mm, name, _, steps, _, _ in rows if mm == m and steps is not None}
+        randoms = [v for n, steps in measured.items() if n.startswith("random") for v in steps]
         if randoms and "greedy" in measured and "optimal" in measured:
-            base = statistics.mean(randoms)
-            print(f"m={m}: greedy {base / measured['greedy']:.2f}x faster than random (mean of {len(randoms)} "
-                  f"seeds), optimal {base / measured['optimal']:.2f}x; optimal / greedy "
-                  f"{measured['optimal'] / measured['greedy']:.2f}")
-    one = {name: value for m, name, _, value, _, _ in rows if m == 1 and value is not None}
-    four = {name: value for m, name, _, value, _, _ in rows if m == 4 and value is not None}
+            print(f"m={m}: greedy {ratio(randoms, measured['greedy'])} faster than random (every run of "
+                  f"{sum(1 for n in measured if n.startswith('random'))} random plans), optimal "
+                  f"{ratio(randoms, measured['optimal'])}; greedy over optimal "
+                  f"{ratio(measured['greedy'], measured['optimal'])}")
+    one = {name: steps for m, name, _, steps, _, _ in rows if m == 1 and steps is not None}
+    four = {name: steps for m, name, _, steps, _, _ in rows if m == 4 and steps is not None}
     for name in ("greedy", "optimal"):
         if name in one and name in four:
-            print(f"micro-batching (4 vs 1) with {name}: {one[name] / four[name]:.2f}x")
+            print(f"micro-batching (4 vs 1) with {name}: {ratio(one[name], four[name])}")
     for who, found in (("partition", errors), ("chief", chief_errors)):
         if found:
-            print(f"prediction error ({who}): median {statistics.median(found):.0%}, largest {max(found):.0%}")
+            print(f"prediction error ({who}, on the medians): median {statistics.median(found):.0%}, "
+                  f"largest {max(found):.0%}")
     print(f"planning 1,000 layers onto 64 devices (optimal, 8 micro-batches): {planner_speed():.2f} s")
     print(f"runs: {root}")
 

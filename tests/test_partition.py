@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from ddlctl.planning.partition import (
     Device,
     Layer,
     Link,
+    gap,
     plan,
     plan_counts,
     plan_greedy,
@@ -238,6 +240,42 @@ def test_a_given_plan_without_prediction_is_taken_as_is_kept_and_resumed(tmp_pat
     assert mp.plan(None, ["a", "b"], 64, 1, checkpoint_dir=str(kept)) == StagePlan([2, 3], "resumed")
     with pytest.raises(UserError, match="not a comma-separated list"):
         mp.plan(None, ["a", "b"], 64, 1, partition="2;3", predict=False)
+
+
+def greedy_gaps(microbatches: int, equal: bool, count: int = 100, seed: int = 3) -> list[float]:
+    """Greedy's predicted step over optimal's, less 1, on ``count`` seeded random models: log-normal
+    layer costs, 8-64 layers, 2-8 devices (equal, or speeds from 0.25 to 1), no memory limit."""
+    import random
+
+    rng = random.Random(seed)
+    found = []
+    for _ in range(count):
+        layers = [Layer(f"l{i}", rng.lognormvariate(0, 0.8) * 1e-3, 2**20, 2**18)
+                  for i in range(rng.choice([8, 16, 32, 64]))]
+        devices = [Device(f"d{j}", 1.0 if equal else rng.uniform(0.25, 1.0)) for j in range(rng.choice([2, 3, 4, 8]))]
+        link = Link(10e9, 1e-5)
+        found.append(gap([plan_greedy(layers, devices, microbatches, link),
+                          plan_optimal(layers, devices, microbatches, link)]))
+    return sorted(found)
+
+
+def test_greedy_is_close_to_optimal_where_it_was_made_for_a_pipeline_and_not_for_a_sequence_on_unequal_devices():
+    """The research's greedy balances the stages by speed: what a pipeline (micro-batches) needs. On
+    a hundred random models it is within a few percent of the exact plan there; without
+    micro-batching on unequal devices balancing gains nothing (the step is the sum of the stages,
+    least with more on the fast devices), and the exact plan is far better: why ``partition`` says
+    the gap and launch runs the faster plan. (benchmarks/planner.py prints the whole distribution.)"""
+    for equal in (True, False):
+        piped = greedy_gaps(4, equal)
+        assert statistics.median(piped) < 0.02, piped
+        assert sum(g < 0.05 for g in piped) >= (90 if equal else 65), piped
+    sequential = greedy_gaps(1, equal=True)
+    assert statistics.median(sequential) < 0.05 and sum(g < 0.10 for g in sequential) >= 85, sequential
+    unequal = greedy_gaps(1, equal=False)
+    assert statistics.median(unequal) > 0.15, unequal
+    # the exact plan minimises the slowest stage (or the sum), not the whole predicted step with its
+    # updates' overhang: greedy may be a hair faster by the step, never by much
+    assert min(g for gaps in (piped, sequential, unequal) for g in gaps) > -0.02
 
 
 def test_the_cost_model_on_plans_worked_out_by_hand():

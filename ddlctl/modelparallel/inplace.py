@@ -90,7 +90,7 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
     link measured between them. A new plan is kept in ``checkpoint_dir`` when one is given. A
     given plan is still measured, to predict its step time, unless ``predict`` is false (that
     saves the profile: 1-3 s for a small model)."""
-    from ddlctl.planning.partition import plan_counts, plan_greedy
+    from ddlctl.planning.partition import gap, plan_counts, plan_greedy, plan_optimal
 
     kept = Path(checkpoint_dir or "") / "partition.json"
     if not partition and checkpoint_dir and kept.is_file():
@@ -110,6 +110,10 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
             raise UserError(f"cannot place the model on the {len(devices)} stage task(s): {planned.reason}",
                             "add devices or memory (memory= in the hosts file), or use a smaller model")
         counts, how = [stage.layers for stage in planned.stages], "greedy"
+        slower = gap([planned, plan_optimal(layers, devices, microbatches, link)])
+        if slower is not None and slower >= 0.05:  # the research's plan, kept; say what it leaves
+            print(f"greedy's plan is predicted {slower:.0%} slower than the optimal one: 'ddlctl partition "
+                  "--save FILE' and 'launch --partition FILE' run the faster", flush=True)
     predicted = {"step_s": (planned.step_time_s or 0.0) + dispatch, "dispatch_s": dispatch,
                  "stage_s": [stage.time_s for stage in planned.stages],
                  "link": {"latency_s": link.latency_s,
