@@ -119,6 +119,7 @@ def rows_from_runs(runs: Sequence[RunRecord], several: bool) -> list[dict]:
             "loss": _median([t.get("loss") for ts in tasks for t in ts]),
             "accuracy": _median([t.get("accuracy") for ts in tasks for t in ts]),
             "steps_in_flight": _median([t.get("steps_in_flight_mean") for ts in tasks for t in ts]),
+            "input_fraction": _median([t.get("input_fraction") for ts in tasks for t in ts]),
             "error": None if good else "; ".join(dict.fromkeys(r.error or "no result" for r in records)),
             "run_dirs": [r.run_dir for r in records if r.run_dir],
         })
@@ -131,9 +132,34 @@ def rows_from_runs(runs: Sequence[RunRecord], several: bool) -> list[dict]:
         spread = speedup_range(row["throughput_runs"], baseline_runs.get(row["execution"], [])) \
             if row["strategy"] != BASELINE else None
         row["speedup_range"] = list(spread) if spread else None  # [lowest, highest, inside the noise]
+        row["bound"] = bound(row["execution"], row["input_fraction"])
         row["scaling_efficiency"] = row["speedup_vs_one_device"] / row["workers"] \
             if row["speedup_vs_one_device"] and row["workers"] else None
     return rows
+
+
+#: a pipelined step that still waits this share of its time for input is input-bound
+INPUT_WAIT_BOUND = 0.30
+
+
+def bound(execution: str, input_fraction: float | None) -> str | None:
+    """Input-bound or compute-bound, from the run's own step records (the share of each step spent
+    getting its batch). Without overlap (linear, python-feed) that share is the input pipeline
+    alone and the rest the step alone: the larger decides. Pipelined, it is what overlap left: a
+    step still waiting for input is input-bound, else the input is hidden behind compute."""
+    if input_fraction is None:
+        return None
+    if execution == "pipelined":
+        return (f"input-bound (still waits {input_fraction:.0%} for input)" if input_fraction > INPUT_WAIT_BOUND
+                else f"compute-bound (input hidden: {input_fraction:.0%} wait)")
+    kind = "input" if input_fraction >= 0.5 else "compute"
+    return f"{kind}-bound ({input_fraction:.0%} input, {1 - input_fraction:.0%} compute, one after the other)"
+
+
+def overlap_ceiling(input_fraction: float) -> float:
+    """The most that overlapping input with compute can gain over a step that does one after the
+    other: (input + compute) / the larger of the two."""
+    return 1.0 / max(input_fraction, 1.0 - input_fraction, 1e-9)
 
 
 def speedup_range(fast: Sequence[float], slow: Sequence[float]) -> tuple[float, float, bool] | None:
@@ -159,9 +185,11 @@ def execution_ranges(rows: Sequence[dict]) -> dict[str, dict[str, list]]:
     return ranges
 
 
-def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], repeats: int) -> str:
+def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], repeats: int,
+            linear_input: float | None = None) -> str:
     """The line that says how pipelined execution compared under ``strategy``, with the spread over
-    ``repeats`` and whether each difference is inside the noise."""
+    ``repeats``, whether each difference is inside the noise, and (``linear_input``: the input's
+    share of a linear step) the most overlap could gain there, so whether it can help at all."""
     parts = []
     for mode, ratio in ratios.items():
         text = f"{ratio:.2f}x {mode}'s throughput"
@@ -170,7 +198,13 @@ def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], re
             low, high, noise = spread
             text += f" ({low:.2f}-{high:.2f}x over {repeats} repeats{': inside the noise' if noise else ''})"
         parts.append(text)
-    return f"pipelined under {strategy}: " + ", ".join(parts)
+    line = f"pipelined under {strategy}: " + ", ".join(parts)
+    if linear_input is not None and "linear" in ratios:
+        ceiling = overlap_ceiling(linear_input)
+        line += (f"; input was {linear_input:.0%} of a linear step, so overlap can gain at most {ceiling:.2f}x here")
+        if ratios["linear"] < 1.0:
+            line += " (it lost instead: the input pipeline took cores the compute was using)"
+    return line
 
 
 def execution_speedups(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
@@ -256,11 +290,11 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], 
                    ranges: dict[str, dict[str, list]] | None = None, repeats: int = 1) -> None:
     table = Table(title="ddlctl compare", title_justify="left")
     for column in ("strategy", "workers", "samples/s (median)", "spread", "step ms p50 / p95", "speedup",
-                   "efficiency", "GPU util %", "loss", "accuracy"):
+                   "efficiency", "GPU util %", "input %", "loss", "accuracy"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for r in rows:
         if r["error"]:
-            table.add_row(r["label"], fmt(r["workers"], "d"), Text("failed (below)", style="red"), *[""] * 7)
+            table.add_row(r["label"], fmt(r["workers"], "d"), Text("failed (below)", style="red"), *[""] * 8)
             continue
         spread = f"{fmt(r['throughput_min'], ',.0f')}–{fmt(r['throughput_max'], ',.0f')}" \
             if len(r["throughput_runs"]) > 1 else "-"
@@ -273,6 +307,7 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], 
         table.add_row(r["label"], fmt(r["workers"], "d"), fmt(r["throughput_samples_per_s"], ",.0f"), spread,
                       times, speedup,
                       fmt(r["scaling_efficiency"], ".0%"), fmt(r["gpu_util_mean"], ".0f"),
+                      fmt(r["input_fraction"] and r["input_fraction"] * 100, ".0f"),
                       fmt(r["loss"], ".4f"), fmt(r["accuracy"], ".4f"))
     console.print(table)
     for r in rows:
@@ -290,8 +325,13 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], 
             bar = "█" * round(40 * value / best)
             console.print(f"  {r['label']:<{width}} {bar} {value:,.0f}" if value else
                           f"  {r['label']:<{width}} (failed)", highlight=False)
+    linear_input = {r["strategy"]: r.get("input_fraction") for r in rows if r["execution"] == "linear"}
     for strategy, ratios in speedups.items():
-        console.print(verdict(strategy, ratios, (ranges or {}).get(strategy, {}), repeats), highlight=False)
+        console.print(verdict(strategy, ratios, (ranges or {}).get(strategy, {}), repeats,
+                              linear_input.get(strategy)), highlight=False)
+    for r in rows:
+        if r.get("bound"):
+            console.print(f"{r['label']}: {r['bound']}", highlight=False)
     asynchronous = [r for r in rows if r.get("steps_in_flight") and r["steps_in_flight"] > 1.05]
     for r in asynchronous:
         console.print(f"{r['label']}: {r['steps_in_flight']:.2f} steps in flight on average (asynchronous "

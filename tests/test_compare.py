@@ -12,6 +12,7 @@ from ddlctl.compare import (
     RunRecord,
     execution_ranges,
     execution_speedups,
+    overlap_ceiling,
     parse_executions,
     rows_from_runs,
     run_order,
@@ -23,10 +24,10 @@ from tests.conftest import only_run_dir, run_ddlctl
 IDS = re.compile(r"ddlctl-ids \[([\d\s]*)\]")
 
 
-def summary(throughput, accuracy=0.9, role="worker"):
+def summary(throughput, accuracy=0.9, role="worker", input_fraction=None):
     return {"throughput_samples_per_s": throughput, "tasks_count": 1, "hosts": [],
             "tasks": [{"name": f"{role}:0", "role": role, "steps": 10, "step_time_p50_s": 0.01,
-                       "step_time_p95_s": 0.02, "loss": 0.1, "accuracy": accuracy}]}
+                       "step_time_p95_s": 0.02, "loss": 0.1, "accuracy": accuracy, "input_fraction": input_fraction}]}
 
 
 def test_rows_speedup_efficiency_spread_and_failures_are_computed_from_runs():
@@ -77,6 +78,26 @@ def test_repeats_run_interleaved_and_the_verdict_says_the_spread_and_when_it_is_
     assert mwms["speedup_range"] == [pytest.approx(180 / 104), pytest.approx(2.0), False]
 
 
+def test_each_row_says_whether_it_was_input_or_compute_bound_and_what_overlap_could_gain():
+    """From the runs' own step records: without overlap the input's share of a step is the input
+    pipeline alone and the rest the step alone; pipelined, what overlap left waiting."""
+    runs = [RunRecord("ps", "pipelined", "p", 0, None, summary(93.0, input_fraction=0.04), 2),
+            RunRecord("ps", "linear", "l", 0, None, summary(100.0, input_fraction=0.12), 2),
+            RunRecord("one_device", "pipelined", "o", 0, None, summary(140.0, input_fraction=0.45), 1),
+            RunRecord("one_device", "linear", "q", 0, None, summary(100.0, input_fraction=0.6), 1)]
+    rows = {r["label"]: r for r in rows_from_runs(runs, several=True)}
+    assert rows["ps (linear)"]["bound"] == "compute-bound (12% input, 88% compute, one after the other)"
+    assert rows["ps (pipelined)"]["bound"] == "compute-bound (input hidden: 4% wait)"
+    assert rows["one_device (linear)"]["bound"].startswith("input-bound (60% input")
+    assert rows["one_device (pipelined)"]["bound"] == "input-bound (still waits 45% for input)"
+    assert overlap_ceiling(0.12) == pytest.approx(1 / 0.88) and overlap_ceiling(0.6) == pytest.approx(1 / 0.6)
+    ratios = execution_speedups(list(rows.values()))
+    assert verdict("ps", ratios["ps"], {}, 1, 0.12) == (
+        "pipelined under ps: 0.93x linear's throughput; input was 12% of a linear step, so overlap can gain at "
+        "most 1.14x here (it lost instead: the input pipeline took cores the compute was using)")
+    assert verdict("one_device", ratios["one_device"], {}, 1, 0.6).endswith("overlap can gain at most 1.67x here")
+
+
 @pytest.mark.cluster
 def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
     # (the single-host strategies are tested here, each in its own run of the comparison)
@@ -102,6 +123,9 @@ def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
         plan = json.loads((run_dir / "plan.json").read_text())
         assert (plan["tasks"][0]["tf_config"] is None) == (strategy != "mwms"), "TF_CONFIG only for a cluster"
     assert rows["mwms"]["workers"] == 2
+    # every row says, from its own steps, whether input or compute bound it (pipelined: input hidden or not)
+    kinds = ("compute-bound (input hidden", "input-bound (still waits")
+    assert all(r["bound"].startswith(kinds) for r in rows.values()), [r["bound"] for r in rows.values()]
     assert json.loads((only_run_dir(tmp_path) / "compare.json").read_text()) == data
     # a strategy that cannot run is a row with its reason, not an abort: the next one is tried too
     hosts = tmp_path / "two.txt"
