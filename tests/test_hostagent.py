@@ -202,6 +202,30 @@ def test_checkpoint_folders_are_copied_only_where_they_are_not_shared(tmp_path):
     assert files_to_copy({"a": (1, 2), "b": (3, 4)}, {"a": (1, 2), "b": (3, 5)}) == ["b"]
 
 
+def test_the_newest_checkpoint_state_is_found_in_the_folder_or_where_keras_backup_keeps_it(tmp_path):
+    """Growing back waits for the leader's next checkpoint: the ``checkpoint`` state file of a
+    CheckpointManager in the folder, or the one Keras's BackupAndRestore keeps in ``chief/``."""
+    from ddlctl.supervise.checkpoints import checkpoint_step, newest_state
+
+    folder = tmp_path / "checkpoints"
+    (folder / "chief").mkdir(parents=True)
+    (folder / "chief" / "checkpoint").write_text('model_checkpoint_path: "chief/ckpt-3"\n')
+    (folder / "deep" / "er").mkdir(parents=True)
+    (folder / "deep" / "er" / "checkpoint").write_text("not a level down")
+    one = session(tmp_path / "s")
+    try:
+        files = one.list_files(str(folder))
+        assert newest_state(files) == files["chief/checkpoint"]
+        assert checkpoint_step(one.read_file(str(folder / "chief" / "checkpoint"))) == 3
+        (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-40"\n')
+        os.utime(folder / "checkpoint", ns=(2 * 10**18, 2 * 10**18))  # the newer of the two
+        assert newest_state(one.list_files(str(folder))) == one.list_files(str(folder))["checkpoint"]
+    finally:
+        one.shutdown()
+        one.close()
+    assert newest_state({"ckpt-1.index": (1, 2)}) is None
+
+
 def test_checkpoint_copies_never_follow_a_link_nor_take_a_name_outside_the_folder(tmp_path):
     from ddlctl.supervise.checkpoints import sync_folder, unsafe_name
 

@@ -48,6 +48,15 @@ CHECKPOINT_STATE = "checkpoint"
 _LATEST = re.compile(rb'^model_checkpoint_path:\s*"(?:.*/)?[^"/]*?-(\d+)"', re.MULTILINE)
 
 
+def newest_state(files: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """(size, mtime) of the newest checkpoint state file among a folder's ``files`` (relative path
+    -> (size, mtime)): the folder's own, or one a level down, where Keras's ``BackupAndRestore``
+    keeps its (``<backup_dir>/chief/checkpoint``); None when there is none (pure)."""
+    found = [value for path, value in files.items()
+             if path == CHECKPOINT_STATE or (path.count("/") == 1 and path.endswith("/" + CHECKPOINT_STATE))]
+    return max(found, key=lambda value: value[1]) if found else None
+
+
 def checkpoint_step(state: bytes | None) -> int:
     """The number of the latest checkpoint a state file names (``ckpt-150`` -> 150); -1: none (pure)."""
     found = _LATEST.search(state or b"")

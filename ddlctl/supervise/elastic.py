@@ -5,9 +5,10 @@ After workers left the job with their host (a shrink: ``Restarts._leave``), one 
 that host is tried now and then (2 s after, then 4, 8 ... at most 60 s apart), in a thread. A host
 that answers must stay up for a quiet period (``--rejoin-after``, doubled for every loss of that
 host before: one that flaps is not taken back at every beat); then, under mwms, the job must write
-a checkpoint (the ``checkpoint`` state file in the leader's ``DDLCTL_CHECKPOINT_DIR`` changes) so
-the group restarts from where it is, losing no steps; under ps the workers start again at once and
-rejoin the chief. Either way it is a planned restart: no restart of ``--max-restarts`` is used.
+a checkpoint (the ``checkpoint`` state file in the leader's ``DDLCTL_CHECKPOINT_DIR`` changes, or
+the one a level down where Keras's ``BackupAndRestore`` keeps it) so the group restarts from where
+it is, losing no steps; under ps the workers start again at once and rejoin the chief. Either
+way it is a planned restart: no restart of ``--max-restarts`` is used.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from ddlctl.envvars import CHECKPOINT_DIR
-from ddlctl.supervise.checkpoints import CHECKPOINT_STATE
+from ddlctl.supervise.checkpoints import newest_state
 from ddlctl.supervise.hosts import HostWatch
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.restarts import Restarts
@@ -143,5 +144,4 @@ class Elastic:
             files = job.sessions[leader.host.label].list_files(leader.env.get(CHECKPOINT_DIR, ""), timeout=10.0)
         except OSError:
             return None
-        state = files.get(CHECKPOINT_STATE)
-        return tuple(state) if state is not None else None  # type: ignore[return-value]
+        return newest_state(files)
