@@ -161,7 +161,7 @@ def test_mwms_stopped_worker_is_blamed_from_tensorflows_words_model_fit_resumes_
     for task in ("worker-0", "worker-1"):
         epochs = [line for line in log(job, task).splitlines() if line.startswith("EPOCH_BEGIN")]
         after = [line for line in epochs if "restart=1" in line]
-        assert after and after[0] == "EPOCH_BEGIN 2 restart=1", epochs  # the interrupted epoch, not 0
+        assert after and after[0] == "EPOCH_BEGIN 2 restart=1 workers=2", epochs  # the interrupted epoch, not 0
     job.kill("worker-1", signal.SIGSTOP)  # again, with no restart left
     assert job.wait() == 124, job.stderr()[-3000:]
     outcome = job.outcome()

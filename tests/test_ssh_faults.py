@@ -242,6 +242,50 @@ def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_
     wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
 
 
+def epochs_begun(job: Job, task: str) -> list[tuple[int, int, int]]:
+    """(epoch, restart, workers) of every ``EPOCH_BEGIN`` line of ``tests/programs/fit_backup.py``."""
+    path = job.run_dir / "tasks" / task / "output.log"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [tuple(int(v) for v in found)
+            for found in re.findall(r"^EPOCH_BEGIN (\d+) restart=(\d+) workers=(\d+)", text, re.MULTILINE)]
+
+
+def test_min_workers_model_fit_resumes_its_backup_on_fewer_workers_and_again_on_all_when_the_host_is_back(
+        cluster, tmp_path, runs):
+    """Keras's BackupAndRestore across a change of worker count: the interrupted epoch again on the
+    worker that remains, then, once the host is back (at an epoch's end: BackupAndRestore's own
+    checkpoint, one folder down), the next epoch on both."""
+    from tests.conftest import PROGRAMS
+
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt", cluster.hosts[:2])
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "1", "--min-workers", "1",
+              "--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout",
+              "120", "--env", "FIT_EPOCHS=9", "--", sys.executable, str(PROGRAMS / "fit_backup.py"), env=cluster.env)
+    wait_for(lambda: any(e >= 1 for e, _, _ in epochs_begun(job, "worker-0")) or job.proc.poll() is not None, 180,
+             "the second epoch")
+    assert job.proc.poll() is None, job.stderr()[-3000:]
+    down = cluster.hosts[1]
+    try:
+        assert down.drop_connections(stop_listener=True) >= 1
+        wait_for(lambda: any(w == 1 for _, _, w in epochs_begun(job, "worker-0")) or job.proc.poll() is not None,
+                 120, "one worker to train on")
+        assert job.proc.poll() is None, job.stderr()[-3000:]
+    finally:
+        down.start()
+    assert job.wait(300) == 0, job.stderr()[-3000:]
+    begun = epochs_begun(job, "worker-0")
+    lives = [[e for e, r, _ in begun if r == restart] for restart in (0, 1, 2)]
+    workers = [{w for _, r, w in begun if r == restart} for restart in (0, 1, 2)]
+    assert workers == [{2}, {1}, {2}], begun
+    assert lives[1][0] == lives[0][-1], "the interrupted epoch again, from its start (BackupAndRestore)"
+    assert lives[2][0] == lives[1][-1] + 1, "taken back at an epoch's end: the next epoch on both"
+    assert lives[2][-1] == 8 and "FIT_DONE" in (job.run_dir / "tasks" / "worker-0" / "output.log").read_text()
+    left, joined = job.outcome()["membership"]
+    assert (left["left"], joined["joined"], joined["cause"]) == (["worker:1"], ["worker:1"], "grow")
+    assert [e for e, _, _ in epochs_begun(job, "worker-1")][-len(lives[2]):] == lives[2], "worker:1 trained them too"
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
+
+
 SLEEPER = [sys.executable, "-c", "import os, time; assert os.environ['API_TOKEN'].startswith('tok-'); "
            "print('up', flush=True); time.sleep(300)"]
 

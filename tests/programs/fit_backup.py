@@ -1,5 +1,7 @@
 """model.fit under MWMS with BackupAndRestore in ddlctl's checkpoint folder: a group restart
-resumes from the backup. Prints each epoch's start, so a test can see where it resumed."""
+resumes from the backup, also with another number of workers (``--min-workers``). Prints each
+epoch's start with the restart and the number of workers, so a test can see where and how it
+resumed. ``FIT_EPOCHS``: epochs to train (default 4)."""
 
 import json
 import os
@@ -21,7 +23,8 @@ def dataset():
 
 class EpochLog(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
-        print(f"EPOCH_BEGIN {epoch} restart={os.environ.get('DDLCTL_RESTART_COUNT')}", flush=True)
+        workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+        print(f"EPOCH_BEGIN {epoch} restart={os.environ.get('DDLCTL_RESTART_COUNT')} workers={workers}", flush=True)
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.01)  # an epoch takes seconds: a test can kill a worker in the middle of one
@@ -32,5 +35,6 @@ with strategy.scope():
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
 backup = keras.callbacks.BackupAndRestore(os.environ["DDLCTL_CHECKPOINT_DIR"], save_freq="epoch")
-history = model.fit(dataset(), epochs=4, steps_per_epoch=150, verbose=0, callbacks=[backup, EpochLog()])
+history = model.fit(dataset(), epochs=int(os.environ.get("FIT_EPOCHS", "4")), steps_per_epoch=150, verbose=0,
+                    callbacks=[backup, EpochLog()])
 print("FIT_DONE " + json.dumps({"epochs_run": len(history.history["loss"])}), flush=True)
