@@ -253,8 +253,8 @@ def epochs_begun(job: Job, task: str) -> list[tuple[int, int, int]]:
 def test_min_workers_model_fit_resumes_its_backup_on_fewer_workers_and_again_on_all_when_the_host_is_back(
         cluster, tmp_path, runs):
     """Keras's BackupAndRestore across a change of worker count: the interrupted epoch again on the
-    worker that remains, then, once the host is back (at an epoch's end: BackupAndRestore's own
-    checkpoint, one folder down), the next epoch on both."""
+    worker that remains, then, once the host is back, both from the epoch after the last one the
+    lone worker completed (growing back waits for BackupAndRestore's own checkpoint, a folder down)."""
     from tests.conftest import PROGRAMS
 
     hosts = cluster.hosts_file(tmp_path / "hosts.txt", cluster.hosts[:2])
@@ -278,7 +278,9 @@ def test_min_workers_model_fit_resumes_its_backup_on_fewer_workers_and_again_on_
     workers = [{w for _, r, w in begun if r == restart} for restart in (0, 1, 2)]
     assert workers == [{2}, {1}, {2}], begun
     assert lives[1][0] == lives[0][-1], "the interrupted epoch again, from its start (BackupAndRestore)"
-    assert lives[2][0] == lives[1][-1] + 1, "taken back at an epoch's end: the next epoch on both"
+    # taken back after an epoch's end (BackupAndRestore saved it): both resume at the next epoch, the
+    # one the lone worker had just begun (from its start) or, if the restart came first, after it
+    assert lives[2][0] > lives[1][0] and lives[2][0] in (lives[1][-1], lives[1][-1] + 1), begun
     assert lives[2][-1] == 8 and "FIT_DONE" in (job.run_dir / "tasks" / "worker-0" / "output.log").read_text()
     left, joined = job.outcome()["membership"]
     assert (left["left"], joined["joined"], joined["cause"]) == (["worker:1"], ["worker:1"], "grow")
