@@ -118,6 +118,7 @@ def rows_from_runs(runs: Sequence[RunRecord], several: bool) -> list[dict]:
             "gpu_util_mean": statistics.mean(gpu) if gpu else None,
             "loss": _median([t.get("loss") for ts in tasks for t in ts]),
             "accuracy": _median([t.get("accuracy") for ts in tasks for t in ts]),
+            "accuracy_runs": [a for a in (_median([t.get("accuracy") for t in ts]) for ts in tasks) if a is not None],
             "steps_in_flight": _median([t.get("steps_in_flight_mean") for ts in tasks for t in ts]),
             "input_fraction": _median([t.get("input_fraction") for ts in tasks for t in ts]),
             "error": None if good else "; ".join(dict.fromkeys(r.error or "no result" for r in records)),
@@ -185,11 +186,24 @@ def execution_ranges(rows: Sequence[dict]) -> dict[str, dict[str, list]]:
     return ranges
 
 
+def accuracy_note(fast: Sequence[float], slow: Sequence[float]) -> str | None:
+    """Final accuracy of pipelined against linear over repeats: the medians, each with its range,
+    and whether the difference is inside the run-to-run spread (under ps, asynchronous updates
+    make the final accuracy vary from run to run); None with fewer than two runs of either."""
+    if len(fast) < 2 or len(slow) < 2:
+        return None
+    overlap = min(fast) <= max(slow) and min(slow) <= max(fast)
+    return (f"accuracy {statistics.median(fast):.3f} [{min(fast):.3f}-{max(fast):.3f}] pipelined, "
+            f"{statistics.median(slow):.3f} [{min(slow):.3f}-{max(slow):.3f}] linear"
+            f"{': inside the run-to-run spread' if overlap else ''}")
+
+
 def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], repeats: int,
-            linear_input: float | None = None) -> str:
+            linear_input: float | None = None, accuracy: str | None = None) -> str:
     """The line that says how pipelined execution compared under ``strategy``, with the spread over
-    ``repeats``, whether each difference is inside the noise, and (``linear_input``: the input's
-    share of a linear step) the most overlap could gain there, so whether it can help at all."""
+    ``repeats``, whether each difference is inside the noise, (``linear_input``: the input's share
+    of a linear step) the most overlap could gain there, so whether it can help at all, and
+    (``accuracy``: :func:`accuracy_note`) how the final accuracies compared."""
     parts = []
     for mode, ratio in ratios.items():
         text = f"{ratio:.2f}x {mode}'s throughput"
@@ -204,6 +218,8 @@ def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], re
         line += (f"; input was {linear_input:.0%} of a linear step, so overlap can gain at most {ceiling:.2f}x here")
         if ratios["linear"] < 1.0:
             line += " (it lost instead: the input pipeline took cores the compute was using)"
+    if accuracy:
+        line += f"; {accuracy}"
     return line
 
 
@@ -326,9 +342,11 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], 
             console.print(f"  {r['label']:<{width}} {bar} {value:,.0f}" if value else
                           f"  {r['label']:<{width}} (failed)", highlight=False)
     linear_input = {r["strategy"]: r.get("input_fraction") for r in rows if r["execution"] == "linear"}
+    accuracies = {(r["strategy"], r["execution"]): r.get("accuracy_runs") or [] for r in rows}
     for strategy, ratios in speedups.items():
+        accuracy = accuracy_note(accuracies.get((strategy, "pipelined"), []), accuracies.get((strategy, "linear"), []))
         console.print(verdict(strategy, ratios, (ranges or {}).get(strategy, {}), repeats,
-                              linear_input.get(strategy)), highlight=False)
+                              linear_input.get(strategy), accuracy), highlight=False)
     for r in rows:
         if r.get("bound"):
             console.print(f"{r['label']}: {r['bound']}", highlight=False)

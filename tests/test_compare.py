@@ -10,6 +10,7 @@ import pytest
 
 from ddlctl.compare import (
     RunRecord,
+    accuracy_note,
     execution_ranges,
     execution_speedups,
     overlap_ceiling,
@@ -96,6 +97,17 @@ def test_each_row_says_whether_it_was_input_or_compute_bound_and_what_overlap_co
         "pipelined under ps: 0.93x linear's throughput; input was 12% of a linear step, so overlap can gain at "
         "most 1.14x here (it lost instead: the input pipeline took cores the compute was using)")
     assert verdict("one_device", ratios["one_device"], {}, 1, 0.6).endswith("overlap can gain at most 1.67x here")
+    # final accuracy over repeats: apart, or inside the run-to-run spread (ps: asynchronous updates)
+    assert accuracy_note([0.937, 0.944, 0.940], [0.929, 0.918, 0.950]) == (
+        "accuracy 0.940 [0.937-0.944] pipelined, 0.929 [0.918-0.950] linear: inside the run-to-run spread")
+    assert accuracy_note([0.85, 0.86], [0.90, 0.89]) == (
+        "accuracy 0.855 [0.850-0.860] pipelined, 0.895 [0.890-0.900] linear")
+    assert accuracy_note([0.9], [0.9, 0.91]) is None
+    repeated = [RunRecord("ps", mode, f"{mode}{i}", 0, None, summary(100.0, accuracy=a), 2)
+                for mode, values in (("pipelined", (0.85, 0.86)), ("linear", (0.90, 0.89)))
+                for i, a in enumerate(values)]
+    assert {r["execution"]: r["accuracy_runs"] for r in rows_from_runs(repeated, several=True)} == {
+        "pipelined": [0.85, 0.86], "linear": [0.90, 0.89]}
 
 
 @pytest.mark.cluster
