@@ -154,8 +154,8 @@ def idle(slurm):
     slurm.cancel_all()
 
 
-def salloc(cluster: SlurmCluster, *args: str, nodes: int = 3) -> list[str]:
-    return ["salloc", f"-N{nodes}", "--ntasks-per-node=1", "--quiet", *args]
+def salloc(cluster: SlurmCluster, *args: str, nodes: int = 3, options: tuple[str, ...] = ()) -> list[str]:
+    return ["salloc", f"-N{nodes}", "--ntasks-per-node=1", "--quiet", *options, *args]
 
 
 def run_in_allocation(cluster: SlurmCluster, *args: str, nodes: int = 3, timeout: float = 240):
@@ -175,13 +175,14 @@ def run_dir_of(runs: Path) -> Path:
 
 
 def running_launch(cluster: SlurmCluster, runs: Path, *args: str, task: str = "worker-0", count: int = 3,
-                   nodes: int = 3, shell_after: str | None = None) -> tuple[subprocess.Popen, Path]:
-    """``ddlctl launch --slurm ARGS`` inside a new allocation, once ``task`` has recorded ``count``
-    steps; with ``shell_after``, run through bash followed by that shell text."""
+                   nodes: int = 3, shell_after: str | None = None,
+                   options: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
+    """``ddlctl launch --slurm ARGS`` inside a new allocation (``salloc OPTIONS``), once ``task``
+    has recorded ``count`` steps; with ``shell_after``, run through bash followed by that shell text."""
     launch = ddlctl_cmd("launch", "--slurm", "--runs-dir", str(runs), *args)
     argv = ["bash", "-c", f"{' '.join(launch)}; {shell_after}"] if shell_after else launch
-    proc = subprocess.Popen(salloc(cluster, *argv, nodes=nodes), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**cluster.env, "NO_COLOR": "1"}, cwd=ROOT)
+    proc = subprocess.Popen(salloc(cluster, *argv, nodes=nodes, options=options), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**cluster.env, "NO_COLOR": "1"}, cwd=ROOT)
     run_dir = run_dir_of(runs)
     wait_for(lambda: remote_steps(run_dir.name, task) >= count or proc.poll() is not None, 180, f"{task} steps")
     assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -425,3 +426,27 @@ def test_compare_runs_every_strategy_in_the_allocation_single_host_ones_on_its_f
     plans = [json.loads(p.read_text()) for p in Path(result["compare_dir"]).glob("*/plan.json")]
     hosts = {p["strategy"]: sorted({t["host"] for t in p["tasks"] if t["role"] != "agent"}) for p in plans}
     assert hosts == {"one_device": ["n1"], "mwms": ["n1", "n2"]}
+
+
+@needs_slurm
+def test_min_workers_a_node_taken_out_of_the_allocation_leaves_and_mwms_trains_on_inside_it(idle, runs):
+    """The last test of the file: a node set DOWN leaves a ``--no-kill`` allocation for good (no step
+    can start there again). Its worker leaves the job, the two others restart as a smaller cluster
+    inside the allocation and finish; the node is never taken back (it is not the job's any more)."""
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "400", "--max-restarts", "1",
+                                   "--min-workers", "2", "--host-timeout", "3", "--grace", "2", nodes=3,
+                                   options=("--no-kill",))
+    node = {t["name"]: t["host"] for t in json.loads((run_dir / "plan.json").read_text())["tasks"]}["worker:2"]
+    try:
+        assert idle.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=ddlctl-test").returncode == 0
+        out, err = proc.communicate(timeout=300)
+    finally:
+        idle.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    assert proc.returncode == 0, err[-3000:]
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    [left] = outcome["membership"]
+    assert (left["workers"], left["left"], left["host"]) == (["worker:0", "worker:1"], ["worker:2"], node)
+    assert f"worker:2 left the job (host {node} did not come back within --host-timeout 3s)" in err
+    assert "Requested node configuration is not available" in err, "Slurm's reason, quoted"
+    assert json.loads((run_dir / "tasks" / "worker-0" / "result.json").read_text())["steps"] == 400
+    assert not processes_of_run(run_dir.name)
