@@ -377,4 +377,6 @@ def test_membership_phases_split_the_run_at_each_change_with_its_own_steps_and_t
     assert (after["workers"], after["why"], after["steps"], after["start"]) == (["worker:0", "worker:1"], "host gone",
                                                                                 4, 104.0)
     assert after["samples_per_s"] == pytest.approx(4 * 96 / 3.5), "the restart before its first step not counted"
+    # goodput: 4 steps of 0.5 s in steps, over each phase's whole time (its restart counted here)
+    assert before["goodput"] == pytest.approx(2.0 / 4.0) and after["goodput"] == pytest.approx(2.0 / 9.5)
     assert membership_phases([], ["worker:0"], steps, 100.0, 113.5) == ()

@@ -2,9 +2,11 @@
 
 Each change in ``outcome.json``'s ``membership`` (workers that left with a host gone for good, or
 rejoined when it came back) begins a phase that lasts until the next change or the run's end. A
-phase's figures come from every task's step records that began inside it: the steps it made, and its
+phase's figures come from every task's step records that began inside it: the steps it made, its
 throughput while training (samples over the time from its first step's start to its last step's
-end: the restart that began it is not counted against it).
+end: the restart that began it is not counted against it), and its goodput (the time the busiest
+task spent in steps over the phase's whole time: here the restart that began it counts, as the
+job's own goodput counts its start-up).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ def membership_phases(changes: Sequence[dict], initial: Sequence[str], all_steps
     for number, (begin, end) in enumerate(zip(begins, ends, strict=True)):
         change = changes[number - 1] if number else None
         workers = list(change["workers"]) if change else list(initial)
-        first, last, samples, steps = None, None, 0, 0
+        first, last, samples, steps, busy = None, None, 0, 0, 0.0
         for series in all_steps:
-            made = 0
+            made, stepping = 0, 0.0
             for i, start_us in enumerate(series.start_us):
                 start = start_us / 1e6
                 if begin <= start < end:
@@ -36,7 +38,9 @@ def membership_phases(changes: Sequence[dict], initial: Sequence[str], all_steps
                     last = max(last or start, start + series.duration[i])
                     samples += max(0, series.samples[i])
                     made += series.block
+                    stepping += series.duration[i]
             steps = max(steps, made)
+            busy = max(busy, stepping)
         training = (last - first) if first is not None and last is not None else 0.0
         phases.append({
             "start": begin, "end": end, "workers": workers,
@@ -44,5 +48,6 @@ def membership_phases(changes: Sequence[dict], initial: Sequence[str], all_steps
             "cause": "start" if change is None else change.get("cause"),
             "steps": steps, "training_s": training,
             "samples_per_s": samples / training if training > 0 else None,
+            "goodput": min(1.0, busy / (end - begin)) if end > begin else None,
         })
     return tuple(phases)

@@ -287,12 +287,13 @@ def render_membership(summary: RunSummary, console: Console) -> None:
         return
     first = phases[0]["start"]
     table = Table(title="membership (--min-workers)", title_justify="left")
-    for column in ("from", "to", "workers", "why", "steps", "samples/s while training"):
+    for column in ("from", "to", "workers", "why", "steps", "samples/s while training", "goodput"):
         table.add_column(column, justify="left" if column in ("workers", "why") else "right", overflow="fold")
     for phase in phases:
         table.add_row(f"+{phase['start'] - first:.1f}s", f"+{phase['end'] - first:.1f}s",
                       f"{len(phase['workers'])}: {', '.join(phase['workers'])}", str(phase["why"]),
-                      str(phase["steps"]), fmt(phase["samples_per_s"], ",.0f"))
+                      str(phase["steps"]), fmt(phase["samples_per_s"], ",.0f"),
+                      "-" if phase.get("goodput") is None else f"{100 * phase['goodput']:.0f}%")
     console.print(table)
 
 
