@@ -276,3 +276,30 @@ def test_no_ddlctl_process_imports_code_from_the_working_directory_a_program_sti
                           capture_output=True, text=True, cwd=shared, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(marker.read_text().splitlines()) == 1 and "'-c'" in marker.read_text(), marker.read_text()
+
+
+def test_tasks_do_not_start_in_a_folder_others_may_write_to_unless_the_hosts_file_says_so(tmp_path):
+    """By default tasks start in the controller's folder; one that other users may write to (or
+    another user's) could hold a planted json.py, first on the program's sys.path: they start in the
+    home folder instead, saying why. ``workdir=`` is the user's own choice and is kept."""
+    shared = tmp_path / "exp"
+    shared.mkdir()
+    shared.chmod(0o777)  # like /tmp/exp
+    (shared / "json.py").write_text(PLANTED)
+    marker = tmp_path / "imported-by.txt"
+    env = {"PLANTED_MARKER": str(marker)}
+    where = [sys.executable, "-c", "import json, os; print('started in', os.getcwd())"]
+    done = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path / "runs"), "--",
+                      *where, cwd=shared, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    home = os.path.expanduser("~")
+    assert f"started in {home}" in done.stdout
+    assert f"starting in {home}, not in {shared}: other users may write to it" in done.stdout
+    assert not marker.exists(), marker.read_text()
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f'localhost workdir="{shared}"\n')
+    chosen = run_ddlctl("launch", "-s", "one_device", "--hosts", str(hosts), "--no-telemetry", "--runs-dir",
+                        str(tmp_path / "runs2"), "--", *where, cwd=shared, env=env, timeout=120)
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    assert f"started in {shared}" in chosen.stdout and "not in" not in chosen.stdout
+    assert marker.exists(), "the program ran where the user said, as Python runs it there"

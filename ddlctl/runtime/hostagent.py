@@ -153,6 +153,20 @@ def runs_own_module(argv: list) -> bool:
     return len(argv) > 2 and argv[1] == "-m" and str(argv[2]).split(".")[0] == "ddlctl"
 
 
+def unsafe_folder(path: str) -> str | None:
+    """Why another user could plant code where a task would start (its folder is first on a Python
+    program's ``sys.path``): the folder is someone else's, or others may write to it. None: safe."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # (a folder that is not there fails the start, saying so)
+    if info.st_uid != os.getuid():
+        return f"it belongs to another user (uid {info.st_uid})"
+    if info.st_mode & 0o002:
+        return "other users may write to it"
+    return None
+
+
 class BadEnvironment(ValueError):
     """A task's spec holds an environment entry no process can be given."""
 
@@ -190,6 +204,13 @@ class Task:
         for folder in spec.get("mkdirs", []):
             os.makedirs(os.path.expanduser(folder), exist_ok=True)
         cwd = os.path.expanduser(spec["cwd"]) if spec.get("cwd") else None
+        self.note: str | None = None
+        why = unsafe_folder(cwd) if cwd and spec.get("cwd_default") else None
+        if why:  # the controller's folder by default: not where someone else can put a json.py
+            home = os.path.expanduser("~")
+            self.note = (f"starting in {home}, not in {cwd}: {why} (workdir= in the hosts file chooses where "
+                         "tasks start)")
+            cwd = home
         self.cgroup = None
         # CPU affinity: TensorFlow sizes its thread pools to the CPUs a process may run on
         cpus = cgroup.check_cpus(spec["cpus"]) if spec.get("cpus") else None
@@ -357,7 +378,8 @@ class HostAgent:
                   "ssh_connection": os.environ.get("SSH_CONNECTION")}
         if task.task_dir:
             write_json(os.path.join(task.task_dir, "pid.json"), record)
-        self.send({"k": Kind.STARTED, "task": name, "t": time.time(), **record})
+        self.send({"k": Kind.STARTED, "task": name, "t": time.time(), **record,
+                   **({"note": task.note} if task.note else {})})
 
     def stop_all(self, now: float) -> None:
         self.stopping = True

@@ -228,6 +228,8 @@ class HostSession:
         elif kind == Kind.STARTED and task is not None:
             task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection")
                           if k in header}
+            if header.get("note"):  # what the agent changed about the start (shown with the task's output)
+                task.chunks.append(f"ddlctl: {header['note']}\n".encode())
             self._pids_changed = True
         elif kind == Kind.START_FAILED and task is not None:
             task.chunks.append(f"ddlctl: {header.get('error')}\n".encode())
@@ -445,7 +447,8 @@ def task_command(spec: TaskSpec, grace_s: float, pythonpath: Sequence[str]) -> d
     if spec.kind == "agent":  # the telemetry agent needs ddlctl's code, not the instrumentation
         paths = paths[1:]
     return {"argv": list(spec.argv), "env": dict(spec.env), "unset": list(spec.unset_env),
-            "cwd": spec.workdir, "task_dir": spec.task_dir, "grace": grace_s, "pythonpath": paths,
+            "cwd": spec.workdir, "cwd_default": spec.host.workdir is None and spec.kind != "agent",
+            "task_dir": spec.task_dir, "grace": grace_s, "pythonpath": paths,
             "mkdirs": [spec.task_dir], "port": spec.port or 0,
             "cpu_quota": spec.host.cpu_quota if spec.kind != "agent" else None,
             "cpus": list(spec.host.cpus) if spec.host.cpus and spec.kind != "agent" else None}
