@@ -287,10 +287,15 @@ def test_tasks_do_not_start_in_a_folder_others_may_write_to_unless_the_hosts_fil
     shared.chmod(0o777)  # like /tmp/exp
     (shared / "json.py").write_text(PLANTED)
     marker = tmp_path / "imported-by.txt"
-    env = {"PLANTED_MARKER": str(marker)}
+    env = {**os.environ, "PLANTED_MARKER": str(marker), "NO_COLOR": "1"}
     where = [sys.executable, "-c", "import json, os; print('started in', os.getcwd())"]
-    done = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path / "runs"), "--",
-                      *where, cwd=shared, env=env, timeout=120)
+    script = str(Path(sys.executable).parent / "ddlctl")  # as a user runs it (python -m puts . first)
+
+    def launch(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([script, "launch", "-s", "one_device", "--no-telemetry", *args, "--", *where],
+                              capture_output=True, text=True, cwd=shared, env=env, timeout=120)
+
+    done = launch("--runs-dir", str(tmp_path / "runs"))
     assert done.returncode == 0, done.stderr[-3000:]
     home = os.path.expanduser("~")
     assert f"started in {home}" in done.stdout
@@ -298,8 +303,7 @@ def test_tasks_do_not_start_in_a_folder_others_may_write_to_unless_the_hosts_fil
     assert not marker.exists(), marker.read_text()
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(f'localhost workdir="{shared}"\n')
-    chosen = run_ddlctl("launch", "-s", "one_device", "--hosts", str(hosts), "--no-telemetry", "--runs-dir",
-                        str(tmp_path / "runs2"), "--", *where, cwd=shared, env=env, timeout=120)
+    chosen = launch("--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs2"))
     assert chosen.returncode == 0, chosen.stderr[-3000:]
     assert f"started in {shared}" in chosen.stdout and "not in" not in chosen.stdout
     assert marker.exists(), "the program ran where the user said, as Python runs it there"
