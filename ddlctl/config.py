@@ -22,6 +22,7 @@ class ClusterSource:
     template: str | None = None
     slurm: bool = False  # the cluster is the Slurm allocation ddlctl runs in; tasks start through srun
     python: str | None = None  # --slurm: the nodes' interpreter (default: the one running ddlctl)
+    private_network: bool = False  # a local-only job in a network namespace of its own (transport/netns.py)
 
 
 @dataclass(frozen=True)

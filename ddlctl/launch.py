@@ -283,6 +283,10 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
     run_id = output.run_id or new_run_id(strategy)
     request = build_request(req, config.workload, output.run_dir, defaults, implicit, legacy, run_id)
     placements = layout(cluster, request)  # refuse impossible requests before touching any host
+    if source.private_network:
+        from ddlctl.transport.netns import check_private_network
+
+        check_private_network(cluster.hosts, source.slurm, output.metrics)
     workers = sum(p.role == "worker" for p in placements)
     check_min_workers(config.supervision.min_workers, strategy, workers, config.supervision.max_restarts)
     request = fit_batch_to_workers(config.workload.batch_size, request, workers, config.supervision.min_workers)
@@ -300,6 +304,10 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         local = {h.label: LocalTransport(h) for h in cluster.hosts if h.is_local}
         ports = choose_ports(cluster, request, local)
         return make_plan(cluster, request, ports), Connected(dict(local))
+    if source.private_network:  # before any process starts: they all inherit the namespace
+        from ddlctl.transport.netns import enter_private_network
+
+        enter_private_network()
     make_dir(Path(output.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
     if output.run_id and (Path(request.run_dir) / PLAN_FILE).exists():
         raise ConfigError(f"--run-id {output.run_id}: {request.run_dir} already holds a run",

@@ -307,3 +307,36 @@ def test_tasks_do_not_start_in_a_folder_others_may_write_to_unless_the_hosts_fil
     assert chosen.returncode == 0, chosen.stderr[-3000:]
     assert f"started in {shared}" in chosen.stdout and "not in" not in chosen.stdout
     assert marker.exists(), "the program ran where the user said, as Python runs it there"
+
+
+def test_private_network_servers_cannot_be_reached_from_the_machine_and_the_job_trains(runs, tmp_path):
+    """``--private-network``: the job's own network namespace, where TensorFlow's servers (which
+    listen on every interface) are out of reach of every other process of the machine."""
+    import socket
+
+    import psutil
+
+    from tests.faults import Job, wait_for
+
+    job = Job(runs, "-s", "ps", "--private-network", "--steps", "100000", "--no-telemetry", "--grace", "2")
+    job.wait_steps("chief-0", 10)
+    ports = [t["port"] for t in json.loads((job.run_dir / "plan.json").read_text())["tasks"] if t["port"]]
+    assert len(ports) == 4 and "cluster up" in job.stderr()
+    addresses = ["127.0.0.1"] + [a.address for name, found in psutil.net_if_addrs().items() if name != "lo"
+                                 for a in found if a.family == socket.AF_INET]
+    for address in addresses:
+        for port in ports:
+            with socket.socket() as probe:
+                probe.settimeout(2)
+                assert probe.connect_ex((address, port)) != 0, f"{address}:{port} answered"
+    pid = json.loads((job.run_dir / "pids.json").read_text())["worker:0"]["task_pid"]
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    job.proc.send_signal(signal.SIGINT)
+    assert job.wait(60) == 130
+    wait_for(lambda: not processes_of_run(job.run_dir.name), 15, "every process of the run to end")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\nfar.example.org\n")
+    refused = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--private-network", "--dry-run")
+    assert refused.returncode == 2 and "far.example.org is reached over the network" in refused.stderr
+    refused = run_ddlctl("launch", "-s", "ps", "--private-network", "--metrics-port", "0", "--dry-run")
+    assert refused.returncode == 2 and "--private-network and --metrics-port" in refused.stderr

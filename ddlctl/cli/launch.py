@@ -202,6 +202,11 @@ def launch(
                         "NodeAddr, tasks per node as worker slots, the job's GPUs), and each node's tasks start "
                         "in one srun job step, never over SSH (docs/slurm.md).")] = False,
     python: SlurmPythonOption = None,
+    private_network: Annotated[bool, typer.Option(
+        "--private-network", help="A job on this machine alone runs in a network namespace of its own, with only "
+                                  "its loopback: TensorFlow's servers listen on every interface, unauthenticated, "
+                                  "and there no other user of the machine can reach them (Linux; root, or "
+                                  "unprivileged user namespaces).")] = False,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
                                          "and a random suffix).", show_default=False)] = None,
@@ -219,7 +224,8 @@ def launch(
     from ddlctl.supervise.job import SupervisorOptions
 
     config = LaunchConfig(
-        cluster=ClusterSource(hosts=hosts, template=template, slurm=slurm, python=python),
+        cluster=ClusterSource(hosts=hosts, template=template, slurm=slurm, python=python,
+                              private_network=private_network),
         request=RequestOptions(
             strategy=_value(strategy), workers=workers, ps=ps, evaluator=evaluator, env=tuple(env or ()),
             legacy_keras=legacy_keras, telemetry=telemetry, sample_interval_s=sample_interval, auto_steps=auto_steps,
