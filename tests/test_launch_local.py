@@ -338,5 +338,5 @@ def test_private_network_servers_cannot_be_reached_from_the_machine_and_the_job_
     hosts.write_text("localhost\nfar.example.org\n")
     refused = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--private-network", "--dry-run")
     assert refused.returncode == 2 and "far.example.org is reached over the network" in refused.stderr
-    refused = run_ddlctl("launch", "-s", "ps", "--private-network", "--metrics-port", "0", "--dry-run")
+    refused = run_ddlctl("launch", "-s", "ps", "--private-network", "--metrics-port", "9400", "--dry-run")
     assert refused.returncode == 2 and "--private-network and --metrics-port" in refused.stderr
