@@ -19,7 +19,7 @@ import posixpath
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,6 +230,16 @@ class FakeSession:
         self._check_files()
         self.files[path] = data
         self.mtimes[path] = mtime_ns or 0
+
+    def read_chunks(self, path: str, timeout: float = 600.0) -> Iterator[bytes]:
+        data = self.read_file(path, timeout)
+        yield from (data[at:at + 7] for at in range(0, len(data), 7))  # in pieces, as a real agent sends them
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes], mtime_ns: int | None = None,
+                     timeout: float = 600.0) -> int:
+        data = b"".join(chunks)
+        self.write_file(path, data, mtime_ns, timeout)
+        return len(data)
 
     # -- the world's side ------------------------------------------------------------------------
 

@@ -202,6 +202,32 @@ def test_checkpoint_folders_are_copied_only_where_they_are_not_shared(tmp_path):
     assert files_to_copy({"a": (1, 2), "b": (3, 4)}, {"a": (1, 2), "b": (3, 5)}) == ["b"]
 
 
+def test_task_files_come_back_as_a_tar_streamed_in_pieces_and_are_unpacked_as_they_come(tmp_path):
+    """Collection at a run's end: the agent writes the tar as it packs, in pieces of at most 1 MiB
+    (a step file of millions of lines is never held whole on either side)."""
+    import tarfile
+
+    from ddlctl.transport.fleet import ChunkReader
+
+    folder = tmp_path / "tasks" / "worker-0"
+    folder.mkdir(parents=True)
+    steps = os.urandom(3 * (1 << 20) + 5)  # three pieces and more
+    (folder / "steps.jsonl").write_bytes(steps)
+    (folder / "result.json").write_text('{"accuracy": 0.9}')
+    (folder / "output.log").write_text("streamed already: left out")
+    one = session(tmp_path / "s")
+    try:
+        pieces = list(one.pack_chunks({"worker-0": str(folder)}))
+        assert len(pieces) >= 4 and all(len(p) <= 1 << 20 for p in pieces)
+        with tarfile.open(fileobj=ChunkReader(iter(pieces)), mode="r|") as archive:
+            got = {m.name: archive.extractfile(m).read() for m in archive if m.isfile()}
+        assert got == {"worker-0/result.json": b'{"accuracy": 0.9}', "worker-0/steps.jsonl": steps}
+        assert one.pack({"nothing": str(tmp_path / "missing")}) and not one.list_files(str(tmp_path / "missing"))
+    finally:
+        one.shutdown()
+        one.close()
+
+
 def test_the_newest_checkpoint_state_is_found_in_the_folder_or_where_keras_backup_keeps_it(tmp_path):
     """Growing back waits for the leader's next checkpoint: the ``checkpoint`` state file of a
     CheckpointManager in the folder, or the one Keras's BackupAndRestore keeps in ``chief/``."""

@@ -318,7 +318,9 @@ class HostAgent:
                             listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
                 self.send({"k": Kind.LS, "id": ident, "root": root, "files": listing})
             elif op == Op.PACK:  # the run's task files at the end: one tar, no process started
-                self.send_chunks(ident, pack_folders(command["dirs"]))
+                last = pack_folders(command["dirs"], lambda chunk: self.send(
+                    {"k": Kind.DATA, "id": ident, "eof": False}, chunk), CHUNK)
+                self.send({"k": Kind.DATA, "id": ident, "eof": True}, last)
             elif op == Op.PRUNE:
                 prune_folder(os.path.expanduser(command["path"]), command.get("keep") or [])
                 self.send({"k": Kind.WRITTEN, "id": ident})
@@ -346,12 +348,6 @@ class HostAgent:
                 self.send({"k": Kind.WRITTEN, "id": ident})
         except (OSError, KeyError, ValueError) as exc:
             self.send({"k": Kind.FILE_ERROR, "id": ident, "error": f"{type(exc).__name__}: {exc}"})
-
-    def send_chunks(self, ident: object, data: bytes) -> None:
-        for at in range(0, len(data), CHUNK):
-            self.send({"k": Kind.DATA, "id": ident, "eof": at + CHUNK >= len(data)}, data[at:at + CHUNK])
-        if not data:
-            self.send({"k": Kind.DATA, "id": ident, "eof": True})
 
     def start(self, name: str, spec: dict, now: float) -> None:
         previous = self.tasks.get(name)

@@ -18,14 +18,33 @@ def write_json(path: str, record: dict) -> None:
         os.replace(tmp, path)
 
 
-def pack_folders(dirs: dict) -> bytes:
-    """A tar of the plain files directly in each folder (``name -> path``), as ``name/file``;
-    output.log (streamed already) and temporary files left out; a missing folder gives nothing."""
-    import io
+class _ChunkWriter:
+    """A write-only file that hands on what it is given in pieces of ``size`` bytes."""
+
+    def __init__(self, send, size: int) -> None:  # noqa: ANN001 - send(bytes)
+        self.send, self.size, self.buffer = send, size, bytearray()
+
+    def write(self, data: bytes) -> int:
+        self.buffer += data
+        while len(self.buffer) >= self.size:
+            self.send(bytes(self.buffer[:self.size]))
+            del self.buffer[:self.size]
+        return len(data)
+
+    def rest(self) -> bytes:
+        data, self.buffer = bytes(self.buffer), bytearray()
+        return data
+
+
+def pack_folders(dirs: dict, send, size: int = 1 << 20) -> bytes:  # noqa: ANN001 - send(bytes)
+    """A tar of the plain files directly in each folder (``name -> path``), as ``name/file``, handed
+    to ``send`` in pieces of ``size`` bytes as it is written (a step file of millions of lines is
+    never held whole); returns the last, shorter piece. output.log (streamed already) and temporary
+    files are left out; a missing folder gives nothing."""
     import tarfile
 
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
+    out = _ChunkWriter(send, size)
+    with tarfile.open(fileobj=out, mode="w|") as archive:  # type: ignore[call-overload]
         for name, path in dirs.items():
             folder = os.path.expanduser(path)
             try:
@@ -38,7 +57,7 @@ def pack_folders(dirs: dict) -> bytes:
                     continue
                 with contextlib.suppress(OSError):  # a file that vanished is simply not there
                     archive.add(full, arcname=f"{name}/{entry}", recursive=False)
-    return buffer.getvalue()
+    return out.rest()
 
 
 def prune_folder(path: str, keep: list) -> None:

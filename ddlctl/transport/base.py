@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -87,6 +87,13 @@ class AgentSession(Protocol):
 
     def write_file(self, path: str, data: bytes, mtime_ns: int | None = None, timeout: float = 600.0) -> None:
         """Write a file (atomically)."""
+
+    def read_chunks(self, path: str, timeout: float = 600.0) -> Iterator[bytes]:
+        """A file's bytes, piece by piece as they come."""
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes], mtime_ns: int | None = None,
+                     timeout: float = 600.0) -> int:
+        """Write a file (atomically) from pieces as they come; the bytes written."""
 
 
 class Transport(Protocol):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import shutil
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,6 +105,27 @@ def reconnector(plan: Plan, transports: dict[str, Transport]):  # noqa: ANN201
     return reconnect
 
 
+class ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (a stream read as it arrives)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.rest = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer
+        while not self.rest:
+            piece = next(self.chunks, None)
+            if piece is None:
+                return 0
+            self.rest = piece
+        size = min(len(buffer), len(self.rest))
+        buffer[:size] = self.rest[:size]
+        self.rest = self.rest[size:]
+        return size
+
+
 def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> None:
     """Bring remote tasks' step, result, error and pid files into the local run directory, through
     the host agents (one tar each, every host in parallel, no process started); once every host's
@@ -121,16 +143,17 @@ def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> Non
 
     def collect(host: Host) -> None:
         tasks = {t.dir_name: t.task_dir for t in tasks_of[host.label]}
-        data = sessions[host.label].pack(tasks)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-            for member in archive.getmembers():
+        stream = ChunkReader(sessions[host.label].pack_chunks(tasks))
+        with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
+            for member in archive:  # as the agent writes the tar: no file is held whole
                 folder, _, name = member.name.partition("/")
                 if not member.isfile() or folder not in tasks or not name or "/" in name or name in (".", ".."):
                     continue  # only plain files of the asked folders, whatever the host sent
                 source = archive.extractfile(member)
                 if source is not None:
                     (local_root / folder).mkdir(parents=True, exist_ok=True)
-                    (local_root / folder / name).write_bytes(source.read())
+                    with open(local_root / folder / name, "wb") as target:
+                        shutil.copyfileobj(source, target, 1 << 20)
 
     if all(not isinstance(r, Exception) for r in each_host(hosts, collect).values()):
         remote_run = f"{REMOTE_ROOT}/runs/{plan.run_id}"

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +44,9 @@ def own_python_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**environ, "PYTHONPATH": os.pathsep.join(path), envvars.SAFE_PATH: "1"}
 HELLO_TIMEOUT_S = 60.0
 
+
+#: The most one write command carries (base64 in a JSON frame).
+WRITE_PIECE = 1 << 20
 
 class Stream(Protocol):
     """A bidirectional byte stream to an agent."""
@@ -407,25 +410,59 @@ class HostSession:
         replies = self._request({"op": Op.LS, "dir": folder}, lambda r: bool(r), timeout)
         return {k: (int(v[0]), int(v[1])) for k, v in replies[0][0]["files"].items()}
 
+    def _stream(self, command: dict, timeout: float) -> Iterator[bytes]:
+        """Send a file command answered by data frames and yield their payloads as they come (each
+        within ``timeout`` of the one before): nothing is held whole. Raises OSError on failure."""
+        self._next_id += 1
+        ident = self._next_id
+        self.command({**command, "id": ident})
+        while True:
+            if not self.wait_for(lambda: bool(self._replies.get(ident)), timeout):
+                self._replies.pop(ident, None)
+                raise OSError(f"{self.host.label}: {self.lost or 'no answer'}")
+            for header, payload in self._replies.pop(ident):
+                if header.get("k") == Kind.FILE_ERROR:
+                    raise OSError(f"{self.host.label}: {header['error']}")
+                yield payload
+                if header.get("eof"):
+                    return
+
+    def read_chunks(self, path: str, timeout: float = 600.0) -> Iterator[bytes]:
+        """``path`` on the host, piece by piece."""
+        return self._stream({"op": Op.READ, "path": path}, timeout)
+
     def read_file(self, path: str, timeout: float = 600.0) -> bytes:
-        replies = self._request({"op": Op.READ, "path": path}, lambda r: any(h.get("eof") for h, _ in r), timeout)
-        return b"".join(payload for _h, payload in replies)
+        return b"".join(self.read_chunks(path, timeout))
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes], mtime_ns: int | None = None,
+                     timeout: float = 600.0) -> int:
+        """Write ``path`` on the host from ``chunks`` as they come, in pieces of at most 1 MiB (to a
+        temporary name, renamed when complete); returns the bytes written."""
+        import base64
+
+        pieces = (chunk[at:at + WRITE_PIECE] for chunk in chunks for at in range(0, len(chunk), WRITE_PIECE))
+        current, first, written = next(pieces, b""), True, 0
+        while True:
+            following = next(pieces, None)  # one piece ahead: the last one is written as final
+            self._request({"op": Op.WRITE, "path": path, "append": not first, "final": following is None,
+                           "mtime_ns": mtime_ns, "data": base64.b64encode(current).decode("ascii")},
+                          lambda r: bool(r), timeout)
+            written += len(current)
+            if following is None:
+                return written
+            current, first = following, False
 
     def write_file(self, path: str, data: bytes, mtime_ns: int | None = None, timeout: float = 600.0) -> None:
         """Write ``path`` on the host (chunks to a temporary name, renamed when complete)."""
-        import base64
+        self.write_chunks(path, [data], mtime_ns, timeout)
 
-        chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)] or [b""]
-        for i, chunk in enumerate(chunks):
-            self._request({"op": Op.WRITE, "path": path, "append": i > 0, "final": i == len(chunks) - 1,
-                           "mtime_ns": mtime_ns, "data": base64.b64encode(chunk).decode("ascii")},
-                          lambda r: bool(r), timeout)
+    def pack_chunks(self, dirs: Mapping[str, str], timeout: float = 600.0) -> Iterator[bytes]:
+        """A tar of the plain files of each folder (``name -> path`` on the host) as ``name/file``,
+        piece by piece as the agent writes it."""
+        return self._stream({"op": Op.PACK, "dirs": dict(dirs)}, timeout)
 
     def pack(self, dirs: Mapping[str, str], timeout: float = 600.0) -> bytes:
-        """A tar of the plain files of each folder (``name -> path`` on the host) as ``name/file``."""
-        replies = self._request({"op": Op.PACK, "dirs": dict(dirs)}, lambda r: any(h.get("eof") for h, _ in r),
-                                timeout)
-        return b"".join(payload for _h, payload in replies)
+        return b"".join(self.pack_chunks(dirs, timeout))
 
     def prune(self, path: str, keep: Sequence[str] = (), timeout: float = 120.0) -> None:
         """Remove ``path`` on the host except the entries named in ``keep``."""
