@@ -341,3 +341,17 @@ def test_private_network_servers_cannot_be_reached_from_the_machine_and_the_job_
     assert refused.returncode == 2 and "far.example.org is reached over the network" in refused.stderr
     refused = run_ddlctl("launch", "-s", "ps", "--private-network", "--metrics-port", "9400", "--dry-run")
     assert refused.returncode == 2 and "--private-network and --metrics-port" in refused.stderr
+
+
+def test_a_tasks_temporary_files_live_in_its_folder_and_go_with_it(tmp_path):
+    """TMPDIR is the task's own folder, removed when the task ends: a killed TensorFlow process
+    runs no atexit hook, and autograph leaves a file in the temporary folder per traced function."""
+    left = [sys.executable, "-c", "import tempfile; print('temp at', tempfile.mkstemp(suffix='.py')[1], flush=True)"]
+    env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+    done = subprocess.run(ddlctl_cmd("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path), "--",
+                                     *left), capture_output=True, text=True, env={**env, "NO_COLOR": "1"}, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    (made,) = re.findall(r"temp at (\S+)", done.stdout)
+    assert Path(made).parent == run_dir / "tasks" / "worker-0" / "tmp"
+    assert not Path(made).parent.exists(), "removed with the task"

@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -195,6 +196,12 @@ class Task:
             env[key] = os.path.expanduser(value) if key in (envvars.TASK_DIR, envvars.CHECKPOINT_DIR) else value
         if "TF_CONFIG" in env:
             env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_OPTIONS)
+        # temporary files in the task's folder, removed when it ends: a task killed at the end of a
+        # job runs no atexit hook, and TensorFlow's autograph leaves a file in /tmp per traced function
+        self.tmp = os.path.join(self.task_dir, "tmp") if self.task_dir and "TMPDIR" not in env else None
+        if self.tmp:
+            os.makedirs(self.tmp, exist_ok=True)
+            env["TMPDIR"] = self.tmp
         if "CUDA_VISIBLE_DEVICES" in spec.get("env", {}):
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(spec["env"]["CUDA_VISIBLE_DEVICES"],
                                                           os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -242,9 +249,11 @@ class Task:
         self.listening = not self.port
 
     def release(self) -> None:
-        """Remove the task's CPU-quota group (once nothing runs in it)."""
+        """Remove the task's CPU-quota group (once nothing runs in it) and its temporary files."""
         if self.cgroup:
             cgroup.remove(self.cgroup)
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
