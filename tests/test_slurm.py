@@ -174,6 +174,10 @@ def run_dir_of(runs: Path) -> Path:
                     "the run directory")
 
 
+#: tasks that listen and step without TensorFlow, for tests of what happens around a job
+IDLE = ("--", sys.executable, str(PROGRAMS / "idle_server.py"))
+
+
 def running_launch(cluster: SlurmCluster, runs: Path, *args: str, task: str = "worker-0", count: int = 3,
                    nodes: int = 3, shell_after: str | None = None,
                    options: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
@@ -276,7 +280,7 @@ def _ddlctl_child(salloc_proc: subprocess.Popen) -> psutil.Process:
 
 @needs_slurm
 def test_scancel_of_the_job_fails_the_run_naming_it_and_leaves_no_process(idle, runs):
-    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "100000", nodes=2)
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", *IDLE, nodes=2)
     job = json.loads((run_dir / "slurm.json").read_text())["job_id"]
     started = time.monotonic()
     assert idle.run("scancel", job).returncode == 0
@@ -292,7 +296,7 @@ def test_scancel_of_the_job_fails_the_run_naming_it_and_leaves_no_process(idle, 
 @needs_slurm
 def test_ctrl_c_stops_every_task_and_leaves_the_allocation_to_its_owner(idle, runs, tmp_path):
     after = tmp_path / "after.txt"
-    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "100000", nodes=2, shell_after=(
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", *IDLE, nodes=2, shell_after=(
         f'echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'))
     _ddlctl_child(proc).send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
@@ -401,7 +405,7 @@ def test_check_bench_measures_every_node_through_its_step(idle, tmp_path):
 def test_stop_of_a_run_inside_an_allocation_cancels_its_steps_not_the_job(idle, runs, tmp_path):
     env = {**idle.env, "NO_COLOR": "1"}
     after = tmp_path / "after.txt"
-    proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--steps", "100000", nodes=2, shell_after=(
+    proc, run_dir = running_launch(idle, runs, "-s", "mwms", *IDLE, nodes=2, shell_after=(
         f'echo "rc=$?" > {after}; squeue -h -j $SLURM_JOB_ID -o %T >> {after}'))
     record = json.loads((run_dir / "slurm.json").read_text())
     stopped = subprocess.run(ddlctl_cmd("stop", str(run_dir)), capture_output=True, text=True, env=env, cwd=ROOT)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
+from tests.conftest import PROGRAMS, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
 from tests.sshd import SshTestCluster, _keygen, free_port, sshd_available
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs root and openssh-server")
@@ -248,10 +248,11 @@ def test_closed_port_silent_server_and_unknown_name_each_say_why(cluster, tmp_pa
 
 
 def start_endless_run(cluster, hosts_file, runs) -> subprocess.Popen:
-    """An mwms run over the SSH hosts that will not end by itself, returned once the cluster is up."""
+    """An mwms run over the SSH hosts that will not end by itself, returned once the cluster is up
+    (tasks that listen and step without TensorFlow: what is tested is what happens around them)."""
     proc = subprocess.Popen(
-        ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--steps", "1000000",
-                   "--runs-dir", str(runs)),
+        ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--runs-dir", str(runs), "--",
+                   sys.executable, str(PROGRAMS / "idle_server.py")),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
     for line in proc.stdout:
         if "cluster up" in line:

@@ -1,0 +1,22 @@
+"""A task that behaves as a cluster member without TensorFlow, for tests of what happens around a
+job (stop, Ctrl-C, scancel, a killed controller): it listens on its own TF_CONFIG address, as a
+TensorFlow server does, and records a step every 0.1 s through ``ddlctl.step``, forever."""
+
+import json
+import os
+import socket
+import time
+
+import ddlctl
+
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+port = int(config["cluster"][task["type"]][task["index"]].rsplit(":", 1)[1])
+server = socket.socket(socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET)
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("", port))
+server.listen()
+print(f"{os.environ['DDLCTL_TASK']} listening at {port}", flush=True)
+while True:
+    with ddlctl.step(samples=1):
+        time.sleep(0.1)
