@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -165,10 +166,12 @@ def main() -> None:
         spread = f"{measured * 1e3:.1f} [{min(steps) * 1e3:.1f}-{max(steps) * 1e3:.1f}]"
         print(f"{m:>2} {label:<22} {predicted * 1e3:>13.1f} {error:>+7.0%} {chief} {spread:>24}  {note}")
 
+    from ddlctl.compare import speedup_range
+
     def ratio(slow: list[float], fast: list[float]) -> str:
         """median(slow) / median(fast), with the lowest and highest any pair of runs gives."""
-        low, high = min(slow) / max(fast), max(slow) / min(fast)
-        inside = " (inside the noise)" if min(slow) <= max(fast) else ""
+        low, high, noise = speedup_range(slow, fast) or (math.nan, math.nan, True)
+        inside = " (inside the noise)" if noise else ""
         return f"{statistics.median(slow) / statistics.median(fast):.2f}x [{low:.2f}-{high:.2f}]{inside}"
 
     def versus_random(randoms: list[list[float]], steps: list[float]) -> str:

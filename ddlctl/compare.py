@@ -11,7 +11,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,24 +163,35 @@ def overlap_ceiling(input_fraction: float) -> float:
     return 1.0 / max(input_fraction, 1.0 - input_fraction, 1e-9)
 
 
+def overlap(one: Sequence[float], other: Sequence[float]) -> bool:
+    """Whether two sets of repeated measurements overlap (their difference is inside the noise)."""
+    return min(one) <= max(other) and min(other) <= max(one)
+
+
 def speedup_range(fast: Sequence[float], slow: Sequence[float]) -> tuple[float, float, bool] | None:
     """The spread of ``median(fast) / median(slow)`` over repeats: (lowest, highest) ratio any run
     of one against any run of the other gives, and whether the difference is inside the noise (the
     two ranges of throughputs overlap). None with fewer than two runs of either."""
     if len(fast) < 2 or len(slow) < 2 or min(slow) <= 0:
         return None
-    overlap = min(fast) <= max(slow) and min(slow) <= max(fast)
-    return min(fast) / max(slow), max(fast) / min(slow), overlap
+    return min(fast) / max(slow), max(fast) / min(slow), overlap(fast, slow)
+
+
+def _against_pipelined(rows: Sequence[dict], key: str) -> Iterator[tuple[str, str, object, object]]:
+    """(strategy, mode, pipelined's ``key``, that mode's ``key``) for every other mode that ran."""
+    by = {(r["strategy"], r["execution"]): r[key] for r in rows}
+    for (strategy, mode), value in by.items():
+        fast = by.get((strategy, "pipelined"))
+        if mode != "pipelined" and fast and value:
+            yield strategy, mode, fast, value
 
 
 def execution_ranges(rows: Sequence[dict]) -> dict[str, dict[str, list]]:
     """Per strategy and mode, with repeats: [lowest, highest] of pipelined / that mode's throughput
     and whether the difference is inside the noise (see :func:`speedup_range`)."""
-    by = {(r["strategy"], r["execution"]): r["throughput_runs"] for r in rows}
     ranges: dict[str, dict[str, list]] = {}
-    for (strategy, mode), runs in by.items():
-        fast = by.get((strategy, "pipelined"))
-        spread = speedup_range(fast, runs) if mode != "pipelined" and fast else None
+    for strategy, mode, fast, runs in _against_pipelined(rows, "throughput_runs"):
+        spread = speedup_range(fast, runs)  # type: ignore[arg-type]
         if spread:
             ranges.setdefault(strategy, {})[mode] = list(spread)
     return ranges
@@ -192,10 +203,9 @@ def accuracy_note(fast: Sequence[float], slow: Sequence[float]) -> str | None:
     make the final accuracy vary from run to run); None with fewer than two runs of either."""
     if len(fast) < 2 or len(slow) < 2:
         return None
-    overlap = min(fast) <= max(slow) and min(slow) <= max(fast)
     return (f"accuracy {statistics.median(fast):.3f} [{min(fast):.3f}-{max(fast):.3f}] pipelined, "
             f"{statistics.median(slow):.3f} [{min(slow):.3f}-{max(slow):.3f}] linear"
-            f"{': inside the run-to-run spread' if overlap else ''}")
+            f"{': inside the run-to-run spread' if overlap(fast, slow) else ''}")
 
 
 def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], repeats: int,
@@ -215,7 +225,7 @@ def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], re
     line = f"pipelined under {strategy}: " + ", ".join(parts)
     if linear_input is not None and "linear" in ratios:
         ceiling = overlap_ceiling(linear_input)
-        line += (f"; input was {linear_input:.0%} of a linear step, so overlap can gain at most {ceiling:.2f}x here")
+        line += f"; input was {linear_input:.0%} of a linear step, so overlap can gain at most {ceiling:.2f}x here"
         if ratios["linear"] < 1.0:
             line += " (it lost instead: the input pipeline took cores the compute was using)"
     if accuracy:
@@ -226,12 +236,9 @@ def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], re
 def execution_speedups(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
     """Per strategy: pipelined throughput / each other mode's throughput (for the modes that ran),
     e.g. ``{"ps": {"linear": 1.2, "python-feed": 11.5}}``."""
-    by = {(r["strategy"], r["execution"]): r["throughput_samples_per_s"] for r in rows}
     speedups: dict[str, dict[str, float]] = {}
-    for (strategy, mode), value in by.items():
-        fast = by.get((strategy, "pipelined"))
-        if mode != "pipelined" and fast and value:
-            speedups.setdefault(strategy, {})[mode] = fast / value
+    for strategy, mode, fast, value in _against_pipelined(rows, "throughput_samples_per_s"):
+        speedups.setdefault(strategy, {})[mode] = fast / value  # type: ignore[operator]
     return speedups
 
 

@@ -222,7 +222,10 @@ def test_task_files_come_back_as_a_tar_streamed_in_pieces_and_are_unpacked_as_th
         with tarfile.open(fileobj=ChunkReader(iter(pieces)), mode="r|") as archive:
             got = {m.name: archive.extractfile(m).read() for m in archive if m.isfile()}
         assert got == {"worker-0/result.json": b'{"accuracy": 0.9}', "worker-0/steps.jsonl": steps}
-        assert one.pack({"nothing": str(tmp_path / "missing")}) and not one.list_files(str(tmp_path / "missing"))
+        missing = str(tmp_path / "missing")
+        with tarfile.open(fileobj=ChunkReader(one.pack_chunks({"gone": missing})), mode="r|") as empty:
+            assert [m.name for m in empty] == [], "a missing folder gives nothing"
+        assert not one.list_files(missing)
     finally:
         one.shutdown()
         one.close()

@@ -99,6 +99,16 @@ IDS = re.compile(r"ddlctl-ids \[([\d\s]*)\]")
 RESUMED = re.compile(r"resumed from checkpoint \S+ at step (\d+)")
 
 
+#: what every elastic test here runs with: a host lost after 3 s, taken back 2 s after it answers
+ELASTIC = ("--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout", "120")
+
+
+def ids_workload(batch: int, steps: int) -> list[str]:
+    """The built-in workload over one epoch of ``steps`` batches, printing the sample ids it reads."""
+    return [sys.executable, "-m", "ddlctl.workloads", "--epoch-size", str(batch * steps), "--batch-size", str(batch),
+            "--record-ids"]
+
+
 def ids_by_attempt(log: str) -> list[tuple[int, list[int]]]:
     """(first step, ids read) of each attempt of a task: its output split where it resumed."""
     attempts: list[tuple[int, list[int]]] = [(0, [])]
@@ -138,9 +148,7 @@ def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_re
     batch, steps = 96, 720
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "2", "--min-workers", "2",
-              "--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout",
-              "120", "--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", str(batch * steps),
-              "--batch-size", str(batch), "--checkpoint-every", "120", "--record-ids", env=cluster.env)
+              *ELASTIC, "--", *ids_workload(batch, steps), "--checkpoint-every", "120", env=cluster.env)
 
     def trains_on(count: int, what: str) -> None:
         start = remote_steps(job, "worker-0")
@@ -202,9 +210,7 @@ def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_
     batch, steps = 64, 900
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     job = Job(runs, "--hosts", str(hosts), "-s", "ps", "--max-restarts", "1", "--min-workers", "2",
-              "--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout",
-              "120", "--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", str(batch * steps),
-              "--batch-size", str(batch), "--steps-per-call", "4", "--record-ids", env=cluster.env)
+              *ELASTIC, "--", *ids_workload(batch, steps), "--steps-per-call", "4", env=cluster.env)
     wait_for(lambda: remote_steps(job, "chief-0") >= 40 or job.proc.poll() is not None, 180, "training")
     assert job.proc.poll() is None, job.stderr()[-3000:]
     down = cluster.hosts[2]
@@ -259,8 +265,7 @@ def test_min_workers_model_fit_resumes_its_backup_on_fewer_workers_and_again_on_
 
     hosts = cluster.hosts_file(tmp_path / "hosts.txt", cluster.hosts[:2])
     job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "1", "--min-workers", "1",
-              "--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout",
-              "120", "--env", "FIT_EPOCHS=9", "--", sys.executable, str(PROGRAMS / "fit_backup.py"), env=cluster.env)
+              *ELASTIC, "--env", "FIT_EPOCHS=9", "--", sys.executable, str(PROGRAMS / "fit_backup.py"), env=cluster.env)
     wait_for(lambda: any(e >= 1 for e, _, _ in epochs_begun(job, "worker-0")) or job.proc.poll() is not None, 180,
              "the second epoch")
     assert job.proc.poll() is None, job.stderr()[-3000:]

@@ -48,6 +48,7 @@ HELLO_TIMEOUT_S = 60.0
 #: The most one write command carries (base64 in a JSON frame).
 WRITE_PIECE = 1 << 20
 
+
 class Stream(Protocol):
     """A bidirectional byte stream to an agent."""
 
@@ -460,9 +461,6 @@ class HostSession:
         """A tar of the plain files of each folder (``name -> path`` on the host) as ``name/file``,
         piece by piece as the agent writes it."""
         return self._stream({"op": Op.PACK, "dirs": dict(dirs)}, timeout)
-
-    def pack(self, dirs: Mapping[str, str], timeout: float = 600.0) -> bytes:
-        return b"".join(self.pack_chunks(dirs, timeout))
 
     def prune(self, path: str, keep: Sequence[str] = (), timeout: float = 120.0) -> None:
         """Remove ``path`` on the host except the entries named in ``keep``."""
