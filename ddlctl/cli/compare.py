@@ -47,8 +47,11 @@ def compare(
     workers: Annotated[int | None, typer.Option(
         "--workers", "-w", metavar="N", min=1, help="Workers for ps and mwms (default: 2 on this machine, else the "
                                                     "placement defaults).", show_default=False)] = None,
-    repeats: Annotated[int, typer.Option("--repeats", metavar="N", min=1,
-                                         help="Runs per strategy; the table shows the median and the spread.")] = 1,
+    repeats: Annotated[int, typer.Option(
+        "--repeats", metavar="N", min=1,
+        help="Runs per strategy and mode, interleaved (each once, then again): the table shows the median and "
+             "the spread, each speed-up its lowest-highest range and whether it is inside the noise, and the "
+             "verdict line the final accuracies' spread.")] = 1,
     execution: Annotated[str, typer.Option(
         "--execution", metavar="MODE[,MODE...]",
         help="Execution modes of the built-in workload to run, comma-separated, or all: " + ", ".join(EXECUTIONS)
@@ -73,9 +76,10 @@ def compare(
     """Run the same workload under several strategies and compare them side by side.
 
     Same seed, same machines; one table: throughput (median of repeats, with spread), step time
-    p50/p95, speedup over one_device, scaling efficiency, GPU utilisation, final loss and accuracy;
-    plus a bar chart. A strategy that fails gets a row that says why. Saves compare.json into
-    <runs-dir>/compare-<stamp>/.
+    p50/p95, speedup over one_device, scaling efficiency, GPU utilisation, the share of a step spent
+    on input, final loss and accuracy; plus a bar chart, and for each run whether input or compute
+    bound it (with linear runs: the most overlap can gain). A strategy that fails gets a row that
+    says why. Saves compare.json into <runs-dir>/compare-<stamp>/.
 
     Example: ddlctl compare --strategies one_device,mwms,ps --execution pipelined,linear --steps 300
     """
