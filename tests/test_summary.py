@@ -380,3 +380,82 @@ def test_membership_phases_split_the_run_at_each_change_with_its_own_steps_and_t
     # goodput: 4 steps of 0.5 s in steps, over each phase's whole time (its restart counted here)
     assert before["goodput"] == pytest.approx(2.0 / 4.0) and after["goodput"] == pytest.approx(2.0 / 9.5)
     assert membership_phases([], ["worker:0"], steps, 100.0, 113.5) == ()
+
+
+def test_a_telemetry_file_reads_the_same_in_the_agents_arrays_or_an_older_agents_dicts(tmp_path):
+    """The agent's own shape (GPU readings and task figures as arrays) takes the typed fast path,
+    also with its last line cut short; dicts (older agents), a cut line elsewhere or a record of
+    another type take the general one: the same columns either way, nulls left out where a GPU
+    does not report a field, lines counted."""
+    from ddlctl.report.hosts import _typed_records, host_summary, read_telemetry
+
+    fields = ["index", "util", "sm_active", "mem_used", "power_w", "throttle"]
+    readings = [[{"index": 0, "util": 90.0 + i, "sm_active": None, "mem_used": 2**30 * (i + 1), "power_w": 300.0,
+                  "throttle": 0x4 if i % 2 else 0},
+                 {"index": 3, "util": 10.0 * i, "sm_active": 5.0, "mem_used": 2**29, "power_w": None,
+                  "throttle": None}] for i in range(4)]
+    hello = {"type": "hello", "host": "h9", "interval": 0.5, "gpu_note": None, "gpu_fields": fields,
+             "gpus": [{"index": 0, "name": "H100", "memory_total_bytes": 2**34, "power_limit_w": 700.0},
+                      {"index": 3, "name": "A100", "memory_total_bytes": 2**33}]}
+
+    def sample(i: int, arrays: bool) -> dict:
+        gpus = [[g[f] for f in fields] if arrays else g for g in readings[i]]
+        procs = {"worker:0": [50.0 + i, 1000 * (i + 1)] if arrays else {"cpu": 50.0 + i, "rss": 1000 * (i + 1)}}
+        return {"type": "sample", "t": T0 + 0.5 * i, "cpu": 20.0 * i, "mem_used": 100 + i, "mem_total": 1000,
+                "net_sent": 10 * i, "net_recv": 20 * i, "procs": procs, "gpus": gpus, "steps": {}}
+
+    def write(name: str, lines: list[str]) -> Path:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    arrays = [json.dumps(hello), *(json.dumps(sample(i, True)) for i in range(4))]
+    dicts = [json.dumps(hello), *(json.dumps(sample(i, False)) for i in range(4))]
+    files = {"fast": (write("fast", arrays), 0),
+             "cut_last": (write("cut_last", [*arrays, '{"type": "sample", "t": 17']), 1),
+             "dicts": (write("dicts", dicts), 0),
+             "cut_middle": (write("cut_middle", [*arrays[:2], '{"type": "sam', *arrays[2:]]), 1),
+             "error_and_odd": (write("odd", [*arrays, '{"type": "error", "error": "nvml"}', '{"type": "x"}']), 1)}
+    typed = {name for name, (path, _) in files.items() if _typed_records(path.read_bytes()) is not None}
+    assert typed == {"fast", "cut_last"}
+    summaries = {}
+    for name, (path, bad) in files.items():
+        series = read_telemetry(path)
+        assert series.bad_lines == bad, name
+        assert series.host == "h9" and series.interval == 0.5 and list(series.t) == [T0 + 0.5 * i for i in range(4)]
+        assert list(series.cpu) == [0.0, 20.0, 40.0, 60.0] and list(series.mem) == [100, 101, 102, 103]
+        assert [list(c) for c in series.procs["worker:0"]] == [[50.0, 51.0, 52.0, 53.0], [1000, 2000, 3000, 4000]]
+        gpu0, gpu3 = series.gpus[0], series.gpus[3]
+        assert (gpu0.name, gpu3.name, gpu0.power_limit) == ("H100", "A100", 700.0)
+        assert list(gpu0.values("util")) == [90.0, 91.0, 92.0, 93.0] and list(gpu0.values("sm_active")) == []
+        assert list(gpu3.values("sm_active")) == [5.0] * 4 and list(gpu3.values("power_w")) == []
+        assert list(gpu0.values("throttle")) == [0, 4, 0, 4] and list(gpu3.values("temp_c")) == []
+        summaries[name] = host_summary(series, T0, T0 + 1.5)
+    first = summaries["fast"]
+    assert first.gpus[0].util_mean == 91.5 and first.gpus[0].mem_peak_bytes == 4 * 2**30
+    assert first.gpus[0].power_capped_share == 0.5 and first.gpus[1].util_p5 == pytest.approx(1.5)
+    assert first.cpu_util_mean == 30.0 and first.net_sent_bytes_per_s == 20.0 and first.gaps == ()
+    assert all(s == first for s in summaries.values())
+
+
+def test_arrival_lateness_and_straggler_wait_agree_in_columns_and_by_step():
+    """Workers that recorded the same steps take the column path; one extra step on one worker (a
+    step the others never recorded) takes the per-step one: the same figures over the common steps."""
+    from array import array
+
+    from ddlctl.report.stepfile import TaskSteps
+    from ddlctl.report.summary import _arrival_lateness, _straggler_wait
+
+    def worker(i: int, extra: bool) -> TaskSteps:
+        steps = list(range(1, 41)) + ([41] if extra else [])
+        sync = [0.1 + 0.01 * i + 0.001 * (s % 7) for s in steps]
+        return TaskSteps(f"worker:{i}", step=array("q", steps), start_us=array("q", [s * 200_000 for s in steps]),
+                         duration=array("d", [0.2] * len(steps)), samples=array("q", [32] * len(steps)),
+                         input_s=array("d", [0.0] * len(steps)), sync_s=array("d", sync))
+
+    same = [worker(i, False) for i in range(3)]
+    ragged = [worker(0, False), worker(1, True), worker(2, False)]
+    late, late_by_step = _arrival_lateness(same, 5), _arrival_lateness(ragged, 5)
+    assert late == pytest.approx(late_by_step) and late["worker:2"] == pytest.approx(0.02)
+    wait, wait_by_step = _straggler_wait(same[0], same), _straggler_wait(ragged[0], ragged)
+    assert wait == pytest.approx(wait_by_step) == pytest.approx(40 * 0.02)

@@ -15,6 +15,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ddlctl.balance import equal_shares, shares
 
 #: Below this predicted gain the report does not suggest --balance speed.
@@ -35,8 +37,9 @@ class WorkerSteps:
 
 
 def _period_s(starts_us: Sequence[int]) -> float | None:
-    gaps = [(b - a) / 1e6 for a, b in zip(starts_us[:-1], starts_us[1:], strict=True) if b > a]
-    return statistics.median(gaps) if gaps else None
+    gaps = np.diff(np.asarray(starts_us, dtype=np.int64))
+    gaps = gaps[gaps > 0] / 1e6
+    return float(np.median(gaps)) if gaps.size else None
 
 
 #: Steps at the final split (after a re-split) that the section needs to describe that split alone.
@@ -47,12 +50,12 @@ def final_split_steps(samples: Sequence[int]) -> int:
     """How many of the last records the section describes: those at the final split (the trailing
     run of the last batch size) when there are at least :data:`FINAL_SPLIT_MIN_STEPS`, else all
     (medians over two splits would pair one split's batch with another's compute time). Pure."""
-    run = 0
-    for count in reversed(samples):
-        if count != samples[-1]:
-            break
-        run += 1
-    return run if run >= FINAL_SPLIT_MIN_STEPS else len(samples)
+    counts = np.asarray(samples)
+    if not counts.size:
+        return 0
+    other = np.nonzero(counts[::-1] != counts[-1])[0]
+    run = int(other[0]) if other.size else len(counts)
+    return run if run >= FINAL_SPLIT_MIN_STEPS else len(counts)
 
 
 def balance_section(workers: Sequence[WorkerSteps], split: str = "equal",
@@ -61,19 +64,21 @@ def balance_section(workers: Sequence[WorkerSteps], split: str = "equal",
     synchronisation times and example counts. After a re-split, the figures are those of the
     final split's steps (the same steps on every worker: they re-split together)."""
     rows = []
-    last = min((final_split_steps(w.samples) for w in workers if w.samples), default=0)
+    last = min((final_split_steps(w.samples) for w in workers if len(w.samples)), default=0)
 
     def final(values: Sequence) -> Sequence:  # the final split's records (all of them: last == 0)
         return values[-last:] if last else values
 
     for w in workers:
         period = _period_s(final(w.starts_us))
-        syncs = [s for s in final(w.sync_s) if s >= 0]
-        counts = [c for c in final(w.samples) if c > 0]
-        if period is None or not syncs or not counts:
+        syncs = np.asarray(final(w.sync_s), dtype=float)
+        syncs = syncs[syncs >= 0]
+        counts = np.asarray(final(w.samples))
+        counts = counts[counts > 0]
+        if period is None or not syncs.size or not counts.size:
             return None
-        compute = statistics.median(syncs)
-        batch = int(statistics.median(counts))
+        compute = float(np.median(syncs))
+        batch = int(np.median(counts))
         rows.append({"task": w.task, "host": w.host, "batch": batch, "period_s": period, "compute_s": compute,
                      "speed": batch / compute if compute > 0 else None})
     if len(rows) < 2 or any(r["speed"] is None for r in rows):

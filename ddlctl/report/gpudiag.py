@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 #: Clock-event (throttle) reason bits of NVML (``nvmlClocksEventReason*``).
 POWER_BITS = 0x4 | 0x80  # SwPowerCap, HwPowerBrakeSlowdown
 THERMAL_BITS = 0x8 | 0x20 | 0x40  # HwSlowdown, SwThermalSlowdown, HwThermalSlowdown
@@ -52,18 +54,29 @@ class Throttling:
 
 def throttling(samples: Sequence[Sample]) -> Throttling:
     """Clock, power and throttle-reason figures over the busy samples (util >= ``BUSY_UTIL``)."""
-    busy = [s for s in samples if s.util is not None and s.util >= BUSY_UTIL]
-    clocks = [s.sm_clock_mhz for s in busy if s.sm_clock_mhz is not None]
-    powers = [s.power_w for s in busy if s.power_w is not None]
-    reasons = [s.throttle for s in busy if s.throttle is not None]
-    temps = [s.temp_c for s in samples if s.temp_c is not None]
+    def column(name: str) -> np.ndarray:
+        return np.array([getattr(s, name) for s in samples], dtype=float).reshape(len(samples))
+
+    return throttling_of(column("util"), column("sm_clock_mhz"), column("throttle"), column("power_w"),
+                         column("temp_c"))
+
+
+def throttling_of(util: np.ndarray, sm_clock: np.ndarray, throttle: np.ndarray, power: np.ndarray,
+                  temp: np.ndarray) -> Throttling:
+    """:func:`throttling` over columns, one value per reading (NaN: not read), as the report parses
+    telemetry (hours of samples of many GPUs: column-wise)."""
+    busy = util >= BUSY_UTIL  # NaN compares False: a reading without util is not busy
+    clocks = sm_clock[busy & ~np.isnan(sm_clock)]
+    powers = power[busy & ~np.isnan(power)]
+    reasons = throttle[busy & ~np.isnan(throttle)].astype(np.int64)
+    temps = temp[~np.isnan(temp)]
     return Throttling(
-        busy_samples=len(busy),
-        sm_clock_busy_mean_mhz=sum(clocks) / len(clocks) if clocks else None,
-        power_busy_mean_w=sum(powers) / len(powers) if powers else None,
-        power_capped_share=sum(1 for r in reasons if r & POWER_BITS) / len(reasons) if reasons else None,
-        thermal_capped_share=sum(1 for r in reasons if r & THERMAL_BITS) / len(reasons) if reasons else None,
-        temp_peak_c=max(temps) if temps else None)
+        busy_samples=int(busy.sum()),
+        sm_clock_busy_mean_mhz=float(clocks.mean()) if clocks.size else None,
+        power_busy_mean_w=float(powers.mean()) if powers.size else None,
+        power_capped_share=float(np.count_nonzero(reasons & POWER_BITS)) / reasons.size if reasons.size else None,
+        thermal_capped_share=float(np.count_nonzero(reasons & THERMAL_BITS)) / reasons.size if reasons.size else None,
+        temp_peak_c=float(temps.max()) if temps.size else None)
 
 
 def diagnose_gpu(where: str, util_mean: float | None, sm_active_mean: float | None, throttled: Throttling,

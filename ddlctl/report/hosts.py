@@ -3,13 +3,14 @@ GPUs (utilisation, SM activity, memory, power, throttling) and the gaps in its s
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddlctl.report.gpudiag import Sample, diagnose_gpu, throttling
-from ddlctl.report.stats import mean, percentile
+import msgspec
+import numpy as np
+
+from ddlctl.report.gpudiag import diagnose_gpu, throttling_of
+from ddlctl.report.stats import percentile
 from ddlctl.report.stepfile import parse_json_lines
 from ddlctl.telemetry.nvml import GPU_FIELDS
 
@@ -52,147 +53,244 @@ class HostSummary:
 
 @dataclass
 class GpuSeries:
+    """One GPU's readings as columns (numpy arrays of floats, one value per reading, NaN where the
+    reading lacked the field)."""
+
     name: str | None = None
-    util: array = field(default_factory=lambda: array("d"))
-    sm: array = field(default_factory=lambda: array("d"))
-    mem: array = field(default_factory=lambda: array("d"))
+    readings: dict[str, np.ndarray] = field(default_factory=dict)  # field name -> column
     mem_total: float | None = None
-    power: array = field(default_factory=lambda: array("d"))
-    samples: list = field(default_factory=list)  # gpudiag.Sample per reading (clock, throttle reasons...)
     sm_clock_max: float | None = None
     power_limit: float | None = None
+
+    def column(self, name: str) -> np.ndarray:
+        """Every reading of ``name`` (NaN: not read)."""
+        return self.readings.get(name, np.empty(0))
+
+    def values(self, name: str) -> np.ndarray:
+        """The readings of ``name`` that were read (no NaN)."""
+        column = self.column(name)
+        return column[~np.isnan(column)]
 
 
 @dataclass
 class HostSeries:
+    """A host's telemetry as columns (numpy float arrays; the nulls of a field left out)."""
+
     host: str
     interval: float = 1.0
     gpu_note: str | None = None
-    t: array = field(default_factory=lambda: array("d"))
-    cpu: array = field(default_factory=lambda: array("d"))
-    mem: array = field(default_factory=lambda: array("d"))
+    t: np.ndarray = field(default_factory=lambda: np.empty(0))
+    cpu: np.ndarray = field(default_factory=lambda: np.empty(0))
+    mem: np.ndarray = field(default_factory=lambda: np.empty(0))
     mem_total: float | None = None
     net: list[tuple[float, float, float]] = field(default_factory=list)
     gpus: dict[int, GpuSeries] = field(default_factory=dict)
-    procs: dict[str, tuple[array, array]] = field(default_factory=dict)
+    procs: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # task -> (cpu %, rss)
     bad_lines: int = 0
 
 
-def _column(items: list[dict], key: str) -> array:
-    return array("d", [float(v) for v in (item.get(key) for item in items) if v is not None])
+class _Hello(msgspec.Struct, tag_field="type", tag="hello"):
+    host: str | None = None
+    interval: float = 1.0
+    gpu_note: str | None = None
+    gpu_fields: list[str] | None = None
+    gpus: list[dict] | None = None
 
 
-#: The readings a :class:`Sample` holds, in its order.
-SAMPLE_FIELDS = ("util", "sm_active", "sm_clock_mhz", "throttle", "power_w", "temp_c")
+class _Sample(msgspec.Struct, tag_field="type", tag="sample"):
+    """A sample as the agent writes it (:mod:`ddlctl.telemetry`): GPU readings and task figures as
+    arrays; only what the report reads is decoded."""
+
+    t: float
+    cpu: float | None = None
+    mem_used: float | None = None
+    mem_total: float | None = None
+    net_sent: float | None = None
+    net_recv: float | None = None
+    procs: dict[str, list[float | None]] | None = None
+    gpus: list[list[float | None]] | None = None
 
 
-def _columns(rows: list[list]) -> Callable[[int | None], Sequence]:
-    """Column ``position`` of ``rows`` (None where a row has none; all None for a field not sent).
-    The rows are transposed once in C; a short row (an older agent) shortens every column, and the
-    positions past it are read row by row."""
-    columns = list(zip(*rows, strict=False))
-
-    def column(position: int | None) -> Sequence:
-        if position is None:
-            return (None,) * len(rows)
-        if position < len(columns):
-            return columns[position]
-        return [row[position] if len(row) > position else None for row in rows]
-
-    return column
+class _Error(msgspec.Struct, tag_field="type", tag="error"):
+    pass
 
 
-def _values(column: Sequence) -> array:
-    """A column without its nulls."""
-    return array("d", [v for v in column if v is not None])
+_TELEMETRY_FILE = msgspec.json.Decoder(list[_Hello | _Sample | _Error])
 
 
-def read_telemetry(path: Path) -> HostSeries:
-    """Parse one ``telemetry/<host>.jsonl`` (column by column: hours of samples stay fast)."""
-    series = HostSeries(path.stem)
-    records, series.bad_lines = parse_json_lines(path.read_bytes())
-    samples = []
+def _typed_records(data: bytes) -> tuple[list, int] | None:
+    """The fast path: every line a hello, sample or error of the agent's own shape (but a last line
+    cut short: counted), decoded straight into typed records. None: read it the general way."""
+    body, bad = data.strip(), 0
+    for _ in range(2):
+        try:
+            return (_TELEMETRY_FILE.decode(b"[" + body.replace(b"\n", b",") + b"]") if body else []), bad
+        except msgspec.ValidationError:  # sound JSON, another shape (an older agent's dicts...)
+            return None
+        except msgspec.DecodeError:
+            body, bad = body.rpartition(b"\n")[0], 1
+    return None
+
+
+def _general_records(data: bytes) -> tuple[list, int]:
+    """Any sound line, as the typed records (GPU readings and task figures written as dicts by older
+    agents become arrays in the hello's field order); unreadable lines counted."""
+    records, bad = parse_json_lines(data)
+    out: list = []
     fields = list(GPU_FIELDS)
     for raw in records:
         kind = raw.get("type") if isinstance(raw, dict) else None
         if kind == "sample" and isinstance(raw.get("t"), (int, float)):
-            samples.append(raw)
+            out.append(raw)
         elif kind == "hello":
-            series.host = str(raw.get("host", series.host))
-            series.interval = float(raw.get("interval", 1.0))
-            series.gpu_note = raw.get("gpu_note")
             fields = list(raw.get("gpu_fields") or fields)
-            for gpu in raw.get("gpus") or []:
+            out.append(_Hello(host=raw.get("host"), interval=float(raw.get("interval", 1.0)),
+                              gpu_note=raw.get("gpu_note"), gpu_fields=raw.get("gpu_fields"), gpus=raw.get("gpus")))
+        elif kind != "error":  # agents report problems as {"type": "error"}; anything else is unreadable
+            bad += 1
+    typed = [r if isinstance(r, _Hello) else _Sample(
+        t=float(r["t"]), cpu=r.get("cpu"), mem_used=r.get("mem_used"), mem_total=r.get("mem_total"),
+        net_sent=r.get("net_sent"), net_recv=r.get("net_recv"),
+        procs={task: f if isinstance(f, list) else [f.get("cpu"), f.get("rss")]
+               for task, f in (r.get("procs") or {}).items()},
+        gpus=[g if isinstance(g, list) else [g.get(f) for f in fields] for g in r.get("gpus") or ()])
+        for r in out]
+    return typed, bad
+
+
+#: The readings a GPU's series keeps as columns (those the summary and the diagnosis read).
+GPU_COLUMNS = ("util", "sm_active", "mem_used", "mem_total", "power_w", "sm_clock_mhz", "throttle", "temp_c")
+
+
+def _floats(values: list) -> np.ndarray:
+    """A float column (None -> NaN)."""
+    return np.array(values, dtype=float).reshape(len(values))
+
+
+def _present(column: np.ndarray) -> np.ndarray:
+    return column[~np.isnan(column)]
+
+
+def _matrix(rows: list[list]) -> np.ndarray:
+    """Rows of readings as a float matrix (None -> NaN; rows shorter than the longest, from an older
+    agent, padded with NaN)."""
+    try:
+        return np.array(rows, dtype=float).reshape(len(rows), -1)
+    except ValueError:  # rows of unequal length
+        width = max(map(len, rows))
+        return np.array([row + [None] * (width - len(row)) for row in rows], dtype=float)
+
+
+def read_telemetry(path: Path) -> HostSeries:
+    """Parse one ``telemetry/<host>.jsonl`` into columns (hours of samples of many GPUs stay fast)."""
+    series = HostSeries(path.stem)
+    data = path.read_bytes()
+    records, series.bad_lines = _typed_records(data) or _general_records(data)
+    fields = list(GPU_FIELDS)
+    samples = []
+    for record in records:
+        if isinstance(record, _Sample):
+            samples.append(record)
+        elif isinstance(record, _Hello):
+            series.host = str(record.host if record.host is not None else series.host)
+            series.interval = float(record.interval)
+            series.gpu_note = record.gpu_note
+            fields = list(record.gpu_fields or fields)
+            for gpu in record.gpus or []:
                 entry = series.gpus.setdefault(int(gpu["index"]), GpuSeries())
                 entry.name = gpu.get("name")
                 entry.mem_total = gpu.get("memory_total_bytes")
                 entry.sm_clock_max = gpu.get("sm_clock_max_mhz")
                 entry.power_limit = gpu.get("power_limit_w")
-        elif kind != "error":  # agents report problems as {"type": "error"}; anything else is unreadable
-            series.bad_lines += 1
-    series.t = _column(samples, "t")
-    series.cpu = _column(samples, "cpu")
-    series.mem = _column(samples, "mem_used")
-    totals = [r["mem_total"] for r in samples if r.get("mem_total")]
+    series.t = _floats([r.t for r in samples])
+    series.cpu = _present(_floats([r.cpu for r in samples]))
+    series.mem = _present(_floats([r.mem_used for r in samples]))
+    totals = [r.mem_total for r in samples if r.mem_total]
     series.mem_total = totals[-1] if totals else None
-    series.net = [(float(r["t"]), float(r["net_sent"]), float(r["net_recv"])) for r in (samples[0], samples[-1])
-                  if r.get("net_sent") is not None and r.get("net_recv") is not None] if samples else []
-    # GPU readings are arrays in the order of hello's gpu_fields (older agents: dicts)
-    position = {name: i for i, name in enumerate(fields)}
-    by_gpu: dict[int, list[list]] = {}
-    for gpus in [r.get("gpus") or () for r in samples]:
-        for gpu in gpus:
-            row = gpu if isinstance(gpu, list) else [gpu.get(f) for f in fields]
-            by_gpu.setdefault(row[position["index"]], []).append(row)
-    for index, rows in by_gpu.items():
-        entry = series.gpus.setdefault(int(index), GpuSeries())
-        column = _columns(rows)
-        entry.util, entry.sm, entry.mem, entry.power = (_values(column(position.get(name)))
-                                                        for name in ("util", "sm_active", "mem_used", "power_w"))
-        totals = _values(column(position.get("mem_total")))
-        entry.mem_total = totals[-1] if totals else entry.mem_total
-        entry.samples = list(map(Sample, *(column(position.get(name)) for name in SAMPLE_FIELDS)))
-    by_task: dict[str, list[list]] = {}
-    for procs in [r.get("procs") or {} for r in samples]:
-        for task, figures in procs.items():
-            by_task.setdefault(task, []).append(figures if isinstance(figures, list)
-                                                else [figures.get("cpu"), figures.get("rss")])
-    series.procs = {task: (_values(column(0)), _values(column(1)))
-                    for task, rows in by_task.items() for column in [_columns(rows)]}
+    series.net = [(float(r.t), float(r.net_sent), float(r.net_recv)) for r in (samples[0], samples[-1])
+                  if r.net_sent is not None and r.net_recv is not None] if samples else []
+    # GPU readings: arrays in the order of hello's gpu_fields, grouped by the GPU's index
+    rows = [row for r in samples if r.gpus for row in r.gpus]
+    if rows:
+        readings = _matrix(rows)
+        position = {name: i for i, name in enumerate(fields) if i < readings.shape[1]}
+        indexes = readings[:, position["index"]]
+        for index in dict.fromkeys(indexes[~np.isnan(indexes)].tolist()):
+            mine = readings[indexes == index]
+            entry = series.gpus.setdefault(int(index), GpuSeries())
+            entry.readings = {name: mine[:, position[name]] if name in position else np.full(len(mine), np.nan)
+                              for name in GPU_COLUMNS}
+            totals = entry.values("mem_total")
+            entry.mem_total = float(totals[-1]) if totals.size else entry.mem_total
+    series.procs = _procs(samples)
     return series
+
+
+def _procs(samples: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Task -> (CPU %, RSS) columns, nulls left out."""
+    with_procs = [r.procs for r in samples if r.procs]
+    if not with_procs:
+        return {}
+    names = tuple(with_procs[0])
+    if all(tuple(p) == names for p in with_procs) and all(len(f) == 2 for f in with_procs[0].values()):
+        try:  # the same tasks in every sample (the common case): one matrix
+            figures = np.array([list(p.values()) for p in with_procs], dtype=float)
+        except ValueError:
+            figures = None
+        if figures is not None and figures.ndim == 3:
+            return {task: (_present(figures[:, i, 0]), _present(figures[:, i, 1])) for i, task in enumerate(names)}
+    by_task: dict[str, list[list]] = {}
+    for procs in with_procs:
+        for task, figures in procs.items():
+            by_task.setdefault(task, []).append(figures)
+    out = {}
+    for task, task_rows in by_task.items():
+        matrix = _matrix(task_rows)
+        out[task] = tuple(_present(matrix[:, i]) if i < matrix.shape[1] else np.empty(0) for i in (0, 1))
+    return out
 
 
 def _gaps(series: HostSeries, run_start: float | None, run_end: float | None) -> tuple[tuple[float, float], ...]:
     limit = GAP_INTERVALS * series.interval
-    times = sorted(series.t)
+    times = np.sort(series.t)
     gaps = []
-    if not times:
+    if not times.size:
         return ((run_start, run_end),) if run_start is not None and run_end is not None else ()
-    if run_start is not None and times[0] - run_start > limit + 5.0:  # agent start-up allowance
-        gaps.append((run_start, times[0]))
-    for before, after in zip(times, times[1:], strict=False):
-        if after - before > limit:
-            gaps.append((before, after))
-    if run_end is not None and run_end - times[-1] > limit:
-        gaps.append((times[-1], run_end))
+    first, last = float(times[0]), float(times[-1])
+    if run_start is not None and first - run_start > limit + 5.0:  # agent start-up allowance
+        gaps.append((run_start, first))
+    for i in np.nonzero(np.diff(times) > limit)[0].tolist():
+        gaps.append((float(times[i]), float(times[i + 1])))
+    if run_end is not None and run_end - last > limit:
+        gaps.append((last, run_end))
     return tuple(gaps)
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return float(values.mean()) if values.size else None
+
+
+def _max(values: np.ndarray) -> float | None:
+    return float(values.max()) if values.size else None
 
 
 def host_summary(series: HostSeries, run_start: float | None, run_end: float | None) -> HostSummary:
     gpus = []
     for index, gpu in sorted(series.gpus.items()):
-        util = sorted(gpu.util)
-        throttled = throttling(gpu.samples)
-        mem_peak = int(max(gpu.mem)) if gpu.mem else None
+        util = gpu.values("util")
+        throttled = throttling_of(gpu.column("util"), gpu.column("sm_clock_mhz"), gpu.column("throttle"),
+                                  gpu.column("power_w"), gpu.column("temp_c"))
+        mem_peak = int(gpu.values("mem_used").max()) if gpu.values("mem_used").size else None
         mem_total = int(gpu.mem_total) if gpu.mem_total else None
+        util_mean, sm_mean = _mean(util), _mean(gpu.values("sm_active"))
         gpus.append(GpuSummary(
-            index=index, name=gpu.name, util_mean=mean(gpu.util), util_p5=percentile(util, 5),
-            sm_active_mean=mean(gpu.sm), mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
-            power_mean_w=mean(gpu.power), power_peak_w=max(gpu.power) if gpu.power else None,
+            index=index, name=gpu.name, util_mean=util_mean, util_p5=percentile(np.sort(util), 5),
+            sm_active_mean=sm_mean, mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
+            power_mean_w=_mean(gpu.values("power_w")), power_peak_w=_max(gpu.values("power_w")),
             power_limit_w=gpu.power_limit, sm_clock_busy_mean_mhz=throttled.sm_clock_busy_mean_mhz,
             sm_clock_max_mhz=gpu.sm_clock_max, power_capped_share=throttled.power_capped_share,
             thermal_capped_share=throttled.thermal_capped_share, temp_peak_c=throttled.temp_peak_c,
-            diagnosis=tuple(diagnose_gpu(f"GPU {index} on {series.host}", mean(gpu.util), mean(gpu.sm), throttled,
+            diagnosis=tuple(diagnose_gpu(f"GPU {index} on {series.host}", util_mean, sm_mean, throttled,
                                          gpu.sm_clock_max, gpu.power_limit, mem_peak, mem_total))))
     sent = recv = None
     if len(series.net) >= 2 and series.net[-1][0] > series.net[0][0]:
@@ -200,11 +298,8 @@ def host_summary(series: HostSeries, run_start: float | None, run_end: float | N
         sent = (series.net[-1][1] - series.net[0][1]) / span
         recv = (series.net[-1][2] - series.net[0][2]) / span
     return HostSummary(
-        host=series.host, samples=len(series.t), cpu_util_mean=mean(series.cpu),
-        mem_peak_bytes=int(max(series.mem)) if series.mem else None,
+        host=series.host, samples=len(series.t), cpu_util_mean=_mean(series.cpu),
+        mem_peak_bytes=int(series.mem.max()) if series.mem.size else None,
         mem_total_bytes=int(series.mem_total) if series.mem_total else None,
         net_sent_bytes_per_s=sent, net_recv_bytes_per_s=recv, gpu_note=series.gpu_note,
         gpus=tuple(gpus), gaps=_gaps(series, run_start, run_end))
-
-
-# -- steps -----------------------------------------------------------------------------------

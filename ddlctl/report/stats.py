@@ -14,11 +14,14 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
     rank = (n - 1) * p / 100.0
     low = math.floor(rank)
     high = min(low + 1, n - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+    return float(sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low))
 
 
 def mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if len(values) else None
+    """Arithmetic mean (None: no values); a numpy array's own, in C."""
+    if not len(values):
+        return None
+    return float(values.mean()) if hasattr(values, "mean") else sum(values) / len(values)
 
 
 def median_of(values: Iterable[float]) -> float | None:

@@ -23,12 +23,13 @@ from __future__ import annotations
 import gc
 import json
 import multiprocessing
-import operator
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.causes import straggler_wait, time_by_cause
@@ -158,12 +159,17 @@ class _Window:
 
 
 def _window(steps: TaskSteps, kept: slice) -> _Window | None:
-    starts = steps.start_us[kept]
-    if not starts:
+    starts = np.asarray(steps.start_us)[kept]
+    if not starts.size:
         return None
-    counts = steps.samples[kept]
-    return _Window(min(starts), last_end_us(starts, steps.duration[kept]), sum(counts), len(starts),
-                   min(counts) >= 0)
+    counts = np.asarray(steps.samples)[kept]
+    return _Window(int(starts.min()), _last_end_us(starts, np.asarray(steps.duration)[kept]), int(counts.sum()),
+                   len(starts), bool(counts.min() >= 0))
+
+
+def _last_end_us(starts: np.ndarray, durations: np.ndarray) -> float:
+    """:func:`last_end_us` over columns (the same float operations, in C)."""
+    return float((starts + durations * 1e6).max())
 
 
 def _rates(windows: Sequence[_Window | None]) -> tuple[float | None, float | None]:
@@ -187,21 +193,19 @@ def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, 
     step's start to its gradients being ready (``sync_s``). Each task measures that on its own
     clock: clock skew between hosts cannot make a healthy host look slow. Tasks without step
     records (an evaluator) take no part."""
-    arrivals: dict[str, dict[int, float]] = {}
-    for steps in all_steps:
-        if not steps.step:
-            continue
-        kept = _kept(steps, warmup)
-        if not steps.sync_s or min(steps.sync_s[kept] or [-1]) < 0:
-            return {}
-        arrivals[steps.name] = dict(zip(steps.step[kept], steps.sync_s[kept], strict=True))
-    names = list(arrivals)
-    columns = [list(arrivals[name].values()) for name in names]
-    keys = [list(arrivals[name]) for name in names]
-    if len(names) >= 2 and all(k == keys[0] for k in keys):  # same steps everywhere: C-level path
-        firsts = list(map(min, *columns))
-        return {name: median_of(map(operator.sub, column, firsts)) or 0.0
-                for name, column in zip(names, columns, strict=True)}
+    stepping = [s for s in all_steps if s.step]
+    kept = [_kept(s, warmup) for s in stepping]
+    syncs = [np.asarray(s.sync_s)[k] for s, k in zip(stepping, kept, strict=True)]
+    if any(not s.sync_s or not len(y) or y.min() < 0 for s, y in zip(stepping, syncs, strict=True)):
+        return {}
+    numbers = [np.asarray(s.step)[k] for s, k in zip(stepping, kept, strict=True)]
+    if len(stepping) >= 2 and all(np.array_equal(n, numbers[0]) for n in numbers) \
+            and bool(np.all(np.diff(numbers[0]) > 0)):  # the same steps everywhere, each once: in columns
+        late = np.stack(syncs)
+        late -= late.min(axis=0)
+        return {s.name: percentile(np.sort(row), 50) or 0.0 for s, row in zip(stepping, late, strict=True)}
+    arrivals = {s.name: dict(zip(n.tolist(), y.tolist(), strict=True))
+                for s, n, y in zip(stepping, numbers, syncs, strict=True)}
     common = set.intersection(*(set(a) for a in arrivals.values())) if arrivals else set()
     if len(arrivals) < 2 or not common:
         return {}
@@ -274,9 +278,9 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
 
     synchronous = plan.get("strategy") != "ps"
     kept_of = {s.name: _kept(s, warmup_steps) for s in all_steps}
-    sorted_durations = {s.name: sorted(s.duration[kept_of[s.name]]) for s in all_steps}
+    sorted_durations = {s.name: np.sort(np.asarray(s.duration)[kept_of[s.name]]) for s in all_steps}
     windows = {s.name: _window(s, kept_of[s.name]) for s in all_steps}
-    medians = {name: percentile(d, 50) or 0.0 for name, d in sorted_durations.items() if d}
+    medians = {name: percentile(d, 50) or 0.0 for name, d in sorted_durations.items() if len(d)}
     fleet = median_of(medians.values())
     lateness = _arrival_lateness(all_steps, warmup_steps) if synchronous else {}
     procs = {task: figures for series in telemetry for task, figures in series.procs.items()}
@@ -294,8 +298,10 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
         if fleet and late is not None and late > LATE_ARRIVAL_FRACTION * fleet:
             reason = f"arrives {late * 1e3:.1f} ms after the first task at each synchronisation " \
                      f"(fleet median step {fleet * 1e3:.1f} ms)"
-        inputs = [v for v in steps.input_s[kept] if v >= 0]
-        input_fraction = sum(inputs) / sum(steps.duration[kept]) if inputs and sum(steps.duration[kept]) else None
+        inputs = np.asarray(steps.input_s)[kept]
+        inputs = inputs[inputs >= 0]
+        busy = float(np.asarray(steps.duration)[kept].sum())
+        input_fraction = float(inputs.sum()) / busy if inputs.size and busy else None
         info = planned.get(steps.name, {})
         end = ended.get(steps.name, {})
         cpu, rss = procs.get(steps.name, ((), ()))
@@ -308,7 +314,7 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
             samples_per_s=rate, input_fraction=input_fraction,
             arrival_lateness_p50_s=late, straggler=reason is not None, straggler_reason=reason,
             loss=results.get(steps.name, {}).get("loss"), accuracy=results.get(steps.name, {}).get("accuracy"),
-            cpu_mean=mean(cpu) if cpu else None, rss_peak_bytes=int(max(rss)) if rss else None,
+            cpu_mean=mean(cpu) if len(cpu) else None, rss_peak_bytes=int(max(rss)) if len(rss) else None,
             steps_in_flight_mean=_in_flight(steps, kept), total_steps_declared=steps.total))
 
     throughput, record_rate = _rates(list(windows.values()))
@@ -318,11 +324,11 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
         per_step_records = len(all_steps) if synchronous else 1
         step_rate = record_rate * max(s.block for s in all_steps) / per_step_records
 
-    starts = [min(s.start_us) / 1e6 for s in all_steps if s.start_us]
-    ends = [(w.last_us if (w := windows[s.name]) is not None else last_end_us(s.start_us, s.duration)) / 1e6
-            for s in all_steps if s.start_us]
-    run_start = min(starts) if starts else None
-    run_end = max(ends) if ends else None
+    starts = [np.asarray(s.start_us).min() / 1e6 for s in all_steps if s.start_us]
+    ends = [(w.last_us if (w := windows[s.name]) is not None else
+             _last_end_us(np.asarray(s.start_us), np.asarray(s.duration))) / 1e6 for s in all_steps if s.start_us]
+    run_start = float(min(starts)) if starts else None
+    run_end = float(max(ends)) if ends else None
     hosts = tuple(host_summary(series, run_start, run_end) for series in telemetry)
 
     wall = outcome.get("wall_time_s")
@@ -408,13 +414,29 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
     wait = None
     workers = [s for s in all_steps if s.name.startswith("worker:") and s.step]
     if plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split and len(workers) > 1:
-        arrivals = [{st: t / 1e6 + y for st, t, y in zip(w.step, w.start_us, w.sync_s, strict=True) if y >= 0}
-                    for w in workers]
-        mine = arrivals[workers.index(lead)] if lead in workers else {}
-        wait = straggler_wait(mine, arrivals) if mine else None
+        wait = _straggler_wait(lead, workers)
     result = time_by_cause((float(start), float(end)), [x for x, r in zip(spans, redone, strict=True) if not r],
                            [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait)
     return {**result.to_dict(), "line": result.line()}
+
+
+def _straggler_wait(lead: TaskSteps, workers: Sequence[TaskSteps]) -> float | None:
+    """:func:`~ddlctl.report.causes.straggler_wait` of the lead among ``workers`` (None: the lead is
+    not one of them, or recorded no arrival); in columns when every worker recorded the same steps,
+    each once, all with arrivals."""
+    if lead not in workers:
+        return None
+    numbers = [np.asarray(w.step) for w in workers]
+    syncs = [np.asarray(w.sync_s) for w in workers]
+    if all(np.array_equal(n, numbers[0]) for n in numbers) and bool(np.all(np.diff(numbers[0]) > 0)) \
+            and all(len(y) and y.min() >= 0 for y in syncs):
+        arrivals = np.stack([np.asarray(w.start_us) / 1e6 + y for w, y in zip(workers, syncs, strict=True)])
+        own = arrivals[workers.index(lead)]
+        return float(np.maximum(arrivals.max(axis=0) - own, 0.0).sum()) if own.size else None
+    arrivals = [{st: t / 1e6 + y for st, t, y in zip(w.step, w.start_us, w.sync_s, strict=True) if y >= 0}
+                for w in workers]
+    mine = arrivals[workers.index(lead)]
+    return straggler_wait(mine, arrivals) if mine else None
 
 
 def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice]) -> dict | None:
@@ -423,8 +445,9 @@ def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of:
     hosts = {t["name"]: t.get("host") for t in plan.get("tasks", [])}
     workers = sorted((s for s in all_steps if s.name.startswith("worker:") and s.step),
                      key=lambda s: int(s.name.split(":")[1]))
-    rows = [WorkerSteps(s.name, hosts.get(s.name), s.start_us[kept_of[s.name]],
-                        s.sync_s[kept_of[s.name]], s.samples[kept_of[s.name]]) for s in workers]
+    rows = [WorkerSteps(s.name, hosts.get(s.name), np.asarray(s.start_us)[kept_of[s.name]],
+                        np.asarray(s.sync_s)[kept_of[s.name]], np.asarray(s.samples)[kept_of[s.name]])
+            for s in workers]
     recorded = _load_json(run_dir / "tasks" / "worker-0" / "balance.json")
     source = recorded.get("source", "equal")
     split = "equal" if source == "equal" else f"speed ({source})"
@@ -455,7 +478,7 @@ def _stages(recorded: dict, procs: dict, step_s: float | None) -> tuple[dict, ..
         rows.append({"task": task, "device": device, "layers": len(layers),
                      "first": layers[0] if layers else None, "last": layers[-1] if layers else None,
                      "variables_on_stage": stage.get("variable_devices") == [device],
-                     "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu) if cpu else None,
+                     "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu) if len(cpu) else None,
                      "busy_s": busy[i] if i < len(busy) else None,
                      "idle_share": max(0.0, 1.0 - busy[i] / step_s) if i < len(busy) and step_s else None,
                      "predicted_s": predicted[i] if i < len(predicted) else None})
@@ -480,11 +503,11 @@ def _in_flight(steps: TaskSteps, kept: slice) -> float | None:
     """Mean number of this task's steps running at once over its kept records: the summed step
     time over the span. About 1 for a task that steps itself; under ps the coordinator's records
     overlap (closures run on several workers at once), and this is how stale gradients get."""
-    starts, durations = steps.start_us[kept], steps.duration[kept]
+    starts, durations = np.asarray(steps.start_us)[kept], np.asarray(steps.duration)[kept]
     if len(starts) < 2:
         return None
-    span = (last_end_us(starts, durations) - min(starts)) / 1e6
-    return sum(durations) / span if span > 0 else None
+    span = (_last_end_us(starts, durations) - starts.min()) / 1e6
+    return float(durations.sum()) / span if span > 0 else None
 
 
 def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple[WorkerWork, ...], str | None]:
@@ -495,7 +518,7 @@ def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple
     workers = [t for t in plan.get("tasks", []) if t.get("role") == "worker"]
     if not workers:
         return (), None
-    cpu = {name: mean(figures[0]) if figures[0] else None for name, figures in procs.items()}
+    cpu = {name: mean(figures[0]) if len(figures[0]) else None for name, figures in procs.items()}
     if lead is None or not lead.worker:
         note = ("steps per worker are unknown: under ps the coordinator runs every step, and this program's "
                 "closures do not say which worker ran them (ddlctl's built-in workload does: see docs/report.md "
