@@ -30,6 +30,15 @@ def set_total_steps(total: int) -> None:
     _set(total)
 
 
+def declare_flops(train_flops_per_sample: float, dtype: str = "float32") -> None:
+    """Tell ddlctl the model FLOPs one training sample costs (forward and backward), for MFU in the
+    report when ddlctl cannot count them from a Keras model (see :func:`ddlctl.flops.declare_flops`);
+    ``dtype``: the precision of the matrix products ("float32", "bfloat16", "float16"...)."""
+    from ddlctl.flops import declare_flops as _declare
+
+    _declare(train_flops_per_sample, dtype)
+
+
 def keras_callback(batch_size: int | None = None, keras_module: object = None):  # noqa: ANN201
     """A Keras callback that records every training step (``model.fit(..., callbacks=[...])``);
     for Keras 3 or tf-keras, whichever ``tf.keras`` is (see :mod:`ddlctl.instrument.keras`)."""

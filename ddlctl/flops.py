@@ -57,12 +57,22 @@ def model_flops(model: object) -> tuple[int, int]:
     return total, counted
 
 
+def _declared(path: Path) -> bool:
+    try:
+        return "declare_flops" in str(json.loads(path.read_text()).get("method"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def record_model_flops(model: object, task_dir: str | None = None) -> dict | None:
     """Write ``flops.json`` for ``model`` in the task directory (``$DDLCTL_TASK_DIR``); the record,
-    or None outside ddlctl or for a model with no layer counted. Never raises: FLOPs are a figure
+    or None outside ddlctl, for a model with no layer counted, or when the program declared its own
+    count (:func:`declare_flops`). Never raises: FLOPs are a figure
     of the report, not a reason to stop training."""
     folder = task_dir or os.environ.get(envvars.TASK_DIR)
     try:
+        if folder and _declared(Path(folder) / TASK_FLOPS):
+            return None  # the program's own count stands
         forward, layers = model_flops(model)
         if not folder or not forward:
             return None
@@ -73,3 +83,26 @@ def record_model_flops(model: object, task_dir: str | None = None) -> dict | Non
         return record
     except Exception:  # noqa: BLE001 - a layer of a kind never seen must not stop training
         return None
+
+
+#: Compute dtypes whose dense peak the MFU table knows (the rest count as float32: TF32 on Ampere+).
+DTYPES = ("float32", "float16", "bfloat16", "mixed_float16", "mixed_bfloat16")
+
+
+def declare_flops(train_flops_per_sample: float, dtype: str = "float32", task_dir: str | None = None) -> dict | None:
+    """Write ``flops.json`` with the model FLOPs one training sample costs, as the program counts them
+    (a model that is not Keras, a custom loop, or a count of its own replacing ddlctl's); the
+    record, or None outside ddlctl. ``dtype``: the precision the matrix products run in, which picks
+    the dense peak MFU divides by (one of :data:`DTYPES`)."""
+    if not (isinstance(train_flops_per_sample, (int, float)) and math.isfinite(train_flops_per_sample)
+            and train_flops_per_sample > 0):
+        raise ValueError(f"train_flops_per_sample must be a positive number, not {train_flops_per_sample!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    folder = task_dir or os.environ.get(envvars.TASK_DIR)
+    if not folder:
+        return None
+    record = {"train_flops_per_sample": float(train_flops_per_sample), "forward_flops_per_sample": None,
+              "layers_counted": None, "dtype": dtype, "method": "declared by the program (ddlctl.declare_flops)"}
+    (Path(folder) / TASK_FLOPS).write_text(json.dumps(record) + "\n")
+    return record

@@ -1,9 +1,10 @@
 """Model FLOPs from a Keras model's layers, dense GPU peaks, and MFU in the summary (pure, plus one
-real Keras model)."""
+real Keras model, and a load of known FLOPs under ddlctl)."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -72,3 +73,46 @@ def test_a_recorded_run_on_two_gpus_has_each_tasks_mfu(tmp_path):
     assert rows[0]["mfu"] == pytest.approx(640e9 / 494.7e12)
     assert mfu_line(rows) == ("model FLOPs 1.00 GFLOP/sample (3 x forward); achieved worker:0 640.00 GFLOP/s, "
                               "worker:1 640.00 GFLOP/s; MFU worker:0 0.1%, worker:1 0.1%")
+
+
+def test_a_program_declares_its_flops_and_the_keras_hook_leaves_them(tmp_path, monkeypatch):
+    from ddlctl.flops import declare_flops, record_model_flops
+
+    with pytest.raises(ValueError, match="positive"):
+        declare_flops(0)
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+        declare_flops(1e9, "fp8")
+    monkeypatch.delenv("DDLCTL_TASK_DIR", raising=False)
+    assert declare_flops(1e9) is None, "outside ddlctl: nothing written"
+    record = declare_flops(6e9, "bfloat16", str(tmp_path))
+    assert json.loads((tmp_path / "flops.json").read_text()) == record and record["dtype"] == "bfloat16"
+
+    class Dense:  # a layer as model_flops sees one: a kernel of 4 x 8
+        kernel = type("Kernel", (), {"shape": (4, 8)})()
+
+    model = type("Model", (), {"layers": [Dense()]})()
+    assert record_model_flops(model, str(tmp_path)) is None, "the program's own count stands"
+    assert json.loads((tmp_path / "flops.json").read_text())["train_flops_per_sample"] == 6e9
+    other = tmp_path / "other"
+    other.mkdir()
+    assert record_model_flops(model, str(other))["train_flops_per_sample"] == 3 * 2 * 32
+
+
+@pytest.mark.cluster
+def test_a_load_of_known_flops_under_profile_gets_its_achieved_flops_and_mfu_na_on_a_cpu_host(tmp_path):
+    """benchmarks/mfu_load.py (numpy here: no GPU) declares exactly 2 x size^2 x layers FLOPs per
+    sample: the report multiplies them by the task's samples/s, says MFU n/a, and the line says the
+    count was declared."""
+    from tests.conftest import PROGRAMS, only_run_dir, run_ddlctl
+
+    runs, own = tmp_path / "runs", tmp_path / "own.json"
+    result = run_ddlctl("profile", "--strategy", "one_device", "--runs-dir", str(runs), "--", sys.executable,
+                        str(PROGRAMS.parent.parent / "benchmarks" / "mfu_load.py"), "--size", "128", "--batch", "64",
+                        "--layers", "2", "--steps", "40", "--out", str(own))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((only_run_dir(runs) / "summary.json").read_text())
+    (row,), (task,) = summary["mfu"], summary["tasks"]
+    assert row["train_flops_per_sample"] == 2 * 128 * 128 * 2 == json.loads(own.read_text())["train_flops_per_sample"]
+    assert row["achieved_flops_per_s"] == pytest.approx(row["train_flops_per_sample"] * task["samples_per_s"])
+    assert row["mfu"] is None and row["note"] == "n/a: no GPU (CPU host)" and row["declared"] is True
+    assert "model FLOPs 65.54 kFLOP/sample (declared by the program)" in result.stdout

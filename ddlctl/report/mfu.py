@@ -56,4 +56,5 @@ def task_mfu(flops: Mapping[str, object] | None, samples_per_s: float | None, gp
     else:
         peak, note = sum(peaks), None  # type: ignore[arg-type]
     return {"train_flops_per_sample": per_sample, "achieved_flops_per_s": achieved, "peak_flops_per_s": peak,
-            "mfu": achieved / peak if achieved is not None and peak else None, "note": note}
+            "mfu": achieved / peak if achieved is not None and peak else None, "note": note,
+            "declared": "declare_flops" in str((flops or {}).get("method"))}

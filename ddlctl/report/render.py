@@ -168,7 +168,8 @@ def mfu_line(rows: tuple[dict, ...]) -> str:
     """``model FLOPs 3.52 MFLOP/sample; achieved worker:0 1.20 GFLOP/s, ...; MFU worker:0 41.0%, ...``
     (one note for all when MFU cannot be given)."""
     per_sample = {r["train_flops_per_sample"] for r in rows}
-    head = (f"model FLOPs {_flops(next(iter(per_sample)), 'FLOP')}/sample (3 x forward)" if len(per_sample) == 1
+    how = "declared by the program" if all(r.get("declared") for r in rows) else "3 x forward"
+    head = (f"model FLOPs {_flops(next(iter(per_sample)), 'FLOP')}/sample ({how})" if len(per_sample) == 1
             else "model FLOPs per task")
     achieved = ", ".join(f"{r['task']} {_flops(r['achieved_flops_per_s'], 'FLOP/s')}" for r in rows)
     notes = {r["note"] for r in rows if r["mfu"] is None}
