@@ -66,8 +66,9 @@ def partition(
     optimizer's update, which runs off the pipeline's critical path; parameter and optimizer bytes,
     activation bytes), takes each device's speed and memory from the hosts file or template
     (speed=, memory=; measured speeds with --speeds FILE, or measured now with --bench), and
-    prints, per algorithm (random: TensorFlow's native baseline; greedy: the research's; optimal:
-    dynamic programming, exact for the cost model), the stages and the predicted step time. Exit
+    prints, per algorithm (random: TensorFlow's native baseline; greedy: the research's, with a
+    fastest-first pass added without micro-batching; optimal: dynamic programming, exact for the
+    cost model), the stages and the predicted step time. Exit
     code 2 when no algorithm can place the model (the reason is printed).
 
     Example: ddlctl partition --hosts hosts.txt --workload deep --microbatches 4 --save plan.json

@@ -35,13 +35,18 @@ Algorithms (all respect memory limits; a model that cannot be placed is refused 
 * ``random`` -- the baseline TensorFlow's native placement amounts to: stage boundaries drawn at
   random (seeded), uniformly among the contiguous splits over the devices in order, redrawn (up
   to 1,000 times) until every stage fits its device's memory.
-* ``greedy`` -- the research's: layers are taken in order and each device, in order, is filled
-  until it holds its share of the total cost in proportion to its speed (``speed_j / sum(speed)``;
-  a layer goes where it overshoots the share less); a layer that would overflow the device's memory
-  moves on to the next device, and a device keeps taking layers past its share while the layers
-  left need more memory than the devices after it can surely hold (their memory less one largest
-  layer each: what filling in order may leave unused). The last device takes the rest.
-  One pass, O(layers + devices).
+* ``greedy`` -- the research's, and a second pass: layers are taken in order and each device, in
+  order, is filled until it holds its share of the total cost in proportion to its speed
+  (``speed_j / sum(speed)``; a layer goes where it overshoots the share less); a layer that would
+  overflow the device's memory moves on to the next device, and a device keeps taking layers past
+  its share while the layers left need more memory than the devices after it can surely hold
+  (their memory less one largest layer each: what filling in order may leave unused). The last
+  device takes the rest. That balances the stages: what a pipeline needs. Without micro-batching
+  the step is the sum of the stages, least with the most on the fastest devices, so there a second
+  pass fills the same way with shares of the model's *memory* given out from the fastest device
+  down (each up to its memory; a slower device takes only what the faster ones cannot hold), and
+  the plan the cost model predicts faster of the two is taken. One or two passes, O(layers +
+  devices).
 * ``optimal`` -- dynamic programming over contiguous partitions, exact for the cost model with the
   devices in the given order: with micro-batching it minimises the bottleneck stage time (ties:
   the smaller sum), without it the sum of stage times (the updates' overhang, a small term, is
@@ -261,8 +266,12 @@ def plan_random(layers: Sequence[Layer], devices: Sequence[Device], microbatches
 
 
 def plan_greedy(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
-                link: Link = Link()) -> PartitionPlan:
-    """Fill each device in order up to its speed-proportional share of the cost, within memory."""
+                link: Link = Link(), research_only: bool = False) -> PartitionPlan:
+    """The research's greedy pass: fill each device in order up to its speed-proportional share of
+    the cost, within memory (a balanced pipeline). Without micro-batching (the step is the sum of
+    the stages) also a second one-pass fill, the fastest devices first, each up to its memory, the
+    slower ones only what the faster cannot hold; then the plan the cost model predicts faster.
+    ``research_only``: the research's pass alone (to measure it)."""
     _check(layers, devices, microbatches)
     model = _Model(layers)
     why = fits_at_all(model, devices)
@@ -270,15 +279,46 @@ def plan_greedy(layers: Sequence[Layer], devices: Sequence[Device], microbatches
         return _refuse("greedy", microbatches, why)
     total_speed = sum(d.speed for d in devices)
     total_cost = model.cost[-1] + model.update[-1]
-    n = len(layers)
-    # what the devices after j can surely take: a device filled in order may leave up to one
-    # layer's worth unused, so count each one's memory less the largest layer
+    balanced = _fill(model, devices, [total_cost * d.speed / total_speed for d in devices], "cost")
+    sequential = microbatches == 1 and not research_only
+    fastest = _fill(model, devices, _fastest_first_bytes(model, devices), "bytes") if sequential else None
+    plans = [_plan("greedy", model, devices, cuts, link, microbatches, [note])
+             for cuts, note in ((balanced, "balanced by speed (the research's greedy)"),
+                                (fastest, "no micro-batches: the fastest devices filled first"))
+             if cuts is not None]
+    feasible = [p for p in plans if p.feasible]
+    if not feasible:
+        stuck = min(c for c in (balanced, fastest) if c is not None)[-1] if plans else None
+        where = f" at layer {layers[stuck].name} ({stuck + 1} of {len(layers)})" if stuck is not None and \
+            stuck < len(layers) else ""
+        return _refuse("greedy", microbatches, f"greedy filling ran out of device memory{where}")
+    return min(feasible, key=lambda p: p.step_time_s or 0.0)
+
+
+def _fastest_first_bytes(model: _Model, devices: Sequence[Device]) -> list[float]:
+    """Bytes each device should hold for a sequential step: the model's memory given out to the
+    devices from the fastest down (ties: in order), each up to its memory."""
+    left = float(model.mem[-1])
+    quota = [0.0] * len(devices)
+    for j in sorted(range(len(devices)), key=lambda j: -devices[j].speed):
+        quota[j] = min(left, devices[j].memory_bytes)
+        left -= quota[j]
+    return quota
+
+
+def _fill(model: _Model, devices: Sequence[Device], shares: Sequence[float], unit: str) -> list[int] | None:
+    """One pass over the layers in order: each device in order takes layers up to its share (of the
+    cost, ``unit`` "cost", a layer going where it overshoots less; or of the bytes, "bytes", never
+    over), within its memory; a layer that would overflow the memory moves on to the next device,
+    and a device keeps taking layers past its share while the layers left need more memory than the
+    devices after it can surely hold (their memory less one largest layer each: what filling in
+    order may leave unused). The last device takes the rest. The cuts, or None when the layers
+    outlast the devices."""
+    layers, n = model.layers, len(model.layers)
     largest = max(layer.param_bytes + layer.act_bytes for layer in layers)
     room_after = [sum(max(0.0, d.memory_bytes - largest) for d in devices[j + 1:]) for j in range(len(devices))]
-    cuts = [0]
-    i = 0
+    cuts, i = [0], 0
     for j, device in enumerate(devices):
-        share = total_cost * device.speed / total_speed
         start, cost, mem = i, 0.0, 0
         last_device = j == len(devices) - 1
         while i < n:
@@ -286,17 +326,17 @@ def plan_greedy(layers: Sequence[Layer], devices: Sequence[Device], microbatches
             need = layer.param_bytes + layer.act_bytes
             if mem + need > device.memory_bytes:
                 break  # this layer goes to the next device
-            share_filled = not last_device and i > start and cost + layer.cost_s / 2 > share
-            if share_filled and model.mem[n] - model.mem[i] <= room_after[j]:
-                break  # the share is filled (a layer goes where it overshoots less) and the rest fits after
+            if unit == "cost":
+                share_filled = i > start and cost + layer.cost_s / 2 > shares[j]
+            else:
+                share_filled = mem + need > shares[j]
+            if not last_device and share_filled and model.mem[n] - model.mem[i] <= room_after[j]:
+                break  # the share is filled and the rest fits after
             cost += layer.cost_s
             mem += need
             i += 1
         cuts.append(i)
-    if i < n:
-        return _refuse("greedy", microbatches, f"greedy filling ran out of device memory at layer "
-                                               f"{layers[i].name} ({i + 1} of {n})")
-    return _plan("greedy", model, devices, cuts, link, microbatches)
+    return cuts if i >= n else None
 
 
 def plan_single(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
