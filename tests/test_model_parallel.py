@@ -59,7 +59,7 @@ def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path
     # the same model, data and optimizer: model parallelism changes where, not what, is computed
     assert mp["loss"] == pytest.approx(one["loss"], rel=1e-3) and mp["accuracy"] == pytest.approx(one["accuracy"])
     stages = json.loads((run_dir / "tasks" / "chief-0" / "stages.json").read_text())
-    assert stages["how"] == "greedy" and sum(stages["partition"]) == 14 and min(stages["partition"]) > 0
+    assert stages["how"] in ("greedy", "optimal") and sum(stages["partition"]) == 14 and min(stages["partition"]) > 0
     for i, stage in enumerate(stages["stages"]):
         assert stage["device"] == f"/job:worker/replica:0/task:{i}/device:CPU:0"
         assert stage["variable_devices"] == [stage["device"]], "each stage's variables live on its task"
@@ -193,7 +193,7 @@ def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp
     assert measured["::1"]["speed"] < 0.6 * measured["127.0.0.1"]["speed"], measured
     stages = json.loads((run_dir / "tasks" / "chief-0" / "stages.json").read_text())
     fast, slow = stages["partition"]
-    assert stages["how"] == "greedy" and fast + slow == 14 and 0 < slow < fast - 2, stages["partition"]
+    assert stages["how"] in ("greedy", "optimal") and fast + slow == 14 and 0 < slow < fast - 2, stages["partition"]
     # the chief measured the stages in place too (the model's own step on each stage task): it
     # sees the same slow stage, and planned with those speeds
     log = (run_dir / "tasks" / "chief-0" / "output.log").read_text()

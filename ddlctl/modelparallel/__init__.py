@@ -6,7 +6,7 @@ chief (client). ``TF_CONFIG`` names them all. In the program::
     import ddlctl.modelparallel as mp
 
     devices = mp.connect()                       # port-checks every stage, then connects
-    counts = mp.plan(model, devices, batch_size=64, microbatches=4).counts   # --partition's, else greedy
+    counts = mp.plan(model, devices, batch_size=64, microbatches=4).counts   # --partition's, else planned
     pipeline = mp.Pipeline.from_model(model, devices, counts, microbatches=4)
     for images, labels in dataset:
         loss = pipeline.train_step(images, labels)
@@ -49,9 +49,10 @@ def plan(model: object, devices: Sequence[str], batch_size: int, microbatches: i
     """How many of ``model``'s layers each stage task gets, for :meth:`Pipeline.from_model`: the
     plan ``ddlctl launch --partition`` gave (``$DDLCTL_PARTITION``, or ``partition`` as ``"5,5,4"``),
     else the plan an earlier attempt kept in ``checkpoint_dir`` (a restarted job resumes it), else
-    the ``greedy`` plan for the stage tasks as measured from here: the model profiled layer by
-    layer, its whole step timed on every stage task, the link between them. ``.counts`` are the
-    counts, ``.how`` says which (``given``, ``resumed``, ``greedy``), ``.predicted`` the cost
+    the ``greedy`` or the ``optimal`` plan (whichever the cost model predicts faster) for the stage
+    tasks as measured from here: the model profiled layer by layer, its whole step timed on every
+    stage task, the link between them. ``.counts`` are the counts, ``.how`` says which (``given``,
+    ``resumed``, ``greedy``, ``optimal``), ``.predicted`` the cost
     model's step time (printed; ``predict=False`` skips measuring a given plan, and predicts
     nothing)."""
     from ddlctl.modelparallel.inplace import plan_stages

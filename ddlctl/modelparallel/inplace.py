@@ -1,7 +1,8 @@
 """Planning a model's stages from inside a ``--strategy model`` chief, over the stage tasks it is
 connected to: the plan ``ddlctl launch --partition`` gave, else the one a restarted job kept, else
-the ``greedy`` plan for the devices as measured in place. Used by the built-in workload and by
-user programs through :func:`ddlctl.modelparallel.plan`. Imports TensorFlow.
+the ``greedy`` or the ``optimal`` plan for the devices as measured in place, whichever the cost
+model predicts faster. Used by the built-in workload and by user programs through
+:func:`ddlctl.modelparallel.plan`. Imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ddlctl.errors import UserError
 
 @dataclass(frozen=True)
 class StagePlan:
-    """Layers per stage task, how they were chosen (``given``, ``resumed``, ``greedy``) and, but
+    """Layers per stage task, how they were chosen (``given``, ``resumed``, ``greedy``,
+    ``optimal``) and, but
     for a resumed plan, the cost model's prediction (step time with the dispatch cost, each stage's
     time, the measured link)."""
 
@@ -86,11 +88,12 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
                 partition: str | None = None, checkpoint_dir: str | None = None, predict: bool = True) -> StagePlan:
     """Layers per stage: ``partition`` (``"5,5,4"``), else the plan kept in ``checkpoint_dir`` by
     an earlier attempt of this job (a restart resumes its plan without re-measuring), else the
-    greedy plan for this model over the devices ddlctl described (:func:`cost_inputs`) and the
-    link measured between them. A new plan is kept in ``checkpoint_dir`` when one is given. A
+    greedy or the optimal plan, whichever the cost model predicts faster (:func:`plan_fastest`),
+    for this model over the devices ddlctl described (:func:`cost_inputs`) and the link measured
+    between them. A new plan is kept in ``checkpoint_dir`` when one is given. A
     given plan is still measured, to predict its step time, unless ``predict`` is false (that
     saves the profile: 1-3 s for a small model)."""
-    from ddlctl.planning.partition import gap, plan_counts, plan_greedy, plan_optimal
+    from ddlctl.planning.partition import plan_counts
 
     kept = Path(checkpoint_dir or "") / "partition.json"
     if not partition and checkpoint_dir and kept.is_file():
@@ -105,21 +108,31 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
             return StagePlan(counts, how)  # the Pipeline says what is wrong with it
         planned = plan_counts(layers, devices, counts, microbatches, link)
     else:
-        planned = plan_greedy(layers, devices, microbatches, link)
-        if not planned.feasible:
-            raise UserError(f"cannot place the model on the {len(devices)} stage task(s): {planned.reason}",
-                            "add devices or memory (memory= in the hosts file), or use a smaller model")
-        counts, how = [stage.layers for stage in planned.stages], "greedy"
-        slower = gap([planned, plan_optimal(layers, devices, microbatches, link)])
-        if slower is not None and slower >= 0.05:  # the research's plan, kept; say what it leaves
-            print(f"greedy's plan is predicted {slower:.0%} slower than the optimal one: 'ddlctl partition "
-                  "--save FILE' and 'launch --partition FILE' run the faster", flush=True)
+        planned = plan_fastest(layers, devices, microbatches, link)
+        counts, how = [stage.layers for stage in planned.stages], planned.algorithm
     predicted = {"step_s": (planned.step_time_s or 0.0) + dispatch, "dispatch_s": dispatch,
                  "stage_s": [stage.time_s for stage in planned.stages],
                  "link": {"latency_s": link.latency_s,
                           "bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None}}
     print(f"predicted step time of the {how} plan {counts}: {predicted['step_s'] * 1e3:.1f} ms", flush=True)
     return _kept(StagePlan(counts, how, predicted), checkpoint_dir)
+
+
+def plan_fastest(layers: list, devices: list, microbatches: int, link: object) -> object:
+    """The greedy and the optimal plan, and of the two the one the cost model predicts faster (a tie:
+    greedy), as ``ddlctl partition`` chooses; the gap between them said when it is 5% or more."""
+    from ddlctl.planning.partition import gap, plan_greedy, plan_optimal
+
+    greedy = plan_greedy(layers, devices, microbatches, link)
+    if not greedy.feasible:
+        raise UserError(f"cannot place the model on the {len(devices)} stage task(s): {greedy.reason}",
+                        "add devices or memory (memory= in the hosts file), or use a smaller model")
+    optimal = plan_optimal(layers, devices, microbatches, link)
+    slower = gap([greedy, optimal])
+    if slower is not None and slower >= 0.05:
+        print(f"greedy's plan is predicted {slower:.0%} slower than the optimal one: running the optimal plan",
+              flush=True)
+    return optimal if slower is not None and slower > 0 else greedy
 
 
 def _kept(planned: StagePlan, checkpoint_dir: str | None) -> StagePlan:

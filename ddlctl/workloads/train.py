@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="model strategy: micro-batches per step (pipelining across the stages)")
     parser.add_argument("--partition", default=os.environ.get(envvars.PARTITION), metavar="N,N,...",
                         help="model strategy: layers per stage task, in order (default $DDLCTL_PARTITION, "
-                             "else planned here with the greedy algorithm)")
+                             "else planned here: greedy or optimal, whichever is predicted faster)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get(envvars.CHECKPOINT_DIR),
                         help="where the chief saves checkpoints and every task resumes from "
                              "(the evaluator reads them too); default $DDLCTL_CHECKPOINT_DIR")
