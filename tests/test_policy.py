@@ -179,3 +179,28 @@ def test_a_ps_chief_that_died_of_a_lost_worker_is_restarted_with_it():
     assert d.action == "restart" and set(d.tasks) == {"worker:0", "chief:0"}
     d = decide("ps", fault, PS_ROLES, alive, used=0, max_restarts=0)
     assert d.action == "fail" and "the chief is gone too" in d.message
+
+
+#: A ps chief's end when it was held (stopped) across a worker's replacement, then fetched a result
+#: the replaced worker no longer had (TensorFlow 2.21's words, as seen in a merged fault test).
+STALE_CHIEF = (
+    'Traceback (most recent call last):\n'
+    '  File "ddlctl/workloads/train.py", line 300, in train_ps\n'
+    '    figures = remote.fetch()\n'
+    'tensorflow.python.framework.errors_impl.InvalidArgumentError: Unable to find the relevant tensor '
+    'remote_handle: Op ID: 2291, Output num: 0\n'
+    'Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling '
+    '/tensorflow.eager.EagerService/Enqueue:\n')
+
+
+def test_a_ps_chief_that_lost_a_restarted_workers_results_is_a_fault_restarted_alone_not_a_bug():
+    fault_ = classify("chief:0", ExitStatus(code=1), STALE_CHIEF, "ps", alive={"worker:0", "worker:1", "ps:0"},
+                      known=set(PS_ROLES))
+    assert (fault_.task, fault_.cause) == ("chief:0", "peer-restart"), "nobody else is blamed, and no bug"
+    assert "Unable to find the relevant tensor remote_handle" in fault_.detail
+    d = decide("ps", fault_, PS_ROLES, {"worker:0", "worker:1", "ps:0"}, used=0, max_restarts=3)
+    assert (d.action, d.tasks) == ("restart", ("chief:0",))
+    plain = classify("chief:0", ExitStatus(code=1), STALE_CHIEF.replace("Unable to find the relevant tensor", "bad"),
+                     "ps", alive={"worker:0", "worker:1", "ps:0"}, known=set(PS_ROLES))
+    assert plain.cause == "traceback"
+    assert decide("ps", plain, PS_ROLES, {"worker:0", "worker:1", "ps:0"}, used=0, max_restarts=3).action == "fail"

@@ -5,7 +5,8 @@ task *at fault* (under MWMS a peer's collective error is a consequence: TensorFl
 culprit). ``decide`` turns a fault into a :class:`Decision`. The supervisor only applies them.
 
 What happens when a task is lost (``--restart-on fault`` retries signals, preemption exits 42/143,
-hangs and lost hosts; ``any`` also Python exceptions and other non-zero exits):
+hangs, lost hosts and a ps chief's error on results a restarted worker lost; ``any`` also Python
+exceptions and other non-zero exits):
 
 =============  ==================================  ==========================================
 strategy/role  restarts remain                     none remain (or not retried)
@@ -39,11 +40,11 @@ from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
 from ddlctl.supervise.rootcause import TRACEBACK_HEAD
-from ddlctl.supervise.tfmessages import blame_peer, final_error
+from ddlctl.supervise.tfmessages import blame_peer, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
 #: Causes retried under ``--restart-on fault``.
-FAULT_CAUSES = frozenset({"signal", "preempted", "hang", "host-lost"})
+FAULT_CAUSES = frozenset({"signal", "preempted", "hang", "host-lost", "peer-restart"})
 RESTART_ON = ("fault", "any")
 #: Restart scopes, narrowest first: a restart that takes in another fault takes the wider one.
 SCOPES = ("", "task", "group", "all")
@@ -99,7 +100,11 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
         return "preempted", f"exit code {code} (preemption: checkpoint written, restart to resume)"
     if code > 128 and code - 128 in (6, 9, 15):  # a shell's report of a signal death
         return "signal", f"exit code {code} (killed by {signal_name(code - 128)})"
-    if code != 0 and TRACEBACK_HEAD in final_error(log_text):
+    error = final_error(log_text)
+    stale = stale_handle(error) if code != 0 else None
+    if stale:  # a consequence of a peer's restart, not a bug: retried as a fault
+        return "peer-restart", f"exit code {code}: TensorFlow lost results of a restarted peer (\"{stale[:200]}\")"
+    if code != 0 and TRACEBACK_HEAD in error:
         return "traceback", f"exit code {code} after a Python exception"
     if code == 0:
         return "exit", "exited with code 0 although ddlctl did not stop it"

@@ -28,6 +28,23 @@ REMOTE = re.compile(r"(?:Collective ops is aborted by|UnavailableError|Unavailab
 LEADER = re.compile(r"Deadline ?Exceeded[\s\S]{0,600}?CoordinationService/Heartbeat")
 
 
+#: TensorFlow's words when a ps coordinator asks a worker for a result the worker no longer has
+#: because it was restarted since (the chief was held, stopped or swapped out, across the
+#: replacement): the chief's own error is then a consequence of a fault, not a bug of the program.
+STALE_HANDLE = ("Unable to find the relevant tensor remote_handle", "Unable to find a context_id",
+                "Perhaps the worker was restarted", "was probably restarted",
+                "RecvTensor expects a different device incarnation")
+
+
+def stale_handle(text: str) -> str | None:
+    """The line of ``text`` (a task's final error) that says a peer was restarted under it, if any."""
+    for words in STALE_HANDLE:
+        at = text.find(words)
+        if at >= 0:
+            return _line_at(text, at)
+    return None
+
+
 PORT_TAKEN = re.compile(r"Could not start gRPC server|Failed to add port to server|Address already in use")
 
 

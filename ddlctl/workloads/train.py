@@ -49,6 +49,7 @@ from ddlctl.runtime.tfenv import (
 )
 from ddlctl.steps import StepRecorder, phase
 from ddlctl.strategies import TABLE
+from ddlctl.supervise.tfmessages import stale_handle
 from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
 from ddlctl.workloads.pipeline_loop import train_model_parallel
 from ddlctl.workloads.trainer import Checkpointer, Progress, Trainer, evaluate, record_block, step_blocks
@@ -333,16 +334,6 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
             checkpointer.after(first + count)
     coordinator.join()
     return trainer
-
-
-#: TensorFlow's words when a result is asked of a worker that restarted since it computed it.
-STALE_HANDLE = ("Unable to find the relevant tensor remote_handle", "Unable to find a context_id",
-                "Perhaps the worker was restarted")
-
-
-def stale_handle(message: str) -> bool:
-    """Whether an error fetching a closure's result means its worker restarted (the result is gone)."""
-    return any(words in message for words in STALE_HANDLE)
 
 
 def run_evaluator(ctx: TaskContext, args: argparse.Namespace) -> int:
