@@ -344,6 +344,44 @@ def test_min_workers_a_host_that_answers_again_is_taken_back_at_the_next_checkpo
     assert states(result)["worker:2"] is TaskState.SUCCEEDED
 
 
+def test_min_workers_a_host_away_a_short_while_is_tried_every_two_seconds_not_ever_later(tmp_path):
+    """A host whose workers left is tried every 2 s during its first 30 s away (then less often): one
+    back after 3 s is found at the next try, 2 s later, where the doubling delays (2, 4, 8 s) waited 4."""
+    world = World("mwms", hosts=("node1", "node2", "node3"), workers=3,
+                  behaviours={f"worker:{i}": Behaviour(exit_after=None, ignores_term=True) for i in range(3)},
+                  retries={("worker:0", 2): Behaviour(exit_after=4.0), ("worker:1", 2): Behaviour(exit_after=4.0),
+                           ("worker:2", 1): Behaviour(exit_after=4.0)})
+    plan = world.plan(tmp_path / "probe")
+    shared = plan.task("worker:0").env["DDLCTL_CHECKPOINT_DIR"]
+    world.sessions["node1"].put_file(shared, "checkpoint", b'model_checkpoint_path: "ckpt-40"\n', mtime_ns=1)
+    back = world.reconnect_to("node3")
+    tries: list[float] = []
+
+    def reconnect(host):  # refused for 3 s after its workers left the job, then it answers
+        if any("left the job" in m for m in world.messages):
+            tries.append(world.now)  # the world's clock: what ddlctl's schedule follows
+            if tries[-1] - tries[0] >= 3.0:
+                return back(host)
+        raise ConnectionRefusedError(f"{host}: connection refused")
+
+    class Messages(list):  # the job checkpoints 1 s after ddlctl starts waiting for that
+        def append(self, message: str) -> None:
+            super().append(message)
+            if "next checkpoint" in message:
+                world.at(world.now - 1000.0 + 1.0, world.sessions["node1"].put_file, shared, "checkpoint",
+                         b'model_checkpoint_path: "ckpt-80"\n', 2)
+
+    world.messages = Messages()
+    world.at(1.0, lambda: world.sessions["node3"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=reconnect, max_restarts=1, host_timeout_s=0.6, min_workers=2,
+                          rejoin_after_s=0.5)
+    assert (result.ok, result.exit_code) == (True, 0), result.failure
+    assert [(e["cause"], e["scope"]) for e in result.restarts] == [("host-lost", "group"), ("grow", "group")]
+    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    assert len(tries) >= 3 and max(gaps) < 3.0, gaps
+    assert 3.0 <= tries[-1] - tries[0] < 5.5, gaps
+
+
 # -- hangs ------------------------------------------------------------------------------------------
 
 def test_a_hang_blames_the_stopped_process_and_saves_every_tasks_stacks(tmp_path):

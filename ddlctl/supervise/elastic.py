@@ -2,7 +2,8 @@
 then its workers are taken back at the job's next checkpoint.
 
 After workers left the job with their host (a shrink: ``Restarts._leave``), one reconnection to
-that host is tried now and then (2 s after, then 4, 8 ... at most 60 s apart), in a thread. A host
+that host is tried now and then (every 2 s for its first 30 s away: a host that comes back soon
+is taken back soon; then 4, 8 ... at most 60 s apart), in a thread. A host
 that answers must stay up for a quiet period (``--rejoin-after``, doubled for every loss of that
 host before: one that flaps is not taken back at every beat); then, under mwms, the job must write
 a checkpoint (the ``checkpoint`` state file in the leader's ``DDLCTL_CHECKPOINT_DIR`` changes, or
@@ -22,8 +23,9 @@ from ddlctl.supervise.hosts import HostWatch
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.restarts import Restarts
 
-#: Seconds between tries to reach a host whose workers left: the first, and the most.
-PROBE_FIRST_S, PROBE_MAX_S = 2.0, 60.0
+#: Seconds between tries to reach a host whose workers left: the first (and every one while the
+#: host has been away under ``PROBE_STEADY_S``), and the most.
+PROBE_FIRST_S, PROBE_STEADY_S, PROBE_MAX_S = 2.0, 30.0, 60.0
 #: Seconds between looks at the leader's checkpoint state while a returned host waits for one.
 CHECKPOINT_POLL_S = 1.0
 
@@ -33,6 +35,7 @@ class Returning:
     """What is known of one host whose workers left the job."""
 
     label: str
+    away_since: float = 0.0  # when it was lost (the last time)
     losses: int = 1  # times this host was lost
     next_try: float = 0.0
     delay: float = PROBE_FIRST_S
@@ -60,7 +63,7 @@ class Elastic:
         for label in sorted({job.tasks[n].host for n in job.left}):
             host = self.returning.get(label)
             if host is None:
-                host = self.returning[label] = Returning(label, next_try=now + PROBE_FIRST_S)
+                host = self.returning[label] = Returning(label, away_since=now, next_try=now + PROBE_FIRST_S)
             self._follow(host, now)
 
     def _follow(self, host: Returning, now: float) -> None:
@@ -69,6 +72,7 @@ class Elastic:
         if host.back_since is not None and session.lost:  # lost again while it waited: it flaps
             host.back_since, host.waiting, host.checkpoint = None, False, None
             host.losses += 1
+            host.away_since = now
             host.delay, host.next_try = PROBE_FIRST_S, now + PROBE_FIRST_S
         if host.back_since is None:
             self._probe(host, now)
@@ -108,7 +112,8 @@ class Elastic:
         result = box[0] if box else None
         if result is None or isinstance(result, Exception):
             host.next_try = now + host.delay
-            host.delay = min(host.delay * 2, PROBE_MAX_S)
+            if now - host.away_since >= PROBE_STEADY_S:
+                host.delay = min(host.delay * 2, PROBE_MAX_S)
             return
         self.hosts.rejoined(host.label, result)
         host.back_since = now
