@@ -20,14 +20,13 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from mfu_load import load_arguments  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=8192)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=400)
+    load_arguments(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddlctl-mfu-") as folder:
         runs, own_path = Path(folder) / "runs", Path(folder) / "own.json"

@@ -17,12 +17,17 @@ import ddlctl
 WARMUP = 5  # the report leaves out the first 5 steps of each task: so does this load's own figure
 
 
+def load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The load's shape (also ``mfu_check.py``'s options, passed on to it)."""
+    parser.add_argument("--size", type=int, default=8192, help="rows and columns of each square matrix")
+    parser.add_argument("--batch", type=int, default=8192, help="samples (rows) per step")
+    parser.add_argument("--layers", type=int, default=4, help="matrix products per step")
+    parser.add_argument("--steps", type=int, default=400)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=8192)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=400)
+    load_arguments(parser)
     parser.add_argument("--cpu", action="store_true", help="numpy on the CPU even where a GPU is")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

@@ -443,8 +443,8 @@ def test_arrival_lateness_and_straggler_wait_agree_in_columns_and_by_step():
     step the others never recorded) takes the per-step one: the same figures over the common steps."""
     from array import array
 
+    from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
     from ddlctl.report.stepfile import TaskSteps
-    from ddlctl.report.summary import _arrival_lateness, _straggler_wait
 
     def worker(i: int, extra: bool) -> TaskSteps:
         steps = list(range(1, 41)) + ([41] if extra else [])
@@ -455,7 +455,7 @@ def test_arrival_lateness_and_straggler_wait_agree_in_columns_and_by_step():
 
     same = [worker(i, False) for i in range(3)]
     ragged = [worker(0, False), worker(1, True), worker(2, False)]
-    late, late_by_step = _arrival_lateness(same, 5), _arrival_lateness(ragged, 5)
+    late, late_by_step = arrival_lateness(same, 5), arrival_lateness(ragged, 5)
     assert late == pytest.approx(late_by_step) and late["worker:2"] == pytest.approx(0.02)
-    wait, wait_by_step = _straggler_wait(same[0], same), _straggler_wait(ragged[0], ragged)
+    wait, wait_by_step = straggler_wait_of(same[0], same), straggler_wait_of(ragged[0], ragged)
     assert wait == pytest.approx(wait_by_step) == pytest.approx(40 * 0.02)

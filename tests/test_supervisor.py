@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ddlctl.supervise.job import TaskState
@@ -300,8 +301,10 @@ def test_min_workers_a_ps_worker_whose_host_is_gone_leaves_and_training_goes_on(
     assert world.starts.count("worker:1") == 1 and world.starts.count("chief:0") == 1
 
 
-def test_min_workers_a_host_that_answers_again_is_taken_back_at_the_next_checkpoint_uncounted(tmp_path):
-    # they train until taken back (the host timeout and probes run in real time, the world's clock faster)
+def shrinking_world(tmp_path: Path) -> tuple[World, Callable]:
+    """Three mwms workers on three hosts until node3 is lost at 1 s (its worker leaves, the others
+    start again as two), then three again once taken back; the job checkpoints 1 s after ddlctl
+    starts waiting for a checkpoint. Returns the world and what reconnects to node3."""
     world = World("mwms", hosts=("node1", "node2", "node3"), workers=3,
                   behaviours={f"worker:{i}": Behaviour(exit_after=None, ignores_term=True) for i in range(3)},
                   retries={("worker:0", 2): Behaviour(exit_after=4.0), ("worker:1", 2): Behaviour(exit_after=4.0),
@@ -309,15 +312,8 @@ def test_min_workers_a_host_that_answers_again_is_taken_back_at_the_next_checkpo
     plan = world.plan(tmp_path / "probe")
     shared = plan.task("worker:0").env["DDLCTL_CHECKPOINT_DIR"]
     world.sessions["node1"].put_file(shared, "checkpoint", b'model_checkpoint_path: "ckpt-40"\n', mtime_ns=1)
-    back = world.reconnect_to("node3")
 
-    def reconnect(host):  # refused until its workers left the job, then it answers
-        if not any("left the job" in m for m in world.messages):
-            world.reconnects.append(host)
-            raise ConnectionRefusedError(f"{host}: connection refused")
-        return back(host)
-
-    class Messages(list):  # the job checkpoints 1 s after ddlctl starts waiting for that
+    class Messages(list):
         def append(self, message: str) -> None:
             super().append(message)
             if "next checkpoint" in message:
@@ -325,8 +321,20 @@ def test_min_workers_a_host_that_answers_again_is_taken_back_at_the_next_checkpo
                          b'model_checkpoint_path: "ckpt-80"\n', 2)
 
     world.messages = Messages()
-
     world.at(1.0, lambda: world.sessions["node3"].lose("connection reset"))
+    return world, world.reconnect_to("node3")
+
+
+def test_min_workers_a_host_that_answers_again_is_taken_back_at_the_next_checkpoint_uncounted(tmp_path):
+    # they train until taken back (the host timeout and probes run in real time, the world's clock faster)
+    world, back = shrinking_world(tmp_path)
+
+    def reconnect(host):  # refused until its workers left the job, then it answers
+        if not any("left the job" in m for m in world.messages):
+            world.reconnects.append(host)
+            raise ConnectionRefusedError(f"{host}: connection refused")
+        return back(host)
+
     result, _ = world.run(tmp_path, reconnect=reconnect, max_restarts=1, host_timeout_s=0.6, min_workers=2,
                           rejoin_after_s=2.0)
     assert (result.ok, result.exit_code) == (True, 0), result.failure
@@ -347,14 +355,7 @@ def test_min_workers_a_host_that_answers_again_is_taken_back_at_the_next_checkpo
 def test_min_workers_a_host_away_a_short_while_is_tried_every_two_seconds_not_ever_later(tmp_path):
     """A host whose workers left is tried every 2 s during its first 30 s away (then less often): one
     back after 3 s is found at the next try, 2 s later, where the doubling delays (2, 4, 8 s) waited 4."""
-    world = World("mwms", hosts=("node1", "node2", "node3"), workers=3,
-                  behaviours={f"worker:{i}": Behaviour(exit_after=None, ignores_term=True) for i in range(3)},
-                  retries={("worker:0", 2): Behaviour(exit_after=4.0), ("worker:1", 2): Behaviour(exit_after=4.0),
-                           ("worker:2", 1): Behaviour(exit_after=4.0)})
-    plan = world.plan(tmp_path / "probe")
-    shared = plan.task("worker:0").env["DDLCTL_CHECKPOINT_DIR"]
-    world.sessions["node1"].put_file(shared, "checkpoint", b'model_checkpoint_path: "ckpt-40"\n', mtime_ns=1)
-    back = world.reconnect_to("node3")
+    world, back = shrinking_world(tmp_path)
     tries: list[float] = []
 
     def reconnect(host):  # refused for 3 s after its workers left the job, then it answers
@@ -364,15 +365,6 @@ def test_min_workers_a_host_away_a_short_while_is_tried_every_two_seconds_not_ev
                 return back(host)
         raise ConnectionRefusedError(f"{host}: connection refused")
 
-    class Messages(list):  # the job checkpoints 1 s after ddlctl starts waiting for that
-        def append(self, message: str) -> None:
-            super().append(message)
-            if "next checkpoint" in message:
-                world.at(world.now - 1000.0 + 1.0, world.sessions["node1"].put_file, shared, "checkpoint",
-                         b'model_checkpoint_path: "ckpt-80"\n', 2)
-
-    world.messages = Messages()
-    world.at(1.0, lambda: world.sessions["node3"].lose("connection reset"))
     result, _ = world.run(tmp_path, reconnect=reconnect, max_restarts=1, host_timeout_s=0.6, min_workers=2,
                           rejoin_after_s=0.5)
     assert (result.ok, result.exit_code) == (True, 0), result.failure

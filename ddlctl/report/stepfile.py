@@ -32,6 +32,11 @@ class TaskSteps:
     total: int | None = None  # steps the task declared it would run
 
 
+def kept_records(steps: TaskSteps, warmup: int) -> slice:
+    """The records every statistic uses: all but the first ``warmup`` (none when there are no more)."""
+    return slice(warmup, None) if len(steps.step) > warmup else slice(0, 0)
+
+
 try:  # orjson decodes about twice as fast as the json module (the report's main cost at scale)
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - a dependency; json still works

@@ -31,15 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
-from ddlctl.report.causes import straggler_wait, time_by_cause
+from ddlctl.report.causes import time_by_cause
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.membership import membership_phases
 from ddlctl.report.mfu import task_mfu
 from ddlctl.report.stats import mean, median_of, percentile
-from ddlctl.report.stepfile import TaskSteps, last_end_us, read_phases, read_steps
+from ddlctl.report.stepfile import TaskSteps, kept_records, last_end_us, read_phases, read_steps
 from ddlctl.rundir import task_dirs
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
 from ddlctl.strategies import TABLE, strategy
@@ -143,10 +144,6 @@ class RunSummary:
 # -- telemetry -------------------------------------------------------------------------------
 
 
-def _kept(steps: TaskSteps, warmup: int) -> slice:
-    return slice(warmup, None) if len(steps.step) > warmup else slice(0, 0)
-
-
 @dataclass(frozen=True)
 class _Window:
     """A task's kept records: their time span (µs), sample and record counts."""
@@ -182,39 +179,6 @@ def _rates(windows: Sequence[_Window | None]) -> tuple[float | None, float | Non
         return None, None
     known = all(w.samples_known for w in present)
     return (sum(w.samples for w in present) / span if known else None), sum(w.records for w in present) / span
-
-
-def _arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, float]:
-    """Median lateness of each task's arrival at the synchronisation point behind the earliest task,
-    over step numbers present in every stepping task (synchronous training).
-
-    In lockstep every step starts when the previous all-reduce returns, at the same moment
-    everywhere, so how late a task arrives is how much longer than the fastest it took from the
-    step's start to its gradients being ready (``sync_s``). Each task measures that on its own
-    clock: clock skew between hosts cannot make a healthy host look slow. Tasks without step
-    records (an evaluator) take no part."""
-    stepping = [s for s in all_steps if s.step]
-    kept = [_kept(s, warmup) for s in stepping]
-    syncs = [np.asarray(s.sync_s)[k] for s, k in zip(stepping, kept, strict=True)]
-    if any(not s.sync_s or not len(y) or y.min() < 0 for s, y in zip(stepping, syncs, strict=True)):
-        return {}
-    numbers = [np.asarray(s.step)[k] for s, k in zip(stepping, kept, strict=True)]
-    if len(stepping) >= 2 and all(np.array_equal(n, numbers[0]) for n in numbers) \
-            and bool(np.all(np.diff(numbers[0]) > 0)):  # the same steps everywhere, each once: in columns
-        late = np.stack(syncs)
-        late -= late.min(axis=0)
-        return {s.name: percentile(np.sort(row), 50) or 0.0 for s, row in zip(stepping, late, strict=True)}
-    arrivals = {s.name: dict(zip(n.tolist(), y.tolist(), strict=True))
-                for s, n, y in zip(stepping, numbers, syncs, strict=True)}
-    common = set.intersection(*(set(a) for a in arrivals.values())) if arrivals else set()
-    if len(arrivals) < 2 or not common:
-        return {}
-    late: dict[str, list[float]] = {name: [] for name in arrivals}
-    for step in common:
-        first = min(a[step] for a in arrivals.values())
-        for name, a in arrivals.items():
-            late[name].append(a[step] - first)
-    return {name: median_of(values) or 0.0 for name, values in late.items()}
 
 
 PARALLEL_BYTES = 32 * 2**20
@@ -277,12 +241,12 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
             results[steps.name] = result
 
     synchronous = plan.get("strategy") != "ps"
-    kept_of = {s.name: _kept(s, warmup_steps) for s in all_steps}
+    kept_of = {s.name: kept_records(s, warmup_steps) for s in all_steps}
     sorted_durations = {s.name: np.sort(np.asarray(s.duration)[kept_of[s.name]]) for s in all_steps}
     windows = {s.name: _window(s, kept_of[s.name]) for s in all_steps}
     medians = {name: percentile(d, 50) or 0.0 for name, d in sorted_durations.items() if len(d)}
     fleet = median_of(medians.values())
-    lateness = _arrival_lateness(all_steps, warmup_steps) if synchronous else {}
+    lateness = arrival_lateness(all_steps, warmup_steps) if synchronous else {}
     procs = {task: figures for series in telemetry for task, figures in series.procs.items()}
 
     tasks = []
@@ -414,29 +378,10 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
     wait = None
     workers = [s for s in all_steps if s.name.startswith("worker:") and s.step]
     if plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split and len(workers) > 1:
-        wait = _straggler_wait(lead, workers)
+        wait = straggler_wait_of(lead, workers)
     result = time_by_cause((float(start), float(end)), [x for x, r in zip(spans, redone, strict=True) if not r],
                            [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait)
     return {**result.to_dict(), "line": result.line()}
-
-
-def _straggler_wait(lead: TaskSteps, workers: Sequence[TaskSteps]) -> float | None:
-    """:func:`~ddlctl.report.causes.straggler_wait` of the lead among ``workers`` (None: the lead is
-    not one of them, or recorded no arrival); in columns when every worker recorded the same steps,
-    each once, all with arrivals."""
-    if lead not in workers:
-        return None
-    numbers = [np.asarray(w.step) for w in workers]
-    syncs = [np.asarray(w.sync_s) for w in workers]
-    if all(np.array_equal(n, numbers[0]) for n in numbers) and bool(np.all(np.diff(numbers[0]) > 0)) \
-            and all(len(y) and y.min() >= 0 for y in syncs):
-        arrivals = np.stack([np.asarray(w.start_us) / 1e6 + y for w, y in zip(workers, syncs, strict=True)])
-        own = arrivals[workers.index(lead)]
-        return float(np.maximum(arrivals.max(axis=0) - own, 0.0).sum()) if own.size else None
-    arrivals = [{st: t / 1e6 + y for st, t, y in zip(w.step, w.start_us, w.sync_s, strict=True) if y >= 0}
-                for w in workers]
-    mine = arrivals[workers.index(lead)]
-    return straggler_wait(mine, arrivals) if mine else None
 
 
 def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice]) -> dict | None:
