@@ -225,11 +225,16 @@ class Pipeline:
         grads_of = [[[] for _ in variables] for variables in self.variables]  # [stage][variable][micro-batch]
         total = tf.constant(0.0)
         last = len(self.stages) - 1
+        # each stage takes the micro-batches in order (forward k+1 after forward k, backward k+1 after
+        # backward k): every micro-batch's forward is ready at once, and an executor that runs them
+        # side by side delays the first one's arrival at the next stage (the pipeline's fill)
+        forward_done: list = [None] * len(self.stages)
+        backward_done: list = [None] * len(self.stages)
         for k in range(m):  # unrolled: the executor overlaps micro-batches across stages
             inputs, outputs, tapes = [], [], []
             h = xs[k]
             for s, (device, layers) in enumerate(zip(self.devices, self.stages, strict=True)):
-                with tf.device(device):
+                with tf.device(device), tf.control_dependencies(_after(forward_done[s])):
                     stage_in = tf.stop_gradient(h)
                     with tf.GradientTape() as tape:
                         tape.watch(stage_in)
@@ -239,6 +244,7 @@ class Pipeline:
                         # the loss of one micro-batch, scaled so that the micro-batches' gradients add up
                         # to the whole batch's mean (no per-micro-batch scaling pass over the gradients)
                         out = tf.reduce_mean(self.loss_fn(ys[k], h)) / m if s == last else h
+                forward_done[s] = out
                 inputs.append(stage_in)
                 outputs.append(out)
                 tapes.append(tape)
@@ -250,11 +256,12 @@ class Pipeline:
                 targets = [*self.variables[s], inputs[s]] if s > 0 else list(self.variables[s])
                 if not targets:
                     continue
-                with tf.device(self.devices[s]):
+                with tf.device(self.devices[s]), tf.control_dependencies(_after(backward_done[s])):
                     grads = tapes[s].gradient(outputs[s], targets, output_gradients=grad)
                     for held, g in zip(grads_of[s], grads, strict=False):
                         held.append(g)
                     grad = grads[-1] if s > 0 else None
+                    backward_done[s] = next((g for g in grads if g is not None), backward_done[s])
         for device, optimizer, variables, held in zip(self.devices, self.optimizers, self.variables, grads_of,
                                                       strict=True):
             if not variables:
@@ -309,6 +316,12 @@ class Checkpoints:
         """Save every stage's variables and optimizer slots as of ``step``; the checkpoint's path."""
         self.step.assign(step)
         return str(self.manager.save(checkpoint_number=step))
+
+
+def _after(done: object) -> list:
+    """Control inputs: the op of ``done`` (a tensor, or a sparse gradient, of the stage's previous
+    micro-batch), or none."""
+    return [] if done is None else [getattr(done, "op", done)]
 
 
 def _stage_work(tf, device: str, layers: Sequence[object], variables: Sequence[object], microbatches: int,
