@@ -18,7 +18,8 @@ per stage, in reverse, inside each stage's device scope (a plain ``tape.gradient
 variable would run the backward pass on the client: measured), with the stage input behind
 ``tf.stop_gradient`` and the gradient of the next stage passed in as ``output_gradients``; each
 stage's optimizer (its slots on that stage's device) applies the averaged gradients. TensorFlow's
-dataflow executor runs stage *i* of micro-batch *k+1* while stage *i+1* works on micro-batch *k*.
+dataflow executor runs stage *i* of micro-batch *k+1* while stage *i+1* works on micro-batch *k*;
+control dependencies keep each stage's micro-batches in order (see ``_train_step``).
 
 ``model`` is a Keras model or a :class:`Stack`: a list of callables (factories of Keras layers,
 ``tf.Module`` s or plain functions, each built under its stage's device scope).
