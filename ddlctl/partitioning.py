@@ -26,7 +26,7 @@ from rich.text import Text
 
 from ddlctl.cluster.model import Cluster
 from ddlctl.errors import ConfigError
-from ddlctl.planning.partition import ALGORITHMS, Device, Layer, Link, PartitionPlan, gap, plan
+from ddlctl.planning.partition import ALGORITHMS, Device, Layer, Link, PartitionPlan, fastest, gap, plan
 
 SCHEMA = 1
 DEFAULT_BANDWIDTH_GBPS = 1.25
@@ -115,10 +115,8 @@ def plans_for(layers: list[Layer], devices: list[Device], opts: PartitionOptions
 def document(opts: PartitionOptions, layers: list[Layer], devices: list[Device],
              plans: list[PartitionPlan], reference_gflops: float | None = None) -> dict[str, object]:
     """The JSON of ``--json`` and of the saved plan (``chosen``: the plan ``launch`` uses)."""
-    feasible = [p for p in plans if p.feasible and p.algorithm != "single"]
-    rank = {"optimal": 0, "greedy": 1, "random": 2}  # on a tie, the exact one
-    chosen = min(feasible, key=lambda p: (p.step_time_s or math.inf, rank.get(p.algorithm, 3))).algorithm \
-        if feasible else None
+    best = fastest([p for p in plans if p.algorithm != "single"])
+    chosen = best.algorithm if best is not None else None
     return {"schema": SCHEMA, "model": opts.model, "batch_size": opts.batch_size,
             "microbatches": opts.microbatches, "reference_gflops": reference_gflops,
             "link": {"bandwidth_gbps": opts.bandwidth_gbps, "latency_ms": opts.latency_ms},

@@ -119,9 +119,10 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
 
 
 def plan_fastest(layers: list, devices: list, microbatches: int, link: object) -> object:
-    """The greedy and the optimal plan, and of the two the one the cost model predicts faster (a tie:
-    greedy), as ``ddlctl partition`` chooses; the gap between them said when it is 5% or more."""
-    from ddlctl.planning.partition import gap, plan_greedy, plan_optimal
+    """The greedy and the optimal plan, and of the two the one the cost model predicts faster, as
+    ``ddlctl partition`` chooses (:func:`ddlctl.planning.partition.fastest`); the gap between them
+    said when it is 5% or more."""
+    from ddlctl.planning.partition import fastest, gap, plan_greedy, plan_optimal
 
     greedy = plan_greedy(layers, devices, microbatches, link)
     if not greedy.feasible:
@@ -132,7 +133,7 @@ def plan_fastest(layers: list, devices: list, microbatches: int, link: object) -
     if slower is not None and slower >= 0.05:
         print(f"greedy's plan is predicted {slower:.0%} slower than the optimal one: running the optimal plan",
               flush=True)
-    return optimal if slower is not None and slower > 0 else greedy
+    return fastest([greedy, optimal]) or greedy
 
 
 def _kept(planned: StagePlan, checkpoint_dir: str | None) -> StagePlan:

@@ -57,6 +57,7 @@ Algorithms (all respect memory limits; a model that cannot be placed is refused 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -279,20 +280,28 @@ def plan_greedy(layers: Sequence[Layer], devices: Sequence[Device], microbatches
         return _refuse("greedy", microbatches, why)
     total_speed = sum(d.speed for d in devices)
     total_cost = model.cost[-1] + model.update[-1]
-    balanced = _fill(model, devices, [total_cost * d.speed / total_speed for d in devices], "cost")
-    sequential = microbatches == 1 and not research_only
-    fastest = _fill(model, devices, _fastest_first_bytes(model, devices), "bytes") if sequential else None
+    passes = [(_fill(model, devices, [total_cost * d.speed / total_speed for d in devices], "cost"),
+               "balanced by speed (the research's greedy)")]
+    if microbatches == 1 and not research_only:
+        passes.append((_fill(model, devices, _fastest_first_bytes(model, devices), "bytes"),
+                       "no micro-batches: the fastest devices filled first"))
+    n = len(layers)
     plans = [_plan("greedy", model, devices, cuts, link, microbatches, [note])
-             for cuts, note in ((balanced, "balanced by speed (the research's greedy)"),
-                                (fastest, "no micro-batches: the fastest devices filled first"))
-             if cuts is not None]
+             for cuts, note in passes if cuts[-1] == n]
+    best = fastest(plans)
+    if best is None:
+        stuck = passes[0][0][-1]
+        return _refuse("greedy", microbatches, f"greedy filling ran out of device memory at layer "
+                                               f"{layers[stuck].name} ({stuck + 1} of {n})")
+    return best
+
+
+def fastest(plans: Sequence[PartitionPlan]) -> PartitionPlan | None:
+    """The feasible plan with the shortest predicted step (a tie: the exact one, then greedy's),
+    None when none is feasible."""
+    rank = {"optimal": 0, "greedy": 1, "random": 2}
     feasible = [p for p in plans if p.feasible]
-    if not feasible:
-        stuck = min(c for c in (balanced, fastest) if c is not None)[-1] if plans else None
-        where = f" at layer {layers[stuck].name} ({stuck + 1} of {len(layers)})" if stuck is not None and \
-            stuck < len(layers) else ""
-        return _refuse("greedy", microbatches, f"greedy filling ran out of device memory{where}")
-    return min(feasible, key=lambda p: p.step_time_s or 0.0)
+    return min(feasible, key=lambda p: (p.step_time_s or math.inf, rank.get(p.algorithm, 3)), default=None)
 
 
 def _fastest_first_bytes(model: _Model, devices: Sequence[Device]) -> list[float]:
@@ -306,14 +315,14 @@ def _fastest_first_bytes(model: _Model, devices: Sequence[Device]) -> list[float
     return quota
 
 
-def _fill(model: _Model, devices: Sequence[Device], shares: Sequence[float], unit: str) -> list[int] | None:
+def _fill(model: _Model, devices: Sequence[Device], shares: Sequence[float], unit: str) -> list[int]:
     """One pass over the layers in order: each device in order takes layers up to its share (of the
     cost, ``unit`` "cost", a layer going where it overshoots less; or of the bytes, "bytes", never
     over), within its memory; a layer that would overflow the memory moves on to the next device,
     and a device keeps taking layers past its share while the layers left need more memory than the
     devices after it can surely hold (their memory less one largest layer each: what filling in
-    order may leave unused). The last device takes the rest. The cuts, or None when the layers
-    outlast the devices."""
+    order may leave unused). The last device takes the rest. The cuts (the last one short of the
+    layers when they outlast the devices: where it stopped)."""
     layers, n = model.layers, len(model.layers)
     largest = max(layer.param_bytes + layer.act_bytes for layer in layers)
     room_after = [sum(max(0.0, d.memory_bytes - largest) for d in devices[j + 1:]) for j in range(len(devices))]
@@ -336,7 +345,7 @@ def _fill(model: _Model, devices: Sequence[Device], shares: Sequence[float], uni
             mem += need
             i += 1
         cuts.append(i)
-    return cuts if i >= n else None
+    return cuts
 
 
 def plan_single(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
