@@ -7,8 +7,9 @@ __version__ = "0.1.0"
 
 
 def step(samples: int | None = None, input_s: float | None = None):  # noqa: ANN201 - a context manager
-    """Time one step of a custom training loop: ``with ddlctl.step(samples=n): ...`` (see
-    :func:`ddlctl.steps.step`)."""
+    """Time one step of a custom training loop: ``with ddlctl.step(samples=n): ...``; ``as timer``
+    then ``timer.input_done()`` once the batch is in hand gives the report the step's input share
+    (see :func:`ddlctl.steps.step`)."""
     from ddlctl.steps import step as _step
 
     return _step(samples=samples, input_s=input_s)

@@ -120,26 +120,51 @@ def shared_recorder() -> StepRecorder:
         return _shared
 
 
+class StepTimer:
+    """What ``with ddlctl.step(...) as timer`` gives: ``timer.input_done()`` marks where the step's
+    wait for its batch ends, so the record's ``input_s`` is the time from the step's start to there
+    (the report's input share, the input-bound verdict)."""
+
+    __slots__ = ("input_s", "_start")
+
+    def __init__(self, start: float, input_s: float | None) -> None:
+        self._start = start
+        self.input_s = input_s
+
+    def input_done(self) -> None:
+        """The batch is here: the step's input part ends now (the rest of the step computes)."""
+        self.input_s = time.monotonic() - self._start
+
+
 @contextmanager
-def step(samples: int | None = None, input_s: float | None = None) -> Iterator[None]:
+def step(samples: int | None = None, input_s: float | None = None) -> Iterator[StepTimer]:
     """Time one training step of a custom loop::
 
         for images, labels in dataset:
             with ddlctl.step(samples=len(images)):
                 train_step(images, labels)
 
-    Writes one record to the task's ``steps.jsonl`` when run under ddlctl; does nothing otherwise.
-    A step that raises is not recorded.
+    or, with the wait for the batch inside the step (the report then shows the input share)::
+
+        with ddlctl.step(samples=n) as timer:
+            images, labels = next(batches)
+            timer.input_done()
+            train_step(images, labels)
+
+    ``input_s``: the step's input time when the program measured it itself. Writes one record to
+    the task's ``steps.jsonl`` when run under ddlctl; does nothing otherwise. A step that raises is
+    not recorded.
     """
     global _step_counter
     recorder = shared_recorder()
     wall, start = time.time(), time.monotonic()
-    yield
+    timer = StepTimer(start, input_s)
+    yield timer
     duration = time.monotonic() - start
     with _shared_lock:
         _step_counter += 1
         number = _step_counter
-    recorder.record(number, wall, duration, samples, input_s=input_s)
+    recorder.record(number, wall, duration, samples, input_s=timer.input_s)
 
 
 def set_total_steps(total: int) -> None:

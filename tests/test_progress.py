@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import pytest
 
@@ -44,6 +45,28 @@ def test_a_program_declares_its_total_in_code_or_in_the_environment(tmp_path, mo
     assert json.loads((tmp_path / "code" / "steps.jsonl").read_text())["total"] == 40
     with pytest.raises(ValueError):
         ddlctl.set_total_steps(0)
+
+
+def test_a_step_marks_where_its_input_ends(tmp_path, monkeypatch):
+    """``timer.input_done()`` inside ``ddlctl.step``: the record's input_s is the wait before the
+    mark, part of the step's duration; a step without the mark has no input_s, one given it keeps it."""
+    import ddlctl
+    from ddlctl import steps
+
+    monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path))
+    monkeypatch.setattr(steps, "_shared", None)
+    with ddlctl.step(samples=4) as timer:
+        time.sleep(0.05)
+        timer.input_done()
+        time.sleep(0.02)
+    with ddlctl.step(samples=4):
+        pass
+    with ddlctl.step(samples=4, input_s=0.5):
+        pass
+    steps.shared_recorder().close()
+    marked, plain, given = (json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines())
+    assert 0.05 <= marked["input_s"] < marked["duration_s"] and marked["duration_s"] >= 0.07
+    assert "input_s" not in plain and given["input_s"] == 0.5
 
 
 def test_step_records_reach_the_file_although_the_task_hangs_after_them(tmp_path):
