@@ -74,7 +74,8 @@ def main() -> None:
     print(f"{alone['device']}: step alone " + ", ".join(f"{1e3 * t:.1f} ms (width {w})" for w, t in widths.items()))
     print(f"width {args.width}: step alone {1e3 * step:.1f} ms, input alone {1e3 * input_alone:.1f} ms "
           f"({passes} jitter passes; {1e3 * alone['input_base_s']:.1f} ms + "
-          f"{1e3 * alone['input_per_pass_s']:.2f} a pass), batch {args.batch}, {args.steps} steps, {args.repeats} interleaved rounds")
+          f"{1e3 * alone['input_per_pass_s']:.2f} a pass), batch {args.batch}, {args.steps} steps, "
+          f"{args.repeats} interleaved rounds")
     modes = {"linear": ["--execution", "linear"],
              "pipelined, 1 thread": ["--execution", "pipelined", "--threads", "1"],
              f"pipelined, {args.threads} threads": ["--execution", "pipelined", "--threads", str(args.threads)]}
