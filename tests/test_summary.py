@@ -140,6 +140,30 @@ def test_telemetry_statistics_gaps_and_diagnosis(tmp_path):
     assert task.cpu_mean == 90.0 and task.rss_peak_bytes == 5 * 2**20
 
 
+def test_utilisation_is_taken_while_training_and_memory_over_the_whole_run(tmp_path):
+    """A start-up of 20 s with the GPU idle (TensorFlow importing, the cluster forming) before 10 s
+    of steps at 90%: the GPU was busy while training, not "mostly idle"; the memory peak of the
+    start-up still counts. Without steps the whole run's samples are all there is."""
+    times = [T0 - 20 + i for i in range(31)]
+    utils = [0.0 if t < T0 else 90.0 for t in times]
+    mem = [40 * 2**30 if t == T0 - 5 else 2**30 for t in times]
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1"}, hosts=["h1"])
+    write_steps(run, "worker:0", [1.0] * 10)
+    write_telemetry(run, "h1", utils, mem, times=times)
+    gpu = summarize(run, warmup_steps=0).hosts[0].gpus[0]
+    assert gpu.util_mean == pytest.approx(90.0) and gpu.util_p5 == pytest.approx(90.0)
+    assert gpu.mem_peak_bytes == 40 * 2**30
+    assert "mostly idle" not in "\n".join(summarize(run, warmup_steps=0).diagnosis)
+
+    bare = tmp_path / "bare"
+    write_plan(bare, "mwms", {"worker:0": "h1"}, hosts=["h1"])
+    write_telemetry(bare, "h1", utils, mem, times=times)
+    summary = summarize(bare, warmup_steps=0)
+    assert summary.hosts[0].gpus[0].util_mean == pytest.approx(sum(utils) / len(utils))
+    assert "GPU 0 on h1 mostly idle" in "\n".join(summary.diagnosis)
+
+
 def test_summary_json_keys_are_the_documented_ones(tmp_path):
     run = tmp_path / "run"
     write_plan(run, "mwms", {"worker:0": "h1"}, hosts=["h1"])
@@ -254,7 +278,12 @@ def test_summary_trace_and_csv_of_a_recorded_run_with_a_restart(tmp_path):
     samples = [r for r in records(run / "telemetry" / "localhost.jsonl") if r["type"] == "sample"]
     [host] = summary.hosts
     assert host.samples == len(samples) and host.gpus == () and "no NVIDIA GPU" in host.gpu_note
-    assert host.cpu_util_mean == pytest.approx(sum(r["cpu"] for r in samples) / len(samples))
+    # host CPU while training: the samples from the first step's start to the last step's end
+    first = min(r["start_us"] for rs in steps.values() for r in rs) / 1e6
+    last = max(r["start_us"] / 1e6 + r["duration_s"] for rs in steps.values() for r in rs)
+    training = [r["cpu"] for r in samples if first <= r["t"] <= last]
+    assert 3 <= len(training) < len(samples)
+    assert host.cpu_util_mean == pytest.approx(sum(training) / len(training))
     rss = [r["procs"]["worker:0"][1] for r in samples if "worker:0" in r["procs"]]
     assert tasks["worker:0"].rss_peak_bytes == max(rss)
     trace = build_trace(run)["traceEvents"]

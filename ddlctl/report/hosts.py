@@ -58,6 +58,7 @@ class GpuSeries:
 
     name: str | None = None
     readings: dict[str, np.ndarray] = field(default_factory=dict)  # field name -> column
+    t: np.ndarray = field(default_factory=lambda: np.empty(0))  # each reading's sample time (epoch s)
     mem_total: float | None = None
     sm_clock_max: float | None = None
     power_limit: float | None = None
@@ -71,6 +72,11 @@ class GpuSeries:
         column = self.column(name)
         return column[~np.isnan(column)]
 
+    def during(self, keep: np.ndarray) -> GpuSeries:
+        """The readings where ``keep`` (a mask over them) is true."""
+        return GpuSeries(self.name, {name: column[keep] for name, column in self.readings.items()}, self.t[keep],
+                         self.mem_total, self.sm_clock_max, self.power_limit)
+
 
 @dataclass
 class HostSeries:
@@ -81,6 +87,7 @@ class HostSeries:
     gpu_note: str | None = None
     t: np.ndarray = field(default_factory=lambda: np.empty(0))
     cpu: np.ndarray = field(default_factory=lambda: np.empty(0))
+    cpu_t: np.ndarray = field(default_factory=lambda: np.empty(0))  # the time of each CPU reading
     mem: np.ndarray = field(default_factory=lambda: np.empty(0))
     mem_total: float | None = None
     net: list[tuple[float, float, float]] = field(default_factory=list)
@@ -203,7 +210,8 @@ def read_telemetry(path: Path) -> HostSeries:
                 entry.sm_clock_max = gpu.get("sm_clock_max_mhz")
                 entry.power_limit = gpu.get("power_limit_w")
     series.t = _floats([r.t for r in samples])
-    series.cpu = _present(_floats([r.cpu for r in samples]))
+    cpu = _floats([r.cpu for r in samples])
+    series.cpu, series.cpu_t = _present(cpu), series.t[~np.isnan(cpu)]
     series.mem = _present(_floats([r.mem_used for r in samples]))
     totals = [r.mem_total for r in samples if r.mem_total]
     series.mem_total = totals[-1] if totals else None
@@ -213,6 +221,7 @@ def read_telemetry(path: Path) -> HostSeries:
     rows = [row for r in samples if r.gpus for row in r.gpus]
     if rows:
         readings = _matrix(rows)
+        times = np.repeat(series.t, [len(r.gpus) if r.gpus else 0 for r in samples])
         position = {name: i for i, name in enumerate(fields) if i < readings.shape[1]}
         indexes = readings[:, position["index"]]
         for index in dict.fromkeys(indexes[~np.isnan(indexes)].tolist()):
@@ -220,6 +229,7 @@ def read_telemetry(path: Path) -> HostSeries:
             entry = series.gpus.setdefault(int(index), GpuSeries())
             entry.readings = {name: mine[:, position[name]] if name in position else np.full(len(mine), np.nan)
                               for name in GPU_COLUMNS}
+            entry.t = times[indexes == index]
             totals = entry.values("mem_total")
             entry.mem_total = float(totals[-1]) if totals.size else entry.mem_total
     series.procs = _procs(samples)
@@ -274,13 +284,31 @@ def _max(values: np.ndarray) -> float | None:
     return float(values.max()) if values.size else None
 
 
+#: the utilisation figures are taken over the training window when at least this many samples fall
+#: inside it, else over the whole run (a run too short for its sampling interval)
+MIN_WINDOW_SAMPLES = 3
+
+
+def training(t: np.ndarray, run_start: float | None, run_end: float | None) -> np.ndarray:
+    """A mask over samples taken at times ``t``: those from the first step's start to the last
+    step's end (utilisation while training: a long start-up or teardown does not dilute it), or all
+    of them where no steps were recorded or fewer than :data:`MIN_WINDOW_SAMPLES` fall inside."""
+    if run_start is None or run_end is None:
+        return np.ones(t.size, dtype=bool)
+    inside = (t >= run_start) & (t <= run_end)
+    return inside if int(inside.sum()) >= MIN_WINDOW_SAMPLES else np.ones(t.size, dtype=bool)
+
+
 def host_summary(series: HostSeries, run_start: float | None, run_end: float | None) -> HostSummary:
+    """One host's figures: memory peaks over the whole run; CPU, GPU utilisation, SM activity, power
+    and throttling over the training window (:func:`training`)."""
     gpus = []
-    for index, gpu in sorted(series.gpus.items()):
+    for index, whole in sorted(series.gpus.items()):
+        gpu = whole.during(training(whole.t, run_start, run_end))
         util = gpu.values("util")
         throttled = throttling_of(gpu.column("util"), gpu.column("sm_clock_mhz"), gpu.column("throttle"),
                                   gpu.column("power_w"), gpu.column("temp_c"))
-        mem_peak = int(gpu.values("mem_used").max()) if gpu.values("mem_used").size else None
+        mem_peak = int(whole.values("mem_used").max()) if whole.values("mem_used").size else None
         mem_total = int(gpu.mem_total) if gpu.mem_total else None
         util_mean, sm_mean = _mean(util), _mean(gpu.values("sm_active"))
         gpus.append(GpuSummary(
@@ -298,7 +326,8 @@ def host_summary(series: HostSeries, run_start: float | None, run_end: float | N
         sent = (series.net[-1][1] - series.net[0][1]) / span
         recv = (series.net[-1][2] - series.net[0][2]) / span
     return HostSummary(
-        host=series.host, samples=len(series.t), cpu_util_mean=_mean(series.cpu),
+        host=series.host, samples=len(series.t),
+        cpu_util_mean=_mean(series.cpu[training(series.cpu_t, run_start, run_end)]),
         mem_peak_bytes=int(series.mem.max()) if series.mem.size else None,
         mem_total_bytes=int(series.mem_total) if series.mem_total else None,
         net_sent_bytes_per_s=sent, net_recv_bytes_per_s=recv, gpu_note=series.gpu_note,
