@@ -110,10 +110,11 @@ def code_bundle() -> tuple[str, bytes]:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, source in _sources():
-            archive.writestr(_entry(name), source)
+            archive.writestr(_entry(name), source, compresslevel=9)
             if name.endswith(".py"):
                 code = compile(source, name, "exec", dont_inherit=True)
-                archive.writestr(_entry(name + "c"), bytes(_code_to_hash_pyc(code, source_hash(source), checked=False)))
+                archive.writestr(_entry(name + "c"), bytes(_code_to_hash_pyc(code, source_hash(source), checked=False)),
+                                 compresslevel=9)
     return bundle_digest(), buffer.getvalue()
 
 
