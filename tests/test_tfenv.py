@@ -67,3 +67,11 @@ def test_retracing_warnings_of_ddlctls_own_measurements_are_dropped_and_the_prog
     assert done.returncode == 0, done.stderr[-2000:]
     warnings = [line for line in done.stderr.splitlines() if "retracing" in line]
     assert warnings and all("users_function" in line for line in warnings), done.stderr[-2000:]
+
+
+def test_a_server_task_serves_the_profiler_on_its_own_port_only_when_asked():
+    from ddlctl.runtime.server import profiler_port
+
+    assert profiler_port("7700", "worker", 2) == 7702 and profiler_port("7700", "ps", 0) == 7800
+    assert profiler_port(None, "worker", 0) is None and profiler_port("", "worker", 0) is None
+    assert profiler_port("on", "worker", 0) is None
