@@ -44,6 +44,9 @@ def check_partition(data: dict, saved) -> None:  # noqa: ANN001 - a Path
         assert work[2] < max(work[:2]), (work, stages)
     assert plans["optimal"]["bottleneck_s"] <= plans["greedy"]["bottleneck_s"] + 1e-12
     assert data["chosen"] in ("optimal", "greedy")
+    spread = data["random_expected"]  # random placement over many draws: its expected step
+    assert spread["draws"] == 200 and spread["p10_step_s"] <= spread["mean_step_s"] <= spread["p90_step_s"]
+    assert plans["optimal"]["step_time_s"] < spread["mean_step_s"]
 
 
 def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path):

@@ -20,6 +20,7 @@ from ddlctl.planning.partition import (
     plan_optimal,
     plan_random,
     plan_single,
+    random_spread,
 )
 
 GiB = 2**30
@@ -148,6 +149,18 @@ def test_random_is_reproducible_from_its_seed():
     devices = [Device(f"d{j}") for j in range(4)]
     assert plan_random(layers, devices, seed=3).assignment() == plan_random(layers, devices, seed=3).assignment()
     assert len({tuple(plan_random(layers, devices, seed=s).assignment()) for s in range(5)}) > 1
+
+
+def test_random_placements_expected_step_is_the_mean_of_its_draws_and_none_where_nothing_fits():
+    layers = [Layer(f"l{i}", 1.0 + (i % 3), param_bytes=GiB // 16) for i in range(24)]
+    devices = [Device("fast", 1.0, GiB), Device("fast2", 1.0, GiB), Device("slow", 0.5, GiB)]
+    spread = random_spread(layers, devices, 1, Link(), draws=50)
+    steps = [plan_random(layers, devices, 1, Link(), seed=s).step_time_s for s in range(50)]
+    assert spread.draws == 50 and spread.mean_s == pytest.approx(statistics.mean(steps))
+    assert min(steps) <= spread.p10_s <= spread.mean_s <= spread.p90_s <= max(steps)
+    # the exact plan beats random's expectation (the figure partition's "vs random" divides)
+    assert plan_optimal(layers, devices, 1, Link()).step_time_s < spread.mean_s
+    assert random_spread(layers, [Device("small", 1.0, GiB // 4)] * 3, 1, Link(), draws=5) is None
 
 
 @pytest.mark.cluster  # (the reference speed is measured, but every check is relative to it: load-proof)
