@@ -62,6 +62,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from ddlctl.report.stats import percentile
+
 ALGORITHMS: tuple[str, ...] = ("random", "greedy", "optimal")
 RANDOM_TRIES = 1000
 
@@ -299,13 +301,8 @@ def random_spread(layers: Sequence[Layer], devices: Sequence[Device], microbatch
                 return None
             continue
         steps.append(drawn.step_time_s)
-    if not steps:
-        return None
     ordered = sorted(steps)
-
-    def at(q: float) -> float:
-        return float(ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))])
-    return RandomSpread(len(steps), sum(steps) / len(steps), at(0.1), at(0.9))
+    return RandomSpread(len(steps), sum(steps) / len(steps), percentile(ordered, 10), percentile(ordered, 90))
 
 
 def plan_greedy(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int = 1,
