@@ -3,7 +3,7 @@
 
 The same emulated devices as ``model_parallel.py`` (root: three stage tasks under cgroup CPU
 quotas, 0.6, 0.6 and 0.3 CPUs; a memory cap; the built-in ``deep`` model, batch 512), one given
-plan, for each ``--microbatches`` value: the job runs with ``$DDLCTL_PROFILER_PORT`` set (each
+plan, for each ``--microbatches`` value: the job runs with ``--env DDLCTL_PROFILER_PORT=...`` (each
 stage task serves TensorFlow's profiler), and once it steps, ``tf.profiler.experimental.client
 .trace`` records ``--trace-ms`` of every stage at once. From the traces (XPlane protobufs, op events
 on each task's ``tf_Compute`` threads) it prints, per micro-batch count:
@@ -73,13 +73,13 @@ def traced_run(counts: str, microbatches: int, args: argparse.Namespace, root: P
     hosts.write_text("localhost roles=chief\n"
                      f"127.0.0.1 roles=worker slots=2 memory={args.memory} cpu_quota={fast}\n"
                      f"::1 roles=worker slots=1 memory={args.memory} cpu_quota={slow}\n")
-    env = {**os.environ, "DDLCTL_PROFILER_PORT": str(args.port)}
     job = subprocess.Popen(
         [sys.executable, "-m", "ddlctl", "launch", "-s", "model", "--hosts", str(hosts), "--no-telemetry",
+         "--env", f"DDLCTL_PROFILER_PORT={args.port}",
          "--runs-dir", str(folder / "runs"), "--", sys.executable, "-m", "ddlctl.workloads", "--workload", "deep",
          "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--microbatches", str(microbatches),
          "--checkpoint-every", str(args.steps + 1), "--partition", counts],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     steps = None
     while time.monotonic() < deadline and job.poll() is None:  # trace once the job steps
