@@ -54,7 +54,7 @@ def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path
                         *workload())
     assert single.returncode == 0, single.stderr[-2000:]
     split = run_ddlctl("launch", "-s", "model", "--workers", "2", "--no-telemetry", "--runs-dir", str(tmp_path / "mp"),
-                       *workload("--microbatches", "1"))
+                       *workload("--microbatches", "1", "--partition", "7,7"))
     assert split.returncode == 0, split.stderr[-3000:]
     one = json.loads((only_run_dir(tmp_path / "one") / "tasks" / "worker-0" / "result.json").read_text())
     run_dir = only_run_dir(tmp_path / "mp")
@@ -62,7 +62,9 @@ def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path
     # the same model, data and optimizer: model parallelism changes where, not what, is computed
     assert mp["loss"] == pytest.approx(one["loss"], rel=1e-3) and mp["accuracy"] == pytest.approx(one["accuracy"])
     stages = json.loads((run_dir / "tasks" / "chief-0" / "stages.json").read_text())
-    assert stages["how"] in ("greedy", "optimal") and sum(stages["partition"]) == 14 and min(stages["partition"]) > 0
+    # a given plan: two equal CPU tasks of one machine are near break-even for the cost model, which
+    # may keep the whole model on one of them (planning in place: the emulated slow stage below)
+    assert stages["how"] == "given" and stages["partition"] == [7, 7]
     for i, stage in enumerate(stages["stages"]):
         assert stage["device"] == f"/job:worker/replica:0/task:{i}/device:CPU:0"
         assert stage["variable_devices"] == [stage["device"]], "each stage's variables live on its task"
@@ -138,7 +140,9 @@ def test_a_stopped_stage_is_blamed_not_the_chief_waiting_for_it_and_training_res
 
     runs = tmp_path / "runs"
     runs.mkdir()
-    job = Job(runs, "-s", "model", "--workers", "2", "--max-restarts", "1", "--hang-timeout", "8", "--no-telemetry",
+    hosts = tmp_path / "hosts.txt"  # the memory each stage task has forces a split: both stages hold layers
+    hosts.write_text("localhost slots=2 memory=24MiB\n")
+    job = Job(runs, "-s", "model", "--hosts", str(hosts), "--max-restarts", "1", "--hang-timeout", "8", "--no-telemetry",
               "--grace", "2", "--", sys.executable, "-m", "ddlctl.workloads", "--workload", "deep", "--steps", "60",
               "--checkpoint-every", "10")
     job.wait_steps("chief-0", 25)

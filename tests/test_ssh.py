@@ -373,13 +373,23 @@ def test_ssh_config_alias_hostname_port_user_identity_and_match_exec(cluster, tm
 
 
 @pytest.mark.cluster
-def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(cluster, tmp_path):
+def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(tmp_path):
     """Every host and link measured over SSH, saved, and fed to a plan. (That a throttled host
-    measures slower is a timing test: test_model_parallel.py's emulated slow stage.)"""
+    measures slower is a timing test: test_model_parallel.py's emulated slow stage.) Hosts of its
+    own, each with its own home: what is left behind is looked for there and under these sshd
+    processes only (other tests bench this machine at the same time)."""
     import psutil
 
     from ddlctl.bench import load_profile
 
+    cluster = SshTestCluster(tmp_path / "own", 3, separate_homes=True)
+    try:
+        bench_through_ssh(cluster, tmp_path, psutil, load_profile)
+    finally:
+        cluster.stop()
+
+
+def bench_through_ssh(cluster: SshTestCluster, tmp_path: Path, psutil, load_profile) -> None:  # noqa: ANN001
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     profile_path = tmp_path / "profile.json"
     result = run_ddlctl("check", "--hosts", str(hosts), "--bench", "--bench-seconds", "0.5",
@@ -399,8 +409,11 @@ def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(
     assert {(link["from"], link["to"]) for link in profile.links} == {
         (labels[0], labels[1]), (labels[0], labels[2]), (labels[1], labels[2])}
     assert all(link["latency_s"] > 0 and link["bandwidth_bytes_per_s"] > 0 for link in profile.links)
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "ddlctl.runtime.devbench" in (p.info["cmdline"] or [])]
-    assert not list((Path.home() / ".ddlctl" / "bench").glob("*/*"))  # the scratch folders are gone
+    under_sshd = [c for h in cluster.hosts for c in psutil.Process(h.process.pid).children(recursive=True)]
+    assert not [p for p in under_sshd if "ddlctl.runtime.devbench" in p.cmdline()]
+    for host in cluster.hosts:  # each host measured in a scratch folder of its home, gone now
+        bench = cluster.host_home(host) / ".ddlctl" / "bench"
+        assert bench.is_dir() and not list(bench.iterdir()), host
     # the saved profile round-trips into a launch plan: each worker gets its host's measured speed
     plan = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--balance", "speed", "--speeds",
                       str(profile_path), "--dry-run", "--json", env=cluster.env)
