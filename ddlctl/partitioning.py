@@ -154,7 +154,8 @@ def document(opts: PartitionOptions, layers: list[Layer], devices: list[Device],
 def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     """Profile, plan, print; exit code 0 when some algorithm found a plan, 2 when none could."""
     from ddlctl.cluster.source import load_cluster
-    from ddlctl.planning.profile_model import load_model_factory, profile
+    from ddlctl.planning.partition import unplaceable
+    from ddlctl.planning.profile_model import load_model_factory, profile, sizes
     from ddlctl.runtime.tfenv import start_tensorflow_quietly
 
     if opts.microbatches < 1 or opts.batch_size < 1:
@@ -183,9 +184,15 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
 
     cluster, opts, base = with_profile(cluster, opts, reference, measured)
     devices = devices_of(cluster)
-    err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size} in {opts.microbatches} "
-              "micro-batch(es), forward + backward per layer)…", highlight=False)
-    layers = profile(factory(), opts.batch_size, microbatches=opts.microbatches)
+    model = factory()
+    layers = sizes(model, opts.batch_size)
+    why = unplaceable(layers, devices)
+    if why:  # memory alone refuses every plan: nothing to time (the plans below say why, costs unmeasured)
+        err.print(f"not profiled: {why}", highlight=False)
+    else:
+        err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size} in {opts.microbatches} "
+                  "micro-batch(es), forward + backward per layer)…", highlight=False)
+        layers = profile(model, opts.batch_size, microbatches=opts.microbatches)
     plans = plans_for(layers, devices, opts)
     spread = random_expected(layers, devices, opts)
     data = document(opts, layers, devices, plans, base, spread)
@@ -232,8 +239,9 @@ def render(plans: list[PartitionPlan], layers: list[Layer], devices: list[Device
     total = sum(layer.cost_s for layer in layers)
     update = sum(layer.update_s for layer in layers)
     memory = sum(layer.param_bytes + layer.act_bytes for layer in layers)
-    console.print(f"{opts.model}: {len(layers)} layers, {_ms(total)} ms forward+backward+update on this machine "
-                  f"({_ms(update)} ms of it the optimizer's update, off the pipeline's critical path), "
+    timed = (f"{_ms(total)} ms forward+backward+update on this machine ({_ms(update)} ms of it the optimizer's "
+             "update, off the pipeline's critical path)") if total > 0 else "not timed (memory refuses every plan)"
+    console.print(f"{opts.model}: {len(layers)} layers, {timed}, "
                   f"{memory / 2**30:.2f} GiB with optimizer state and activations; {len(devices)} device(s); "
                   f"batch {opts.batch_size}, {opts.microbatches} micro-batch(es)", highlight=False)
     random_time = spread.mean_s if spread else \

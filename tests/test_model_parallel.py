@@ -129,6 +129,9 @@ def test_partition_profiles_the_model_plans_it_under_memory_caps_and_launch_foll
     tiny.write_text("localhost slots=2 memory=8MiB\n")
     refused = run_ddlctl("partition", "--hosts", str(tiny), "--workload", "deep", timeout=300)
     assert refused.returncode == 2 and "alone needs" in refused.stdout, refused.stdout[-2000:]
+    # told from the layers' sizes, before seconds of timing them
+    assert "not profiled: layer dense_0 alone needs" in refused.stderr and "profiling" not in refused.stderr
+    assert "not timed (memory refuses every plan)" in refused.stdout
 
 
 def test_a_stopped_stage_is_blamed_not_the_chief_waiting_for_it_and_training_resumes_from_the_checkpoint(tmp_path):

@@ -233,6 +233,12 @@ def _check(layers: Sequence[Layer], devices: Sequence[Device], microbatches: int
             raise ValueError(f"device {device.name}: speed must be positive, not {device.speed}")
 
 
+def unplaceable(layers: Sequence[Layer], devices: Sequence[Device]) -> str | None:
+    """Why no plan can exist for ``layers`` on ``devices`` from memory alone (their sizes suffice:
+    no cost needs measuring to know it), or None."""
+    return fits_at_all(_Model(layers), devices) if layers and devices else None
+
+
 def fits_at_all(model: _Model, devices: Sequence[Device]) -> str | None:
     """Why no plan can exist (a layer larger than every device; more memory needed than all
     devices have), or None."""

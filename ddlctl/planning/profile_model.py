@@ -113,6 +113,25 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
     return _scaled_to_whole(tf, model, measured, batch_size, m, repeats)
 
 
+def sizes(model: object, batch_size: int) -> list[Layer]:
+    """Each layer's parameter + optimizer bytes and output activation bytes (whole batch), from one
+    forward pass on a random batch; no time measured (``cost_s`` 0). Enough to tell a model that
+    cannot be placed, before :func:`profile` spends seconds timing it."""
+    from ddlctl.runtime.tfenv import quiet_tensorflow_logs
+
+    quiet_tensorflow_logs()
+    import numpy as np
+    import tensorflow as tf
+
+    x = tf.random.normal((batch_size, *tuple(model.input_shape[1:])))  # type: ignore[attr-defined]
+    found = []
+    for layer in model_layers(model):
+        x = layer(x, training=False)
+        params = sum(_bytes_of(np, v) for v in layer.trainable_variables)
+        found.append(Layer(layer.name, 0.0, params * (1 + OPTIMIZER_SLOTS), int(x.shape.num_elements()) * x.dtype.size))
+    return found
+
+
 def _bytes_of(np, variable: object) -> int:  # noqa: ANN001 - the numpy module
     """A variable's size in bytes (a Keras variable's dtype is a name, a ``tf.Variable``'s a DType)."""
     dtype = getattr(variable.dtype, "as_numpy_dtype", variable.dtype)  # type: ignore[attr-defined]
