@@ -193,7 +193,12 @@ def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp
     # (0.7 and 0.3 left too little skew: a 8/6 split was seen. 0.6 and 0.2 took 50 s, most of it the
     # slow host's two TensorFlow imports at a fifth of a core; at 0.9 and 0.25 the bench measures about
     # 0.38 between them and the chief 0.36, and it takes 40 s.)
-    hosts.write_text("localhost roles=chief\n127.0.0.1 roles=worker cpu_quota=0.9\n::1 roles=worker cpu_quota=0.25\n")
+    # 36 MiB each, of the model's 45: neither stage can hold it all. Without it the exact plan may
+    # leave the slow stage out ([14, 0] seen: at a measured 0.2-0.3 of the fast one's speed it only
+    # adds its link); with it the slow stage holds 4 layers at least, and the speeds decide the rest
+    # (equal speeds would split 7/7)
+    hosts.write_text("localhost roles=chief\n127.0.0.1 roles=worker cpu_quota=0.9 memory=36MiB\n"
+                     "::1 roles=worker cpu_quota=0.25 memory=36MiB\n")
     done = run_ddlctl("launch", "-s", "model", "--hosts", str(hosts), "--bench", "--no-telemetry",
                       "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-m", "ddlctl.workloads",
                       "--workload", "deep", "--steps", "8", "--microbatches", "2", timeout=300)
