@@ -146,8 +146,8 @@ def test_a_stopped_stage_is_blamed_not_the_chief_waiting_for_it_and_training_res
     hosts = tmp_path / "hosts.txt"  # the memory each stage task has forces a split: both stages hold layers
     hosts.write_text("localhost slots=2 memory=24MiB\n")
     job = Job(runs, "-s", "model", "--hosts", str(hosts), "--max-restarts", "1", "--hang-timeout", "8",
-              "--no-telemetry", "--grace", "2", "--", sys.executable, "-m", "ddlctl.workloads", "--workload", "deep", "--steps", "60",
-              "--checkpoint-every", "10")
+              "--no-telemetry", "--grace", "2", "--", sys.executable, "-m", "ddlctl.workloads", "--workload", "deep",
+              "--steps", "60", "--checkpoint-every", "10")
     job.wait_steps("chief-0", 25)
     stalled = job.kill("worker-1", signal.SIGSTOP)
     assert job.wait() == 0, job.stderr()[-3000:]
