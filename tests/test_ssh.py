@@ -376,8 +376,8 @@ def test_ssh_config_alias_hostname_port_user_identity_and_match_exec(cluster, tm
 def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(tmp_path):
     """Every host and link measured over SSH, saved, and fed to a plan. (That a throttled host
     measures slower is a timing test: test_model_parallel.py's emulated slow stage.) Hosts of its
-    own, each with its own home: what is left behind is looked for there and under these sshd
-    processes only (other tests bench this machine at the same time)."""
+    own, each with its own home: what is left behind is looked for in those homes and among the
+    processes those sessions started only (other tests bench this machine at the same time)."""
     import psutil
 
     from ddlctl.bench import load_profile
@@ -387,6 +387,19 @@ def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(
         bench_through_ssh(cluster, tmp_path, psutil, load_profile)
     finally:
         cluster.stop()
+
+
+def bench_processes(psutil, homes: set[str]) -> list:  # noqa: ANN001
+    """Live ``ddlctl.runtime.devbench`` processes started by sessions of these hosts (their HOME
+    is one of ``homes``: found even when no longer under an sshd)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "ddlctl.runtime.devbench" in (proc.info["cmdline"] or []) and proc.environ().get("HOME") in homes:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 def bench_through_ssh(cluster: SshTestCluster, tmp_path: Path, psutil, load_profile) -> None:  # noqa: ANN001
@@ -409,8 +422,8 @@ def bench_through_ssh(cluster: SshTestCluster, tmp_path: Path, psutil, load_prof
     assert {(link["from"], link["to"]) for link in profile.links} == {
         (labels[0], labels[1]), (labels[0], labels[2]), (labels[1], labels[2])}
     assert all(link["latency_s"] > 0 and link["bandwidth_bytes_per_s"] > 0 for link in profile.links)
-    under_sshd = [c for h in cluster.hosts for c in psutil.Process(h.process.pid).children(recursive=True)]
-    assert not [p for p in under_sshd if "ddlctl.runtime.devbench" in p.cmdline()]
+    homes = {str(cluster.host_home(host)) for host in cluster.hosts}
+    assert not bench_processes(psutil, homes), "a measurement outlived check --bench"
     for host in cluster.hosts:  # each host measured in a scratch folder of its home, gone now
         bench = cluster.host_home(host) / ".ddlctl" / "bench"
         assert bench.is_dir() and not list(bench.iterdir()), host
