@@ -104,11 +104,9 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
         y, _ = forward_backward(x)  # trace and warm up
         forward_backward(x)[1].numpy()
         times = _call_times(lambda: forward_backward(x)[1].numpy(), repeats, MIN_PROFILE_S)  # noqa: B023
-        params = sum(_bytes_of(np, v) for v in layer.trainable_variables)
-        act = int(y.shape.num_elements()) * y.dtype.size
         cost = max(statistics.median(times) - overhead, min(times) / 10)
         update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
-        measured.append(Layer(layer.name, cost, params * (1 + OPTIMIZER_SLOTS), act, min(update, cost)))
+        measured.append(Layer(layer.name, cost, *_bytes(np, layer, y), min(update, cost)))
         x = y
     return _scaled_to_whole(tf, model, measured, batch_size, m, repeats)
 
@@ -127,9 +125,15 @@ def sizes(model: object, batch_size: int) -> list[Layer]:
     found = []
     for layer in model_layers(model):
         x = layer(x, training=False)
-        params = sum(_bytes_of(np, v) for v in layer.trainable_variables)
-        found.append(Layer(layer.name, 0.0, params * (1 + OPTIMIZER_SLOTS), int(x.shape.num_elements()) * x.dtype.size))
+        found.append(Layer(layer.name, 0.0, *_bytes(np, layer, x)))
     return found
+
+
+def _bytes(np, layer: object, output) -> tuple[int, int]:  # noqa: ANN001 - numpy, a tensor
+    """A layer's (parameter + optimizer state bytes, output activation bytes) for ``output``, its
+    output on the whole batch."""
+    params = sum(_bytes_of(np, v) for v in layer.trainable_variables)  # type: ignore[attr-defined]
+    return params * (1 + OPTIMIZER_SLOTS), int(output.shape.num_elements()) * output.dtype.size
 
 
 def _bytes_of(np, variable: object) -> int:  # noqa: ANN001 - the numpy module
