@@ -116,7 +116,12 @@ def test_partition_profiles_the_model_plans_it_under_memory_caps_and_launch_foll
     assert all(t > 0 for t, c in zip(predicted["stage_s"], counts, strict=True) if c)
     plan = summary["stage_plan"]
     assert plan["partition"] == counts and plan["predicted_step_s"] == predicted["step_s"]
-    assert abs(plan["error"]) < 0.9, plan  # the same order of magnitude as the measured step
+    # the error against the measured median step (how near: the timing test below, run alone; here
+    # other test files load the machine, and the chief's measurements at start-up and the steps
+    # after them see different loads: +132% was seen)
+    measured = next(t for t in summary["tasks"] if t["name"] == "chief:0")["step_time_p50_s"]
+    assert plan["measured_step_s"] == measured
+    assert plan["error"] == pytest.approx(plan["predicted_step_s"] / measured - 1)
     assert f"plan {counts} (given, 4 micro-batch(es)): predicted step" in done.stdout
     records = (run_dir / "tasks" / "chief-0" / "steps.jsonl").read_text().splitlines()
     assert len(records) == int(STEPS) and json.loads(records[-1])["total"] == int(STEPS)
@@ -214,6 +219,9 @@ def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp
     log = (run_dir / "tasks" / "chief-0" / "output.log").read_text()
     (fast_speed, slow_speed), = re.findall(r"stage speeds measured in place \(.*\): ([0-9.]+), ([0-9.]+)", log)
     assert float(slow_speed) < 0.6 * float(fast_speed), log
+    # and predicted the step of its plan: the same order of magnitude as the measured one
+    plan = json.loads((run_dir / "summary.json").read_text())["stage_plan"]
+    assert plan["partition"] == stages["partition"] and abs(plan["error"]) < 0.9, plan
     assert processes_of_run(run_dir.name) == []
 
 
