@@ -113,6 +113,9 @@ def test_partition_profiles_the_model_plans_it_under_memory_caps_and_launch_foll
     predicted = stages["predicted"]
     assert predicted["link"]["latency_s"] > 1e-5 and predicted["dispatch_s"] > 1e-4, predicted
     assert len(predicted["stage_s"]) == len(counts)
+    # what a message costs each stage task, measured in place (a real message costs something)
+    assert len(predicted["message_s"]) == len(counts) and all(c > 1e-6 for c in predicted["message_s"]), predicted
+    assert "a message costs each stage" in done.stdout
     assert all(t > 0 for t, c in zip(predicted["stage_s"], counts, strict=True) if c)
     plan = summary["stage_plan"]
     assert plan["partition"] == counts and plan["predicted_step_s"] == predicted["step_s"]
@@ -219,6 +222,9 @@ def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp
     log = (run_dir / "tasks" / "chief-0" / "output.log").read_text()
     (fast_speed, slow_speed), = re.findall(r"stage speeds measured in place \(.*\): ([0-9.]+), ([0-9.]+)", log)
     assert float(slow_speed) < 0.6 * float(fast_speed), log
+    # a message costs the stage under the smaller quota more (its share of a period runs out sooner)
+    fast_message, slow_message = stages["predicted"]["message_s"]
+    assert slow_message > fast_message, stages["predicted"]
     # and predicted the step of its plan: the same order of magnitude as the measured one
     plan = json.loads((run_dir / "summary.json").read_text())["stage_plan"]
     assert plan["partition"] == stages["partition"] and abs(plan["error"]) < 0.9, plan

@@ -59,7 +59,8 @@ def check_well_formed(p, layers, devices):
 
 layer_lists = st.lists(st.tuples(st.floats(0.01, 2.0), st.integers(0, 4), st.integers(0, 3), st.floats(0.0, 0.3)),
                        min_size=1, max_size=7)
-device_lists = st.lists(st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), st.integers(2, 12)),
+device_lists = st.lists(st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), st.integers(2, 12),
+                                  st.sampled_from([0.0, 0.0, 0.01, 0.2])),  # a message's cost on the device
                         min_size=1, max_size=4)
 
 
@@ -68,7 +69,7 @@ device_lists = st.lists(st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), s
        bandwidth=st.sampled_from([float("inf"), 4.0, 1.0]))
 def test_optimal_matches_brute_force_and_beats_greedy_and_random(raw_layers, raw_devices, microbatches, bandwidth):
     layers = [Layer(f"l{i}", c, p * GiB, a * GiB, c * u) for i, (c, p, a, u) in enumerate(raw_layers)]
-    devices = [Device(f"d{j}", s, m * GiB) for j, (s, m) in enumerate(raw_devices)]
+    devices = [Device(f"d{j}", s, m * GiB, message) for j, (s, m, message) in enumerate(raw_devices)]
     link = Link(bandwidth_bps=bandwidth * GiB, latency_s=0.001)
     best = brute_force(layers, devices, microbatches, link)
     found = plan_optimal(layers, devices, microbatches, link)
@@ -318,6 +319,20 @@ def test_the_cost_model_on_plans_worked_out_by_hand():
     slow = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0), Device("b", 0.5)], 4)
     assert [s.layers for s in slow.stages] == [3, 1]
     assert (slow.bottleneck_s, slow.step_time_s) == (pytest.approx(3.0), pytest.approx(3.5))
+    # what a message costs each device, per micro-batch: 3 messages for the first stage (input,
+    # output, gradient back), 4 for the others (and the gradient of their input sent back). At
+    # 0.05 s a message: 2 + 4 x 3 x 0.05 = 2.6 s and 2 + 4 x 4 x 0.05 = 2.8 s, a step of
+    # 5.4/4 + 3 x 2.8/4 = 3.45 s
+    cheap = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0, message_s=0.05),
+                                                                   Device("b", 1.0, message_s=0.05)], 4)
+    assert [s.layers for s in cheap.stages] == [2, 2]
+    assert [s.time_s for s in cheap.stages] == [pytest.approx(2.6), pytest.approx(2.8)]
+    assert cheap.step_time_s == pytest.approx(3.45)
+    # at 0.5 s a message on b, holding any layer costs it 8 s more: 2 + 2 would be a 10 s stage,
+    # so everything goes on a (4 + 4 x 3 x 0.05 = 4.6 s)
+    dear = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0, message_s=0.05),
+                                                                  Device("b", 1.0, message_s=0.5)], 4)
+    assert [s.layers for s in dear.stages] == [4, 0] and dear.step_time_s == pytest.approx(4.6)
     # no micro-batching: the sum of the stages, so everything goes on the fastest device
     whole = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0), Device("b", 2.0)], 1)
     assert [s.layers for s in whole.stages] == [0, 4] and whole.step_time_s == pytest.approx(2.0)

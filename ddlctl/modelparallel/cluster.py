@@ -46,6 +46,51 @@ def connect(timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[str]:
     return [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(len(cluster["worker"]))]
 
 
+def _fastest_call(fn, x, repeats: int) -> float:  # noqa: ANN001
+    """The fastest of ``repeats`` calls of ``fn(x)`` (after a trace and a warm-up call): the one
+    nothing else delayed."""
+    fn(x).numpy()
+    fn(x).numpy()
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        fn(x).numpy()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _chain(tf, pair: Sequence[str | None], n: int) -> Callable:  # noqa: ANN001
+    """A function passing its tensor back and forth ``n`` times between the two devices of
+    ``pair`` (None: this process's), an op on the receiver each time (the tensor must be there)."""
+    import contextlib
+
+    def run(x):  # noqa: ANN001, ANN202
+        h = x
+        for i in range(n):
+            device = pair[i % 2]
+            with tf.device(device) if device else contextlib.nullcontext():
+                h = h * 1.0001
+        return tf.reduce_sum(h[:1])
+    return tf.function(run)
+
+
+def message_costs(devices: Sequence[str], hops: int = 16, repeats: int = 5) -> list[float]:
+    """What one message costs each stage task (s): a 4-byte tensor passed back and forth between
+    this process and the task ``hops`` times inside one function, per hop (the message and the
+    op on its receiver), less the same with 2 hops. Under a CPU quota a task handles messages
+    slower (0.8 ms a hop at 0.2 CPU, 0.2 ms at 0.6 here), which the cost model charges to every
+    micro-batch's turn on that stage (:func:`ddlctl.planning.partition.messages`)."""
+    import tensorflow as tf
+
+    costs = []
+    for device in devices:
+        with tf.device(device):
+            x = tf.random.normal((1,))
+        long, short = (_fastest_call(_chain(tf, (None, device), n), x, repeats) for n in (2 + hops, 2))
+        costs.append(max(0.0, (long - short) / hops))
+    return costs
+
+
 def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
                  repeats: int = 5) -> tuple[float, float, float]:
     """What TensorFlow itself takes to move a tensor between consecutive stage tasks (its gRPC
@@ -57,25 +102,6 @@ def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
     Each function's time is its fastest of ``repeats`` calls: a difference of two medians fell to
     nothing on a loaded machine (a latency of 0), the fastest calls are the ones nothing delayed."""
     import tensorflow as tf
-
-    def timed(fn, x) -> float:  # noqa: ANN001
-        fn(x).numpy()
-        fn(x).numpy()  # trace and warm up
-        times = []
-        for _ in range(max(1, repeats)):
-            start = time.perf_counter()
-            fn(x).numpy()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    def chain(pair: Sequence[str], n: int) -> Callable:
-        def run(x):  # noqa: ANN001, ANN202
-            h = x
-            for i in range(n):
-                with tf.device(pair[i % 2]):
-                    h = h * 1.0001  # an op on the receiver: the tensor must be there
-            return tf.reduce_sum(h[:1])
-        return tf.function(run)
 
     def touch_all(x):  # noqa: ANN001, ANN202
         outs = []
@@ -91,10 +117,12 @@ def measure_link(devices: Sequence[str], message_bytes: int, hops: int = 16,
         for size in (1, elements):
             with tf.device(pair[0]):
                 x = tf.random.normal((size,))
-            cost[size] = max(0.0, (timed(chain(pair, 2 + hops), x) - timed(chain(pair, 2), x)) / hops)
+            cost[size] = max(0.0, (_fastest_call(_chain(tf, pair, 2 + hops), x, repeats)
+                                  - _fastest_call(_chain(tf, pair, 2), x, repeats)) / hops)
         latencies.append(cost[1])
         per_byte.append(max(0.0, cost[elements] - cost[1]) / ((elements - 1) * 4))
-    dispatch = timed(tf.function(touch_all), tf.random.normal((elements,)))  # from here, as a step's input
+    # from here, as a step's input
+    dispatch = _fastest_call(tf.function(touch_all), tf.random.normal((elements,)), repeats)
     if not latencies:
         return 0.0, float("inf"), dispatch
     latency = sorted(latencies)[len(latencies) // 2]

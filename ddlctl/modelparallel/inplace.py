@@ -7,6 +7,7 @@ model predicts faster. Used by the built-in workload and by user programs throug
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -62,17 +63,22 @@ def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, mi
     return layers, devices
 
 
-def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int) -> tuple[object, float]:
+def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int) -> tuple[object, float, list[float]]:
     """The link between stage tasks as TensorFlow moves a micro-batch's activation (see
-    :func:`ddlctl.modelparallel.measure_link`) and a step's fixed dispatch cost."""
-    from ddlctl.modelparallel.cluster import measure_link
+    :func:`ddlctl.modelparallel.measure_link`), a step's fixed dispatch cost, and what a message
+    costs each stage task (:func:`ddlctl.modelparallel.cluster.message_costs`). Where those are
+    measured they replace the link's latency in the cost model (:func:`plan_stages`: each stage
+    pays for its own messages, the link only for its bytes)."""
+    from ddlctl.modelparallel.cluster import measure_link, message_costs
     from ddlctl.planning.partition import Link
 
     sizes = sorted(layer.act_bytes for layer in layers) or [4]
     latency, bandwidth, dispatch = measure_link(stage_devices, sizes[len(sizes) // 2] // max(1, microbatches))
+    costs = message_costs(stage_devices)
     print(f"stage link as TensorFlow moves tensors: {latency * 1e3:.2f} ms per message + "
-          f"{bandwidth / 1e9:.2f} GB/s; {dispatch * 1e3:.1f} ms to dispatch a step", flush=True)
-    return Link(bandwidth, latency), dispatch
+          f"{bandwidth / 1e9:.2f} GB/s; {dispatch * 1e3:.1f} ms to dispatch a step; a message costs the stage "
+          f"tasks " + ", ".join(f"{c * 1e3:.2f}" for c in costs) + " ms", flush=True)
+    return Link(bandwidth, latency), dispatch, costs
 
 
 def parse_counts(text: str) -> list[int]:
@@ -101,17 +107,20 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
     if partition and not predict:
         return _kept(StagePlan(parse_counts(partition), "given"), checkpoint_dir)
     layers, devices = cost_inputs(model, stage_devices, batch_size, microbatches)
-    link, dispatch = measured_link(stage_devices, layers, microbatches)
+    link, dispatch, costs = measured_link(stage_devices, layers, microbatches)
+    devices = [dataclasses.replace(device, message_s=cost) for device, cost in zip(devices, costs, strict=True)]
+    planning = dataclasses.replace(link, latency_s=0.0) if any(costs) else link  # each stage pays its messages
     if partition:
         counts, how = parse_counts(partition), "given"
         if len(counts) != len(devices) or sum(counts) != len(layers) or min(counts) < 0:
             return StagePlan(counts, how)  # the Pipeline says what is wrong with it
-        planned = plan_counts(layers, devices, counts, microbatches, link)
+        planned = plan_counts(layers, devices, counts, microbatches, planning)
     else:
-        planned = plan_fastest(layers, devices, microbatches, link)
+        planned = plan_fastest(layers, devices, microbatches, planning)
         counts, how = [stage.layers for stage in planned.stages], planned.algorithm
     predicted = {"step_s": (planned.step_time_s or 0.0) + dispatch, "dispatch_s": dispatch,
                  "stage_s": [stage.time_s for stage in planned.stages],
+                 "message_s": costs,
                  "link": {"latency_s": link.latency_s,
                           "bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None}}
     print(f"predicted step time of the {how} plan {counts}: {predicted['step_s'] * 1e3:.1f} ms", flush=True)

@@ -213,7 +213,9 @@ def render_stages(summary: RunSummary, console: Console) -> None:
                       f"{plan['measured_step_s'] * 1e3:.1f} ms ({plan['error']:+.0%}); link between stages as "
                       f"TensorFlow moved tensors: {link.get('latency_s', 0) * 1e3:.2f} ms per message"
                       + (f", {bandwidth / 1e9:.2f} GB/s" if bandwidth else "")
-                      + f", {(plan.get('dispatch_s') or 0) * 1e3:.1f} ms to dispatch a step")
+                      + f", {(plan.get('dispatch_s') or 0) * 1e3:.1f} ms to dispatch a step"
+                      + (", a message costs each stage " + ", ".join(f"{c * 1e3:.2f}" for c in plan["message_s"])
+                         + " ms" if plan.get("message_s") else ""))
 
 
 def render_work(summary: RunSummary, console: Console) -> None:

@@ -441,6 +441,7 @@ def _stage_plan(recorded: dict, step_s: float | None) -> dict | None:
     return {"partition": list(recorded["partition"]), "how": recorded.get("how"),
             "microbatches": recorded.get("microbatches"), "predicted_step_s": step_predicted,
             "measured_step_s": step_s, "link": predicted.get("link"), "dispatch_s": predicted.get("dispatch_s"),
+            "message_s": predicted.get("message_s"),
             "error": (step_predicted - step_s) / step_s if step_predicted and step_s else None}
 
 
