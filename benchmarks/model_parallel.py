@@ -74,6 +74,23 @@ def run_plan(counts: tuple[int, ...] | None, microbatches: int, args: argparse.N
             (stages.get("predicted") or {}).get("step_s"), tuple(stages["partition"]))
 
 
+def in_place_model(microbatches: int, args: argparse.Namespace, hosts: Path, root: Path):  # noqa: ANN201
+    """``ddlctl partition --in-place``: the cluster measured as the launched chief measures it, once
+    per m; a function giving the cost model's step for any plan (layers per stage) from it."""
+    from ddlctl.planning.partition import Device, Layer, Link, plan_counts
+
+    saved = root / f"in-place-m{microbatches}.json"
+    ddlctl("partition", "--hosts", str(hosts), "--in-place", "--workload", "deep", "--batch-size",
+           str(args.batch_size), "--microbatches", str(microbatches), "--save", str(saved), "--json")
+    data = json.loads(saved.read_text())
+    layers = [Layer(**layer) for layer in data["layers"]]
+    devices = [Device(**(d | {"memory_bytes": math.inf if d["memory_bytes"] is None else d["memory_bytes"]}))
+               for d in data["devices"]]
+    given = data["link"]
+    link = Link(given["bandwidth_gbps"] * 1e9, given["latency_ms"] / 1e3, given["dispatch_ms"] / 1e3)
+    return lambda counts: plan_counts(layers, devices, list(counts), microbatches, link).step_time_s
+
+
 def planner_speed() -> float:
     from ddlctl.planning.partition import Device, Layer, Link, plan_optimal
 
@@ -133,6 +150,7 @@ def main() -> None:
     gflops = {label: round(h["speed"], 1) for label, h in json.loads(profile.read_text())["hosts"].items()}
     print(f"measured GFLOP/s per device: {gflops}", flush=True)
     planned = {m: plans_for(m, args, hosts, profile, root) for m in (1, 4)}
+    in_place = {m: in_place_model(m, args, hosts, root) for m in planned}
     expected = {m: plans.pop("expected") for m, plans in planned.items()}
     distinct = sorted({(m, tuple(s["layers"] for s in p["stages"]))
                        for m, plans in planned.items() for p in plans.values() if p["feasible"]})
@@ -152,29 +170,33 @@ def main() -> None:
     for m, plans in planned.items():
         for name, p in plans.items():
             if not p["feasible"]:
-                rows.append((m, name, None, None, p["reason"], None))
+                rows.append((m, name, None, None, p["reason"], None, None))
                 continue
             counts = tuple(s["layers"] for s in p["stages"])
             steps = [r[0] for r in runs_of[(m, counts)]]
             chief = [r[1] for r in runs_of[(m, counts)] if r[1]]
             rows.append((m, name, p["step_time_s"], steps, ",".join(map(str, counts)),
-                         statistics.median(chief) if chief else None))
+                         statistics.median(chief) if chief else None, in_place[m](counts)))
         runs = runs_of[(m, None)]
         chief = [r[1] for r in runs if r[1]]
+        chosen = {r[2] for r in runs}  # the chief's plan, when it chose the same one every time
         rows.append((m, "default", None, [r[0] for r in runs], " / ".join(",".join(map(str, r[2])) for r in runs),
-                     statistics.median(chief) if chief else None))
+                     statistics.median(chief) if chief else None,
+                     in_place[m](next(iter(chosen))) if len(chosen) == 1 else None))
     print(f"\ndeep model, batch {args.batch_size}, 3 stage tasks (CPU quotas {fast}/{fast}/{slow}, memory "
           f"{args.memory} each), {args.steps} steps, median step time of each run, median [lowest-highest] over "
           f"{args.rounds} interleaved round(s)")
-    print("predicted: by `ddlctl partition` (offline: link from check --bench); chief: by the launched chief "
-          "before training (link between the stage tasks as TensorFlow moved tensors, and a step's dispatch)")
-    print(f"{'m':>2} {'plan':<22} {'predicted ms':>13} {'error':>7} {'chief ms':>9} {'error':>7} "
-          f"{'measured ms [spread]':>24}  stages / note")
-    errors, chief_errors = [], []
-    for m, name, predicted, steps, note, in_situ in rows:
+    print("predicted: by `ddlctl partition --speeds` (offline: GFLOP/s and link from check --bench); in place: "
+          "by `ddlctl partition --in-place` (one measuring job per m, as the chief measures); chief: by each "
+          "launched chief before training (its own in-place measurements)")
+    print(f"{'m':>2} {'plan':<22} {'predicted ms':>13} {'error':>7} {'in place':>9} {'error':>7} {'chief ms':>9} "
+          f"{'error':>7} {'measured ms [spread]':>24}  stages / note")
+    errors, chief_errors, in_place_errors = [], [], []
+    for m, name, predicted, steps, note, in_situ, placed in rows:
         label = {"single": "single fastest device", "default": "default (chief plans)"}.get(name, name)
         if steps is None:
-            print(f"{m:>2} {label:<22} {'-':>13} {'-':>7} {'-':>9} {'-':>7} {'-':>24}  infeasible: {note}")
+            print(f"{m:>2} {label:<22} {'-':>13} {'-':>7} {'-':>9} {'-':>7} {'-':>9} {'-':>7} {'-':>24}  "
+                  f"infeasible: {note}")
             continue
         measured = statistics.median(steps)
         offline = f"{'-':>13} {'-':>7}"
@@ -185,8 +207,11 @@ def main() -> None:
         chief = f"{in_situ * 1e3:>9.1f} {(in_situ - measured) / measured:>+7.0%}" if in_situ else f"{'-':>9} {'-':>7}"
         if in_situ:
             chief_errors.append(abs(in_situ - measured) / measured)
+        there = f"{placed * 1e3:>9.1f} {(placed - measured) / measured:>+7.0%}" if placed else f"{'-':>9} {'-':>7}"
+        if placed:
+            in_place_errors.append(abs(placed - measured) / measured)
         spread = f"{measured * 1e3:.1f} [{min(steps) * 1e3:.1f}-{max(steps) * 1e3:.1f}]"
-        print(f"{m:>2} {label:<22} {offline} {chief} {spread:>24}  {note}")
+        print(f"{m:>2} {label:<22} {offline} {there} {chief} {spread:>24}  {note}")
 
     from ddlctl.compare import speedup_range
 
@@ -204,7 +229,7 @@ def main() -> None:
         return f"{mean:.2f}x (each random plan {min(each):.2f}-{max(each):.2f}x)"
 
     for m in (1, 4):
-        measured = {name: steps for mm, name, _, steps, _, _ in rows if mm == m and steps is not None}
+        measured = {name: steps for mm, name, _, steps, _, _, _ in rows if mm == m and steps is not None}
         randoms = [steps for n, steps in measured.items() if n.startswith("random")]
         if randoms and "greedy" in measured and "optimal" in measured:
             print(f"m={m}: greedy {versus_random(randoms, measured['greedy'])} faster than random "
@@ -218,13 +243,14 @@ def main() -> None:
             print(f"m={m}, by the cost model: random placement's expected step ({expected[m]['draws']} draws) is "
                   f"{expected[m]['mean_step_s'] / optimal:.2f}x the optimal plan's (the most any plan gains over "
                   f"random here); the {len(drawn)} seeds drawn here {statistics.mean(drawn) / optimal:.2f}x")
-    one = {name: steps for m, name, _, steps, _, _ in rows if m == 1 and steps is not None}
-    four = {name: steps for m, name, _, steps, _, _ in rows if m == 4 and steps is not None}
+    one = {name: steps for m, name, _, steps, _, _, _ in rows if m == 1 and steps is not None}
+    four = {name: steps for m, name, _, steps, _, _, _ in rows if m == 4 and steps is not None}
     for name in ("default", "greedy", "optimal"):
         if name in one and name in four:
             who = "the default planner (the chief's, in place)" if name == "default" else name
             print(f"micro-batching (4 vs 1) with {who}: {ratio(one[name], four[name])}")
-    for who, found in (("partition", errors), ("chief", chief_errors)):
+    for who, found in (("partition --speeds", errors), ("partition --in-place", in_place_errors),
+                       ("chief", chief_errors)):
         if found:
             print(f"prediction error ({who}, on the medians): median {statistics.median(found):.0%}, "
                   f"largest {max(found):.0%}")

@@ -14,6 +14,7 @@ The planning itself is :mod:`ddlctl.planning.partition` (pure).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -59,6 +60,8 @@ class PartitionOptions:
     seed: int = 0
     speeds: str | None = None  # a cluster profile of ddlctl check --bench
     bench: bool = False  # measure the hosts now, as check --bench does, and use those speeds
+    in_place: bool = False  # measure as the launched chief does (a short job on the cluster), and use that
+    dispatch_ms: float = 0.0  # a step's fixed cost (measured in place)
     save: str | None = None
     json_out: bool = False
 
@@ -84,8 +87,6 @@ def with_profile(cluster: Cluster, opts: PartitionOptions, reference: Callable[[
     measures this machine's GFLOP/s (called only when the profile is usable): speeds are relative
     to it; without it, to the profile's ``localhost``, else its fastest host. Also returns the
     reference GFLOP/s used (None without a profile or ``reference``)."""
-    import dataclasses
-
     link = None
     base = None
     if measured is not None or opts.speeds:
@@ -118,7 +119,7 @@ def algorithms(choice: str) -> tuple[str, ...]:
 def link_of(opts: PartitionOptions) -> Link:
     """The link between stages the plans assume (``--bandwidth``, ``--latency-ms`` or the defaults)."""
     latency_ms = DEFAULT_LATENCY_MS if opts.latency_ms is None else opts.latency_ms
-    return Link((opts.bandwidth_gbps or DEFAULT_BANDWIDTH_GBPS) * 1e9, latency_ms / 1e3)
+    return Link((opts.bandwidth_gbps or DEFAULT_BANDWIDTH_GBPS) * 1e9, latency_ms / 1e3, opts.dispatch_ms / 1e3)
 
 
 def plans_for(layers: list[Layer], devices: list[Device], opts: PartitionOptions) -> list[PartitionPlan]:
@@ -144,7 +145,9 @@ def document(opts: PartitionOptions, layers: list[Layer], devices: list[Device],
     chosen = best.algorithm if best is not None else None
     return {"schema": SCHEMA, "model": opts.model, "batch_size": opts.batch_size,
             "microbatches": opts.microbatches, "reference_gflops": reference_gflops,
-            "link": {"bandwidth_gbps": opts.bandwidth_gbps, "latency_ms": opts.latency_ms},
+            "link": {"bandwidth_gbps": opts.bandwidth_gbps, "latency_ms": opts.latency_ms,
+                     "dispatch_ms": opts.dispatch_ms},
+            "measured_in_place": opts.in_place,
             "devices": [asdict(d) | {"memory_bytes": None if math.isinf(d.memory_bytes) else d.memory_bytes}
                         for d in devices],
             "layers": [asdict(layer) for layer in layers], "plans": [p.to_dict() for p in plans], "chosen": chosen,
@@ -163,8 +166,10 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     if opts.batch_size % opts.microbatches:
         raise ConfigError(f"--batch-size {opts.batch_size} cannot be split into {opts.microbatches} micro-batches",
                           "use a multiple of --microbatches")
-    if opts.speeds and opts.bench:
-        raise ConfigError("give --speeds FILE or --bench, not both", "--bench measures now; --speeds reads a profile")
+    if sum(map(bool, (opts.speeds, opts.bench, opts.in_place))) > 1:
+        raise ConfigError("give one of --speeds FILE, --bench and --in-place",
+                          "--bench measures the hosts' matrix-multiply speed now, --speeds reads such a profile, "
+                          "--in-place measures the model's own step on the stage tasks")
     cluster, _, _ = load_cluster(opts.hosts, opts.template, 1)
     start_tensorflow_quietly()  # before anything imports TensorFlow (the model's module may)
     factory = load_model_factory(opts.model)
@@ -182,6 +187,7 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
                   highlight=False)
         return local_gflops()
 
+    given = opts
     cluster, opts, base = with_profile(cluster, opts, reference, measured)
     devices = devices_of(cluster)
     model = factory()
@@ -189,6 +195,15 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     why = unplaceable(layers, devices)
     if why:  # memory alone refuses every plan: nothing to time (the plans below say why, costs unmeasured)
         err.print(f"not profiled: {why}", highlight=False)
+    elif opts.in_place:
+        from ddlctl.partition_inplace import measure_on_cluster, with_measured
+
+        found = measure_on_cluster(opts.hosts, opts.template, opts.model, opts.batch_size, opts.microbatches, err)
+        devices, layers = with_measured(devices, found), found.layers
+        opts = dataclasses.replace(
+            opts, bandwidth_gbps=given.bandwidth_gbps or found.link.bandwidth_bps / 1e9,
+            latency_ms=given.latency_ms if given.latency_ms is not None else found.link.latency_s * 1e3,
+            dispatch_ms=found.link.dispatch_s * 1e3)
     else:
         err.print(f"profiling {opts.model} on this machine (batch {opts.batch_size} in {opts.microbatches} "
                   "micro-batch(es), forward + backward per layer)…", highlight=False)
@@ -202,6 +217,11 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
         out.print_json(data=data)
     else:
         render(plans, layers, devices, opts, out, spread)
+        if opts.in_place and not why:
+            out.print("measured in place (as the launched chief does): the model profiled on the chief's host, "
+                      "stage speeds " + ", ".join(f"{d.speed:.2f}" for d in devices) + " relative to it, a message "
+                      "costs each stage " + ", ".join(f"{d.message_s * 1e3:.2f}" for d in devices) + " ms, "
+                      f"{opts.dispatch_ms:.1f} ms to dispatch a step", highlight=False)
         if base:
             out.print(f"speeds measured ({opts.speeds or 'now, --bench'}), relative to this machine's "
                       f"{base:,.1f} GFLOP/s",
@@ -239,7 +259,8 @@ def render(plans: list[PartitionPlan], layers: list[Layer], devices: list[Device
     total = sum(layer.cost_s for layer in layers)
     update = sum(layer.update_s for layer in layers)
     memory = sum(layer.param_bytes + layer.act_bytes for layer in layers)
-    timed = (f"{_ms(total)} ms forward+backward+update on this machine ({_ms(update)} ms of it the optimizer's "
+    where = "the chief's host" if opts.in_place else "this machine"
+    timed = (f"{_ms(total)} ms forward+backward+update on {where} ({_ms(update)} ms of it the optimizer's "
              "update, off the pipeline's critical path)") if total > 0 else "not timed (memory refuses every plan)"
     console.print(f"{opts.model}: {len(layers)} layers, {timed}, "
                   f"{memory / 2**30:.2f} GiB with optimizer state and activations; {len(devices)} device(s); "

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -231,8 +232,37 @@ def test_a_stage_emulated_slower_is_measured_by_bench_and_given_fewer_layers(tmp
     assert processes_of_run(run_dir.name) == []
 
 
+def test_partition_in_place_measures_the_stage_tasks_as_the_launched_chief_does_and_leaves_nothing(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost roles=chief\n127.0.0.1 roles=worker slots=2 memory=24MiB\n")
+    both = run_ddlctl("partition", "--hosts", str(hosts), "--in-place", "--bench")
+    assert both.returncode == 2 and "give one of --speeds FILE, --bench and --in-place" in both.stderr
+    plan_file = tmp_path / "plan.json"
+    done = run_ddlctl("partition", "--hosts", str(hosts), "--in-place", "--workload", "deep", "--microbatches", "2",
+                      "--save", str(plan_file), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(plan_file.read_text())
+    assert data["measured_in_place"] is True and data["microbatches"] == 2
+    # partition's devices (one per slot, with their memory), with what the chief measured on each stage task
+    devices = data["devices"]
+    assert [d["name"] for d in devices] == ["127.0.0.1/cpu:0", "127.0.0.1/cpu:1"]
+    assert all(d["memory_bytes"] == 24 * 2**20 and d["speed"] > 0 and d["message_s"] > 1e-6 for d in devices), devices
+    assert data["link"]["dispatch_ms"] > 0.01 and all(layer["cost_s"] > 0 for layer in data["layers"])
+    # every plan's stages pay each message they take part in (3 for the first stage, 4 after it), per
+    # micro-batch, at the measured cost; and each step the dispatch
+    chosen = next(p for p in data["plans"] if p["algorithm"] == data["chosen"])
+    for stage, device in zip(chosen["stages"], devices, strict=True):
+        if stage["layers"]:
+            assert stage["comm_s"] >= 2 * (3 if stage["first"] == 0 else 4) * device["message_s"] - 1e-12, stage
+    assert chosen["step_time_s"] > data["link"]["dispatch_ms"] / 1e3
+    assert "measured in place (as the launched chief does)" in done.stdout
+    assert "on the chief's host" in done.stdout
+    # the measuring job is gone, and so is its run folder
+    run_id, folder = re.search(r"run (\S+) in (\S+)\)", done.stderr).groups()
+    assert processes_of_run(run_id) == [] and not Path(folder).exists()
+
+
 def test_a_functional_model_of_a_users_program_is_placed_through_the_api_and_trains(tmp_path):
-    from pathlib import Path
 
     program = Path(__file__).parent / "programs" / "mp_functional.py"
     done = run_ddlctl("launch", "-s", "model", "--workers", "2", "--no-telemetry", "--runs-dir", str(tmp_path),

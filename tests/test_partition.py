@@ -184,7 +184,8 @@ def test_measured_speeds_and_link_of_a_profile_replace_the_declared_ones(tmp_pat
     reference = data["reference_gflops"]
     assert reference > 1.0
     assert [d["speed"] for d in data["devices"]] == pytest.approx([100 / reference, 100 / reference, 25 / reference])
-    assert data["link"] == {"bandwidth_gbps": 2.0, "latency_ms": pytest.approx(0.2)}
+    assert data["link"] == {"bandwidth_gbps": 2.0, "latency_ms": pytest.approx(0.2), "dispatch_ms": 0.0}
+    assert data["measured_in_place"] is False and all(d["message_s"] == 0.0 for d in data["devices"])
     stages = next(p for p in data["plans"] if p["algorithm"] == "greedy")["stages"]
     assert stages[2]["layers"] < min(stages[0]["layers"], stages[1]["layers"])  # the measured-slow device
     # the model strategy's chief plans over the same measured speeds
@@ -237,7 +238,8 @@ def test_partition_bench_measures_the_hosts_now_and_their_speeds_replace_the_dec
     stages = next(p for p in data["plans"] if p["algorithm"] == "greedy")["stages"]
     assert sum(s["layers"] for s in stages) == len(data["layers"])
     refused = run_ddlctl("partition", "--hosts", str(hosts), "--bench", "--speeds", str(tmp_path / "p.json"))
-    assert refused.returncode == 2 and "not both" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "give one of --speeds FILE, --bench and --in-place" in refused.stderr, \
+        refused.stderr
 
 
 def test_a_given_plan_without_prediction_is_taken_as_is_kept_and_resumed(tmp_path, monkeypatch):

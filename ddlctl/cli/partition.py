@@ -55,6 +55,12 @@ def partition(
     bench: Annotated[bool, typer.Option(
         "--bench", help="Measure every host's devices and links now (as 'ddlctl check --bench' does, through each "
                         "host's agent, so cpu_quota= applies) and plan with those speeds instead of speed=.")] = False,
+    in_place: Annotated[bool, typer.Option(
+        "--in-place", help="Measure as the launched chief of --strategy model does before it plans: start the "
+                           "stage tasks on the hosts and a chief that profiles the model on its host, times the "
+                           "model's own step on each stage task, what a message costs each and the link as "
+                           "TensorFlow moves tensors; plan with those (the predictions are then the chief's). "
+                           "Costs one short job's start-up.")] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the random plan.")] = 0,
     save: Annotated[str | None, typer.Option("--save", metavar="FILE", help="Write the plans and the chosen one "
                                              "(fastest predicted) as JSON.", show_default=False)] = None,
@@ -65,7 +71,8 @@ def partition(
     Profiles the model on this machine (per layer: forward+backward time and, apart, the
     optimizer's update, which runs off the pipeline's critical path; parameter and optimizer bytes,
     activation bytes), takes each device's speed and memory from the hosts file or template
-    (speed=, memory=; measured speeds with --speeds FILE, or measured now with --bench), and
+    (speed=, memory=; measured speeds with --speeds FILE, or measured now with --bench; or
+    everything measured on the cluster as the launched chief measures it, with --in-place), and
     prints, per algorithm (random: TensorFlow's native baseline; greedy: the research's, with a
     fastest-first pass added without micro-batching; optimal: dynamic programming, exact for the
     cost model), the stages and the predicted step time, each plan's speed-up over random
@@ -82,7 +89,8 @@ def partition(
         opts = PartitionOptions(hosts=hosts, template=template, model=model or _value(workload) or "deep",
                                 batch_size=batch_size, algorithm=algorithm, microbatches=microbatches,
                                 bandwidth_gbps=bandwidth, latency_ms=latency, seed=seed, save=save,
-                                json_out=json_out, speeds=speeds, bench=bench)
+                                json_out=json_out, speeds=speeds, bench=bench,
+                                in_place=in_place)
         return run_partition(opts, people_console(), error_console())
 
     _exit_with(run)

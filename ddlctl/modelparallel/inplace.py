@@ -63,12 +63,11 @@ def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, mi
     return layers, devices
 
 
-def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int) -> tuple[object, float, list[float]]:
-    """The link between stage tasks as TensorFlow moves a micro-batch's activation (see
-    :func:`ddlctl.modelparallel.measure_link`), a step's fixed dispatch cost, and what a message
-    costs each stage task (:func:`ddlctl.modelparallel.cluster.message_costs`). Where those are
-    measured they replace the link's latency in the cost model (:func:`plan_stages`: each stage
-    pays for its own messages, the link only for its bytes)."""
+def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int) -> tuple[object, list[float]]:
+    """The link between stage tasks as TensorFlow moves a micro-batch's activation, with a step's
+    fixed dispatch cost (see :func:`ddlctl.modelparallel.measure_link`), and what a message costs
+    each stage task (:func:`ddlctl.modelparallel.cluster.message_costs`: the cost model charges
+    those in place of the link's latency)."""
     from ddlctl.modelparallel.cluster import measure_link, message_costs
     from ddlctl.planning.partition import Link
 
@@ -78,7 +77,18 @@ def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int)
     print(f"stage link as TensorFlow moves tensors: {latency * 1e3:.2f} ms per message + "
           f"{bandwidth / 1e9:.2f} GB/s; {dispatch * 1e3:.1f} ms to dispatch a step; a message costs the stage "
           f"tasks " + ", ".join(f"{c * 1e3:.2f}" for c in costs) + " ms", flush=True)
-    return Link(bandwidth, latency), dispatch, costs
+    return Link(bandwidth, latency, dispatch), costs
+
+
+def measure_in_place(model: object, stage_devices: Sequence[str], batch_size: int,
+                     microbatches: int) -> tuple[list, list, object]:
+    """What the chief plans with: the layers (``model`` profiled here), the stage devices (speeds
+    and message costs measured in place, memory as ddlctl described them) and the link, as
+    :func:`cost_inputs` and :func:`measured_link` measure them."""
+    layers, devices = cost_inputs(model, stage_devices, batch_size, microbatches)
+    link, costs = measured_link(stage_devices, layers, microbatches)
+    devices = [dataclasses.replace(device, message_s=cost) for device, cost in zip(devices, costs, strict=True)]
+    return layers, devices, link
 
 
 def parse_counts(text: str) -> list[int]:
@@ -106,21 +116,18 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
         return StagePlan([int(c) for c in json.loads(kept.read_text())["partition"]], "resumed")
     if partition and not predict:
         return _kept(StagePlan(parse_counts(partition), "given"), checkpoint_dir)
-    layers, devices = cost_inputs(model, stage_devices, batch_size, microbatches)
-    link, dispatch, costs = measured_link(stage_devices, layers, microbatches)
-    devices = [dataclasses.replace(device, message_s=cost) for device, cost in zip(devices, costs, strict=True)]
-    planning = dataclasses.replace(link, latency_s=0.0) if any(costs) else link  # each stage pays its messages
+    layers, devices, link = measure_in_place(model, stage_devices, batch_size, microbatches)
     if partition:
         counts, how = parse_counts(partition), "given"
         if len(counts) != len(devices) or sum(counts) != len(layers) or min(counts) < 0:
             return StagePlan(counts, how)  # the Pipeline says what is wrong with it
-        planned = plan_counts(layers, devices, counts, microbatches, planning)
+        planned = plan_counts(layers, devices, counts, microbatches, link)
     else:
-        planned = plan_fastest(layers, devices, microbatches, planning)
+        planned = plan_fastest(layers, devices, microbatches, link)
         counts, how = [stage.layers for stage in planned.stages], planned.algorithm
-    predicted = {"step_s": (planned.step_time_s or 0.0) + dispatch, "dispatch_s": dispatch,
+    predicted = {"step_s": planned.step_time_s or 0.0, "dispatch_s": link.dispatch_s,
                  "stage_s": [stage.time_s for stage in planned.stages],
-                 "message_s": costs,
+                 "message_s": [device.message_s for device in devices],
                  "link": {"latency_s": link.latency_s,
                           "bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None}}
     print(f"predicted step time of the {how} plan {counts}: {predicted['step_s'] * 1e3:.1f} ms", flush=True)

@@ -25,7 +25,9 @@ Where each device's cost of a message is known (``message_s``: measured in place
 chief, a tensor passed back and forth between it and the stage task), a stage also pays, per
 micro-batch, for every message it takes part in: its input, its output (the last stage's: the
 loss), the gradient it gets back (the last stage: its labels) and, but for the first stage, the
-gradient it sends back (:func:`messages`). A stage task under a 0.2-CPU quota took 0.8 ms a
+gradient it sends back (:func:`messages`), in place of the link's latency on its sends. A step
+also costs a fixed ``dispatch_s`` (the link's, measured in place: sending the step to every stage).
+A stage task under a 0.2-CPU quota took 0.8 ms a
 message where one under 0.6 took 0.2 ms, and without this term the same plan ran 16% (4
 micro-batches) and 21% (8) slower than predicted: the bottleneck stage's messages lengthen every
 micro-batch's turn there.
@@ -101,10 +103,13 @@ class Device:
 
 @dataclass(frozen=True)
 class Link:
-    """What a stage boundary costs: bandwidth in bytes/s and a latency per message."""
+    """What a stage boundary costs: bandwidth in bytes/s and a latency per message; and what a step
+    costs before any stage computes (``dispatch_s``: sending the step to every stage, measured in
+    place by the launched chief; added to every plan's step)."""
 
     bandwidth_bps: float = float("inf")
     latency_s: float = 0.0
+    dispatch_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,12 @@ def step_time(stage_times: Sequence[float], microbatches: int, update_times: Seq
     return sum(times) / m + (m - 1) * max(times) / m + overhang
 
 
+def _latency(link: Link, device: Device) -> float:
+    """The link's latency per message, unless the device's own cost of a message is known (it
+    replaces the latency: :func:`messages`)."""
+    return 0.0 if device.message_s > 0 else link.latency_s
+
+
 def messages(first: int) -> int:
     """Messages a stage holding layers ``first``.. takes part in per micro-batch: its input, its
     output, the gradient back (the last stage: its labels) and, unless it holds the first layer,
@@ -208,7 +219,7 @@ class _Model:
         compute = (self.cost[last + 1] - self.cost[first]) / device.speed
         comm = 0.0
         if last < n - 1:  # sends its output forward and gets the gradient back, per micro-batch
-            comm = 2.0 * (self.layers[last].act_bytes / link.bandwidth_bps + microbatches * link.latency_s)
+            comm = 2.0 * (self.layers[last].act_bytes / link.bandwidth_bps + microbatches * _latency(link, device))
         comm += microbatches * messages(first) * device.message_s
         update = (self.update[last + 1] - self.update[first]) / device.speed
         return Stage(device.name, first, last, compute, comm, self.mem[last + 1] - self.mem[first], device.memory_bytes,
@@ -227,7 +238,7 @@ def _plan(algorithm: str, model: _Model, devices: Sequence[Device], cuts: Sequen
         return PartitionPlan(algorithm, microbatches, stages, feasible=False,
                              reason=f"{worst.device} would need {_gib(worst.memory_bytes)} of its "
                                     f"{_gib(worst.memory_limit)}", notes=tuple(notes))
-    step = step_time([s.time_s for s in stages], microbatches, [s.update_s for s in stages])
+    step = step_time([s.time_s for s in stages], microbatches, [s.update_s for s in stages]) + link.dispatch_s
     return PartitionPlan(algorithm, microbatches, stages, step, max(times, default=0.0), sum(times),
                          notes=tuple(notes))
 
@@ -440,10 +451,12 @@ def plan_optimal(layers: Sequence[Layer], devices: Sequence[Device], microbatche
     n, k = len(layers), len(devices)
     cost = np.asarray(model.cost)
     mem = np.asarray(model.mem, dtype=np.float64)
-    # boundary[i]: what a stage ending before layer i sends on (nothing after the last layer)
-    boundary = np.zeros(n + 1)
+    # boundary[i]: what a stage ending before layer i sends on (nothing after the last layer), its
+    # bytes and its messages' latency apart (a device's own message cost replaces the latency)
+    boundary, latency = np.zeros(n + 1), np.zeros(n + 1)
     for i in range(1, n):
-        boundary[i] = 2.0 * (layers[i - 1].act_bytes / link.bandwidth_bps + microbatches * link.latency_s)
+        boundary[i] = 2.0 * layers[i - 1].act_bytes / link.bandwidth_bps
+        latency[i] = 2.0 * microbatches * link.latency_s
     lo = np.arange(n + 1)[:, None]  # a stage holds layers lo..hi-1
     hi = np.arange(n + 1)[None, :]
     nonempty, empty = lo < hi, lo == hi
@@ -457,8 +470,8 @@ def plan_optimal(layers: Sequence[Layer], devices: Sequence[Device], microbatche
     def stage_of(device: Device):  # noqa: ANN202 - (time of layers lo..hi-1 on it, where they do NOT fit)
         key = (device.speed, device.memory_bytes, device.message_s)
         if key not in kinds:
-            time_ = np.where(nonempty, span_cost / device.speed + boundary[None, :] + per_message * device.message_s,
-                             0.0)
+            sends = boundary + latency * (_latency(link, device) > 0)
+            time_ = np.where(nonempty, span_cost / device.speed + sends[None, :] + per_message * device.message_s, 0.0)
             kinds[key] = (time_, ~(empty | (nonempty & (span_mem <= device.memory_bytes))))
         return kinds[key]
 
