@@ -77,12 +77,19 @@ def measure_on_cluster(hosts: str | None, template: str | None, model: str, batc
     finish(plan, result, err, err, render=False)
     chief = Path(plan.run_dir) / TASKS_DIR / "chief-0"
     if not result.ok or not (chief / MEASURED_FILE).is_file():
-        why = result.failure.message if result.failure else f"the measuring chief wrote no {MEASURED_FILE}"
-        raise LaunchError(f"--in-place: the measuring job failed: {why}",
+        why = _why(result.failure) if result.failure else f": the measuring chief wrote no {MEASURED_FILE}"
+        raise LaunchError(f"--in-place: the measuring job failed{why}",
                           f"see {chief / TASK_LOG} (run folder {plan.run_dir} kept)")
     measured = read_measured(chief / MEASURED_FILE)
     shutil.rmtree(root, ignore_errors=True)
     return measured
+
+
+def _why(failure) -> str:  # noqa: ANN001 - a ddlctl.supervise.results.Failure
+    """The task at fault and its exception's last line (else the supervisor's message)."""
+    last = next((line.strip() for line in reversed(failure.traceback) if line.strip()), None)
+    where = f" ({failure.task} on {failure.host})" if failure.task else ""
+    return f"{where}: {last or failure.message}"
 
 
 def with_measured(devices: list[Device], measured: InPlace) -> list[Device]:

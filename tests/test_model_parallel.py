@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -260,6 +261,22 @@ def test_partition_in_place_measures_the_stage_tasks_as_the_launched_chief_does_
     # the measuring job is gone, and so is its run folder
     run_id, folder = re.search(r"run (\S+) in (\S+)\)", done.stderr).groups()
     assert processes_of_run(run_id) == [] and not Path(folder).exists()
+
+
+def test_partition_in_place_says_why_when_the_measuring_job_fails_and_keeps_its_log(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost roles=chief\n127.0.0.1 roles=worker slots=2\n")
+    # the model builds here (partition checks its sizes) but its build fails in the measuring chief
+    done = run_ddlctl("partition", "--hosts", str(hosts), "--in-place", "--model", "mp_refuses_in_job:build",
+                      cwd=Path(__file__).parent / "programs", timeout=300)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "--in-place: the measuring job failed (chief:0 on localhost): RuntimeError: mp_refuses_in_job" \
+        in done.stderr.replace("\n", " "), done.stderr[-3000:]
+    log = re.search(r"see (\S+output\.log)", done.stderr).group(1)
+    assert "mp_refuses_in_job: this model is not built inside a job" in Path(log).read_text()
+    run_id, folder = re.search(r"run (\S+) in (\S+)\)", done.stderr).groups()
+    assert Path(log).is_relative_to(folder) and processes_of_run(run_id) == []
+    shutil.rmtree(folder)
 
 
 def test_a_functional_model_of_a_users_program_is_placed_through_the_api_and_trains(tmp_path):
