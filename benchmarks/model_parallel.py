@@ -84,8 +84,7 @@ def in_place_model(microbatches: int, args: argparse.Namespace, hosts: Path, roo
            str(args.batch_size), "--microbatches", str(microbatches), "--save", str(saved), "--json")
     data = json.loads(saved.read_text())
     layers = [Layer(**layer) for layer in data["layers"]]
-    devices = [Device(**(d | {"memory_bytes": math.inf if d["memory_bytes"] is None else d["memory_bytes"]}))
-               for d in data["devices"]]
+    devices = [Device.from_dict(d) for d in data["devices"]]
     given = data["link"]
     link = Link(given["bandwidth_gbps"] * 1e9, given["latency_ms"] / 1e3, given["dispatch_ms"] / 1e3)
     return lambda counts: plan_counts(layers, devices, list(counts), microbatches, link).step_time_s

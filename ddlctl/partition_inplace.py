@@ -46,24 +46,22 @@ def read_measured(path: Path) -> InPlace:
     """The measuring chief's ``measured.json`` as layers, devices and link."""
     data = json.loads(path.read_text())
     layers = [Layer(**layer) for layer in data["layers"]]
-    devices = [Device(**(d | {"memory_bytes": float("inf") if d["memory_bytes"] is None else d["memory_bytes"]}))
-               for d in data["devices"]]
+    devices = [Device.from_dict(d) for d in data["devices"]]
     link = data["link"]
     return InPlace(layers, devices, Link(link["bandwidth_bps"] or float("inf"), link["latency_s"], link["dispatch_s"]))
 
 
-def measure_on_cluster(hosts: str | None, template: str | None, model: str, batch_size: int, microbatches: int,
-                       err: Console) -> InPlace:
+def measure_on_cluster(cluster: Cluster, hosts: str | None, template: str | None, model: str, batch_size: int,
+                       microbatches: int, err: Console) -> InPlace:
     """Launch the measuring job on the cluster (stage tasks as ``launch --strategy model`` starts
     them, the chief :mod:`ddlctl.modelparallel.measure`), wait for it and read what it measured.
-    Its run folder is removed when it succeeded, kept (and named) when it failed."""
-    from ddlctl.cluster.source import load_cluster
+    Its run folder is removed when it succeeded, kept (and named) when it failed. ``cluster`` is
+    the one ``hosts`` / ``template`` describe (already loaded: the chief's interpreter comes from it)."""
     from ddlctl.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions
     from ddlctl.launch import finish, prepare, supervise
     from ddlctl.modelparallel.measure import MEASURED_FILE
     from ddlctl.runfiles import TASK_LOG, TASKS_DIR
 
-    cluster, _, _ = load_cluster(hosts, template, 1)
     command = (chief_python(cluster), "-m", "ddlctl.modelparallel.measure", "--model", model,
                "--batch-size", str(batch_size), "--microbatches", str(microbatches))
     root = Path(tempfile.mkdtemp(prefix="ddlctl-partition-"))

@@ -148,8 +148,7 @@ def document(opts: PartitionOptions, layers: list[Layer], devices: list[Device],
             "link": {"bandwidth_gbps": opts.bandwidth_gbps, "latency_ms": opts.latency_ms,
                      "dispatch_ms": opts.dispatch_ms},
             "measured_in_place": opts.in_place,
-            "devices": [asdict(d) | {"memory_bytes": None if math.isinf(d.memory_bytes) else d.memory_bytes}
-                        for d in devices],
+            "devices": [d.to_dict() for d in devices],
             "layers": [asdict(layer) for layer in layers], "plans": [p.to_dict() for p in plans], "chosen": chosen,
             "greedy_vs_optimal": gap(plans), "random_expected": spread.to_dict() if spread else None}
 
@@ -198,7 +197,8 @@ def run_partition(opts: PartitionOptions, out: Console, err: Console) -> int:
     elif opts.in_place:
         from ddlctl.partition_inplace import measure_on_cluster, with_measured
 
-        found = measure_on_cluster(opts.hosts, opts.template, opts.model, opts.batch_size, opts.microbatches, err)
+        found = measure_on_cluster(cluster, opts.hosts, opts.template, opts.model, opts.batch_size,
+                                   opts.microbatches, err)
         devices, layers = with_measured(devices, found), found.layers
         opts = dataclasses.replace(
             opts, bandwidth_gbps=given.bandwidth_gbps or found.link.bandwidth_bps / 1e9,

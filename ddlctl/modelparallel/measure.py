@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "model": args.model, "batch_size": args.batch_size, "microbatches": args.microbatches,
         "layers": [asdict(layer) for layer in layers],
-        "devices": [asdict(d) | {"memory_bytes": None if math.isinf(d.memory_bytes) else d.memory_bytes}
-                    for d in devices],
+        "devices": [d.to_dict() for d in devices],
         "link": {"bandwidth_bps": link.bandwidth_bps if math.isfinite(link.bandwidth_bps) else None,
                  "latency_s": link.latency_s, "dispatch_s": link.dispatch_s},
     }

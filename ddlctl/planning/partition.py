@@ -100,6 +100,16 @@ class Device:
     memory_bytes: float = float("inf")
     message_s: float = 0.0  # what one message to or from it costs it (measured in place; 0: unknown)
 
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready (unlimited memory as None)."""
+        return asdict(self) | {"memory_bytes": None if math.isinf(self.memory_bytes) else self.memory_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Device:
+        """The device :meth:`to_dict` wrote."""
+        memory = data.get("memory_bytes")
+        return cls(**(data | {"memory_bytes": float("inf") if memory is None else float(memory)}))
+
 
 @dataclass(frozen=True)
 class Link:
