@@ -105,6 +105,10 @@ def rows_from_runs(runs: Sequence[RunRecord], several: bool) -> list[dict]:
                        if r.summary.get("throughput_samples_per_s") is not None]
         tasks = [_trainer_tasks(r.summary) for r in good]
         workers = max((r.workers for r in good if r.workers), default=None)
+        # a run's final accuracy in the order of the repeats (None: that run failed), so that the
+        # repeats of two modes pair up (run k of each: interleaved, side by side in time)
+        by_repeat = [_median([t.get("accuracy") for t in _trainer_tasks(r.summary)])
+                     if r.error is None and r.summary is not None else None for r in records]
         gpu = [g["util_mean"] for r in good for h in r.summary.get("hosts", []) for g in h.get("gpus", [])
                if g.get("util_mean") is not None]
         rows.append({
@@ -118,7 +122,8 @@ def rows_from_runs(runs: Sequence[RunRecord], several: bool) -> list[dict]:
             "gpu_util_mean": statistics.mean(gpu) if gpu else None,
             "loss": _median([t.get("loss") for ts in tasks for t in ts]),
             "accuracy": _median([t.get("accuracy") for ts in tasks for t in ts]),
-            "accuracy_runs": [a for a in (_median([t.get("accuracy") for t in ts]) for ts in tasks) if a is not None],
+            "accuracy_runs": [a for a in by_repeat if a is not None],
+            "accuracy_by_repeat": by_repeat,
             "steps_in_flight": _median([t.get("steps_in_flight_mean") for ts in tasks for t in ts]),
             "input_fraction": _median([t.get("input_fraction") for ts in tasks for t in ts]),
             "error": None if good else "; ".join(dict.fromkeys(r.error or "no result" for r in records)),
@@ -197,15 +202,28 @@ def execution_ranges(rows: Sequence[dict]) -> dict[str, dict[str, list]]:
     return ranges
 
 
-def accuracy_note(fast: Sequence[float], slow: Sequence[float]) -> str | None:
-    """Final accuracy of pipelined against linear over repeats: the medians, each with its range,
-    and whether the difference is inside the run-to-run spread (under ps, asynchronous updates
-    make the final accuracy vary from run to run); None with fewer than two runs of either."""
-    if len(fast) < 2 or len(slow) < 2:
+#: pipelined's and linear's final accuracy "equal" when a repeat's two runs differ by at most this
+ACCURACY_POINT = 0.01
+
+
+def accuracy_note(fast: Sequence[float | None], slow: Sequence[float | None]) -> str | None:
+    """Final accuracy of pipelined against linear over repeats (each in the order of the repeats,
+    None for a run that failed): the medians, each with its range, whether the difference is
+    inside the run-to-run spread (under ps, asynchronous updates make the final accuracy vary from
+    run to run), and the difference within each repeat (its two runs ran side by side in time), in
+    points, with how many of them are within one point; None with fewer than two runs of either."""
+    one, other = [a for a in fast if a is not None], [a for a in slow if a is not None]
+    if len(one) < 2 or len(other) < 2:
         return None
-    return (f"accuracy {statistics.median(fast):.3f} [{min(fast):.3f}-{max(fast):.3f}] pipelined, "
-            f"{statistics.median(slow):.3f} [{min(slow):.3f}-{max(slow):.3f}] linear"
-            f"{': inside the run-to-run spread' if overlap(fast, slow) else ''}")
+    note = (f"accuracy {statistics.median(one):.3f} [{min(one):.3f}-{max(one):.3f}] pipelined, "
+            f"{statistics.median(other):.3f} [{min(other):.3f}-{max(other):.3f}] linear"
+            f"{': inside the run-to-run spread' if overlap(one, other) else ''}")
+    pairs = [a - b for a, b in zip(fast, slow, strict=False) if a is not None and b is not None]
+    if pairs:
+        close = sum(abs(d) <= ACCURACY_POINT + 1e-9 for d in pairs)
+        note += (f" (pipelined - linear per repeat: {', '.join(f'{d * 100:+.1f}' for d in pairs)} points; "
+                 f"{close} of {len(pairs)} within 1 point)")
+    return note
 
 
 def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], repeats: int,
@@ -349,7 +367,7 @@ def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], 
             console.print(f"  {r['label']:<{width}} {bar} {value:,.0f}" if value else
                           f"  {r['label']:<{width}} (failed)", highlight=False)
     linear_input = {r["strategy"]: r.get("input_fraction") for r in rows if r["execution"] == "linear"}
-    accuracies = {(r["strategy"], r["execution"]): r.get("accuracy_runs") or [] for r in rows}
+    accuracies = {(r["strategy"], r["execution"]): r.get("accuracy_by_repeat") or [] for r in rows}
     for strategy, ratios in speedups.items():
         accuracy = accuracy_note(accuracies.get((strategy, "pipelined"), []), accuracies.get((strategy, "linear"), []))
         console.print(verdict(strategy, ratios, (ranges or {}).get(strategy, {}), repeats,

@@ -98,16 +98,27 @@ def test_each_row_says_whether_it_was_input_or_compute_bound_and_what_overlap_co
         "most 1.14x here (it lost instead: the input pipeline took cores the compute was using)")
     assert verdict("one_device", ratios["one_device"], {}, 1, 0.6).endswith("overlap can gain at most 1.67x here")
     # final accuracy over repeats: apart, or inside the run-to-run spread (ps: asynchronous updates)
+    # and each repeat's two runs (side by side in time) against each other, in points
     assert accuracy_note([0.937, 0.944, 0.940], [0.929, 0.918, 0.950]) == (
-        "accuracy 0.940 [0.937-0.944] pipelined, 0.929 [0.918-0.950] linear: inside the run-to-run spread")
+        "accuracy 0.940 [0.937-0.944] pipelined, 0.929 [0.918-0.950] linear: inside the run-to-run spread "
+        "(pipelined - linear per repeat: +0.8, +2.6, -1.0 points; 2 of 3 within 1 point)")
     assert accuracy_note([0.85, 0.86], [0.90, 0.89]) == (
-        "accuracy 0.855 [0.850-0.860] pipelined, 0.895 [0.890-0.900] linear")
+        "accuracy 0.855 [0.850-0.860] pipelined, 0.895 [0.890-0.900] linear "
+        "(pipelined - linear per repeat: -5.0, -3.0 points; 0 of 2 within 1 point)")
+    # a failed run leaves its repeat unpaired, the others keep their pairs
+    assert accuracy_note([0.95, None, 0.94], [0.945, 0.96, 0.951]).endswith(
+        "(pipelined - linear per repeat: +0.5, -1.1 points; 1 of 2 within 1 point)")
     assert accuracy_note([0.9], [0.9, 0.91]) is None
+    assert accuracy_note([0.9, None], [0.9, 0.91]) is None
     repeated = [RunRecord("ps", mode, f"{mode}{i}", 0, None, summary(100.0, accuracy=a), 2)
                 for mode, values in (("pipelined", (0.85, 0.86)), ("linear", (0.90, 0.89)))
                 for i, a in enumerate(values)]
-    assert {r["execution"]: r["accuracy_runs"] for r in rows_from_runs(repeated, several=True)} == {
-        "pipelined": [0.85, 0.86], "linear": [0.90, 0.89]}
+    repeated.insert(2, RunRecord("ps", "pipelined", "pipelined2", 1, "crashed", None, 2))  # a third, failed
+    repeated.append(RunRecord("ps", "linear", "linear2", 0, None, summary(100.0, accuracy=0.87), 2))
+    by_mode = {r["execution"]: r for r in rows_from_runs(repeated, several=True)}
+    assert {mode: r["accuracy_runs"] for mode, r in by_mode.items()} == {
+        "pipelined": [0.85, 0.86], "linear": [0.90, 0.89, 0.87]}
+    assert by_mode["pipelined"]["accuracy_by_repeat"] == [0.85, 0.86, None]
 
 
 @pytest.mark.cluster
