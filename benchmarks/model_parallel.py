@@ -201,14 +201,14 @@ def main() -> None:
         offline = f"{'-':>13} {'-':>7}"
         if predicted is not None:  # the default plan is the chief's: no offline prediction
             error = (predicted - measured) / measured
-            errors.append(abs(error))
+            errors.append((m, error))
             offline = f"{predicted * 1e3:>13.1f} {error:>+7.0%}"
         chief = f"{in_situ * 1e3:>9.1f} {(in_situ - measured) / measured:>+7.0%}" if in_situ else f"{'-':>9} {'-':>7}"
         if in_situ:
-            chief_errors.append(abs(in_situ - measured) / measured)
+            chief_errors.append((m, (in_situ - measured) / measured))
         there = f"{placed * 1e3:>9.1f} {(placed - measured) / measured:>+7.0%}" if placed else f"{'-':>9} {'-':>7}"
         if placed:
-            in_place_errors.append(abs(placed - measured) / measured)
+            in_place_errors.append((m, (placed - measured) / measured))
         spread = f"{measured * 1e3:.1f} [{min(steps) * 1e3:.1f}-{max(steps) * 1e3:.1f}]"
         print(f"{m:>2} {label:<22} {offline} {there} {chief} {spread:>24}  {note}")
 
@@ -251,8 +251,11 @@ def main() -> None:
     for who, found in (("partition --speeds", errors), ("partition --in-place", in_place_errors),
                        ("chief", chief_errors)):
         if found:
-            print(f"prediction error ({who}, on the medians): median {statistics.median(found):.0%}, "
-                  f"largest {max(found):.0%}")
+            sizes = [abs(e) for _, e in found]
+            signed = {m: [e for mm, e in found if mm == m] for m in sorted({m for m, _ in found})}
+            by_m = ", ".join(f"m={m}: {min(e):+.0%} to {max(e):+.0%}" for m, e in signed.items())
+            print(f"prediction error ({who}, on the medians): median {statistics.median(sizes):.0%}, "
+                  f"largest {max(sizes):.0%} ({by_m})")
     print(f"planning 1,000 layers onto 64 devices (optimal, 8 micro-batches): {planner_speed():.2f} s")
     print(f"runs: {root}")
 
