@@ -93,9 +93,12 @@ def test_a_real_job_shows_what_every_task_says_once_and_verbose_shows_every_line
 
     from tests.conftest import PROGRAMS, run_ddlctl
 
-    program = ["--", sys.executable, str(PROGRAMS / "say_the_same.py")]
+    def program(name: str) -> list[str]:  # the tasks print once all three are up (see the program)
+        (tmp_path / f"barrier-{name}").mkdir()
+        return ["--", sys.executable, str(PROGRAMS / "say_the_same.py"), str(tmp_path / f"barrier-{name}")]
+
     done = run_ddlctl("launch", "-s", "mwms", "--workers", "3", "--no-telemetry", "--runs-dir", str(tmp_path / "a"),
-                      *program, timeout=120)
+                      *program("a"), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines.count("[worker:0-2@localhost] WARNING: the same warning from every task") == 1, done.stdout
@@ -103,7 +106,7 @@ def test_a_real_job_shows_what_every_task_says_once_and_verbose_shows_every_line
     assert sorted(line for line in lines if "says this" in line) == [
         f"[worker:{i}@localhost] only worker:{i} says this" for i in range(3)]
     verbose = run_ddlctl("launch", "-s", "mwms", "--workers", "3", "--no-telemetry", "--verbose", "--runs-dir",
-                         str(tmp_path / "b"), *program, timeout=120)
+                         str(tmp_path / "b"), *program("b"), timeout=120)
     assert verbose.returncode == 0, verbose.stderr[-2000:]
     assert sorted(line for line in verbose.stdout.splitlines() if "WARNING: the same" in line) == [
         f"[worker:{i}@localhost] WARNING: the same warning from every task" for i in range(3)]
