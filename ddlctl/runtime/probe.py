@@ -46,11 +46,46 @@ def logged_in_users() -> list[str] | None:
         if done.returncode == 0 else None
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports (all held open until chosen)."""
-    sockets = []
+#: The lowest port :func:`free_ports` picks from below the kernel's ephemeral range.
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The kernel's range of ports for outgoing connections (``low, high``), None if unknown."""
     try:
-        for _ in range(count):
+        with open(path) as handle:
+            low, high = (int(v) for v in handle.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def free_ports(count: int, ephemeral: tuple[int, int] | None = None, tries: int = 500) -> list[int]:
+    """``count`` distinct free TCP ports (all held open until chosen), picked at random below the
+    kernel's ephemeral range (``ephemeral``, default :func:`ephemeral_range`) when it leaves room:
+    every outgoing connection of any process on the host takes its local port from that range,
+    and one took a port chosen there (by the kernel, for a bind to port 0) before its task could
+    bind it (seen under the load of the test suite: a restart for nothing). Ports the kernel picks
+    make up what random picks cannot (a busy or unknown range)."""
+    import random
+
+    sockets: list[socket.socket] = []
+    low_high = ephemeral or ephemeral_range()
+    try:
+        if low_high and low_high[0] - LOWEST_PORT >= 1000:
+            pool = random.Random()  # not the program's seeded one
+            for _ in range(tries):
+                if len(sockets) == count:
+                    break
+                sock = socket.socket()
+                try:
+                    sock.bind(("", pool.randrange(LOWEST_PORT, low_high[0])))
+                except OSError:
+                    sock.close()
+                    continue
+                sockets.append(sock)
+        while len(sockets) < count:
             sock = socket.socket()
             sock.bind(("", 0))
             sockets.append(sock)

@@ -145,7 +145,7 @@ def group_listens(pgid: int, port: int, listening: dict[int, set[str]] | None = 
 
 
 def fresh_port() -> int:
-    """A port free on this host now (the kernel's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    """A port free on this host now, chosen as launch chooses them (:func:`ddlctl.runtime.probe.free_ports`)."""
+    from ddlctl.runtime.probe import free_ports
+
+    return free_ports(1)[0]
