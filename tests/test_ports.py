@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
-from ddlctl.runtime.probe import LOWEST_PORT, ephemeral_range, free_ports
+from ddlctl.runtime.probe import CLAIM_S, LOWEST_PORT, claim, ephemeral_range, free_ports
 
 
 def test_ports_are_chosen_below_the_ephemeral_range_distinct_and_free(tmp_path):
     low, high = ephemeral_range() or (32768, 60999)
-    ports = free_ports(20, (low, high))
+    ports = free_ports(20, (low, high), folder=str(tmp_path))
     assert len(set(ports)) == 20 and all(LOWEST_PORT <= p < low for p in ports), ports
     held = []
     try:  # free now: each can be bound (what the task does with it)
@@ -19,21 +20,49 @@ def test_ports_are_chosen_below_the_ephemeral_range_distinct_and_free(tmp_path):
             held.append(sock)
         # a port in use is never chosen: with every candidate but one taken (a range of 1,000
         # ports from LOWEST_PORT, all held here but for one), the free one is found
-        taken = []
-        for port in range(LOWEST_PORT, LOWEST_PORT + 1000):
-            sock = socket.socket()
-            try:
-                sock.bind(("", port))
-            except OSError:
-                sock.close()
-                continue
-            taken.append(sock)
-        spare = taken.pop()
-        left = spare.getsockname()[1]
-        spare.close()
-        assert free_ports(1, (LOWEST_PORT + 1000, high), tries=20000) == [left]
+        taken, left = _hold_all_but(1, LOWEST_PORT, LOWEST_PORT + 1000)
+        assert free_ports(1, (LOWEST_PORT + 1000, high), tries=20000, folder=str(tmp_path / "b")) == left
         for sock in taken:
             sock.close()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _hold_all_but(n: int, first: int, last: int) -> tuple[list[socket.socket], list[int]]:
+    """Bind every port from ``first`` to ``last`` that is free, but for ``n`` of them: (the sockets
+    holding the rest, the ``n`` left free)."""
+    held = []
+    for port in range(first, last):
+        sock = socket.socket()
+        try:
+            sock.bind(("", port))
+        except OSError:
+            sock.close()
+            continue
+        held.append(sock)
+    spare = [held.pop() for _ in range(n)]
+    left = [sock.getsockname()[1] for sock in spare]
+    for sock in spare:
+        sock.close()
+    return held, left
+
+
+def test_a_port_another_launch_chose_is_not_chosen_until_its_claim_is_old(tmp_path):
+    folder = str(tmp_path / "claims")
+    within = (LOWEST_PORT + 1000, 60999)  # candidates: LOWEST_PORT .. +999
+    held, left = _hold_all_but(4, LOWEST_PORT, LOWEST_PORT + 1000)
+    try:
+        first = free_ports(3, within, tries=20000, folder=folder)
+        assert set(first) < set(left)
+        # the first launch's tasks have not bound their ports yet: free, but claimed, so a second
+        # launch gets the one port left (without claims: one of the four, the first's 3 times in 4)
+        assert sorted(int(name) for name in os.listdir(folder)) == sorted(first)
+        assert free_ports(1, within, tries=20000, folder=folder) == sorted(set(left) - set(first))
+        # a claim older than CLAIM_S is taken over (its task bound the port long ago, or never will)
+        port = first[0]
+        assert not claim(port, folder)
+        assert claim(port, folder, now=os.stat(os.path.join(folder, str(port))).st_mtime + CLAIM_S + 1)
     finally:
         for sock in held:
             sock.close()
@@ -45,5 +74,6 @@ def test_without_room_below_the_range_the_kernel_chooses(tmp_path):
     odd.write_text("1024\t65535\n")
     assert ephemeral_range(str(odd)) == (1024, 65535)
     low, high = ephemeral_range() or (32768, 60999)  # where the kernel's own choices fall
-    for ports in (free_ports(3, (1024, 65535)), free_ports(3, (LOWEST_PORT + 10, 65535))):
+    for ports in (free_ports(3, (1024, 65535), folder=str(tmp_path)),
+                  free_ports(3, (LOWEST_PORT + 10, 65535), folder=str(tmp_path))):
         assert len(set(ports)) == 3 and all(low <= p <= high for p in ports), ports
