@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from ddlctl.runtime.probe import CLAIM_S, LOWEST_PORT, claim, ephemeral_range, free_ports
+from ddlctl.runtime.probe import CLAIM_S, LOWEST_PORT, PRUNE_AT, claim, ephemeral_range, free_ports, prune_claims
 
 
 def test_ports_are_chosen_below_the_ephemeral_range_distinct_and_free(tmp_path):
@@ -77,3 +77,16 @@ def test_without_room_below_the_range_the_kernel_chooses(tmp_path):
     for ports in (free_ports(3, (1024, 65535), folder=str(tmp_path)),
                   free_ports(3, (LOWEST_PORT + 10, 65535), folder=str(tmp_path))):
         assert len(set(ports)) == 3 and all(low <= p <= high for p in ports), ports
+
+
+def test_old_claims_are_cleared_once_they_pile_up(tmp_path):
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    old = 1_000_000.0
+    for port in range(20000, 20000 + PRUNE_AT):  # outside the candidates below
+        (folder / str(port)).touch()
+        os.utime(folder / str(port), (old, old))
+    assert prune_claims(str(folder), now=old + 2 * CLAIM_S) == 0  # not yet too many
+    fresh = free_ports(3, (LOWEST_PORT + 1000, 60999), folder=str(folder))  # claims 3 more, now
+    assert prune_claims(str(folder), now=None) == PRUNE_AT  # the old ones go, the new stay
+    assert sorted(int(p.name) for p in folder.iterdir()) == sorted(fresh)

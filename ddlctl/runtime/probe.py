@@ -97,6 +97,34 @@ def claim(port: int, folder: str | None = None, now: float | None = None) -> boo
         return True  # no folder to keep claims in: the bind check alone
 
 
+#: :func:`prune_claims` clears old claims once the folder holds more than this many.
+PRUNE_AT = 1000
+
+
+def prune_claims(folder: str | None = None, now: float | None = None) -> int:
+    """Remove the claims older than :data:`CLAIM_S` from ``folder`` once it holds more than
+    :data:`PRUNE_AT` (one file per port ever chosen would otherwise pile up); how many went."""
+    import time
+
+    folder = folder or claims_folder()
+    now = time.time() if now is None else now
+    removed = 0
+    try:
+        entries = list(os.scandir(folder))
+        if len(entries) <= PRUNE_AT:
+            return 0
+        for entry in entries:
+            try:
+                if now - entry.stat().st_mtime >= CLAIM_S:
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                continue
+    except OSError:
+        return removed
+    return removed
+
+
 def free_ports(count: int, ephemeral: tuple[int, int] | None = None, tries: int = 500,
                folder: str | None = None) -> list[int]:
     """``count`` distinct free TCP ports (all held open until chosen), picked at random below the
@@ -111,6 +139,7 @@ def free_ports(count: int, ephemeral: tuple[int, int] | None = None, tries: int 
 
     sockets: list[socket.socket] = []
     low_high = ephemeral or ephemeral_range()
+    prune_claims(folder)
 
     def take(port: int, claimed: bool = True) -> None:
         sock = socket.socket()
