@@ -90,3 +90,20 @@ def test_old_claims_are_cleared_once_they_pile_up(tmp_path):
     fresh = free_ports(3, (LOWEST_PORT + 1000, 60999), folder=str(folder))  # claims 3 more, now
     assert prune_claims(str(folder), now=None) == PRUNE_AT  # the old ones go, the new stay
     assert sorted(int(p.name) for p in folder.iterdir()) == sorted(fresh)
+
+
+def test_a_host_that_cannot_bind_says_so_instead_of_searching_forever(monkeypatch, tmp_path):
+    from ddlctl.runtime import probe
+
+    class Refusing(socket.socket):
+        def bind(self, address):  # noqa: ANN001, ANN202
+            raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(probe.socket, "socket", Refusing)
+    assert probe.can_bind_ports(2) is False
+    try:
+        free_ports(2, (LOWEST_PORT + 1000, 60999), tries=50, folder=str(tmp_path))
+    except OSError as exc:
+        assert exc.errno == 98
+    else:
+        raise AssertionError("free_ports returned ports it could not bind")

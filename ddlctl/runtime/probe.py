@@ -141,14 +141,14 @@ def free_ports(count: int, ephemeral: tuple[int, int] | None = None, tries: int 
     low_high = ephemeral or ephemeral_range()
     prune_claims(folder)
 
-    def take(port: int, claimed: bool = True) -> None:
+    def take(port: int) -> None:
         sock = socket.socket()
         try:
             sock.bind(("", port))
         except OSError:
             sock.close()
             return
-        if claim(sock.getsockname()[1], folder) or not claimed:
+        if claim(sock.getsockname()[1], folder):
             sockets.append(sock)
         else:
             sock.close()
@@ -161,7 +161,10 @@ def free_ports(count: int, ephemeral: tuple[int, int] | None = None, tries: int 
                 break
             take(pool.randrange(LOWEST_PORT, low_high[0]) if room else 0)  # type: ignore[index]
         while len(sockets) < count:  # what is left: the kernel's choice, claimed or not
-            take(0, claimed=False)
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("", 0))  # a host that cannot bind at all raises here (can_bind_ports: False)
+            claim(sock.getsockname()[1], folder)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for sock in sockets:
@@ -169,11 +172,18 @@ def free_ports(count: int, ephemeral: tuple[int, int] | None = None, tries: int 
 
 
 def can_bind_ports(count: int = 2) -> bool:
+    """Whether ``count`` TCP ports can be bound here now (nothing claimed: nothing will use them)."""
+    sockets: list[socket.socket] = []
     try:
-        free_ports(count)
+        for _ in range(count):
+            sockets.append(socket.socket())
+            sockets[-1].bind(("", 0))
         return True
     except OSError:
         return False
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def quick_probe(ports: int) -> dict[str, object]:
