@@ -1,11 +1,11 @@
-"""The ports launch chooses for its tasks (``ddlctl.runtime.probe.free_ports``), on real sockets."""
+"""The ports launch chooses for its tasks (``ddlctl.runtime.ports.free_ports``), on real sockets."""
 
 from __future__ import annotations
 
 import os
 import socket
 
-from ddlctl.runtime.probe import CLAIM_S, LOWEST_PORT, PRUNE_AT, claim, ephemeral_range, free_ports, prune_claims
+from ddlctl.runtime.ports import CLAIM_S, LOWEST_PORT, PRUNE_AT, claim, ephemeral_range, free_ports, prune_claims
 
 
 def test_ports_are_chosen_below_the_ephemeral_range_distinct_and_free(tmp_path):

@@ -145,7 +145,7 @@ def group_listens(pgid: int, port: int, listening: dict[int, set[str]] | None = 
 
 
 def fresh_port() -> int:
-    """A port free on this host now, chosen as launch chooses them (:func:`ddlctl.runtime.probe.free_ports`)."""
-    from ddlctl.runtime.probe import free_ports
+    """A port free on this host now, chosen as launch chooses them (:func:`ddlctl.runtime.ports.free_ports`)."""
+    from ddlctl.runtime.ports import free_ports
 
     return free_ports(1)[0]

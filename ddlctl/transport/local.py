@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
-from ddlctl.runtime.probe import free_ports
+from ddlctl.runtime.ports import free_ports
 from ddlctl.transport.session import HostSession, open_local_session, own_python_env
 
 
