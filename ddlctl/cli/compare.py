@@ -51,7 +51,8 @@ def compare(
         "--repeats", metavar="N", min=1,
         help="Runs per strategy and mode, interleaved (each once, then again): the table shows the median and "
              "the spread, each speed-up its lowest-highest range and whether it is inside the noise, and the "
-             "verdict line the final accuracies' spread.")] = 1,
+             "verdict line the final accuracies' spread and, per repeat, pipelined - linear in points (how "
+             "many within one point).")] = 1,
     execution: Annotated[str, typer.Option(
         "--execution", metavar="MODE[,MODE...]",
         help="Execution modes of the built-in workload to run, comma-separated, or all: " + ", ".join(EXECUTIONS)
