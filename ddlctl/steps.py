@@ -5,6 +5,8 @@ Record format (stable; read by the summary)::
     {"task": "worker:1", "step": 12, "start_us": 1732270000123456, "duration_s": 0.0412,
      "samples": 64, "input_s": 0.003, "sync_s": 0.021, "steps": 1}
 
+``step`` is the step's number (of a block of ``steps``, its first), counted from the start of
+training (a resumed run goes on from its checkpoint's step, so a redone step repeats a number);
 ``start_us`` is wall-clock epoch microseconds, ``duration_s`` a monotonic-clock duration and
 ``samples`` how many examples this task processed in the step (so summing ``samples`` over all
 tasks' files counts every example once; null when unknown). Optional: ``input_s``, the part of the

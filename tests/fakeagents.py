@@ -52,6 +52,8 @@ class Behaviour:
     runs_on: tuple[str, ...] = ()  # a ps chief: its steps run on these workers in turn (credited to them);
     # it stalls on a step whose worker is stopped or stalled, as a coordinator waits on its closure
     stack: str | None = None  # the faulthandler text a dump shows (default: a bland main thread)
+    total: int | None = None  # its declared last step: it stops stepping there (and runs on till exit_after)
+    past_python: bool = False  # stuck in native teardown: a stack request's SIGUSR2 kills it (no handler left)
 
 
 class FakeTask:
@@ -122,7 +124,8 @@ class FakeTask:
             return
         if self.spec.port and b.listen_after is not None and age >= b.listen_after:
             self.listening = True
-        if b.steps and self.spec.kind == "program" and not self.stalled(now):
+        done = b.total is not None and self.steps >= b.total
+        if b.steps and self.spec.kind == "program" and not self.stalled(now) and not done:
             live = [w for w in b.runs_on if self.session.world.latest[w].status is None]  # the lost: rescheduled
             worker = live[self.steps % len(live)] if live else None
             if worker is not None and (self.session.world.latest[worker].stalled(now)
@@ -130,7 +133,7 @@ class FakeTask:
                 return  # waits on that worker's closure (a replacement not listening yet: too)
             self.steps += 1
             self.session.counts[self.spec.name] = (self.steps, now)
-            self.session.totals[self.spec.name] = (self.steps, None)
+            self.session.totals[self.spec.name] = (self.steps, b.total)
             if worker is not None:
                 mine = self.session.credit.setdefault(self.spec.name, {})
                 mine[worker] = mine.get(worker, 0) + 1
@@ -206,6 +209,9 @@ class FakeSession:
                      '  File "/site-packages/tensorflow/x.py", line 1 in wait\n')
             self.dumps[name] = {"procs": [[task.pid, state, " ".join(task.spec.argv)]],
                                 "stacks": None if task.behaviour.stopped else (task.behaviour.stack or bland)}
+            if task.behaviour.past_python:
+                self.dumps[name]["stacks"] = ""
+                task.end(ExitStatus(signal=signal.SIGUSR2))
 
     def dump_of(self, name: str) -> dict | None:
         return self.dumps.get(name)

@@ -78,6 +78,18 @@ def test_a_task_past_its_declared_last_step_is_not_watched():
     assert watch.overdue(177, ["chief:0"]) is not None, "a restarted task is watched again"
 
 
+def test_a_finished_task_that_has_not_exited_lingers_after_each_threshold():
+    watch = HangWatch(5)
+    watch.update("chief:0", 100, now=0)
+    watch.update("worker:0", 100, now=0)
+    watch.finish("chief:0")
+    assert watch.lingering(4, ["chief:0", "worker:0"]) == []
+    assert watch.lingering(6, ["chief:0", "worker:0"]) == ["chief:0"], "a task not finished is the hang watch's"
+    watch.looked("chief:0", 6)
+    assert watch.lingering(10, ["chief:0"]) == [] and watch.lingering(12, ["chief:0"]) == ["chief:0"]
+    assert HangWatch(0).lingering(100, ["chief:0"]) == [], "--hang-timeout 0: nothing is watched"
+
+
 def test_a_job_that_never_made_progress_is_hung_after_the_startup_threshold():
     watch = HangWatch(None, startup_s=30)
     watch.arm(0)
@@ -114,6 +126,19 @@ def test_the_last_of_several_appended_dumps_is_read_and_a_stopped_process_comes_
     stopped = {"procs": [[100, "T", "python train.py"]], "stacks": ""}
     assert stand("w", stopped).state == "stopped"
     assert stand("w", None).state == "unknown" and stand("w", {"procs": []}).state == "gone"
+
+
+def test_a_main_thread_with_no_python_frame_is_exiting_whatever_its_other_threads_do():
+    ended = "Current thread 0x00007ff0a5e3bb80 (most recent call first):\n  <no Python frame>\n"
+    assert stand("w", running(ended)).state == "exiting"
+    in_gc = dump(BOOTSTRAP) + ("Current thread 0x2 (most recent call first):\n  Garbage-collecting\n"
+                               "  <no Python frame>\n")
+    assert stand("w", running(in_gc)).state == "exiting", "a daemon thread still waiting does not matter"
+    assert stand("w", running(ended + dump([("/home/me/train.py", 9, "<module>")]))).state == "user", \
+        "the last dump counts"
+    a_thread_idle = "Thread 0x9 (most recent call first):\n  <no Python frame>\n\n" + dump([("/home/me/train.py", 9,
+                                                                                           "<module>")])
+    assert stand("w", running(a_thread_idle)).state == "user", "only the main thread (listed last) counts"
 
 
 def test_ddlctls_builtin_workload_is_user_code_and_its_instrumentation_is_not():

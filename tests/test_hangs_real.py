@@ -65,3 +65,27 @@ def test_tasks_hung_in_their_own_code_are_blamed_from_their_stacks_not_their_wai
     assert "its main thread is in its own code at programs/hang_kinds.py:" in job.stderr()
     assert 6 < hang["time"] - stalled < 8 + 15, "named after its 8 s threshold (and the stacks), not before"
     nothing_left(job)
+
+
+@pytest.mark.parametrize("how", ["declared", "undeclared-raise", "native"])
+def test_a_program_that_ended_but_whose_process_never_exits_is_ended_as_the_exit_it_made(runs, how):
+    """The process blocks at interpreter shutdown with no Python frame (tests/programs/stuck_in_exit.py):
+    past its declared last step it is looked at once its threshold passes; without a declared total
+    the hang watch finds it. Either way ddlctl ends it as the exit its program made: 0 after a
+    normal end, 1 after an uncaught exception (the job then fails with that traceback). Blocked
+    after Python's shutdown (native), the stack request's SIGUSR2 ends it: counted the same way."""
+    env = {"declared": ("DECLARE=1",), "undeclared-raise": ("DECLARE=0", "RAISE=1"), "native": ("NATIVE=1",)}[how]
+    job = Job(runs, "-s", "one_device", "--hang-timeout", "3", *(x for e in env for x in ("--env", e)), *QUICK,
+              "--", sys.executable, str(PROGRAMS / "stuck_in_exit.py"))
+    assert job.wait(120) == (1 if how == "undeclared-raise" else 0), job.stderr()[-3000:]
+    outcome = job.outcome()
+    [hang] = outcome["hangs"]
+    assert (hang["kind"], hang["culprit"], [t["state"] for t in hang["tasks"]]) == ("exit", "worker:0", ["exiting"])
+    assert "TRAINED" in log(job, "worker-0")
+    if how == "undeclared-raise":
+        assert outcome["root_cause"]["task"] == "worker:0" and "counted as exit code 1" in job.stderr()
+        assert "RuntimeError: the evaluation after training failed" in job.stderr()
+    else:
+        assert outcome.get("root_cause") is None and "counted as exit code 0" in job.stderr()
+        assert ("request for its stacks ended it" in job.stderr()) == (how == "native")
+    nothing_left(job)

@@ -290,6 +290,8 @@ def test_min_workers_model_fit_resumes_its_backup_on_fewer_workers_and_again_on_
     left, joined = job.outcome()["membership"]
     assert (left["left"], joined["joined"], joined["cause"]) == (["worker:1"], ["worker:1"], "grow")
     assert [e for e, _, _ in epochs_begun(job, "worker-1")][-len(lives[2]):] == lives[2], "worker:1 trained them too"
+    last = json.loads((job.run_dir / "tasks" / "worker-0" / "steps.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == last["total"] == 9 * 150, "a resumed fit's steps go on from the epoch it resumed at"
     wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
 
 

@@ -490,6 +490,81 @@ def test_a_job_that_never_steps_is_hung_after_the_startup_timeout_by_default(tmp
     assert 8.0 <= result.hangs[0]["idle_s"] <= 8.2
 
 
+# the main thread of a process whose program has ended (a real dump: tests/programs/stuck_in_exit.py)
+EXITING = """Thread 0x00007f2a1c9fe640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 324 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007ff0a5e3bb80 (most recent call first):
+  Garbage-collecting
+  <no Python frame>
+"""
+SAVING = """Current thread 0x1 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/h5py/_hl/dataset.py", line 998 in __setitem__
+  File "/home/me/train.py", line 90 in <module>
+"""
+
+
+def test_a_finished_task_stuck_in_its_exit_is_ended_as_the_exit_its_program_made(tmp_path):
+    # worker:0 (the coordination leader) finishes and exits; worker:1 reaches its declared last step
+    # too, but its interpreter never finishes shutting down (the flake TF's teardown once gave CI)
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=3.0, ignores_term=True, total=40),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True, total=40, stack=EXITING)})
+    result, plan = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=0)
+    assert (result.ok, result.exit_code, result.failure) == (True, 0, None)
+    assert states(result) == {"worker:0": TaskState.SUCCEEDED, "worker:1": TaskState.SUCCEEDED}
+    assert world.task("worker:1").signals == ["KILL"], "ended once, by ddlctl"
+    [hang] = result.hangs
+    assert (hang["kind"], hang["culprit"]) == ("exit", "worker:1") and hang["why"].startswith("its program has ended")
+    assert 3.0 <= hang["idle_s"] <= 3.2 and hang["rule"] == "after its last step: --hang-timeout 3s"
+    assert any("worker:1's program has ended but its process has not exited (3s after its last progress" in m
+               and "counted as exit code 0" in m for m in world.messages), world.messages
+    assert (Path(plan.run_dir) / "hang" / "1" / "worker-1.txt").exists()
+
+
+def test_a_finished_task_past_pythons_shutdown_dies_of_the_stack_request_and_counts_as_its_exit(tmp_path):
+    # stuck in native teardown, faulthandler gone: the stack request's SIGUSR2 kills it
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=3.0, ignores_term=True, total=40),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True, total=40, past_python=True)})
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=1)
+    assert (result.ok, result.exit_code, result.restarts) == (True, 0, ()), result.failure
+    assert states(result)["worker:1"] is TaskState.SUCCEEDED and world.task("worker:1").signals == []
+    assert any("Python had shut down" in m and "request for its stacks ended it" in m and "exit code 0" in m
+               for m in world.messages), world.messages
+
+
+def test_a_task_killed_by_sigusr2_without_a_stack_request_is_a_signal_fault(tmp_path):
+    world = mwms_world()
+    world.at(1.0, world.kill, "worker:1", signal.SIGUSR2)
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=0)
+    assert (result.failure.task, result.exit_code) == ("worker:1", 128 + signal.SIGUSR2)
+    assert "killed by SIGUSR2" in result.failure.message
+
+
+def test_a_finished_task_still_at_work_after_its_last_step_is_left_alone(tmp_path):
+    # past its last step it saves for 12 s (three thresholds): looked at, quietly, and left alone
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=13.0, ignores_term=True, total=40, stack=SAVING),
+                          "worker:1": Behaviour(exit_after=13.0, ignores_term=True, total=40, stack=SAVING)})
+    result, plan = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=0)
+    assert (result.ok, result.hangs, world.task("worker:1").signals) == (True, (), [])
+    assert not (Path(plan.run_dir) / "hang").exists(), "nothing to keep: no hang folder"
+    assert not any("hang" in m for m in world.messages), world.messages
+
+
+def test_a_task_that_never_declared_its_steps_and_hangs_in_its_exit_after_an_exception_fails_with_it(tmp_path):
+    # no declared total: the hang watch finds it; its program ended in an uncaught exception
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True, stalls_at=1.0, stack=EXITING)})
+    world.at(1.0, world.say, "worker:1", TRACEBACK)
+    world.at(1.0, world.stop, "worker:0")  # its peer waits for it (SIGSTOP stands in: it stops stepping)
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=0)
+    assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "exited", 1)
+    assert "exit code 1 after a Python exception" in result.failure.message, result.failure.message
+    assert any("counted as exit code 1" in m for m in world.messages), world.messages
+    [hang] = result.hangs
+    assert hang["culprit"] == "worker:1"
+
+
 def test_a_peer_that_names_a_hung_task_gets_it_blamed_not_itself(tmp_path):
     heartbeat = (FIXTURES / "mwms_worker1_stopped.worker0.log").read_bytes()
     world = mwms_world(**{"worker:1": Behaviour(exit_after=None, ignores_term=True)})

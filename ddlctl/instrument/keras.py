@@ -3,6 +3,11 @@
 With ``steps_per_execution`` > 1, Keras calls batch hooks once per block of steps: one record then
 covers the block (``"steps": k``), and the summary says so. Under ParameterServerStrategy tf-keras
 refuses batch-level callbacks, so there the timer records one block per epoch instead.
+
+Step numbers count from the epoch ``fit`` starts at (``initial_epoch``, or the one
+``BackupAndRestore`` resumes from) when the steps per epoch are known, so a resumed run's records
+reach the declared total (epochs x steps) as the run does: progress, ETAs and the hang watch's
+"done stepping" read the same numbers as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -40,12 +45,21 @@ class _TimerState:
             self.recorder.total = int(epochs) * int(steps)
         record_model_flops(getattr(self, "model", None))  # model FLOPs for the report (never raises)
 
+    def _epoch_begins(self, epoch: int) -> None:
+        """Steps before ``epoch`` count as done (a resumed or ``initial_epoch`` run starts there)."""
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if steps:
+            self.global_step = max(self.global_step, int(epoch) * int(steps))
+
 
 @lru_cache(maxsize=4)
 def step_timer_class(base: type) -> type:
     """A StepTimer subclass of the given Keras ``Callback`` class."""
 
     class StepTimer(_TimerState, base):  # type: ignore[misc, valid-type]
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self._epoch_begins(epoch)
+
         def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
             self._begin, self._start, self._wall = batch, time.monotonic(), time.time()
 
@@ -53,10 +67,9 @@ def step_timer_class(base: type) -> type:
             if self._begin is None:
                 return
             steps = max(1, batch - self._begin + 1)
-            self.global_step += steps
+            first, self.global_step = self.global_step + 1, self.global_step + steps
             samples = self.batch_size * steps if self.batch_size else None
-            self.recorder.record(self.global_step, self._wall, time.monotonic() - self._start, samples,
-                                 steps=steps)
+            self.recorder.record(first, self._wall, time.monotonic() - self._start, samples, steps=steps)
             self._begin = None
 
         def on_train_end(self, logs: dict | None = None) -> None:
@@ -72,14 +85,14 @@ def epoch_timer_class(base: type) -> type:
 
     class EpochStepTimer(_TimerState, base):  # type: ignore[misc, valid-type]
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self._epoch_begins(epoch)
             self._start, self._wall = time.monotonic(), time.time()
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             steps = int((self.params or {}).get("steps") or 1)
-            self.global_step += steps
+            first, self.global_step = self.global_step + 1, self.global_step + steps
             samples = self.batch_size * steps if self.batch_size else None
-            self.recorder.record(self.global_step, self._wall, time.monotonic() - self._start, samples,
-                                 steps=steps)
+            self.recorder.record(first, self._wall, time.monotonic() - self._start, samples, steps=steps)
             self.recorder.flush()
 
     EpochStepTimer.__name__ = EpochStepTimer.__qualname__ = "EpochStepTimer"

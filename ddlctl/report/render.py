@@ -303,7 +303,8 @@ def render_membership(summary: RunSummary, console: Console) -> None:
 def render_hangs(summary: RunSummary, console: Console) -> None:
     """Each hang: whom ddlctl blamed and why, the threshold that applied, where every task stood."""
     for number, hang in enumerate(summary.hangs, 1):
-        table = Table(title=f"hang {number}: {hang.get('culprit')} blamed ({hang.get('why')})", title_justify="left")
+        what = "stuck in its exit, ended by ddlctl" if hang.get("kind") == "exit" else "blamed"
+        table = Table(title=f"hang {number}: {hang.get('culprit')} {what} ({hang.get('why')})", title_justify="left")
         for column in ("task", "state", "last step", "idle s", "where it stood"):
             table.add_column(column, justify="right" if column in ("last step", "idle s") else "left",
                              overflow="fold")

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddlctl.runfiles import HANG_DIR
@@ -25,6 +26,15 @@ from ddlctl.supervise.stackread import Standing, stand
 
 #: How long the supervisor waits for the agents' dumps (an agent waits 1.5 s for the stacks).
 DUMP_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a look at the job found: a hung task's ``fault``, or tasks ``ended`` in their exit (task,
+    seconds since its last progress): their program has ended, their process has not."""
+
+    fault: Fault | None = None
+    ended: tuple[tuple[str, float], ...] = ()
 
 
 def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, float],
@@ -85,21 +95,70 @@ class Hangs:
                         if finished:
                             self.watch.finish(worker)
 
-    def check(self, now: float) -> Fault | None:
-        """The hang fault once a task is past its threshold (stacks saved first)."""
-        names = sorted(self.job.alive())
+    def check(self, now: float) -> Finding | None:
+        """The hang fault once a task is past its threshold (stacks saved first), or the overdue
+        (or lingering finished) tasks whose program has ended."""
+        job = self.job
+        names = sorted(n for n in job.alive() if job.tasks[n].exit_as is None)
         overdue = self.watch.overdue(now, names) if names else None
         if overdue is None:
-            return None
-        self.job.notify(f"hang: {overdue.describe()}; collecting every task's stacks")
+            lingering = self.watch.lingering(now, names) if names else []
+            return self._look_at_lingering(now, lingering) if lingering else None
+        job.notify(f"hang: {overdue.describe()}; collecting every task's stacks")
         folder, standings = self._stand(names)
-        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(self.job.strategy))
+        if self._ended_meanwhile(names):
+            return None
+        exiting = [n for n in overdue.tasks or names if standings[n].state == "exiting"]
+        if exiting:  # not hung in training: ended (the others still overdue are looked at next)
+            for name in exiting:
+                self.watch.finish(name)
+                self._report(now, overdue, standings, name, standings[name].where, folder, "exit")
+            return Finding(ended=tuple((n, now - self.watch.last_progress.get(n, now - overdue.idle_s))
+                                       for n in exiting))
+        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy))
         self._report(now, overdue, standings, culprit, why, folder)
-        self.watch.rearm(self.job.clock())
+        self.watch.rearm(job.clock())
         detail = f"hung ({why}; {overdue.describe()}"
         detail += f"; {others}" if others else ""
-        return Fault(task=culprit, cause="hang", reporter=culprit, status=None,
-                     detail=f"{detail}; stacks in {folder})")
+        return Finding(fault=Fault(task=culprit, cause="hang", reporter=culprit, status=None,
+                                   detail=f"{detail}; stacks in {folder})"))
+
+    def _look_at_lingering(self, now: float, lingering: list[str]) -> Finding | None:
+        """Finished tasks that have not exited: ended if their program has; else looked at again later."""
+        replies = self._dump(lingering)
+        if self._ended_meanwhile(lingering):
+            return None
+        standings = {n: stand(n, replies.get(n)) for n in lingering}
+        exiting = [n for n in lingering if standings[n].state == "exiting"]
+        for name in lingering:
+            if name not in exiting:
+                self.watch.looked(name, now)
+        if not exiting:
+            return None
+        folder = self._save(replies)
+        for name in exiting:
+            limit, rule = self.watch.threshold(name)
+            idle = now - self.watch.last_progress[name]
+            self._report(now, Overdue((name,), idle, limit, f"after its last step: {rule}"), standings, name,
+                         standings[name].where, folder, "exit")
+        return Finding(ended=tuple((n, now - self.watch.last_progress[n]) for n in exiting))
+
+    def past_python(self, name: str, now: float) -> float:
+        """``name`` died of a stack request's SIGUSR2 (it was past Python's shutdown): recorded as
+        stuck in its exit; the seconds since its last progress."""
+        idle = now - self.watch.last_progress.get(name, now)
+        limit, rule = self.watch.threshold(name)
+        where = "past Python's shutdown (no handler for the stack request: native teardown)"
+        self.reports.append({"time": time.time(), "kind": "exit", "culprit": name, "why": where,
+                             "threshold_s": round(limit, 1), "rule": rule, "idle_s": round(idle, 1), "stacks": None,
+                             "tasks": [{"task": name, "state": "exiting", "where": where, "last_step": None,
+                                        "idle_s": round(idle, 1)}]})
+        return idle
+
+    def _ended_meanwhile(self, names: list[str]) -> bool:
+        """Whether a task of ``names`` ended while its stacks were taken: its exit decides, not
+        the dump (a process past Python's shutdown dies of the stack request's SIGUSR2)."""
+        return any(self.job.tasks[n].proc.poll() is not None for n in names)
 
     def named(self, fault: Fault, now: float) -> Fault:
         """A hung task that a peer's TensorFlow named (``fault``): every running task's stacks are
@@ -112,29 +171,30 @@ class Hangs:
 
     def _stand(self, names: list[str]) -> tuple[Path, dict[str, Standing]]:
         """Every task's stacks saved, and where each one stood."""
-        folder, replies = self.collect_stacks(names)
-        return folder, {n: stand(n, replies.get(n)) for n in names}
+        replies = self._dump(names)
+        return self._save(replies), {n: stand(n, replies.get(n)) for n in names}
 
     def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,
-                why: str, folder: Path) -> None:
+                why: str, folder: Path, kind: str = "hang") -> None:
+        """One ``hangs`` record (``kind``: "hang", or "exit" for a task stuck in its exit)."""
         progress = {n: p for s in self.job.sessions.values() for n, p in s.progress().items()}
         self.reports.append({
-            "time": time.time(), "culprit": culprit, "why": why, "threshold_s": round(overdue.threshold_s, 1),
+            "time": time.time(), "kind": kind, "culprit": culprit, "why": why,
+            "threshold_s": round(overdue.threshold_s, 1),
             "rule": overdue.rule, "idle_s": round(overdue.idle_s, 1), "stacks": str(folder),
             "tasks": [{"task": n, "state": s.state, "where": s.where,
                        "last_step": progress[n][0] if n in progress else None,
                        "idle_s": round(now - self.watch.last_progress[n], 1) if n in self.watch.last_progress
                        else None} for n, s in standings.items()]})
 
-    def collect_stacks(self, names: list[str]) -> tuple[Path, dict[str, dict | None]]:
-        """Ask the host agents for the processes (and Python stacks) of ``names``; save them in
-        ``hang/<n>/<task>.txt``. Waits :data:`DUMP_WAIT_S` at most (the loop pauses meanwhile)."""
+    def _dump(self, names: list[str]) -> dict[str, dict | None]:
+        """Ask the host agents for the processes (and Python stacks) of ``names``. Waits
+        :data:`DUMP_WAIT_S` at most (the loop pauses meanwhile)."""
         job = self.job
-        self.dumps += 1
-        folder = job.run_dir / HANG_DIR / str(self.dumps)
         by_host: dict[str, list[str]] = {}
         for name in names:
             by_host.setdefault(job.tasks[name].host, []).append(name)
+            job.tasks[name].dump_asked = True
         for label, mine in by_host.items():
             job.sessions[label].request_dump(mine)
         deadline = time.monotonic() + DUMP_WAIT_S
@@ -142,7 +202,13 @@ class Hangs:
             session = job.sessions[label]
             session.wait_for(lambda s=session, m=mine: all(s.dump_of(n) is not None for n in m),
                              max(0.0, deadline - time.monotonic()))
-        replies = {n: job.sessions[job.tasks[n].host].dump_of(n) for n in names}
+        return {n: job.sessions[job.tasks[n].host].dump_of(n) for n in names}
+
+    def _save(self, replies: Mapping[str, dict | None]) -> Path:
+        """The dumps in ``hang/<n>/<task>.txt`` (n: this job's n-th saved dump)."""
+        job = self.job
+        self.dumps += 1
+        folder = job.run_dir / HANG_DIR / str(self.dumps)
         with contextlib.suppress(OSError):
             folder.mkdir(parents=True, exist_ok=True)
             for name, reply in replies.items():
@@ -152,4 +218,4 @@ class Hangs:
                 lines += ["", (reply or {}).get("stacks") or "(no Python stacks: not a registered Python "
                                                              "process, or it is stopped)"]
                 (folder / f"{name.replace(':', '-')}.txt").write_text("\n".join(lines) + "\n")
-        return folder, replies
+        return folder

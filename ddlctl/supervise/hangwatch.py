@@ -14,6 +14,11 @@ Thresholds (:meth:`HangWatch.threshold`):
   it has :data:`WARM` such intervals; before that, after ``max(10 x its longest interval, 60 s)``
   (a task that stepped a few times and stopped is named within the floor too).
 
+A task past its declared last step is done stepping: what it does then (saving, evaluating) is
+no hang. It is only *lingering* (:meth:`HangWatch.lingering`) once its threshold has passed since
+its last step without it exiting, and again after each further threshold: then its stacks say
+whether its program has ended and it is stuck in its exit.
+
 The intervals are measured where the supervisor sees progress (the agents report about once a
 second), so they include checkpoints, evaluations and a slow host, which is what a threshold must
 allow for.
@@ -63,6 +68,7 @@ class HangWatch:
         self.stepped: set[str] = set()  # progressed since the watch last (re)started on it
         self.gaps: dict[str, deque[float]] = {}
         self.finished: set[str] = set()  # done stepping (its declared total reached)
+        self.looked_at: dict[str, float] = {}  # a finished task's stacks were last read then
         self.armed_at: float | None = None
 
     @property
@@ -84,6 +90,18 @@ class HangWatch:
         """``task`` reached its declared last step: what it does now (saving, evaluating) is not a hang."""
         self.finished.add(task)
 
+    def lingering(self, now: float, watched: Iterable[str]) -> list[str]:
+        """The finished tasks of ``watched`` (still running) whose threshold has passed since their
+        last step, or since they were last looked at (:meth:`looked`)."""
+        if not self.enabled:
+            return []
+        return [t for t in watched if t in self.finished and t in self.last_progress
+                and now - max(self.last_progress[t], self.looked_at.get(t, float("-inf"))) > self.threshold(t)[0]]
+
+    def looked(self, task: str, now: float) -> None:
+        """``task``'s stacks were read now and it is still at work: look again after its threshold."""
+        self.looked_at[task] = now
+
     def arm(self, now: float) -> None:
         """Start the clock now if no progress has started it (every task is up: steps should follow)."""
         if self.armed_at is None:
@@ -100,6 +118,7 @@ class HangWatch:
         for task in restarted:
             self.stepped.discard(task)
             self.finished.discard(task)
+            self.looked_at.pop(task, None)
 
     def threshold(self, task: str | None) -> tuple[float, str]:
         """(seconds, which rule) for ``task`` (None: the job before any progress)."""

@@ -75,6 +75,8 @@ class SupervisedTask:
     next_probe: float = 0.0
     restarts: int = 0
     handled: bool = True  # its end needs no decision (set False while it runs)
+    exit_as: ExitStatus | None = None  # ended by ddlctl, stuck in its exit: the exit its program made
+    dump_asked: bool = False  # ddlctl asked for its stacks (a SIGUSR2 to its Python processes)
 
     @property
     def alive(self) -> bool:

@@ -35,6 +35,7 @@ restart (``checkpoint_unshared``) fail the job.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
@@ -141,6 +142,36 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
             return Fault(task=peer, cause="signal", reporter=name, status=None,
                          detail=f"gone ({name} reports \"{blame.line[:240]}\")")
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
+
+
+#: The signal a stack request sends (every Python task ddlctl starts has faulthandler take it).
+STACK_SIGNAL = int(signal.SIGUSR2)
+
+
+def died_of_stack_request(status: ExitStatus) -> bool:
+    """Whether ``status`` is a death by a stack request's SIGUSR2 (or a shell's report of one): the
+    process no longer had faulthandler's handler, which Python removes only at the very end of its
+    shutdown, so it was past Python, in native teardown (C++ destructors, ``atexit`` of C code)."""
+    return status.signal == STACK_SIGNAL or status.code == 128 + STACK_SIGNAL
+
+
+def stuck_in_exit(task: str, log_text: str, idle_s: float, past_python: bool = False) -> tuple[ExitStatus, str]:
+    """A task whose program has ended (no Python frame on its main thread; ``past_python``: Python
+    had shut down and the stack request's SIGUSR2 ended it) but whose process had not exited
+    ``idle_s`` after its last progress: it counts as the exit its program made, read from its log:
+    1 when the log ends in a Python exception (an uncaught one is the last thing a program
+    prints), else 0. (exit status, the sentence that says so)"""
+    failed = TRACEBACK_HEAD in final_error(log_text)
+    status = ExitStatus(code=1 if failed else 0)
+    why = ("its output ends in a Python exception: counted as exit code 1" if failed else
+           "no Python exception in its output: counted as exit code 0")
+    if past_python:
+        return status, (f"{task}'s program had ended and Python had shut down, but its process had not exited "
+                        f"({idle_s:.0f}s after its last progress: stuck in native teardown, e.g. a C++ "
+                        f"library's destructors); ddlctl's request for its stacks ended it ({why})")
+    return status, (f"{task}'s program has ended but its process has not exited ({idle_s:.0f}s after its last "
+                    f"progress; its interpreter is shutting down with no Python code left to run: a library's "
+                    f"teardown, e.g. TensorFlow's once the coordination leader is gone): ending it ({why})")
 
 
 def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str], used: int,

@@ -10,6 +10,12 @@ innermost frame outside the standard library says what it is doing:
   waits for someone else;
 * anywhere else (the user's program, ddlctl's built-in workload): **in user code**: a busy loop,
   a lock that is never released, a read of a pipe nobody writes. That task holds the others up.
+
+A main thread with no Python frame at all (``<no Python frame>``; the oldest thread, which
+faulthandler lists last) is **exiting**: the program has ended (its code, its threads and its
+``atexit`` handlers are done) and the interpreter is shutting down, freeing objects; a process that
+stays there (TensorFlow's teardown spinning once the coordination leader is gone) is stuck in
+its exit, not in its training.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ _LIBRARY = ("/site-packages/", "/dist-packages/")
 #: ddlctl's own code that runs inside a task without being the user's: a frame there is waiting.
 _DDLCTL_INTERNAL = ("/ddlctl/instrument/", "/ddlctl/runtime/", "/ddlctl/steps.py", "/ddlctl/balance.py")
 _STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
+_NO_FRAME = "<no Python frame>"
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,8 @@ class Standing:
     """Where one task stood when the hang was noticed."""
 
     task: str
-    state: str  # "stopped" (state T), "user" (in its own code), "waiting" (in a library), "unknown", "gone"
+    state: str  # "stopped" (state T), "user" (in its own code), "waiting" (in a library), "exiting"
+    # (its program has ended, the interpreter is shutting down), "unknown", "gone"
     where: str  # "train.py:88 in on_batch_end", "waiting in TensorFlow (execute.py:53 in quick_execute)"
 
 
@@ -86,6 +94,14 @@ def main_thread(stacks: list[list[Frame]]) -> list[Frame]:
     return stacks[-1] if stacks else []
 
 
+def main_thread_ended(text: str) -> bool:
+    """Whether the main thread of the last dump in ``text`` runs no Python code any more: its block
+    (the last: faulthandler lists the newest thread first) says ``<no Python frame>``."""
+    lines = text.splitlines()
+    heads = [i for i, line in enumerate(lines) if _THREAD.match(line)]
+    return bool(heads) and _NO_FRAME in (line.strip() for line in lines[heads[-1] + 1:])
+
+
 def stand(task: str, reply: dict | None) -> Standing:
     """Where ``task`` stood, from its host agent's dump reply (``procs``: pid, state, command;
     ``stacks``: faulthandler text) or ``None`` when no reply came."""
@@ -96,7 +112,11 @@ def stand(task: str, reply: dict | None) -> Standing:
         return Standing(task, "gone", "no process left")
     if any(state in ("T", "t") for _pid, state, _cmd in procs):
         return Standing(task, "stopped", "its process is stopped (state T)")
-    frames = main_thread(threads(reply.get("stacks") or ""))
+    text = reply.get("stacks") or ""
+    if main_thread_ended(text):
+        return Standing(task, "exiting", "its program has ended: the interpreter is shutting down "
+                                         "(no Python frame on its main thread)")
+    frames = main_thread(threads(text))
     if not frames:
         return Standing(task, "unknown", "no Python stack (not a Python task ddlctl started)")
     innermost = next((f for f in frames if f.kind != "stdlib"), None)

@@ -42,7 +42,15 @@ from ddlctl.supervise.elastic import Elastic
 from ddlctl.supervise.hangs import Hangs
 from ddlctl.supervise.hosts import HostWatch, Reconnect
 from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
-from ddlctl.supervise.policy import Decision, Fault, classify, decide, decide_during_restart
+from ddlctl.supervise.policy import (
+    Decision,
+    Fault,
+    classify,
+    decide,
+    decide_during_restart,
+    died_of_stack_request,
+    stuck_in_exit,
+)
 from ddlctl.supervise.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
 from ddlctl.supervise.rootcause import read_tail
@@ -174,9 +182,12 @@ class Supervisor:
         # worker): no hang is judged until it listens (the startup timeout covers one that never does)
         replacing = any(t.restarts and t.state is TaskState.STARTING and t.alive for t in self.job.tasks.values())
         if not self.restarts.under_way and not replacing:
-            fault = self.hangs.check(now)
-            if fault is not None:
-                self._on_fault(fault)
+            finding = self.hangs.check(now)
+            if finding is not None:
+                for name, idle in finding.ended:
+                    self._end_stuck_in_exit(self.job.tasks[name], idle)
+                if finding.fault is not None:
+                    self._on_fault(finding.fault)
         restarting = list(self.restarts.current.tasks) if self.restarts.current is not None else None
         failed = self.restarts.advance(now)
         if failed is not None:
@@ -242,7 +253,7 @@ class Supervisor:
             if task.alive:
                 status = task.proc.poll()
                 if status is not None:
-                    task.status, task.ended = status, now
+                    task.status, task.ended = task.exit_as or status, now
                     self._read(task, now)  # the agent sent its last output before the exit
                     ended.append(task)
         # In the order the agents saw them end: the first to go is the likeliest cause.
@@ -263,10 +274,15 @@ class Supervisor:
             self.telemetry_gaps.append(gap)
             self.job.notify(gap)
             return
+        text = read_tail(self.job.log_path(task.name)) if not status.ok else ""
+        if task.dump_asked and died_of_stack_request(status):  # it was past Python's shutdown
+            idle = self.hangs.past_python(task.name, self.job.clock())
+            status, message = stuck_in_exit(task.name, text, idle, past_python=True)
+            task.status = status
+            self.job.notify(message)
         if status.ok and task.spec.kind == "program":
             task.state = TaskState.SUCCEEDED
             return
-        text = read_tail(self.job.log_path(task.name))
         if task.spec.port and port_taken(text) and self.restarts.retry_ports(task.name):
             return
         task.state = TaskState.FAILED
@@ -278,6 +294,12 @@ class Supervisor:
         if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
             fault = self.hangs.named(fault, self.job.clock())
         self._on_fault(fault)
+
+    def _end_stuck_in_exit(self, task: SupervisedTask, idle_s: float) -> None:
+        """``task``'s program has ended, its process has not: end it as the exit its program made."""
+        task.exit_as, message = stuck_in_exit(task.name, read_tail(self.job.log_path(task.name)), idle_s)
+        self.job.notify(message)
+        task.proc.send("KILL")
 
     def _peer_report(self, reporter: SupervisedTask, blame: Blame) -> None:
         """A running task's TensorFlow named a hung peer (and may go on): that peer is at fault."""
