@@ -54,6 +54,7 @@ class Behaviour:
     stack: str | None = None  # the faulthandler text a dump shows (default: a bland main thread)
     total: int | None = None  # its declared last step: it stops stepping there (and runs on till exit_after)
     past_python: bool = False  # stuck in native teardown: a stack request's SIGUSR2 kills it (no handler left)
+    blocked: bool = False  # in the kernel (state D, a dead NFS): stops stepping, and no signal ends it
 
 
 class FakeTask:
@@ -85,7 +86,7 @@ class FakeTask:
 
     def send(self, sig: str) -> None:
         self.signals.append(sig)
-        if self.status is not None:
+        if self.status is not None or self.behaviour.blocked:
             return
         if sig == "KILL":
             if self.behaviour.kill_takes:
@@ -111,7 +112,7 @@ class FakeTask:
     def stalled(self, now: float) -> bool:
         b = self.behaviour
         late = b.stalls_at is not None and now - self.started_at >= b.stalls_at
-        return self.status is not None or b.stopped or late
+        return self.status is not None or b.stopped or b.blocked or late
 
     def advance(self, now: float) -> None:
         """One world tick of this task's life."""
@@ -204,11 +205,13 @@ class FakeSession:
     def request_dump(self, names: list[str]) -> None:
         for name in names:
             task = self.tasks[name]
-            state = "T" if task.behaviour.stopped else "S"
+            state = "T" if task.behaviour.stopped else "D" if task.behaviour.blocked else "S"
             bland = ('Current thread 0x1 (most recent call first):\n'
                      '  File "/site-packages/tensorflow/x.py", line 1 in wait\n')
             self.dumps[name] = {"procs": [[task.pid, state, " ".join(task.spec.argv)]],
                                 "stacks": None if task.behaviour.stopped else (task.behaviour.stack or bland)}
+            if task.behaviour.blocked:
+                self.dumps[name].update(stacks="", wchan={str(task.pid): "nfs_wait_on_request"})
             if task.behaviour.past_python:
                 self.dumps[name]["stacks"] = ""
                 task.end(ExitStatus(signal=signal.SIGUSR2))
@@ -329,6 +332,10 @@ class World:
     def say(self, name: str, output: bytes) -> None:
         """The running task prints ``output`` (and goes on)."""
         self.task(name).chunks.append(output)
+
+    def block(self, name: str) -> None:
+        """The task blocks in the kernel (state D): it stops stepping and no signal ends it."""
+        self.task(name).behaviour.blocked = True
 
     def stop(self, name: str) -> None:
         """SIGSTOP: it stops stepping, ignores TERM and shows state T."""

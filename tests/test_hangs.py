@@ -141,6 +141,15 @@ def test_a_main_thread_with_no_python_frame_is_exiting_whatever_its_other_thread
     assert stand("w", running(a_thread_idle)).state == "user", "only the main thread (listed last) counts"
 
 
+def test_a_process_in_uninterruptible_sleep_is_blocked_and_says_its_wait_channel():
+    reply = {"procs": [[100, "D", "python train.py"]], "stacks": "", "wchan": {"100": "nfs_wait_on_request"}}
+    held = stand("w", reply)
+    assert held.state == "blocked" and "state D at nfs_wait_on_request" in held.where
+    assert "(state D)" in stand("w", {"procs": [[100, "D", "python"]], "stacks": ""}).where, "no channel known"
+    both = {"worker:0": Standing("worker:0", "user", "train.py:3 in spin"), "worker:1": stand("worker:1", reply)}
+    assert hang_culprit(both, {"worker:0": 1.0, "worker:1": 2.0}, "worker:0")[0] == "worker:1"
+
+
 def test_ddlctls_builtin_workload_is_user_code_and_its_instrumentation_is_not():
     workload = dump([("/work/main/ddlctl/workloads/train.py", 300, "coordinate")])
     hook = dump([("/work/main/ddlctl/instrument/keras_hooks.py", 20, "on_batch_end"),

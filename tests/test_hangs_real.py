@@ -5,14 +5,17 @@ test_supervisor.py; the kinds measured with default thresholds in benchmarks/han
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.conftest import PROGRAMS
-from tests.faults import Job, wait_for
+from tests.conftest import PROGRAMS, processes_of_run
+from tests.faults import Job, task_pid, wait_for
 from tests.test_faults import log, nothing_left
 
 pytestmark = pytest.mark.cluster
@@ -88,4 +91,40 @@ def test_a_program_that_ended_but_whose_process_never_exits_is_ended_as_the_exit
     else:
         assert outcome.get("root_cause") is None and "counted as exit code 0" in job.stderr()
         assert ("request for its stacks ended it" in job.stderr()) == (how == "native")
+    nothing_left(job)
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists(),
+                    reason="needs root and the cgroup v1 freezer (a frozen process is in state D, as on a dead NFS)")
+def test_a_task_blocked_in_the_kernel_is_blamed_by_its_state_and_left_once_sigkill_cannot_end_it(runs):
+    """A frozen cgroup holds the task in state D, as a dead network filesystem or a driver would:
+    it is blamed for the hang by its state and wait channel, SIGKILL cannot end it, and ddlctl (and
+    its host agent) leave it, saying so, instead of waiting forever; thawed, it dies of the pending
+    SIGKILL."""
+    job = Job(runs, "-s", "one_device", "--hang-timeout", "3", "--env", "STEPS=100000", *QUICK, "--",
+              sys.executable, str(PROGRAMS / "stuck_in_exit.py"))
+    job.wait_steps("worker-0", 10)
+    pid = task_pid(job.run_dir, "worker-0")
+    group = FREEZER / f"ddlctl-test-{pid}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        assert job.wait(120) == 124, job.stderr()[-3000:]
+        outcome = job.outcome()
+        [hang] = outcome["hangs"]
+        assert hang["culprit"] == "worker:0" and "blocked in the kernel (state D" in hang["why"], hang
+        assert [(r["task"], r["pid"]) for r in outcome["left_running"]] == [("worker:0", pid)]
+        assert f"worker:0 on localhost (pid {pid}) has not ended 10s after SIGKILL" in job.stderr()
+        assert psutil.Process(pid).status() == psutil.STATUS_DISK_SLEEP
+        wait_for(lambda: [p.pid for p in processes_of_run(job.run_dir.name)] == [pid], 60,
+                 "the host agent to leave the frozen task")
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 20,
+                 "the thawed task to die of its pending SIGKILL")
+        group.rmdir()
     nothing_left(job)

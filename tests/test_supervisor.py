@@ -541,6 +541,27 @@ def test_a_task_killed_by_sigusr2_without_a_stack_request_is_a_signal_fault(tmp_
     assert "killed by SIGUSR2" in result.failure.message
 
 
+def test_a_task_blocked_in_the_kernel_is_blamed_by_its_state_and_left_when_sigkill_cannot_end_it(tmp_path):
+    # worker:0 stalls in its own code at the same moment: the blocked process still comes first
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, stalls_at=1.0, stack=USER_LOCK),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.block, "worker:1")
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=0)
+    assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "hang", 124)
+    assert "blocked in the kernel (state D at nfs_wait_on_request)" in result.failure.message
+    assert [(r["task"], r["pid"]) for r in result.left_running] == [("worker:1", world.task("worker:1").pid)]
+    assert any("worker:1 on node2" in m and "has not ended 10s after SIGKILL" in m for m in world.messages)
+
+
+def test_a_restart_that_cannot_stop_its_blocked_task_fails_instead_of_waiting_forever(tmp_path):
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.block, "worker:1")
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=1)
+    assert not result.ok and "it cannot be restarted while it lives" in result.failure.message
+    assert [r["task"] for r in result.left_running] == ["worker:1"]
+
+
 def test_a_finished_task_still_at_work_after_its_last_step_is_left_alone(tmp_path):
     # past its last step it saves for 12 s (three thresholds): looked at, quietly, and left alone
     world = mwms_world(**{"worker:0": Behaviour(exit_after=13.0, ignores_term=True, total=40, stack=SAVING),

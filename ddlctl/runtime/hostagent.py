@@ -43,7 +43,14 @@ from ddlctl.runfiles import TASK_STEPS
 from ddlctl.runtime import cgroup
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
-from ddlctl.runtime.procs import fresh_port, group_listens, group_processes, listening_sockets, port_free
+from ddlctl.runtime.procs import (
+    fresh_port,
+    group_listens,
+    group_processes,
+    listening_sockets,
+    port_free,
+    wait_channel,
+)
 
 PR_SET_PDEATHSIG = 1
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "KILL": signal.SIGKILL}
@@ -55,6 +62,9 @@ PORTS_S = 0.2  # a look at the listening sockets: cheap over netlink, ~8 ms from
 CHUNK = 1 << 20
 DRAIN_S = 2.0
 DUMP_WAIT_S = 1.5
+#: Once ddlctl is gone, tasks that SIGKILL has not ended after this long are left (a process in
+#: uninterruptible sleep, state D, dies only when the kernel lets it go: the signal stays pending).
+LEAVE_AFTER_S = 10.0
 
 
 _prctl = None  # libc's prctl, looked up once in the agent (not in every forked child before exec)
@@ -276,6 +286,7 @@ class HostAgent:
         self.input_open = True
         self.output_open = True
         self.stopping = False
+        self.leave_at: float | None = None  # ddlctl gone: leave tasks SIGKILL cannot end after this
         self.dumps: list[tuple[float, dict[str, dict]]] = []
 
     # -- output to the controller ---------------------------------------------------------------
@@ -386,6 +397,13 @@ class HostAgent:
         self.send({"k": Kind.STARTED, "task": name, "t": time.time(), **record,
                    **({"note": task.note} if task.note else {})})
 
+    def controller_gone(self, now: float) -> None:
+        """No more input: stop every task, and leave those SIGKILL cannot end once it had its time."""
+        self.input_open = False
+        self.stop_all(now)
+        if self.leave_at is None:
+            self.leave_at = now + max((t.grace for t in self.tasks.values()), default=0.0) + LEAVE_AFTER_S
+
     def stop_all(self, now: float) -> None:
         self.stopping = True
         for task in self.tasks.values():
@@ -401,6 +419,7 @@ class HostAgent:
             if task is None:
                 continue
             procs = group_processes(task.pgid) if task.status is None else []
+            blocked = {pid: wait_channel(pid) for pid, state, _cmd in procs if state == "D"}
             offsets = {}
             for pid, _state, _cmd in procs:
                 path = os.path.join(task.task_dir, f"stacks-{pid}.txt")
@@ -408,7 +427,7 @@ class HostAgent:
                     offsets[path] = os.path.getsize(path)
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGUSR2)
-            report[name] = {"procs": procs, "offsets": offsets}
+            report[name] = {"procs": procs, "offsets": offsets, "wchan": blocked}
         self.dumps.append((now + (DUMP_WAIT_S if any(r["offsets"] for r in report.values()) else 0), report))
 
     def finish_dumps(self, now: float) -> None:
@@ -421,7 +440,8 @@ class HostAgent:
                     with contextlib.suppress(OSError), open(path, "rb") as handle:
                         handle.seek(offset)
                         stacks.append(handle.read().decode("utf-8", "replace"))
-                self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"], "stacks": "".join(stacks)})
+                self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"], "stacks": "".join(stacks),
+                           "wchan": entry.get("wchan") or {}})
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -431,8 +451,7 @@ class HostAgent:
         except OSError:
             chunk = b""
         if not chunk:  # ddlctl is gone (or the connection dropped): take everything down
-            self.input_open = False
-            self.stop_all(now)
+            self.controller_gone(now)
             return
         self.pending += chunk
         *lines, self.pending = self.pending.split(b"\n")
@@ -513,8 +532,7 @@ class HostAgent:
             # down), and their exits are the host's end, not the program's failure.
             with contextlib.suppress(OSError):
                 self.send({"k": Kind.SIGNALLED, "sig": signum, "t": time.time()})
-            self.input_open = False  # treat as "controller gone"
-            self.stop_all(time.monotonic())
+            self.controller_gone(time.monotonic())
 
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(signum, on_signal)
@@ -548,6 +566,8 @@ class HostAgent:
             if now >= next_beat:
                 self.send({"k": Kind.BEAT, "t": time.time()})
                 next_beat = now + BEAT_S
+            if self.leave_at is not None and now >= self.leave_at:
+                break  # what is left cannot be killed (state D): it dies when the kernel lets it go
             if (self.stopping or not self.input_open) and all(t.fd < 0 for t in self.tasks.values()):
                 if not self.input_open or not self.output_open:
                     break

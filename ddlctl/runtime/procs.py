@@ -27,6 +27,17 @@ def group_processes(pgid: int) -> list[tuple[int, str, str]]:
     return found
 
 
+def wait_channel(pid: int) -> str:
+    """The kernel function process ``pid`` sleeps in (``/proc/PID/wchan``: "nfs_wait_on_request",
+    "io_schedule", ...), or "" when unknown (hidden, gone, or running)."""
+    try:
+        with open(f"/proc/{pid}/wchan", "rb") as handle:
+            name = handle.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return "" if name == "0" else name
+
+
 def port_free(port: int) -> bool:
     """Whether ``port`` can be bound now (as a TensorFlow server would, with SO_REUSEADDR)."""
     with socket.socket() as sock:

@@ -41,7 +41,8 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
                  leader: str) -> tuple[str, str, str]:
     """(task to blame, why, why not the others) when the tasks of ``standings`` stopped.
 
-    In order: a stopped process (state T); a task whose main thread is in its own code (a busy
+    In order: a stopped process (state T); a process blocked in the kernel (state D: a dead network
+    filesystem, a driver, a frozen cgroup); a task whose main thread is in its own code (a busy
     loop, a lock never released, a read nobody answers) while the others wait in a library; the
     first to stop making progress (``last_progress``); the coordination ``leader``. Ties go to
     the one that stopped first."""
@@ -49,9 +50,13 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
         return sorted(names, key=lambda n: last_progress.get(n, float("-inf")))[0]
 
     stopped = [n for n, s in standings.items() if s.state == "stopped"]
+    blocked = [n for n, s in standings.items() if s.state == "blocked"]
     in_user = [n for n, s in standings.items() if s.state == "user"]
     if stopped:
         culprit, why = first(stopped), "its process is stopped (state T)"
+    elif blocked:
+        culprit = first(blocked)
+        why = standings[culprit].where
     elif in_user:
         culprit = first(in_user)
         why = f"its main thread is in its own code at {standings[culprit].where}"
@@ -154,6 +159,11 @@ class Hangs:
                              "tasks": [{"task": name, "state": "exiting", "where": where, "last_step": None,
                                         "idle_s": round(idle, 1)}]})
         return idle
+
+    def where(self, names: list[str]) -> dict[str, Standing]:
+        """Where each task of ``names`` stands now (its processes and stacks; nothing saved)."""
+        replies = self._dump(names)
+        return {n: stand(n, replies.get(n)) for n in names}
 
     def _ended_meanwhile(self, names: list[str]) -> bool:
         """Whether a task of ``names`` ended while its stacks were taken: its exit decides, not

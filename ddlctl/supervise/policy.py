@@ -174,6 +174,19 @@ def stuck_in_exit(task: str, log_text: str, idle_s: float, past_python: bool = F
                     f"teardown, e.g. TensorFlow's once the coordination leader is gone): ending it ({why})")
 
 
+#: Seconds after SIGKILL after which a task that has not ended is left: it is in uninterruptible
+#: sleep (state D) and dies only when the kernel lets it go (the signal stays pending).
+UNKILLABLE_S = 10.0
+
+
+def unkillable(task: str, host: str, pid: object, where: str) -> str:
+    """What ddlctl says of a task SIGKILL has not ended within :data:`UNKILLABLE_S` (``where``: its
+    standing, e.g. "its process is blocked in the kernel (state D at nfs_wait_on_request) ...")."""
+    return (f"{task} on {host} (pid {pid}) has not ended {UNKILLABLE_S:g}s after SIGKILL: {where}; ddlctl leaves "
+            f"it: it ends once the kernel lets it go (the SIGKILL stays pending; see `ps -o pid,stat,wchan -p {pid}` "
+            f"on {host})")
+
+
 def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str], used: int,
            max_restarts: int, restart_on: str = "fault", min_workers: int = 0) -> Decision:
     """What to do about ``fault``. ``roles``: every task of the job -> role; ``alive``: tasks

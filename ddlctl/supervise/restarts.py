@@ -22,6 +22,7 @@ from ddlctl.supervise.checkpoints import promote_copy, sync_folder
 from ddlctl.supervise.hosts import HostGone, HostWatch
 from ddlctl.supervise.job import Job, TaskState
 from ddlctl.supervise.policy import (
+    UNKILLABLE_S,
     Decision,
     Fault,
     backoff_s,
@@ -30,6 +31,7 @@ from ddlctl.supervise.policy import (
     host_gone,
     port_retry,
     shrink,
+    unkillable,
     wider_scope,
 )
 
@@ -125,6 +127,11 @@ class Restarts:
                 restart.killed = True  # MWMS ignores SIGTERM; a stopped task takes only SIGKILL
                 for task in waiting:
                     task.proc.send("KILL")
+            elif restart.killed and now - restart.stop_sent > grace + UNKILLABLE_S:
+                stuck = waiting[0]
+                message = unkillable(stuck.name, stuck.host, stuck.proc.pids().get("task_pid", "?"),
+                                     "it cannot be restarted while it lives")
+                return RestartFailed(Decision("fail", message=message))
             elif restart.killed and now - restart.stop_sent > grace + 5:
                 for task in waiting:
                     task.proc.force_kill()

@@ -65,6 +65,7 @@ class JobResult:
     hangs: tuple[dict, ...] = ()
     started_at: float | None = None  # epoch seconds when the supervisor started the tasks
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers)
+    left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -127,7 +128,7 @@ def outcome_of(task: SupervisedTask) -> TaskOutcome:
 def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence[int], *,
                telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
                hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None,
-               membership: Sequence[dict] = ()) -> JobResult:
+               membership: Sequence[dict] = (), left_running: Sequence[dict] = ()) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -136,7 +137,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
                      hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at,
-                     membership=tuple(membership))
+                     membership=tuple(membership), left_running=tuple(left_running))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -168,6 +169,7 @@ def outcome_record(result: JobResult) -> dict:
         "hosts_lost": list(result.hosts_lost),
         "hangs": list(result.hangs),
         "membership": list(result.membership),
+        "left_running": list(result.left_running),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

@@ -58,8 +58,8 @@ class Standing:
     """Where one task stood when the hang was noticed."""
 
     task: str
-    state: str  # "stopped" (state T), "user" (in its own code), "waiting" (in a library), "exiting"
-    # (its program has ended, the interpreter is shutting down), "unknown", "gone"
+    state: str  # "stopped" (state T), "blocked" (state D), "user" (in its own code), "waiting" (in a
+    # library), "exiting" (its program has ended, the interpreter is shutting down), "unknown", "gone"
     where: str  # "train.py:88 in on_batch_end", "waiting in TensorFlow (execute.py:53 in quick_execute)"
 
 
@@ -112,6 +112,12 @@ def stand(task: str, reply: dict | None) -> Standing:
         return Standing(task, "gone", "no process left")
     if any(state in ("T", "t") for _pid, state, _cmd in procs):
         return Standing(task, "stopped", "its process is stopped (state T)")
+    blocked = [pid for pid, state, _cmd in procs if state == "D"]
+    if blocked:
+        channel = (reply.get("wchan") or {}).get(str(blocked[0])) or ""
+        at = f" at {channel}" if channel else ""
+        return Standing(task, "blocked", f"its process is blocked in the kernel (state D{at}): a disk, a network "
+                                         f"filesystem, a driver or a frozen cgroup holds it")
     text = reply.get("stacks") or ""
     if main_thread_ended(text):
         return Standing(task, "exiting", "its program has ended: the interpreter is shutting down "

@@ -43,6 +43,7 @@ from ddlctl.supervise.hangs import Hangs
 from ddlctl.supervise.hosts import HostWatch, Reconnect
 from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
 from ddlctl.supervise.policy import (
+    UNKILLABLE_S,
     Decision,
     Fault,
     classify,
@@ -50,13 +51,14 @@ from ddlctl.supervise.policy import (
     decide_during_restart,
     died_of_stack_request,
     stuck_in_exit,
+    unkillable,
 )
 from ddlctl.supervise.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
 from ddlctl.supervise.rootcause import read_tail
 from ddlctl.supervise.tfmessages import Blame, port_taken
 from ddlctl.transport.base import AgentSession
-from ddlctl.transport.status import signal_name
+from ddlctl.transport.status import ExitStatus, signal_name
 
 __all__ = ["Failure", "JobResult", "Supervisor", "SupervisorOptions", "TaskState"]
 
@@ -88,6 +90,7 @@ class Supervisor:
         self.failure: Failure | None = None
         self.telemetry_gaps: list[str] = []
         self.degraded: list[dict] = []
+        self.left_running: list[dict] = []  # tasks SIGKILL could not end
         self.signals: list[int] = []
         self.killed_at: float | None = None
         self.killed_now = False
@@ -124,7 +127,7 @@ class Supervisor:
         return job_result(self.job, self.job.clock() - started, self.failure, self.signals,
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
-                          started_at=started_at, membership=self.job.membership)
+                          started_at=started_at, membership=self.job.membership, left_running=self.left_running)
 
     def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""
@@ -412,6 +415,8 @@ class Supervisor:
             self.killed_at = now
             for task in alive:
                 task.proc.send("KILL")
+        elif self.killed_at is not None and now - self.killed_at > UNKILLABLE_S:
+            self._leave_unkillable(alive)
         elif self.killed_at is not None and now - self.killed_at > 3.0:
             for task in alive:
                 task.proc.force_kill()
@@ -419,6 +424,19 @@ class Supervisor:
                 if status is not None and status.lost:  # its host is gone: nothing more will come
                     task.status = task.status or status
                     task.eof = True
+
+    def _leave_unkillable(self, tasks: list[SupervisedTask]) -> None:
+        """Tasks SIGKILL has not ended (state D: the kernel holds them): said, recorded and left, so
+        that ddlctl ends (their host agents leave them too once ddlctl is gone)."""
+        standings = self.hangs.where([t.name for t in tasks if not t.is_agent and t.alive])
+        for task in tasks:
+            if not task.alive:
+                continue
+            pid = task.proc.pids().get("task_pid", "?")
+            where = standings[task.name].where if task.name in standings else "it did not die"
+            self.job.notify(unkillable(task.name, task.host, pid, where))
+            self.left_running.append({"task": task.name, "host": task.host, "pid": pid, "where": where})
+            task.status, task.eof = task.status or ExitStatus(signal=signal.SIGKILL), True
 
     # -- signals -----------------------------------------------------------------------------
 
