@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from ddlctl.report.live import LiveState, WindowRate, job_progress
-from ddlctl.runtime.hostagent import StepFile
+from ddlctl.runtime.stepfollow import StepFile
 from tests.conftest import ROOT
 
 

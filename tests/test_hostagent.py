@@ -439,7 +439,7 @@ def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):
 
 
 def test_a_ps_chiefs_step_records_credit_the_workers_that_ran_them(tmp_path):
-    from ddlctl.runtime.hostagent import StepFile
+    from ddlctl.runtime.stepfollow import StepFile
 
     path = tmp_path / "steps.jsonl"
     path.write_text('{"step": 1, "steps": 10, "worker": "worker:0", "total": 100}\n'

@@ -51,6 +51,7 @@ from ddlctl.runtime.procs import (
     port_free,
     wait_channel,
 )
+from ddlctl.runtime.stepfollow import StepFile
 
 PR_SET_PDEATHSIG = 1
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "KILL": signal.SIGKILL}
@@ -98,47 +99,6 @@ def code_bundle_path() -> str | None:
     here = os.path.abspath(__file__)
     at = here.find(".zip" + os.sep)
     return here[:at + 4] if at >= 0 else None
-
-
-class StepFile:
-    """Follows a task's ``steps.jsonl``, reading only what is new: ``count`` training steps
-    recorded (a record of a block counts its ``steps``), ``last`` the highest step number reached
-    (a resumed run records steps again from its checkpoint: ``last`` is progress, ``count`` work),
-    ``total`` the steps the task declared it will run (None: unknown) and ``credits`` the steps
-    of each worker that ran some (a ps chief's records say which worker ran each block)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = os.path.expanduser(path)
-        self.offset = 0
-        self.count = 0
-        self.last = 0
-        self.total: int | None = None
-        self.credits: dict[str, int] = {}
-
-    def poll(self) -> int:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
-            return self.count
-        complete = chunk.rfind(b"\n") + 1
-        for line in chunk[:complete].splitlines():
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                steps = int(record.get("steps", 1))
-                self.last = max(self.last, int(record["step"]) + steps - 1)
-                if isinstance(record.get("total"), int):
-                    self.total = record["total"]
-                if isinstance(record.get("worker"), str) and record["worker"]:
-                    self.credits[record["worker"]] = self.credits.get(record["worker"], 0) + steps
-            except (ValueError, TypeError, KeyError, AttributeError):
-                steps = 1  # an unreadable line still counts as a record
-            self.count += steps
-        self.offset += complete
-        return self.count
 
 
 # gRPC channel arguments for every task of a TensorFlow cluster, unless the host or the user set
