@@ -321,15 +321,19 @@ def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_
                        "last_step": 20, "idle_s": 61.0},
                       {"task": "worker:1", "state": "user", "where": "train.py:42 in cb", "last_step": 20,
                        "idle_s": 61.5}]}
-    (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang]}))
+    left = {"task": "worker:1", "host": "h1", "pid": 4711, "where": "its process is blocked in the kernel (state D)"}
+    (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang],
+                                                  "left_running": [left]}))
     summary = summarize(run)
-    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 8
+    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 9
+    assert list(summary.to_dict()["left_running"]) == [left]
     console = Console(record=True, width=200)
     render_report(summary, console)
     text = console.export_text()
     assert "hang 1: worker:1 blamed (its main thread is in its own code at train.py:42 in cb)" in text
     assert "waiting in TensorFlow (execute.py:53)" in text
     assert "noticed after 62s without progress (threshold 60s: the 60s floor)" in text
+    assert "left running: worker:1 on h1 (pid 4711): SIGKILL could not end it (its process is blocked" in text
 
 
 def test_what_holds_for_many_hosts_is_one_diagnosis_line_naming_them_with_the_range_of_figures(tmp_path):

@@ -301,7 +301,8 @@ def render_membership(summary: RunSummary, console: Console) -> None:
 
 
 def render_hangs(summary: RunSummary, console: Console) -> None:
-    """Each hang: whom ddlctl blamed and why, the threshold that applied, where every task stood."""
+    """Each hang: whom ddlctl blamed and why, the threshold that applied, where every task stood;
+    then the tasks SIGKILL could not end."""
     for number, hang in enumerate(summary.hangs, 1):
         what = "stuck in its exit, ended by ddlctl" if hang.get("kind") == "exit" else "blamed"
         table = Table(title=f"hang {number}: {hang.get('culprit')} {what} ({hang.get('why')})", title_justify="left")
@@ -317,6 +318,9 @@ def render_hangs(summary: RunSummary, console: Console) -> None:
         threshold = f"threshold {hang['threshold_s']:.0f}s: " if hang.get("threshold_s") else ""
         console.print(Text(f"  noticed after {hang.get('idle_s', 0):.0f}s without progress ({threshold}"
                            f"{hang.get('rule')}); stacks in {hang.get('stacks')}", style="dim"), soft_wrap=True)
+    for left in summary.left_running:
+        console.print(Text(f"left running: {left.get('task')} on {left.get('host')} (pid {left.get('pid')}): SIGKILL "
+                           f"could not end it ({left.get('where')})", style="red"), soft_wrap=True)
 
 
 def _triple(a: float | None, b: float | None, c: float | None) -> str:

@@ -128,14 +128,16 @@ class RunSummary:
     mfu: tuple[dict, ...] = ()  # per task with flops.json: model FLOPs per sample, achieved FLOP/s, MFU
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers): who left, why, who trained on
     membership_phases: tuple[dict, ...] = ()  # per set of workers: when, why, steps, samples/s while training
+    left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
         total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
-        plus time_by_cause and mfu (7), plus membership and membership_phases (8))."""
+        plus time_by_cause and mfu (7), plus membership and membership_phases (8), plus left_running
+        (9))."""
         data = asdict(self)
-        data = {"schema": 8, **data}
+        data = {"schema": 9, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -335,6 +337,7 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
         hangs=tuple(outcome.get("hangs", [])),
         time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)),
         mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])),
+        left_running=tuple(outcome.get("left_running", [])),
         membership_phases=membership_phases(outcome.get("membership", []), [
             t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
     return _with_diagnosis(summary, outcome, run_end)
