@@ -150,6 +150,27 @@ def test_a_process_in_uninterruptible_sleep_is_blocked_and_says_its_wait_channel
     assert hang_culprit(both, {"worker:0": 1.0, "worker:1": 2.0}, "worker:0")[0] == "worker:1"
 
 
+# a real dump (Python 3.11): the program ended, a thread not started as a daemon sleeps on
+JOINING = """Thread 0x00007ff171b976c0 (most recent call first):
+  File "/tmp/exp/joining.py", line 6 in prefetch
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 982 in run
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007ff1729d8b80 (most recent call first):
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 1590 in _shutdown
+"""
+
+
+def test_a_program_that_ended_but_waits_for_a_thread_is_joining_and_names_the_thread():
+    held = stand("worker:1", running(JOINING))
+    assert held.state == "joining" and held.where.endswith("a thread at exp/joining.py:6 in prefetch"), held
+    waiting = stand("worker:0", running(dump([(f"{SITE}/tensorflow/python/eager/execute.py", 53, "quick_execute")])))
+    culprit, why, _ = hang_culprit({"worker:0": waiting, "worker:1": held}, {"worker:0": 1.0, "worker:1": 2.0},
+                                   "worker:0")
+    assert culprit == "worker:1" and why.startswith("its program has ended but waits for a thread"), why
+
+
 def test_ddlctls_builtin_workload_is_user_code_and_its_instrumentation_is_not():
     workload = dump([("/work/main/ddlctl/workloads/train.py", 300, "coordinate")])
     hook = dump([("/work/main/ddlctl/instrument/keras_hooks.py", 20, "on_batch_end"),

@@ -94,6 +94,17 @@ def test_a_program_that_ended_but_whose_process_never_exits_is_ended_as_the_exit
     nothing_left(job)
 
 
+def test_a_finished_program_waiting_for_a_thread_that_never_ends_is_said_and_ctrl_c_ends_everything(runs):
+    job = Job(runs, "-s", "one_device", "--hang-timeout", "3", "--env", "THREAD=1", *QUICK, "--", sys.executable,
+              str(PROGRAMS / "stuck_in_exit.py"))
+    wait_for(lambda: "waits for a thread" in job.stderr() or job.proc.poll() is not None, 60, "ddlctl to say why")
+    assert job.proc.poll() is None, job.stderr()[-3000:]
+    assert "worker:0 reached its last step" in job.stderr() and "in prefetch; ddlctl waits for it" in job.stderr()
+    job.proc.send_signal(signal.SIGINT)
+    assert job.wait(60) == 130, job.stderr()[-3000:]
+    nothing_left(job)
+
+
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
 

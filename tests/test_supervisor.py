@@ -541,6 +541,18 @@ def test_a_task_killed_by_sigusr2_without_a_stack_request_is_a_signal_fault(tmp_
     assert "killed by SIGUSR2" in result.failure.message
 
 
+def test_a_finished_task_waiting_for_a_thread_is_said_once_and_waited_for(tmp_path):
+    from tests.test_hangs import JOINING
+
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=10.0, ignores_term=True, total=40),
+                          "worker:1": Behaviour(exit_after=10.0, ignores_term=True, total=40, stack=JOINING)})
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0, max_restarts=0)
+    assert (result.ok, result.hangs, world.task("worker:1").signals) == (True, (), [])
+    said = [m for m in world.messages if "waits for a thread" in m]
+    assert len(said) == 1 and said[0].startswith("worker:1 reached its last step 3s ago"), world.messages
+    assert "a thread at exp/joining.py:6 in prefetch; ddlctl waits for it" in said[0]
+
+
 def test_a_task_blocked_in_the_kernel_is_blamed_by_its_state_and_left_when_sigkill_cannot_end_it(tmp_path):
     # worker:0 stalls in its own code at the same moment: the blocked process still comes first
     world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, stalls_at=1.0, stack=USER_LOCK),

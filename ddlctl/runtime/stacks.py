@@ -11,22 +11,28 @@ import os
 
 from ddlctl import envvars
 
-_handle = None  # kept open for the process's lifetime: faulthandler writes to its descriptor
+_fd: int | None = None  # a raw descriptor, open for the process's lifetime: faulthandler writes to it
 
 
 def install() -> bool:
-    """Register the SIGUSR2 stack dumper for this process (once); whether it is registered."""
-    global _handle
+    """Register the SIGUSR2 stack dumper for this process (once); whether it is registered.
+
+    faulthandler is given a raw file descriptor, not a file object: a file object can be closed
+    while Python shuts down (seen: a ``__main__`` holding a function, so its globals are freed late
+    by the garbage collector, had ddlctl's stacks file closed before a flush that blocked), and
+    then a process stuck in its exit dumps nothing (or into whatever file took the number)."""
+    global _fd
     task_dir = os.environ.get(envvars.TASK_DIR)
-    if _handle is not None or not task_dir:
-        return _handle is not None
+    if _fd is not None or not task_dir:
+        return _fd is not None
     try:
         import faulthandler
         import signal
 
         os.makedirs(task_dir, exist_ok=True)
-        _handle = open(os.path.join(task_dir, f"stacks-{os.getpid()}.txt"), "a")  # noqa: SIM115
-        faulthandler.register(signal.SIGUSR2, file=_handle, all_threads=True, chain=False)
+        path = os.path.join(task_dir, f"stacks-{os.getpid()}.txt")
+        _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        faulthandler.register(signal.SIGUSR2, file=_fd, all_threads=True, chain=False)
         return True
     except (OSError, ValueError, RuntimeError, AttributeError):
         return False

@@ -43,7 +43,8 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
 
     In order: a stopped process (state T); a process blocked in the kernel (state D: a dead network
     filesystem, a driver, a frozen cgroup); a task whose main thread is in its own code (a busy
-    loop, a lock never released, a read nobody answers) while the others wait in a library; the
+    loop, a lock never released, a read nobody answers), or whose program has ended but waits for
+    a thread that does not, while the others wait in a library; the
     first to stop making progress (``last_progress``); the coordination ``leader``. Ties go to
     the one that stopped first."""
     def first(names: list[str]) -> str:
@@ -51,7 +52,7 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
 
     stopped = [n for n, s in standings.items() if s.state == "stopped"]
     blocked = [n for n, s in standings.items() if s.state == "blocked"]
-    in_user = [n for n, s in standings.items() if s.state == "user"]
+    in_user = [n for n, s in standings.items() if s.state in ("user", "joining")]
     if stopped:
         culprit, why = first(stopped), "its process is stopped (state T)"
     elif blocked:
@@ -59,7 +60,8 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
         why = standings[culprit].where
     elif in_user:
         culprit = first(in_user)
-        why = f"its main thread is in its own code at {standings[culprit].where}"
+        why = (f"its main thread is in its own code at {standings[culprit].where}"
+               if standings[culprit].state == "user" else standings[culprit].where)
     elif any(n in last_progress for n in standings):
         culprit, why = first([n for n in standings if n in last_progress]), "it stopped making progress first"
     else:
@@ -77,6 +79,7 @@ class Hangs:
         self.watch = HangWatch(job.options.hang_timeout_s, job.options.startup_timeout_s)
         self.dumps = 0
         self.reports: list[dict] = []  # one per hang handled (outcome.json "hangs")
+        self.said_joining: set[tuple[str, float]] = set()  # finished tasks said to wait for a thread
 
     def feed(self, now: float) -> None:
         """Progress as the host agents last reported it: each task's step records, and each ps
@@ -138,6 +141,12 @@ class Hangs:
         for name in lingering:
             if name not in exiting:
                 self.watch.looked(name, now)
+            key = (name, self.job.tasks[name].started)
+            if standings[name].state == "joining" and key not in self.said_joining:
+                self.said_joining.add(key)  # said once: it may be a thread that saves, or one that never ends
+                idle = now - self.watch.last_progress[name]
+                self.job.notify(f"{name} reached its last step {idle:.0f}s ago but its process has not exited: "
+                                f"{standings[name].where}; ddlctl waits for it (Ctrl-C stops the job)")
         if not exiting:
             return None
         folder = self._save(replies)

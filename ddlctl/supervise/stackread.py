@@ -11,6 +11,10 @@ innermost frame outside the standard library says what it is doing:
 * anywhere else (the user's program, ddlctl's built-in workload): **in user code**: a busy loop,
   a lock that is never released, a read of a pipe nobody writes. That task holds the others up.
 
+A main thread whose only frame is ``threading._shutdown`` is **joining**: the program has
+ended, and Python waits for a thread that was not started as a daemon (a prefetcher never told
+to stop, say) before it exits.
+
 A main thread with no Python frame at all (``<no Python frame>``; the oldest thread, which
 faulthandler lists last) is **exiting**: the program has ended (its code, its threads and its
 ``atexit`` handlers are done) and the interpreter is shutting down, freeing objects; a process that
@@ -59,7 +63,8 @@ class Standing:
 
     task: str
     state: str  # "stopped" (state T), "blocked" (state D), "user" (in its own code), "waiting" (in a
-    # library), "exiting" (its program has ended, the interpreter is shutting down), "unknown", "gone"
+    # library), "joining" (its program has ended, a thread has not), "exiting" (its program has ended,
+    # the interpreter is shutting down), "unknown", "gone"
     where: str  # "train.py:88 in on_batch_end", "waiting in TensorFlow (execute.py:53 in quick_execute)"
 
 
@@ -122,9 +127,13 @@ def stand(task: str, reply: dict | None) -> Standing:
     if main_thread_ended(text):
         return Standing(task, "exiting", "its program has ended: the interpreter is shutting down "
                                          "(no Python frame on its main thread)")
-    frames = main_thread(threads(text))
+    blocks = threads(text)
+    frames = main_thread(blocks)
     if not frames:
         return Standing(task, "unknown", "no Python stack (not a Python task ddlctl started)")
+    if frames[-1].function == "_shutdown" and frames[-1].path.endswith("threading.py"):
+        return Standing(task, "joining", "its program has ended but waits for a thread that has not ended (one "
+                                         f"not started as a daemon): {_busy_thread(blocks, frames)}")
     innermost = next((f for f in frames if f.kind != "stdlib"), None)
     if innermost is None:
         return Standing(task, "waiting", f"in the standard library ({frames[0]})")
@@ -133,6 +142,17 @@ def stand(task: str, reply: dict | None) -> Standing:
     user = next((f for f in frames if f.kind == "user"), None)
     tail = f", called from {_short(user)}" if user is not None else ""
     return Standing(task, "waiting", f"waiting in {_library_name(innermost)} ({_short(innermost)}{tail})")
+
+
+def _busy_thread(blocks: list[list[Frame]], main: list[Frame]) -> str:
+    """Where the first other thread with a frame outside the standard library stands."""
+    for frames in blocks:
+        if frames is main:
+            continue
+        own = next((f for f in frames if f.kind != "stdlib"), None)
+        if own is not None:
+            return f"a thread at {_short(own)}"
+    return "a thread in the standard library"
 
 
 def _short(frame: Frame) -> str:

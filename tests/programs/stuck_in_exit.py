@@ -4,10 +4,12 @@ at interpreter shutdown a buffered file is flushed into a pipe nobody reads, so 
 blocks with no Python frame left (as TensorFlow's teardown can spin after the coordination
 leader is gone). ``RAISE=1``: the program ends in an uncaught exception instead of normally.
 ``NATIVE=1``: it blocks after Python has shut down instead (a C ``atexit`` function that pauses,
-as a C++ library's destructors can), where faulthandler no longer takes SIGUSR2."""
+as a C++ library's destructors can), where faulthandler no longer takes SIGUSR2. ``THREAD=1``: a
+thread not started as a daemon never ends, so Python waits for it (``threading._shutdown``)."""
 
 import ctypes
 import os
+import threading
 import time
 
 import ddlctl
@@ -20,6 +22,16 @@ for _ in range(STEPS):
         time.sleep(0.02)
 print("TRAINED", flush=True)
 
+
+
+def prefetch() -> None:
+    while True:  # never told to stop
+        time.sleep(0.5)
+
+
+if os.environ.get("THREAD") == "1":
+    threading.Thread(target=prefetch).start()
+    raise SystemExit(0)
 if os.environ.get("NATIVE") == "1":
     libc = ctypes.CDLL(None)
     libc.__cxa_atexit(ctypes.cast(libc.pause, ctypes.c_void_p), None, None)  # runs after Py_Finalize
