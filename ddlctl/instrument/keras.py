@@ -45,6 +45,12 @@ class _TimerState:
             self.recorder.total = int(epochs) * int(steps)
         record_model_flops(getattr(self, "model", None))  # model FLOPs for the report (never raises)
 
+    def _record(self, steps: int) -> None:
+        """One record for the block of ``steps`` that began at ``_start``, named by its first step."""
+        first, self.global_step = self.global_step + 1, self.global_step + steps
+        samples = self.batch_size * steps if self.batch_size else None
+        self.recorder.record(first, self._wall, time.monotonic() - self._start, samples, steps=steps)
+
     def _epoch_begins(self, epoch: int) -> None:
         """Steps before ``epoch`` count as done (a resumed or ``initial_epoch`` run starts there)."""
         steps = (getattr(self, "params", None) or {}).get("steps")
@@ -66,10 +72,7 @@ def step_timer_class(base: type) -> type:
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             if self._begin is None:
                 return
-            steps = max(1, batch - self._begin + 1)
-            first, self.global_step = self.global_step + 1, self.global_step + steps
-            samples = self.batch_size * steps if self.batch_size else None
-            self.recorder.record(first, self._wall, time.monotonic() - self._start, samples, steps=steps)
+            self._record(max(1, batch - self._begin + 1))
             self._begin = None
 
         def on_train_end(self, logs: dict | None = None) -> None:
@@ -89,10 +92,7 @@ def epoch_timer_class(base: type) -> type:
             self._start, self._wall = time.monotonic(), time.time()
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-            steps = int((self.params or {}).get("steps") or 1)
-            first, self.global_step = self.global_step + 1, self.global_step + steps
-            samples = self.batch_size * steps if self.batch_size else None
-            self.recorder.record(first, self._wall, time.monotonic() - self._start, samples, steps=steps)
+            self._record(int((self.params or {}).get("steps") or 1))
             self.recorder.flush()
 
     EpochStepTimer.__name__ = EpochStepTimer.__qualname__ = "EpochStepTimer"

@@ -150,23 +150,21 @@ class Hangs:
         if not exiting:
             return None
         folder = self._save(replies)
-        for name in exiting:
-            limit, rule = self.watch.threshold(name)
-            idle = now - self.watch.last_progress[name]
-            self._report(now, Overdue((name,), idle, limit, f"after its last step: {rule}"), standings, name,
-                         standings[name].where, folder, "exit")
-        return Finding(ended=tuple((n, now - self.watch.last_progress[n]) for n in exiting))
+        return Finding(ended=tuple((n, self._report_exit(now, standings[n], folder)) for n in exiting))
 
     def past_python(self, name: str, now: float) -> float:
         """``name`` died of a stack request's SIGUSR2 (it was past Python's shutdown): recorded as
         stuck in its exit; the seconds since its last progress."""
-        idle = now - self.watch.last_progress.get(name, now)
-        limit, rule = self.watch.threshold(name)
         where = "past Python's shutdown (no handler for the stack request: native teardown)"
-        self.reports.append({"time": time.time(), "kind": "exit", "culprit": name, "why": where,
-                             "threshold_s": round(limit, 1), "rule": rule, "idle_s": round(idle, 1), "stacks": None,
-                             "tasks": [{"task": name, "state": "exiting", "where": where, "last_step": None,
-                                        "idle_s": round(idle, 1)}]})
+        return self._report_exit(now, Standing(name, "exiting", where), None)
+
+    def _report_exit(self, now: float, standing: Standing, folder: Path | None) -> float:
+        """The ``hangs`` record of a finished task stuck in its exit; the seconds since its last step."""
+        name = standing.task
+        limit, rule = self.watch.threshold(name)
+        idle = now - self.watch.last_progress.get(name, now)
+        self._report(now, Overdue((name,), idle, limit, f"after its last step: {rule}"), {name: standing}, name,
+                     standing.where, folder, "exit")
         return idle
 
     def where(self, names: list[str]) -> dict[str, Standing]:
@@ -194,13 +192,13 @@ class Hangs:
         return self._save(replies), {n: stand(n, replies.get(n)) for n in names}
 
     def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,
-                why: str, folder: Path, kind: str = "hang") -> None:
+                why: str, folder: Path | None, kind: str = "hang") -> None:
         """One ``hangs`` record (``kind``: "hang", or "exit" for a task stuck in its exit)."""
         progress = {n: p for s in self.job.sessions.values() for n, p in s.progress().items()}
         self.reports.append({
             "time": time.time(), "kind": kind, "culprit": culprit, "why": why,
             "threshold_s": round(overdue.threshold_s, 1),
-            "rule": overdue.rule, "idle_s": round(overdue.idle_s, 1), "stacks": str(folder),
+            "rule": overdue.rule, "idle_s": round(overdue.idle_s, 1), "stacks": folder and str(folder),
             "tasks": [{"task": n, "state": s.state, "where": s.where,
                        "last_step": progress[n][0] if n in progress else None,
                        "idle_s": round(now - self.watch.last_progress[n], 1) if n in self.watch.last_progress

@@ -428,10 +428,8 @@ class Supervisor:
     def _leave_unkillable(self, tasks: list[SupervisedTask]) -> None:
         """Tasks SIGKILL has not ended (state D: the kernel holds them): said, recorded and left, so
         that ddlctl ends (their host agents leave them too once ddlctl is gone)."""
-        standings = self.hangs.where([t.name for t in tasks if not t.is_agent and t.alive])
+        standings = self.hangs.where([t.name for t in tasks if not t.is_agent])
         for task in tasks:
-            if not task.alive:
-                continue
             pid = task.proc.pids().get("task_pid", "?")
             where = standings[task.name].where if task.name in standings else "it did not die"
             self.job.notify(unkillable(task.name, task.host, pid, where))
