@@ -14,6 +14,7 @@ session) and ``TaskProcess`` (a task started through it). They import nothing of
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
 import signal
@@ -29,6 +30,7 @@ from ddlctl.supervise.job import SupervisorOptions
 from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.results import JobResult
 from ddlctl.supervise.supervisor import Supervisor
+from ddlctl.telemetry.nvml import GPU_FIELDS
 from ddlctl.transport.status import ExitStatus
 
 TICK = 0.05
@@ -125,6 +127,8 @@ class FakeTask:
             return
         if self.spec.port and b.listen_after is not None and age >= b.listen_after:
             self.listening = True
+        if self.spec.kind == "agent":
+            self._sample(now)
         done = b.total is not None and self.steps >= b.total
         if b.steps and self.spec.kind == "program" and not self.stalled(now) and not done:
             live = [w for w in b.runs_on if self.session.world.latest[w].status is None]  # the lost: rescheduled
@@ -140,6 +144,24 @@ class FakeTask:
                 mine[worker] = mine.get(worker, 0) + 1
         if b.exit_after is not None and age >= b.exit_after and not b.stopped:
             self.end(ExitStatus(code=b.code), b.output)
+
+
+    def _sample(self, now: float) -> None:
+        """A telemetry agent: its hello, then a sample every world second with the GPU
+        utilisation the world's ``gpu_util`` gives (as ``ddlctl.runtime.agent`` prints them)."""
+        world = self.session.world
+        if world.gpu_util is None:
+            return
+        host = self.spec.host.label
+        if self.steps == 0:
+            self.chunks.append(json.dumps({"type": "hello", "host": host, "gpu_fields": list(GPU_FIELDS),
+                                           "gpus": [{"index": i, "uuid": f"GPU-{host}-{i}"}
+                                                    for i in range(world.gpus)]}).encode() + b"\n")
+        if now - self.started_at >= self.steps:  # one a second (steps counts the samples)
+            self.steps += 1
+            utils = world.gpu_util(host, now - 1000.0)
+            self.chunks.append(json.dumps({"type": "sample", "t": world.wall(), "gpus": [
+                [i, util, *[None] * (len(GPU_FIELDS) - 2)] for i, util in sorted(utils.items())]}).encode() + b"\n")
 
 
 class FakeSession:
@@ -283,6 +305,8 @@ class World:
     evaluator: bool = False
     telemetry: bool = False
     slots: int = 4  # per host
+    gpus: int = 0  # per host
+    gpu_util: Callable[[str, float], dict[int, float]] | None = None  # (host, world age) -> GPU index -> util %
     behaviours: dict[str, Behaviour] = field(default_factory=dict)  # task name -> its behaviour
     retries: dict[tuple[str, int], Behaviour] = field(default_factory=dict)  # (task, attempt) -> behaviour
     now: float = 1000.0
@@ -375,7 +399,7 @@ class World:
     # -- running ---------------------------------------------------------------------------------
 
     def plan(self, run_dir: Path) -> Plan:
-        cluster = Cluster(hosts=tuple(Host(name=h, slots=self.slots, source=f"hosts.txt:{i + 1}")
+        cluster = Cluster(hosts=tuple(Host(name=h, slots=self.slots, gpus=self.gpus, source=f"hosts.txt:{i + 1}")
                                       for i, h in enumerate(self.hosts)), source="hosts.txt")
         request = LaunchRequest(strategy=self.strategy, workers=self.workers, ps=self.ps, evaluator=self.evaluator,
                                 command=("python3", "train.py"), run_id="fake", run_dir=str(run_dir),

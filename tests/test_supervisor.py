@@ -690,3 +690,63 @@ def test_the_supervisor_and_these_fakes_need_no_tensorflow(tmp_path):
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     assert "RESTARTS 1" in done.stdout
+
+
+# -- GPUs in a hang ---------------------------------------------------------------------------------
+
+def gpu_world(utils: dict[int, float], **kw) -> World:
+    """Two mwms workers on one host with two GPUs (one each), both stalled at 1 s, waiting in a
+    library; the telemetry agent reads ``utils`` (GPU index -> utilisation %) once they stall."""
+    world = mwms_world(hosts=("node1",), **{
+        "worker:0": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True, stack=IN_COLLECTIVE),
+        "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True, stack=IN_COLLECTIVE), **kw})
+    world.telemetry, world.gpus = True, 2
+    world.gpu_util = lambda _host, age: {0: 60.0, 1: 60.0} if age < 1.0 else utils
+    return world
+
+
+def test_the_task_whose_gpu_sits_idle_while_its_peers_gpu_spins_in_a_collective_is_blamed(tmp_path):
+    # the NCCL pattern: worker:0 waits in an all-reduce kernel that spins its GPU, worker:1 never
+    # joined it (its GPU idle); their stacks alike and their last steps equal, only the GPUs tell
+    world = gpu_world({0: 100.0, 1: 0.0})
+    result, plan = world.run(tmp_path, hang_timeout_s=5.0)
+    assert [s.gpus for s in plan.tasks] == [(0,), (1,)]
+    assert (result.failure.task, result.failure.reason) == ("worker:1", "hang")
+    [hang] = result.hangs
+    assert hang["culprit"] == "worker:1"
+    assert hang["why"].startswith("its GPU 1 on node1 sat idle (0% busy over the 5s since its last progress): "
+                                  "the stall is on the host, while the GPUs of worker:0 ran kernels all along: "
+                                  "they wait for it in a collective"), hang["why"]
+    gpus = {t["task"]: t["gpu"] for t in hang["tasks"]}
+    assert gpus["worker:0"]["state"] == "busy" and gpus["worker:0"]["util_mean"] == 100.0
+    assert gpus["worker:1"]["state"] == "idle" and gpus["worker:1"]["gpus"] == [1]
+    assert gpus["worker:0"]["readings"] >= 4, "one a second over the stall"
+    said = "\n".join(world.messages)
+    assert "; its main thread waiting in TensorFlow (eager/execute.py:53" in said
+    assert "the others: worker:0 waiting in TensorFlow (eager/execute.py:53 in quick_execute, called from " \
+        "me/train.py:77 in <module>) (GPU 0 on node1 100% busy)" in said, said
+
+
+def test_gpus_that_spin_or_idle_alike_blame_nobody_by_them_and_a_spinning_culprit_is_said_so(tmp_path):
+    world = gpu_world({0: 100.0, 1: 100.0}, **{
+        "worker:1": Behaviour(exit_after=None, stalls_at=0.5, ignores_term=True, stack=IN_COLLECTIVE)})
+    result, _ = world.run(tmp_path, hang_timeout_s=5.0)
+    [hang] = result.hangs
+    assert hang["culprit"] == "worker:1" and hang["why"].startswith("it stopped making progress first; its GPU 1 "
+                                                                    "on node1 ran kernels all along"), hang["why"]
+    assert "a kernel that does not end" in hang["why"]
+    idle = gpu_world({0: 0.0, 1: 0.0}, **{
+        "worker:0": Behaviour(exit_after=None, stalls_at=0.5, ignores_term=True, stack=IN_COLLECTIVE)})
+    (tmp_path / "idle").mkdir()
+    result, _ = idle.run(tmp_path / "idle", hang_timeout_s=5.0)
+    [hang] = result.hangs
+    assert hang["culprit"] == "worker:0" and hang["why"].endswith("sat idle (0% busy over the 5s since its last "
+                                                                  "progress): the stall is on the host"), hang["why"]
+
+
+def test_a_hang_without_gpu_telemetry_says_nothing_of_gpus(tmp_path):
+    world = gpu_world({0: 100.0, 1: 0.0})
+    world.gpu_util = None
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0)
+    [hang] = result.hangs
+    assert hang["why"] == "it stopped making progress first" and all(t["gpu"] is None for t in hang["tasks"])

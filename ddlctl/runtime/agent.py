@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         counters[task] = StepFile(os.path.join(folder, TASK_STEPS))
     hello = {"type": "hello", "t": time.time(), "host": args.host, "interval": args.interval,
              "pid": os.getpid(), "gpus": [asdict(g) for g in gpus.gpus], "driver": gpus.inventory.driver,
-             "gpu_note": gpus.note, "psutil": host.psutil is not None, "gpu_fields": list(GPU_FIELDS)}
+             "gpu_note": gpus.note, "psutil": host.psutil is not None, "gpu_fields": list(GPU_FIELDS),
+             "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
     print(json.dumps(hello), flush=True)
     deadline = time.monotonic()
     try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlctl.runfiles import HANG_DIR
+from ddlctl.supervise.gpuwatch import GpuActivity, GpuWatch, idle_among_busy
 from ddlctl.supervise.hangwatch import HangWatch, Overdue
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.policy import Fault, leader_of
@@ -38,21 +39,27 @@ class Finding:
 
 
 def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, float],
-                 leader: str) -> tuple[str, str, str]:
+                 leader: str, gpus: Mapping[str, GpuActivity | None] | None = None) -> tuple[str, str, str]:
     """(task to blame, why, why not the others) when the tasks of ``standings`` stopped.
 
     In order: a stopped process (state T); a process blocked in the kernel (state D: a dead network
     filesystem, a driver, a frozen cgroup); a task whose main thread is in its own code (a busy
     loop, a lock never released, a read nobody answers), or whose program has ended but waits for
-    a thread that does not, while the others wait in a library; the
+    a thread that does not, while the others wait in a library; a task whose GPU sat idle while
+    the others' GPUs ran kernels all along (``gpus``: what each task's GPUs did over the stall; the
+    others wait for it in a collective, which spins on the GPU); the
     first to stop making progress (``last_progress``); the coordination ``leader``. Ties go to
-    the one that stopped first."""
+    the one that stopped first. What the culprit's GPUs did is said with the reason."""
+    gpus = gpus or {}
+
     def first(names: list[str]) -> str:
         return sorted(names, key=lambda n: last_progress.get(n, float("-inf")))[0]
 
     stopped = [n for n, s in standings.items() if s.state == "stopped"]
     blocked = [n for n, s in standings.items() if s.state == "blocked"]
     in_user = [n for n, s in standings.items() if s.state in ("user", "joining")]
+    idle = idle_among_busy({n: gpus.get(n) for n in standings})
+    said_gpu = False
     if stopped:
         culprit, why = first(stopped), "its process is stopped (state T)"
     elif blocked:
@@ -62,12 +69,23 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
         culprit = first(in_user)
         why = (f"its main thread is in its own code at {standings[culprit].where}"
                if standings[culprit].state == "user" else standings[culprit].where)
+    elif idle:
+        culprit = first(idle)
+        busy = sorted(n for n in standings if (a := gpus.get(n)) is not None and a.state == "busy")
+        why = (f"{gpus[culprit].describe()}, while the GPUs of {', '.join(busy)} ran kernels all along: "  # type: ignore[union-attr]
+               f"they wait for it in a collective; its main thread {standings[culprit].where}")
+        said_gpu = True
     elif any(n in last_progress for n in standings):
         culprit, why = first([n for n in standings if n in last_progress]), "it stopped making progress first"
     else:
         culprit = leader if leader in standings else next(iter(standings))
         why = "no task says more: the coordination leader is blamed"
-    others = [f"{n} {s.where}" for n, s in standings.items() if n != culprit]
+    mine = gpus.get(culprit)
+    if mine is not None and not said_gpu:
+        why += f"; {mine.describe()}"
+    others = [f"{n} {s.where}" + (f" ({a.where} {a.util_mean:.0f}% busy)" if (a := gpus.get(n)) is not None
+                                   and a.readings else "")
+              for n, s in standings.items() if n != culprit]
     return culprit, why, ("the others: " + "; ".join(others)) if others else ""
 
 
@@ -80,6 +98,7 @@ class Hangs:
         self.dumps = 0
         self.reports: list[dict] = []  # one per hang handled (outcome.json "hangs")
         self.said_joining: set[tuple[str, float]] = set()  # finished tasks said to wait for a thread
+        self.gpus = GpuWatch()  # the telemetry agents' GPU readings (the supervisor adds them)
 
     def feed(self, now: float) -> None:
         """Progress as the host agents last reported it: each task's step records, and each ps
@@ -123,7 +142,8 @@ class Hangs:
                 self._report(now, overdue, standings, name, standings[name].where, folder, "exit")
             return Finding(ended=tuple((n, now - self.watch.last_progress.get(n, now - overdue.idle_s))
                                        for n in exiting))
-        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy))
+        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy),
+                                            self.gpu_activity(list(standings), now))
         self._report(now, overdue, standings, culprit, why, folder)
         self.watch.rearm(job.clock())
         detail = f"hung ({why}; {overdue.describe()}"
@@ -191,10 +211,20 @@ class Hangs:
         replies = self._dump(names)
         return self._save(replies), {n: stand(n, replies.get(n)) for n in names}
 
+    def gpu_activity(self, names: list[str], now: float) -> dict[str, GpuActivity | None]:
+        """What each task's GPUs did since its last progress (None: no GPU, or no GPU telemetry)."""
+        found: dict[str, GpuActivity | None] = {}
+        for name in names:
+            task = self.job.tasks[name]
+            since = self.watch.last_progress.get(name, now)
+            found[name] = self.gpus.activity(task.host, task.spec.gpus, since, now)
+        return found
+
     def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,
                 why: str, folder: Path | None, kind: str = "hang") -> None:
         """One ``hangs`` record (``kind``: "hang", or "exit" for a task stuck in its exit)."""
         progress = {n: p for s in self.job.sessions.values() for n, p in s.progress().items()}
+        gpus = self.gpu_activity(list(standings), now)
         self.reports.append({
             "time": time.time(), "kind": kind, "culprit": culprit, "why": why,
             "threshold_s": round(overdue.threshold_s, 1),
@@ -202,7 +232,7 @@ class Hangs:
             "tasks": [{"task": n, "state": s.state, "where": s.where,
                        "last_step": progress[n][0] if n in progress else None,
                        "idle_s": round(now - self.watch.last_progress[n], 1) if n in self.watch.last_progress
-                       else None} for n, s in standings.items()]})
+                       else None, "gpu": (a := gpus.get(n)) and a.record()} for n, s in standings.items()]})
 
     def _dump(self, names: list[str]) -> dict[str, dict | None]:
         """Ask the host agents for the processes (and Python stacks) of ``names``. Waits

@@ -238,7 +238,10 @@ class Supervisor:
             except ValueError:
                 others.append(line)
                 continue
-            if self.on_sample is not None and isinstance(record, dict):
+            if not isinstance(record, dict):
+                continue
+            self.hangs.gpus.add(task.host, record, self.job.clock())
+            if self.on_sample is not None:
                 self.on_sample(task.host, record)
         self.writer.write(task.name, task.host, others)
 

@@ -1,0 +1,172 @@
+"""What each host's GPUs did lately, from the telemetry agents' samples: read by the hang watch
+to say what a stalled task's GPUs were doing since its last step, and to blame a task whose GPU
+sat idle while its peers' GPUs ran kernels that never ended.
+
+Why this tells hangs apart (see DESIGN.md): NVML's utilisation says that *a* kernel was running.
+A collective that waits for a peer (an NCCL all-reduce whose peer never joins) is a kernel that
+spins on the GPU until the peer comes, so the waiting tasks' GPUs read ~100% busy with no step
+made, while the task that holds them up sits in host code with its GPU idle. A kernel that loops
+reads the same as a waiting collective; an idle GPU says the stall is on the host (input, a lock,
+the CPU, a peer's message).
+
+Pure bookkeeping over the samples (``gpus`` arrays in the order of the agent's ``gpu_fields``);
+the clock is the supervisor's, taken when a sample arrived, so hosts' clocks never matter.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ddlctl.runtime.hostagent import visible_devices
+from ddlctl.telemetry.nvml import GPU_FIELDS
+
+#: How much of each GPU's recent history is kept (seconds of the supervisor's clock).
+WINDOW_S = 900.0
+#: A reading at or above this utilisation (%) is busy: a kernel ran nearly all of the interval.
+BUSY_UTIL = 90.0
+#: A reading at or below this utilisation (%) is idle.
+IDLE_UTIL = 5.0
+#: The share of a stall's readings that must agree to call the GPU busy, or idle.
+MOSTLY = 0.8
+#: Fewer readings than this over a stall say nothing.
+MIN_READINGS = 3
+
+
+@dataclass(frozen=True)
+class GpuActivity:
+    """What a task's GPUs did over a stall: ``readings`` samples; in how many every one of its
+    GPUs was busy, or idle; the mean utilisation over them all."""
+
+    host: str
+    gpus: tuple[int, ...]
+    seconds: float
+    readings: int
+    busy: int
+    idle: int
+    util_mean: float
+
+    @property
+    def state(self) -> str:
+        """"busy" (kernels running all along), "idle", "mixed", or "unknown" (too few readings)."""
+        if self.readings < MIN_READINGS:
+            return "unknown"
+        if self.busy >= MOSTLY * self.readings:
+            return "busy"
+        if self.idle >= MOSTLY * self.readings:
+            return "idle"
+        return "mixed"
+
+    @property
+    def where(self) -> str:
+        """``GPU 0`` / ``GPUs 0,1`` on the host."""
+        label = "GPU" if len(self.gpus) == 1 else "GPUs"
+        return f"{label} {','.join(map(str, self.gpus))} on {self.host}"
+
+    def describe(self) -> str:
+        """One clause for a hang line."""
+        span = f"{self.seconds:.0f}s since its last progress"
+        if self.state == "busy":
+            return (f"its {self.where} ran kernels all along ({self.util_mean:.0f}% busy over the {span}) with no "
+                    "step made: a kernel that does not end (a collective waiting for a peer that never joins it, "
+                    "or a loop on the device)")
+        if self.state == "idle":
+            return f"its {self.where} sat idle ({self.util_mean:.0f}% busy over the {span}): the stall is on the host"
+        if self.state == "mixed":
+            return f"its {self.where} was {self.util_mean:.0f}% busy over the {span}"
+        return f"its {self.where}: too few telemetry readings over the {span} to say"
+
+    def record(self) -> dict:
+        """The figures for ``outcome.json``'s hang records."""
+        return {"host": self.host, "gpus": list(self.gpus), "state": self.state, "readings": self.readings,
+                "util_mean": round(self.util_mean, 1), "seconds": round(self.seconds, 1)}
+
+
+class _HostGpus:
+    """One host's GPU readings: (time, {NVML index: utilisation}) newest last."""
+
+    def __init__(self) -> None:
+        self.fields: list[str] = list(GPU_FIELDS)
+        self.uuids: dict[str, int] = {}
+        self.given: str | None = None  # the agent's own CUDA_VISIBLE_DEVICES
+        self.readings: deque[tuple[float, dict[int, float]]] = deque()
+
+
+class GpuWatch:
+    """Recent GPU utilisation of every host whose telemetry agent reports GPUs."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self.hosts: dict[str, _HostGpus] = {}
+
+    def add(self, host: str, record: Mapping[str, object], now: float) -> None:
+        """A telemetry agent's line (its hello, or a sample) from ``host``, received at ``now``."""
+        kind = record.get("type")
+        if kind == "hello":
+            mine = self.hosts.setdefault(host, _HostGpus())
+            mine.fields = list(record.get("gpu_fields") or GPU_FIELDS)  # type: ignore[call-overload]
+            mine.uuids = {str(g["uuid"]): int(g["index"]) for g in record.get("gpus") or []  # type: ignore[attr-defined]
+                          if isinstance(g, dict) and g.get("uuid") and g.get("index") is not None}
+            given = record.get("cuda_visible")
+            mine.given = str(given) if given else None
+            return
+        gpus = record.get("gpus")
+        if kind != "sample" or not gpus:
+            return
+        mine = self.hosts.setdefault(host, _HostGpus())
+        try:
+            at_index, at_util = mine.fields.index("index"), mine.fields.index("util")
+        except ValueError:
+            return
+        reading: dict[int, float] = {}
+        for entry in gpus:  # type: ignore[attr-defined]
+            values = entry if isinstance(entry, list) else [entry.get(f) for f in mine.fields]
+            if len(values) > max(at_index, at_util) and values[at_index] is not None and values[at_util] is not None:
+                reading[int(values[at_index])] = float(values[at_util])
+        if reading:
+            mine.readings.append((now, reading))
+        while mine.readings and mine.readings[0][0] < now - self.window_s:
+            mine.readings.popleft()
+
+    def indices(self, host: str, planned: Sequence[int] | None) -> tuple[int, ...] | None:
+        """The NVML indices of the GPUs a task sees: the plan's (numbered 0..N-1 among those the host
+        gives ddlctl: the host agent maps them through its own ``CUDA_VISIBLE_DEVICES``, as here),
+        or every GPU of the host when the plan pinned none; None when unknown."""
+        mine = self.hosts.get(host)
+        if mine is None or not mine.readings:
+            return None
+        if planned is None:
+            return tuple(sorted(mine.readings[-1][1]))
+        resolved = visible_devices(",".join(map(str, planned)), mine.given)
+        found = []
+        for entry in (e.strip() for e in resolved.split(",") if e.strip()):
+            if entry.isdigit():
+                found.append(int(entry))
+            elif entry in mine.uuids:
+                found.append(mine.uuids[entry])
+            else:
+                return None  # a MIG instance or a name NVML does not list: unknown
+        return tuple(found)
+
+    def activity(self, host: str, planned: Sequence[int] | None, since: float, now: float) -> GpuActivity | None:
+        """What the GPUs of a task on ``host`` (its plan's ``planned`` GPUs) did between ``since``
+        and ``now``; None for a task with no GPU, or a host with no GPU readings."""
+        indices = self.indices(host, planned)
+        if not indices:
+            return None
+        readings = [r for t, r in self.hosts[host].readings if since < t <= now and all(i in r for i in indices)]
+        utils = [r[i] for r in readings for i in indices]
+        return GpuActivity(host, indices, max(0.0, now - since), len(readings),
+                           busy=sum(all(r[i] >= BUSY_UTIL for i in indices) for r in readings),
+                           idle=sum(all(r[i] <= IDLE_UTIL for i in indices) for r in readings),
+                           util_mean=sum(utils) / len(utils) if utils else 0.0)
+
+
+def idle_among_busy(activities: Mapping[str, GpuActivity | None]) -> list[str]:
+    """The tasks whose GPUs sat idle over the stall while another task's GPUs ran kernels all
+    along: those peers wait in a collective for them (empty unless both are seen)."""
+    states = {n: a.state for n, a in activities.items() if a is not None}
+    if "busy" not in states.values():
+        return []
+    return [n for n, s in states.items() if s == "idle"]
