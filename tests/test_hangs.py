@@ -199,3 +199,59 @@ def test_blame_goes_to_the_stopped_then_to_user_code_then_to_the_first_to_stop()
     assert hang_culprit(waiting, progress, "worker:0")[:2] == ("worker:2", "it stopped making progress first")
     assert hang_culprit({"ps:0": standing("ps:0", "waiting"), "chief:0": standing("chief:0", "waiting")},
                         {}, "chief:0")[0] == "chief:0", "nobody says more: the coordination leader"
+
+
+# -- GPUs over a stall (ddlctl.supervise.gpuwatch) --------------------------------------------------
+
+def _gpu_hello(given: str | None = None) -> dict:
+    from ddlctl.telemetry.nvml import GPU_FIELDS
+
+    return {"type": "hello", "gpu_fields": list(GPU_FIELDS), "cuda_visible": given,
+            "gpus": [{"index": i, "uuid": f"GPU-{i}{i}"} for i in range(4)]}
+
+
+def _gpu_sample(utils: dict[int, float | None]) -> dict:
+    from ddlctl.telemetry.nvml import GPU_FIELDS
+
+    return {"type": "sample", "gpus": [[i, u, *[None] * (len(GPU_FIELDS) - 2)] for i, u in utils.items()]}
+
+
+def test_a_tasks_planned_gpus_are_read_through_the_hosts_own_visible_devices():
+    from ddlctl.supervise.gpuwatch import GpuWatch
+
+    watch = GpuWatch()
+    assert watch.indices("a", (0,)) is None, "no readings from that host yet"
+    watch.add("a", _gpu_hello(), 0.0)
+    watch.add("a", _gpu_sample({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}), 1.0)
+    assert watch.indices("a", (1,)) == (1,) and watch.indices("a", None) == (0, 1, 2, 3)
+    # a Slurm step holding GPUs 2 and 3 of its node: plan index i is the i-th of them
+    watch.add("a", _gpu_hello("2,3"), 2.0)
+    assert watch.indices("a", (1,)) == (3,) and watch.indices("a", (0, 1)) == (2, 3)
+    watch.add("a", _gpu_hello("GPU-33,GPU-11"), 3.0)  # given by UUID: NVML's index for it
+    assert watch.indices("a", (0,)) == (3,)
+    watch.add("a", _gpu_hello("MIG-abc"), 4.0)
+    assert watch.indices("a", (0,)) is None, "a MIG instance: not a GPU NVML numbers"
+    assert watch.indices("a", ()) == () and watch.activity("a", (), 0.0, 9.0) is None, "a task with no GPU"
+
+
+def test_a_stall_reads_busy_idle_mixed_or_unknown_from_the_readings_inside_it():
+    from ddlctl.supervise.gpuwatch import GpuWatch, idle_among_busy
+
+    watch = GpuWatch(window_s=100.0)
+    watch.add("a", _gpu_hello(), 0.0)
+    for t in range(1, 21):  # GPU 0 busy from t=10, GPU 1 idle from t=10, GPU 2 alternating, GPU 3 unsupported
+        watch.add("a", _gpu_sample({0: 100.0 if t >= 10 else 30.0, 1: 0.0 if t >= 10 else 50.0,
+                                    2: 100.0 if t % 2 else 0.0, 3: None}), float(t))
+    busy, idle = watch.activity("a", (0,), 9.5, 20.0), watch.activity("a", (1,), 9.5, 20.0)
+    assert (busy.state, busy.readings, busy.util_mean, busy.seconds) == ("busy", 11, 100.0, 10.5)
+    assert idle.state == "idle" and "sat idle (0% busy over the 10s since its last progress)" in idle.describe()
+    assert watch.activity("a", (0,), 4.5, 20.0).state == "mixed", "16 readings, 11 busy: under 80%"
+    assert watch.activity("a", (0,), 0.5, 20.0).state == "mixed", "half of it before the stall began"
+    assert watch.activity("a", (0, 1), 9.5, 20.0).state == "mixed", "busy and idle GPUs of one task"
+    assert watch.activity("a", (2,), 9.5, 20.0).state == "mixed"
+    assert watch.activity("a", (0,), 18.5, 20.0).state == "unknown", "two readings say nothing"
+    assert watch.activity("a", (3,), 9.5, 20.0).readings == 0, "a GPU without utilisation readings"
+    assert idle_among_busy({"w0": busy, "w1": idle, "w2": None}) == ["w1"]
+    assert idle_among_busy({"w0": idle, "w1": idle}) == [], "idle alike: the GPUs tell nothing"
+    watch.add("a", _gpu_sample({0: 1.0}), 200.0)
+    assert len(watch.hosts["a"].readings) == 1, "readings older than the window are dropped"

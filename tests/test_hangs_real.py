@@ -52,8 +52,9 @@ HUNG = {"worker:1": ("lock", "wait_forever_on_a_lock"), "worker:2": ("spin", "sp
 def test_tasks_hung_in_their_own_code_are_blamed_from_their_stacks_not_their_waiting_peer(runs):
     # three kinds at once, one worker each: a lock never released, a busy loop, a read nobody answers
     kinds = ",".join(kind for kind, _ in HUNG.values())
-    job = Job(runs, "-s", "mwms", "--workers", "4", "--hang-timeout", "8", "--env", f"HANG_KIND={kinds}", *QUICK,
-              "--", sys.executable, HANG_KINDS)
+    # with telemetry (the others run without): a host with no GPU is a normal state for the hang watch
+    job = Job(runs, "-s", "mwms", "--workers", "4", "--hang-timeout", "8", "--env", f"HANG_KIND={kinds}",
+              *(o for o in QUICK if o != "--no-telemetry"), "--", sys.executable, HANG_KINDS)
     stalled = max(stalled_at(job, task.replace(":", "-"), f"{task} hangs now ({kind})")
                   for task, (kind, _) in HUNG.items())
     assert job.wait() == 124, job.stderr()[-3000:]
@@ -66,6 +67,9 @@ def test_tasks_hung_in_their_own_code_are_blamed_from_their_stacks_not_their_wai
         assert stood[task][1].endswith(f" in {function}"), stood
     assert stood["worker:0"][0] == "waiting" and "TensorFlow" in stood["worker:0"][1]
     assert "its main thread is in its own code at programs/hang_kinds.py:" in job.stderr()
+    samples = (job.run_dir / "telemetry" / "localhost.jsonl").read_text().splitlines()
+    assert len(samples) > 5 and all(t["gpu"] is None for t in hang["tasks"]), "no GPU: nothing said of GPUs"
+    assert "GPU" not in hang["why"]
     assert 6 < hang["time"] - stalled < 8 + 15, "named after its 8 s threshold (and the stacks), not before"
     nothing_left(job)
 
