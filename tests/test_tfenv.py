@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import threading
 import time
+
+import pytest
 
 from ddlctl.runtime.tfenv import cluster_addresses, not_listening
 
@@ -75,3 +79,46 @@ def test_a_server_task_serves_the_profiler_on_its_own_port_only_when_asked():
     assert profiler_port("7700", "worker", 2) == 7702 and profiler_port("7700", "ps", 0) == 7800
     assert profiler_port(None, "worker", 0) is None and profiler_port("", "worker", 0) is None
     assert profiler_port("on", "worker", 0) is None
+
+
+def _serve(tmp_path, code: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Start a ps server process (``code``: its command) for a one-ps cluster, wait until it
+    listens, stop it; (its pid, what it printed, the import times it wrote to stderr)."""
+    import subprocess
+    import sys
+
+    from ddlctl.runtime.probe import free_ports
+
+    ps, worker = free_ports(2)
+    tf_config = {"cluster": {"ps": [f"localhost:{ps}"], "worker": [f"localhost:{worker}"]},
+                 "task": {"type": "ps", "index": 0}}
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, *code], stdout=stdout, stderr=stderr, env={
+            **os.environ, **env, "TF_CONFIG": json.dumps(tf_config), "PYTHONPROFILEIMPORTTIME": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2"})
+        try:
+            deadline = time.monotonic() + 120
+            while "listening at" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cmdline = open(f"/proc/{proc.pid}/cmdline", "rb").read().split(b"\0")  # noqa: SIM115
+        finally:
+            proc.kill()
+            proc.wait()
+    assert cmdline[1:3] == [b"-m", b"ddlctl.runtime.server"], cmdline  # (the same pid, run again: exec)
+    return proc.pid, out.read_text(), err.read_text()
+
+
+@pytest.mark.cluster
+def test_a_server_imports_only_what_serves_and_runs_itself_again_with_all_of_tensorflow_when_that_fails(tmp_path):
+    # lean: the server's modules, never the tf.* API or Keras (seconds of a start and of every restart)
+    _, said, imported = _serve(tmp_path, ["-m", "ddlctl.runtime.server"], {})
+    assert "ddlctl server: ps:0 listening at grpc://localhost:" in said, said + imported[-2000:]
+    assert "tensorflow.python.training.server_lib" in imported
+    assert not re.search(r"\|\s+keras\b", imported) and "tensorflow._api.v2" not in imported
+    # that import failing (a TensorFlow laid out otherwise): the same process runs again, all imported
+    broken = ("import runpy, sys; sys.modules['tensorflow.python.training.server_lib'] = None; "
+              "runpy.run_module('ddlctl.runtime.server', run_name='__main__')")
+    _, said, imported = _serve(tmp_path, ["-c", broken], {})
+    assert "ddlctl server: ps:0 listening at grpc://localhost:" in said, said + imported[-2000:]
+    assert "tensorflow._api.v2" in imported and re.search(r"\|\s+keras\b", imported)
