@@ -56,7 +56,7 @@ def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path
                         *workload())
     assert single.returncode == 0, single.stderr[-2000:]
     split = run_ddlctl("launch", "-s", "model", "--workers", "2", "--no-telemetry", "--runs-dir", str(tmp_path / "mp"),
-                       *workload("--microbatches", "1", "--partition", "7,7"))
+                       *workload("--microbatches", "1", "--partition", "7,7", "--no-predict"))
     assert split.returncode == 0, split.stderr[-3000:]
     one = json.loads((only_run_dir(tmp_path / "one") / "tasks" / "worker-0" / "result.json").read_text())
     run_dir = only_run_dir(tmp_path / "mp")
@@ -67,6 +67,8 @@ def test_two_stages_without_micro_batches_train_exactly_like_one_device(tmp_path
     # a given plan: two equal CPU tasks of one machine are near break-even for the cost model, which
     # may keep the whole model on one of them (planning in place: the emulated slow stage below)
     assert stages["how"] == "given" and stages["partition"] == [7, 7]
+    # not measured (--no-predict): no prediction, and none of the measuring's lines
+    assert stages["predicted"] is None and "stage speeds measured in place" not in split.stdout
     for i, stage in enumerate(stages["stages"]):
         assert stage["device"] == f"/job:worker/replica:0/task:{i}/device:CPU:0"
         assert stage["variable_devices"] == [stage["device"]], "each stage's variables live on its task"

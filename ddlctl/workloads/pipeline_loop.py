@@ -39,7 +39,8 @@ def train_model_parallel(ctx: TaskContext, args: argparse.Namespace, recorder: S
     keras.utils.set_random_seed(args.seed)
     model = getattr(models, args.workload)()
     try:
-        planned = mp.plan(model, devices, args.batch_size, args.microbatches, args.partition, args.checkpoint_dir)
+        planned = mp.plan(model, devices, args.batch_size, args.microbatches, args.partition, args.checkpoint_dir,
+                          predict=args.predict)
     except UserError as exc:
         raise SystemExit(str(exc)) from None
     counts = planned.counts

@@ -91,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partition", default=os.environ.get(envvars.PARTITION), metavar="N,N,...",
                         help="model strategy: layers per stage task, in order (default $DDLCTL_PARTITION, "
                              "else planned here: greedy or optimal, whichever is predicted faster)")
+    parser.add_argument("--no-predict", dest="predict", action="store_false",
+                        help="model strategy, with a given --partition: do not measure the stages to predict "
+                             "its step time (the measurement takes seconds to tens of seconds at start-up)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get(envvars.CHECKPOINT_DIR),
                         help="where the chief saves checkpoints and every task resumes from "
                              "(the evaluator reads them too); default $DDLCTL_CHECKPOINT_DIR")
