@@ -197,6 +197,8 @@ def test_blame_goes_to_the_stopped_then_to_user_code_then_to_the_first_to_stop()
     assert hang_culprit(both, progress, "worker:0")[0] == "worker:0"
     waiting = {n: standing(n, "waiting") for n in both}
     assert hang_culprit(waiting, progress, "worker:0")[:2] == ("worker:2", "it stopped making progress first")
+    alone = {"worker:0": waiting["worker:0"]}
+    assert hang_culprit(alone, progress, "worker:0")[:2] == ("worker:0", "it stopped making progress")
     assert hang_culprit({"ps:0": standing("ps:0", "waiting"), "chief:0": standing("chief:0", "waiting")},
                         {}, "chief:0")[0] == "chief:0", "nobody says more: the coordination leader"
 

@@ -76,7 +76,8 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
                f"they wait for it in a collective; its main thread {standings[culprit].where}")
         said_gpu = True
     elif any(n in last_progress for n in standings):
-        culprit, why = first([n for n in standings if n in last_progress]), "it stopped making progress first"
+        culprit = first([n for n in standings if n in last_progress])
+        why = "it stopped making progress first" if len(standings) > 1 else "it stopped making progress"
     else:
         culprit = leader if leader in standings else next(iter(standings))
         why = "no task says more: the coordination leader is blamed"
