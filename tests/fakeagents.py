@@ -148,9 +148,10 @@ class FakeTask:
 
     def _sample(self, now: float) -> None:
         """A telemetry agent: its hello, then a sample every world second with the GPU
-        utilisation the world's ``gpu_util`` gives (as ``ddlctl.runtime.agent`` prints them)."""
+        utilisation the world's ``gpu_util`` gives and each running task's CPU from ``task_cpu``
+        (as ``ddlctl.runtime.agent`` prints them)."""
         world = self.session.world
-        if world.gpu_util is None:
+        if world.gpu_util is None and world.task_cpu is None:
             return
         host = self.spec.host.label
         if self.steps == 0:
@@ -159,8 +160,11 @@ class FakeTask:
                                                     for i in range(world.gpus)]}).encode() + b"\n")
         if now - self.started_at >= self.steps:  # one a second (steps counts the samples)
             self.steps += 1
-            utils = world.gpu_util(host, now - 1000.0)
-            self.chunks.append(json.dumps({"type": "sample", "t": world.wall(), "gpus": [
+            utils = world.gpu_util(host, now - 1000.0) if world.gpu_util else {}
+            procs = {name: [world.task_cpu(name, now - 1000.0), 1 << 20] for name, task in world.latest.items()
+                     if world.task_cpu and task.spec.kind != "agent" and task.spec.host.label == host
+                     and task.status is None}
+            self.chunks.append(json.dumps({"type": "sample", "t": world.wall(), "procs": procs, "gpus": [
                 [i, util, *[None] * (len(GPU_FIELDS) - 2)] for i, util in sorted(utils.items())]}).encode() + b"\n")
 
 
@@ -307,6 +311,7 @@ class World:
     slots: int = 4  # per host
     gpus: int = 0  # per host
     gpu_util: Callable[[str, float], dict[int, float]] | None = None  # (host, world age) -> GPU index -> util %
+    task_cpu: Callable[[str, float], float] | None = None  # (task, world age) -> its CPU % of one core
     behaviours: dict[str, Behaviour] = field(default_factory=dict)  # task name -> its behaviour
     retries: dict[tuple[str, int], Behaviour] = field(default_factory=dict)  # (task, attempt) -> behaviour
     now: float = 1000.0

@@ -203,7 +203,7 @@ def test_blame_goes_to_the_stopped_then_to_user_code_then_to_the_first_to_stop()
                         {}, "chief:0")[0] == "chief:0", "nobody says more: the coordination leader"
 
 
-# -- GPUs over a stall (ddlctl.supervise.gpuwatch) --------------------------------------------------
+# -- GPUs over a stall (ddlctl.supervise.activity) --------------------------------------------------
 
 def _gpu_hello(given: str | None = None) -> dict:
     from ddlctl.telemetry.nvml import GPU_FIELDS
@@ -219,9 +219,9 @@ def _gpu_sample(utils: dict[int, float | None]) -> dict:
 
 
 def test_a_tasks_planned_gpus_are_read_through_the_hosts_own_visible_devices():
-    from ddlctl.supervise.gpuwatch import GpuWatch
+    from ddlctl.supervise.activity import ActivityWatch
 
-    watch = GpuWatch()
+    watch = ActivityWatch()
     assert watch.indices("a", (0,)) is None, "no readings from that host yet"
     watch.add("a", _gpu_hello(), 0.0)
     watch.add("a", _gpu_sample({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}), 1.0)
@@ -237,9 +237,9 @@ def test_a_tasks_planned_gpus_are_read_through_the_hosts_own_visible_devices():
 
 
 def test_a_stall_reads_busy_idle_mixed_or_unknown_from_the_readings_inside_it():
-    from ddlctl.supervise.gpuwatch import GpuWatch, idle_among_busy
+    from ddlctl.supervise.activity import ActivityWatch, idle_among_busy
 
-    watch = GpuWatch(window_s=100.0)
+    watch = ActivityWatch(window_s=100.0)
     watch.add("a", _gpu_hello(), 0.0)
     for t in range(1, 21):  # GPU 0 busy from t=10, GPU 1 idle from t=10, GPU 2 alternating, GPU 3 unsupported
         watch.add("a", _gpu_sample({0: 100.0 if t >= 10 else 30.0, 1: 0.0 if t >= 10 else 50.0,
@@ -257,3 +257,23 @@ def test_a_stall_reads_busy_idle_mixed_or_unknown_from_the_readings_inside_it():
     assert idle_among_busy({"w0": idle, "w1": idle}) == [], "idle alike: the GPUs tell nothing"
     watch.add("a", _gpu_sample({0: 1.0}), 200.0)
     assert len(watch.hosts["a"].readings) == 1, "readings older than the window are dropped"
+
+
+def test_a_busy_process_among_idle_ones_needs_readings_of_every_task_and_a_clear_gap():
+    from ddlctl.supervise.activity import ActivityWatch, CpuActivity, busy_among_idle
+
+    def cpu(mean: float, readings: int = 10) -> CpuActivity:
+        return CpuActivity("t", 10.0, readings, mean)
+
+    assert busy_among_idle({"w0": cpu(3.0), "w1": cpu(95.0), "ps": cpu(1.0)}) == ["w1"]
+    assert busy_among_idle({"w0": cpu(3.0), "w1": cpu(30.0)}) == ["w1"], "a loaded machine: a share of a core"
+    assert busy_among_idle({"w0": cpu(10.0), "w1": cpu(30.0)}) == [], "not 4x the others: both work"
+    assert busy_among_idle({"w0": cpu(1.0), "w1": cpu(20.0)}) == [], "under a quarter of a core"
+    assert busy_among_idle({"w0": None, "w1": cpu(95.0)}) == [], "a task without readings: unknown"
+    assert busy_among_idle({"w0": cpu(1.0, 2), "w1": cpu(95.0)}) == [], "too few readings"
+    assert busy_among_idle({"w1": cpu(95.0)}) == [], "alone: nobody waits for it"
+    watch = ActivityWatch(window_s=100.0)
+    for t in range(1, 11):
+        watch.add("a", {"type": "sample", "procs": {"w0": [2.0, 1], "w1": [90.0 if t > 5 else 10.0, 1]}}, float(t))
+    assert watch.cpu("w1", 5.5, 10.0).cpu_mean == 90.0 and watch.cpu("w1", 5.5, 10.0).readings == 5
+    assert watch.cpu("w9", 0.0, 10.0) is None

@@ -74,6 +74,23 @@ def test_tasks_hung_in_their_own_code_are_blamed_from_their_stacks_not_their_wai
     nothing_left(job)
 
 
+def test_a_task_spinning_in_native_code_is_blamed_by_its_busy_cpu_while_its_peer_waits_idle(runs):
+    # worker:1's tf.data filter lets nothing through from batch 15 on: its input pipeline spins in
+    # native code while its main thread, like worker:0's (in the all-reduce), waits in TensorFlow.
+    # Their stacks alike and their last steps equal, only their CPU tells them apart (telemetry on).
+    job = Job(runs, "-s", "mwms", "--hang-timeout", "8", "--env", "HANG_KIND=filter",
+              *(o for o in QUICK if o != "--no-telemetry"), "--", sys.executable, HANG_KINDS)
+    assert job.wait() == 124, job.stderr()[-3000:]
+    [hang] = job.outcome()["hangs"]
+    stood = {t["task"]: t["state"] for t in hang["tasks"]}
+    assert stood == {"worker:0": "waiting", "worker:1": "waiting"}, hang["tasks"]
+    assert hang["culprit"] == "worker:1" and hang["why"].startswith("its process used "), hang
+    cpus = {t["task"]: t["cpu"]["cpu_mean"] for t in hang["tasks"]}
+    assert cpus["worker:1"] > 4 * cpus["worker:0"], cpus
+    assert "it works or spins in native code and they wait for it" in job.stderr()
+    nothing_left(job)
+
+
 @pytest.mark.parametrize("how", ["declared", "undeclared-raise", "native"])
 def test_a_program_that_ended_but_whose_process_never_exits_is_ended_as_the_exit_it_made(runs, how):
     """The process blocks at interpreter shutdown with no Python frame (tests/programs/stuck_in_exit.py):

@@ -750,3 +750,35 @@ def test_a_hang_without_gpu_telemetry_says_nothing_of_gpus(tmp_path):
     result, _ = world.run(tmp_path, hang_timeout_s=3.0)
     [hang] = result.hangs
     assert hang["why"] == "it stopped making progress first" and all(t["gpu"] is None for t in hang["tasks"])
+
+
+def test_the_task_whose_process_keeps_a_cpu_busy_while_its_waiting_peers_idle_is_blamed(tmp_path):
+    # no GPU: worker:0 waits in a collective (gRPC: no CPU), worker:1's input pipeline spins in
+    # native code (a tf.data filter that lets nothing through); both stacks wait in TensorFlow
+    busy = {"worker:0": 2.0, "worker:1": 97.0}
+    world = gpu_world({})
+    world.gpu_util, world.gpus = None, 0
+    world.task_cpu = lambda task, age: 60.0 if age < 1.0 else busy[task]
+    result, _ = world.run(tmp_path, hang_timeout_s=5.0)
+    [hang] = result.hangs
+    assert hang["culprit"] == "worker:1", hang
+    assert hang["why"].startswith("its process used 97% of a CPU core over the 5s since its last progress, the "
+                                  "others' at most 2%: it works or spins in native code and they wait for it; its "
+                                  "main thread waiting in TensorFlow"), hang["why"]
+    cpus = {t["task"]: t["cpu"] for t in hang["tasks"]}
+    assert cpus["worker:0"]["cpu_mean"] == 2.0 and cpus["worker:1"]["readings"] >= 4
+    # both busy (one works, the other too: not a wait): the CPU tells nothing
+    both = gpu_world({})
+    both.gpu_util, both.gpus = None, 0
+    both.task_cpu = lambda task, age: {"worker:0": 40.0, "worker:1": 97.0}[task]
+    (tmp_path / "both").mkdir()
+    result, _ = both.run(tmp_path / "both", hang_timeout_s=5.0)
+    [hang] = result.hangs
+    assert "CPU" not in hang["why"] and hang["why"] == "it stopped making progress first", hang["why"]
+    # GPUs read: their readings decide, not the CPU (NCCL's proxy thread spins on a waiting rank's CPU)
+    gpus = gpu_world({0: 60.0, 1: 60.0})
+    gpus.task_cpu = lambda task, age: busy[task]
+    (tmp_path / "gpus").mkdir()
+    result, _ = gpus.run(tmp_path / "gpus", hang_timeout_s=5.0)
+    [hang] = result.hangs
+    assert hang["why"].startswith("it stopped making progress first; its GPU"), hang["why"]

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlctl.runfiles import HANG_DIR
-from ddlctl.supervise.gpuwatch import GpuActivity, GpuWatch, idle_among_busy
+from ddlctl.supervise.activity import (
+    ActivityWatch,
+    CpuActivity,
+    GpuActivity,
+    busy_among_idle,
+    idle_among_busy,
+)
 from ddlctl.supervise.hangwatch import HangWatch, Overdue
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.policy import Fault, leader_of
@@ -39,7 +45,8 @@ class Finding:
 
 
 def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, float],
-                 leader: str, gpus: Mapping[str, GpuActivity | None] | None = None) -> tuple[str, str, str]:
+                 leader: str, gpus: Mapping[str, GpuActivity | None] | None = None,
+                 cpus: Mapping[str, CpuActivity | None] | None = None) -> tuple[str, str, str]:
     """(task to blame, why, why not the others) when the tasks of ``standings`` stopped.
 
     In order: a stopped process (state T); a process blocked in the kernel (state D: a dead network
@@ -47,10 +54,12 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
     loop, a lock never released, a read nobody answers), or whose program has ended but waits for
     a thread that does not, while the others wait in a library; a task whose GPU sat idle while
     the others' GPUs ran kernels all along (``gpus``: what each task's GPUs did over the stall; the
-    others wait for it in a collective, which spins on the GPU); the
-    first to stop making progress (``last_progress``); the coordination ``leader``. Ties go to
-    the one that stopped first. What the culprit's GPUs did is said with the reason."""
-    gpus = gpus or {}
+    others wait for it in a collective, which spins on the GPU); a task whose process kept a CPU
+    busy while the others' idled (``cpus``: each task's CPU over the stall; waiting for a peer
+    costs no CPU; not where a task has GPU readings); the first to stop making progress
+    (``last_progress``); the coordination ``leader``. Ties go to the one that stopped first. What
+    the culprit's GPUs did is said with the reason."""
+    gpus, cpus = gpus or {}, cpus or {}
 
     def first(names: list[str]) -> str:
         return sorted(names, key=lambda n: last_progress.get(n, float("-inf")))[0]
@@ -59,6 +68,8 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
     blocked = [n for n, s in standings.items() if s.state == "blocked"]
     in_user = [n for n, s in standings.items() if s.state in ("user", "joining")]
     idle = idle_among_busy({n: gpus.get(n) for n in standings})
+    # (on GPUs a waiting rank's CPU spins too: NCCL's proxy thread; their GPUs say more)
+    busy_cpu = [] if any(gpus.get(n) for n in standings) else busy_among_idle({n: cpus.get(n) for n in standings})
     said_gpu = False
     if stopped:
         culprit, why = first(stopped), "its process is stopped (state T)"
@@ -75,6 +86,11 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
         why = (f"{gpus[culprit].describe()}, while the GPUs of {', '.join(busy)} ran kernels all along: "  # type: ignore[union-attr]
                f"they wait for it in a collective; its main thread {standings[culprit].where}")
         said_gpu = True
+    elif busy_cpu:
+        culprit = busy_cpu[0]
+        rest = max(a.cpu_mean for n, a in cpus.items() if n != culprit and n in standings and a is not None)
+        why = (f"{cpus[culprit].describe()}, the others' at most {rest:.0f}%: it works or "  # type: ignore[union-attr]
+               f"spins in native code and they wait for it; its main thread {standings[culprit].where}")
     elif any(n in last_progress for n in standings):
         culprit = first([n for n in standings if n in last_progress])
         why = "it stopped making progress first" if len(standings) > 1 else "it stopped making progress"
@@ -99,7 +115,7 @@ class Hangs:
         self.dumps = 0
         self.reports: list[dict] = []  # one per hang handled (outcome.json "hangs")
         self.said_joining: set[tuple[str, float]] = set()  # finished tasks said to wait for a thread
-        self.gpus = GpuWatch()  # the telemetry agents' GPU readings (the supervisor adds them)
+        self.activity = ActivityWatch()  # the telemetry agents' readings (the supervisor adds them)
 
     def feed(self, now: float) -> None:
         """Progress as the host agents last reported it: each task's step records, and each ps
@@ -144,7 +160,8 @@ class Hangs:
             return Finding(ended=tuple((n, now - self.watch.last_progress.get(n, now - overdue.idle_s))
                                        for n in exiting))
         culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy),
-                                            self.gpu_activity(list(standings), now))
+                                            self.gpu_activity(list(standings), now),
+                                            self.cpu_activity(list(standings), now))
         self._report(now, overdue, standings, culprit, why, folder)
         self.watch.rearm(job.clock())
         detail = f"hung ({why}; {overdue.describe()}"
@@ -212,13 +229,17 @@ class Hangs:
         replies = self._dump(names)
         return self._save(replies), {n: stand(n, replies.get(n)) for n in names}
 
+    def cpu_activity(self, names: list[str], now: float) -> dict[str, CpuActivity | None]:
+        """What each task's processes did on the CPU since its last progress (None: no telemetry)."""
+        return {n: self.activity.cpu(n, self.watch.last_progress.get(n, now), now) for n in names}
+
     def gpu_activity(self, names: list[str], now: float) -> dict[str, GpuActivity | None]:
         """What each task's GPUs did since its last progress (None: no GPU, or no GPU telemetry)."""
         found: dict[str, GpuActivity | None] = {}
         for name in names:
             task = self.job.tasks[name]
             since = self.watch.last_progress.get(name, now)
-            found[name] = self.gpus.activity(task.host, task.spec.gpus, since, now)
+            found[name] = self.activity.activity(task.host, task.spec.gpus, since, now)
         return found
 
     def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,
@@ -226,6 +247,7 @@ class Hangs:
         """One ``hangs`` record (``kind``: "hang", or "exit" for a task stuck in its exit)."""
         progress = {n: p for s in self.job.sessions.values() for n, p in s.progress().items()}
         gpus = self.gpu_activity(list(standings), now)
+        cpus = self.cpu_activity(list(standings), now)
         self.reports.append({
             "time": time.time(), "kind": kind, "culprit": culprit, "why": why,
             "threshold_s": round(overdue.threshold_s, 1),
@@ -233,7 +255,8 @@ class Hangs:
             "tasks": [{"task": n, "state": s.state, "where": s.where,
                        "last_step": progress[n][0] if n in progress else None,
                        "idle_s": round(now - self.watch.last_progress[n], 1) if n in self.watch.last_progress
-                       else None, "gpu": (a := gpus.get(n)) and a.record()} for n, s in standings.items()]})
+                       else None, "gpu": (a := gpus.get(n)) and a.record(),
+                       "cpu": (c := cpus.get(n)) and c.record()} for n, s in standings.items()]})
 
     def _dump(self, names: list[str]) -> dict[str, dict | None]:
         """Ask the host agents for the processes (and Python stacks) of ``names``. Waits

@@ -240,7 +240,7 @@ class Supervisor:
                 continue
             if not isinstance(record, dict):
                 continue
-            self.hangs.gpus.add(task.host, record, self.job.clock())
+            self.hangs.activity.add(task.host, record, self.job.clock())
             if self.on_sample is not None:
                 self.on_sample(task.host, record)
         self.writer.write(task.name, task.host, others)

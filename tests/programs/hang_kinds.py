@@ -6,6 +6,8 @@ worker:0 left waiting):
 * ``lock``: a Keras callback waits on a lock that is never released (``model.fit``, tf-keras);
 * ``spin``: a Keras callback spins in a busy loop (CPU at 100 %, at the lowest priority);
 * ``pipe``: a Keras callback reads a pipe nobody writes;
+* ``filter``: its input pipeline, from batch ``HANG_AT`` on, filters out every element of an endless
+  dataset: tf.data spins in native code (a CPU busy) while the main thread waits in TensorFlow;
 * ``local``: no hang of its own and no collective: every worker steps on its own (the test stops
   worker:1 with SIGSTOP; its peers keep stepping).
 """
@@ -64,7 +66,7 @@ def read_a_pipe_nobody_writes() -> None:
 
 class HangOnPurpose(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
-        if KIND is not None and batch == AT:
+        if KIND is not None and KIND != "filter" and batch == AT:
             print(f"{ME} hangs now ({KIND})", flush=True)
             {"lock": wait_forever_on_a_lock, "spin": spin_forever, "pipe": read_a_pipe_nobody_writes}[KIND]()
 
@@ -73,6 +75,12 @@ rng = np.random.default_rng(0)
 x = rng.random((512, 8)).astype("float32")
 y = (x.sum(axis=1) > 4).astype("int32")
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+# the same pipeline on every worker (MWMS's collectives must match): only worker:1's limit is low
+limit = tf.constant(AT if KIND == "filter" else 2**62, tf.int64)
+data = data.enumerate().filter(lambda i, _batch: i < limit).map(lambda _i, batch: batch)
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+data = data.with_options(options)
 with strategy.scope():
     model = keras.Sequential([keras.layers.Dense(16, activation="relu", input_shape=(8,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.Adam(0.01),

@@ -1,16 +1,22 @@
-"""What each host's GPUs did lately, from the telemetry agents' samples: read by the hang watch
-to say what a stalled task's GPUs were doing since its last step, and to blame a task whose GPU
-sat idle while its peers' GPUs ran kernels that never ended.
+"""What each host's GPUs and each task's process did lately, from the telemetry agents' samples:
+read by the hang watch to say what a stalled task's GPUs were doing since its last step, and to
+blame, among tasks that all wait in a library, the one whose GPU sat idle while its peers' GPUs
+ran kernels that never ended, or the one whose process kept a CPU busy while the others idled.
 
 Why this tells hangs apart (see DESIGN.md): NVML's utilisation says that *a* kernel was running.
 A collective that waits for a peer (an NCCL all-reduce whose peer never joins) is a kernel that
 spins on the GPU until the peer comes, so the waiting tasks' GPUs read ~100% busy with no step
 made, while the task that holds them up sits in host code with its GPU idle. A kernel that loops
 reads the same as a waiting collective; an idle GPU says the stall is on the host (input, a lock,
-the CPU, a peer's message).
+the CPU, a peer's message). On the CPU it is the other way round: a task waiting for its peers in
+a collective (gRPC) uses next to no CPU, while one that holds them up by working or spinning in
+native code (a ``tf.data`` filter that never lets an element through, an op that never ends)
+keeps a CPU busy; its stack only shows it waiting in TensorFlow. Not on GPUs: NCCL's proxy thread
+spins on the CPU of a rank that waits, so a GPU job is read by its GPUs alone.
 
-Pure bookkeeping over the samples (``gpus`` arrays in the order of the agent's ``gpu_fields``);
-the clock is the supervisor's, taken when a sample arrived, so hosts' clocks never matter.
+Pure bookkeeping over the samples (``gpus`` arrays in the order of the agent's ``gpu_fields``;
+``procs``: each task's CPU % of one core and RSS); the clock is the supervisor's, taken when a
+sample arrived, so hosts' clocks never matter.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ IDLE_UTIL = 5.0
 MOSTLY = 0.8
 #: Fewer readings than this over a stall say nothing.
 MIN_READINGS = 3
+#: A task's process busy over a stall: at least this % of one core on average ...
+BUSY_CPU = 25.0
+#: ... and this many times the busiest of the other stalled tasks (waiting processes idle).
+BUSIER = 4.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,26 @@ class GpuActivity:
                 "util_mean": round(self.util_mean, 1), "seconds": round(self.seconds, 1)}
 
 
+@dataclass(frozen=True)
+class CpuActivity:
+    """What a task's processes did on the CPU over a stall: ``readings`` samples, their mean (%
+    of one core)."""
+
+    task: str
+    seconds: float
+    readings: int
+    cpu_mean: float
+
+    def describe(self) -> str:
+        """One clause for a hang line."""
+        return (f"its process used {self.cpu_mean:.0f}% of a CPU core over the {self.seconds:.0f}s since its last "
+                "progress")
+
+    def record(self) -> dict:
+        """The figures for ``outcome.json``'s hang records."""
+        return {"readings": self.readings, "cpu_mean": round(self.cpu_mean, 1), "seconds": round(self.seconds, 1)}
+
+
 class _HostGpus:
     """One host's GPU readings: (time, {NVML index: utilisation}) newest last."""
 
@@ -93,12 +123,13 @@ class _HostGpus:
         self.readings: deque[tuple[float, dict[int, float]]] = deque()
 
 
-class GpuWatch:
+class ActivityWatch:
     """Recent GPU utilisation of every host whose telemetry agent reports GPUs."""
 
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
         self.hosts: dict[str, _HostGpus] = {}
+        self.tasks: dict[str, deque[tuple[float, float]]] = {}  # task -> (time, CPU % of one core)
 
     def add(self, host: str, record: Mapping[str, object], now: float) -> None:
         """A telemetry agent's line (its hello, or a sample) from ``host``, received at ``now``."""
@@ -111,8 +142,11 @@ class GpuWatch:
             given = record.get("cuda_visible")
             mine.given = str(given) if given else None
             return
+        if kind != "sample":
+            return
+        self._add_cpu(record.get("procs"), now)
         gpus = record.get("gpus")
-        if kind != "sample" or not gpus:
+        if not gpus:
             return
         mine = self.hosts.setdefault(host, _HostGpus())
         try:
@@ -128,6 +162,25 @@ class GpuWatch:
             mine.readings.append((now, reading))
         while mine.readings and mine.readings[0][0] < now - self.window_s:
             mine.readings.popleft()
+
+    def _add_cpu(self, procs: object, now: float) -> None:
+        """Each task's CPU % from a sample's ``procs`` (task -> [CPU %, RSS])."""
+        if not isinstance(procs, dict):
+            return
+        for task, figures in procs.items():
+            if isinstance(figures, list) and figures and isinstance(figures[0], int | float):
+                readings = self.tasks.setdefault(str(task), deque())
+                readings.append((now, float(figures[0])))
+                while readings and readings[0][0] < now - self.window_s:
+                    readings.popleft()
+
+    def cpu(self, task: str, since: float, now: float) -> CpuActivity | None:
+        """What ``task``'s processes did on the CPU between ``since`` and ``now``; None with no
+        readings (no telemetry, no psutil)."""
+        values = [cpu for t, cpu in self.tasks.get(task, ()) if since < t <= now]
+        if not values:
+            return None
+        return CpuActivity(task, max(0.0, now - since), len(values), sum(values) / len(values))
 
     def indices(self, host: str, planned: Sequence[int] | None) -> tuple[int, ...] | None:
         """The NVML indices of the GPUs a task sees: the plan's (numbered 0..N-1 among those the host
@@ -170,3 +223,16 @@ def idle_among_busy(activities: Mapping[str, GpuActivity | None]) -> list[str]:
     if "busy" not in states.values():
         return []
     return [n for n, s in states.items() if s == "idle"]
+
+
+def busy_among_idle(activities: Mapping[str, CpuActivity | None]) -> list[str]:
+    """The task whose processes kept a CPU busy over the stall (:data:`BUSY_CPU`) while every
+    other stalled task's idled (:data:`BUSIER` times less): the others wait for it (empty unless
+    every task has enough readings)."""
+    seen = {n: a for n, a in activities.items() if a is not None and a.readings >= MIN_READINGS}
+    if len(seen) < 2 or len(seen) < len(activities):
+        return []
+    busiest = max(seen, key=lambda n: seen[n].cpu_mean)
+    rest = max(a.cpu_mean for n, a in seen.items() if n != busiest)
+    mine = seen[busiest].cpu_mean
+    return [busiest] if mine >= BUSY_CPU and mine >= BUSIER * rest else []
