@@ -233,7 +233,7 @@ def test_a_tasks_planned_gpus_are_read_through_the_hosts_own_visible_devices():
     assert watch.indices("a", (0,)) == (3,)
     watch.add("a", _gpu_hello("MIG-abc"), 4.0)
     assert watch.indices("a", (0,)) is None, "a MIG instance: not a GPU NVML numbers"
-    assert watch.indices("a", ()) == () and watch.activity("a", (), 0.0, 9.0) is None, "a task with no GPU"
+    assert watch.indices("a", ()) == () and watch.gpu("a", (), 0.0, 9.0) is None, "a task with no GPU"
 
 
 def test_a_stall_reads_busy_idle_mixed_or_unknown_from_the_readings_inside_it():
@@ -244,15 +244,15 @@ def test_a_stall_reads_busy_idle_mixed_or_unknown_from_the_readings_inside_it():
     for t in range(1, 21):  # GPU 0 busy from t=10, GPU 1 idle from t=10, GPU 2 alternating, GPU 3 unsupported
         watch.add("a", _gpu_sample({0: 100.0 if t >= 10 else 30.0, 1: 0.0 if t >= 10 else 50.0,
                                     2: 100.0 if t % 2 else 0.0, 3: None}), float(t))
-    busy, idle = watch.activity("a", (0,), 9.5, 20.0), watch.activity("a", (1,), 9.5, 20.0)
+    busy, idle = watch.gpu("a", (0,), 9.5, 20.0), watch.gpu("a", (1,), 9.5, 20.0)
     assert (busy.state, busy.readings, busy.util_mean, busy.seconds) == ("busy", 11, 100.0, 10.5)
     assert idle.state == "idle" and "sat idle (0% busy over the 10s since its last progress)" in idle.describe()
-    assert watch.activity("a", (0,), 4.5, 20.0).state == "mixed", "16 readings, 11 busy: under 80%"
-    assert watch.activity("a", (0,), 0.5, 20.0).state == "mixed", "half of it before the stall began"
-    assert watch.activity("a", (0, 1), 9.5, 20.0).state == "mixed", "busy and idle GPUs of one task"
-    assert watch.activity("a", (2,), 9.5, 20.0).state == "mixed"
-    assert watch.activity("a", (0,), 18.5, 20.0).state == "unknown", "two readings say nothing"
-    assert watch.activity("a", (3,), 9.5, 20.0).readings == 0, "a GPU without utilisation readings"
+    assert watch.gpu("a", (0,), 4.5, 20.0).state == "mixed", "16 readings, 11 busy: under 80%"
+    assert watch.gpu("a", (0,), 0.5, 20.0).state == "mixed", "half of it before the stall began"
+    assert watch.gpu("a", (0, 1), 9.5, 20.0).state == "mixed", "busy and idle GPUs of one task"
+    assert watch.gpu("a", (2,), 9.5, 20.0).state == "mixed"
+    assert watch.gpu("a", (0,), 18.5, 20.0).state == "unknown", "two readings say nothing"
+    assert watch.gpu("a", (3,), 9.5, 20.0).readings == 0, "a GPU without utilisation readings"
     assert idle_among_busy({"w0": busy, "w1": idle, "w2": None}) == ["w1"]
     assert idle_among_busy({"w0": idle, "w1": idle}) == [], "idle alike: the GPUs tell nothing"
     watch.add("a", _gpu_sample({0: 1.0}), 200.0)

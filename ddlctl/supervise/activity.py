@@ -202,7 +202,7 @@ class ActivityWatch:
                 return None  # a MIG instance or a name NVML does not list: unknown
         return tuple(found)
 
-    def activity(self, host: str, planned: Sequence[int] | None, since: float, now: float) -> GpuActivity | None:
+    def gpu(self, host: str, planned: Sequence[int] | None, since: float, now: float) -> GpuActivity | None:
         """What the GPUs of a task on ``host`` (its plan's ``planned`` GPUs) did between ``since``
         and ``now``; None for a task with no GPU, or a host with no GPU readings."""
         indices = self.indices(host, planned)
