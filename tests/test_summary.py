@@ -334,6 +334,19 @@ def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_
     assert "waiting in TensorFlow (execute.py:53)" in text
     assert "noticed after 62s without progress (threshold 60s: the 60s floor)" in text
     assert "left running: worker:1 on h1 (pid 4711): SIGKILL could not end it (its process is blocked" in text
+    assert "cpu %" not in text and "GPU busy %" not in text, "no telemetry figures: no such columns"
+    # with what each task's process and GPU did over the stall: a column each
+    hang["tasks"][0].update(cpu={"readings": 60, "cpu_mean": 0.4, "seconds": 61.0},
+                            gpu={"host": "h1", "gpus": [0], "state": "busy", "readings": 60, "util_mean": 99.6,
+                                 "seconds": 61.0})
+    hang["tasks"][1].update(cpu={"readings": 60, "cpu_mean": 97.2, "seconds": 61.5}, gpu=None)
+    (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang]}))
+    console = Console(record=True, width=200)
+    render_report(summarize(run), console)
+    text = console.export_text()
+    rows = [line for line in text[text.index("hang 1:"):].splitlines() if "│ worker:" in line]
+    assert [[cell.strip() for cell in row.split("│")[1:7]] for row in rows] == [
+        ["worker:0", "waiting", "20", "61", "0", "100 (busy)"], ["worker:1", "user", "20", "62", "97", "-"]], rows
 
 
 def test_what_holds_for_many_hosts_is_one_diagnosis_line_naming_them_with_the_range_of_figures(tmp_path):

@@ -306,14 +306,25 @@ def render_hangs(summary: RunSummary, console: Console) -> None:
     for number, hang in enumerate(summary.hangs, 1):
         what = "stuck in its exit, ended by ddlctl" if hang.get("kind") == "exit" else "blamed"
         table = Table(title=f"hang {number}: {hang.get('culprit')} {what} ({hang.get('why')})", title_justify="left")
-        for column in ("task", "state", "last step", "idle s", "where it stood"):
-            table.add_column(column, justify="right" if column in ("last step", "idle s") else "left",
-                             overflow="fold")
-        for task in hang.get("tasks", []):
+        tasks = hang.get("tasks", [])
+        # what each task's process and GPUs did over the stall (telemetry), where any task has it
+        cpu, gpu = any(t.get("cpu") for t in tasks), any(t.get("gpu") for t in tasks)
+        columns = ("task", "state", "last step", "idle s", *(("cpu %",) if cpu else ()),
+                   *(("GPU busy %",) if gpu else ()), "where it stood")
+        for column in columns:
+            table.add_column(column, justify="right" if column in ("last step", "idle s", "cpu %", "GPU busy %")
+                             else "left", overflow="fold")
+        for task in tasks:
             style = "red" if task.get("task") == hang.get("culprit") else ""
+            figures = []
+            if cpu:
+                figures.append(f"{task['cpu']['cpu_mean']:.0f}" if task.get("cpu") else "-")
+            if gpu:
+                figures.append(f"{task['gpu']['util_mean']:.0f} ({task['gpu']['state']})" if task.get("gpu") else "-")
             table.add_row(Text(str(task.get("task")), style=style), str(task.get("state")),
                           "-" if task.get("last_step") is None else str(task["last_step"]),
-                          "-" if task.get("idle_s") is None else f"{task['idle_s']:.0f}", str(task.get("where")))
+                          "-" if task.get("idle_s") is None else f"{task['idle_s']:.0f}", *figures,
+                          str(task.get("where")))
         console.print(table)
         threshold = f"threshold {hang['threshold_s']:.0f}s: " if hang.get("threshold_s") else ""
         console.print(Text(f"  noticed after {hang.get('idle_s', 0):.0f}s without progress ({threshold}"
