@@ -277,3 +277,24 @@ def test_a_busy_process_among_idle_ones_needs_readings_of_every_task_and_a_clear
         watch.add("a", {"type": "sample", "procs": {"w0": [2.0, 1], "w1": [90.0 if t > 5 else 10.0, 1]}}, float(t))
     assert watch.cpu("w1", 5.5, 10.0).cpu_mean == 90.0 and watch.cpu("w1", 5.5, 10.0).readings == 5
     assert watch.cpu("w9", 0.0, 10.0) is None
+
+
+def test_the_gpus_nvml_saw_a_tasks_processes_use_come_before_its_plans():
+    from ddlctl.runtime.agent import gpu_tasks
+    from ddlctl.supervise.activity import ActivityWatch
+
+    # NVML's compute processes per GPU, the run's processes per task (a task's child process too)
+    assert gpu_tasks({0: [11, 99], 1: [12], 2: [13], 3: []}, {11: "worker:0", 12: "worker:1", 13: "worker:1"}) == \
+        {"worker:0": [0], "worker:1": [1, 2]}
+    assert gpu_tasks({0: [4242]}, {11: "worker:0"}) == {}, "pids NVML reports that are not the run's"
+    watch = ActivityWatch()
+    watch.add("a", _gpu_hello(), 0.0)
+    for t in range(1, 11):
+        sample = _gpu_sample({0: 100.0, 1: 0.0, 2: 0.0, 3: 100.0})
+        if t == 1:
+            sample["gpu_tasks"] = {"worker:1": [3]}  # said once, when it changes
+        watch.add("a", sample, float(t))
+    # worker:1's plan says GPU 1 (idle), NVML saw it on GPU 3 (busy): NVML's word holds
+    assert watch.gpu("a", (1,), 0.5, 10.0, "worker:1").gpus == (3,)
+    assert watch.gpu("a", (1,), 0.5, 10.0, "worker:0").gpus == (1,), "not seen by NVML: the plan's"
+    assert watch.gpu("a", (1,), 0.5, 10.0).state == "idle"

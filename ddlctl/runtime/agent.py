@@ -75,6 +75,10 @@ class HostSampler:
                 continue
         self.procs = found
 
+    def task_of(self) -> dict[int, str]:
+        """pid -> task of the run's processes found by the last scan."""
+        return {pid: task for pid, (task, _proc) in getattr(self, "procs", {}).items()}
+
     def sample(self, now: float) -> dict[str, object]:
         psutil = self.psutil
         if psutil is None:
@@ -99,6 +103,17 @@ class HostSampler:
         return {"cpu": psutil.cpu_percent(None), "mem_used": memory.total - memory.available,
                 "mem_total": memory.total, "net_sent": net.bytes_sent, "net_recv": net.bytes_recv,
                 "procs": tasks}
+
+
+def gpu_tasks(compute_pids: dict[int, list[int]], task_of: dict[int, str]) -> dict[str, list[int]]:
+    """Which GPUs each of the run's tasks uses: the GPUs whose compute processes (``compute_pids``,
+    NVML's) include a process of that task (``task_of``: pid -> task, from the process scan)."""
+    found: dict[str, set[int]] = {}
+    for index, pids in compute_pids.items():
+        for pid in pids:
+            if pid in task_of:
+                found.setdefault(task_of[pid], set()).add(index)
+    return {task: sorted(indices) for task, indices in sorted(found.items())}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -137,12 +152,16 @@ def main(argv: list[str] | None = None) -> int:
              "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
     print(json.dumps(hello), flush=True)
     deadline = time.monotonic()
+    used: dict[str, list[int]] = {}
     try:
         while not stop:
             now = time.time()
             record = {"type": "sample", "t": round(now, 3), **host.sample(time.monotonic()),
                       "gpus": [[g.get(f) for f in GPU_FIELDS] for g in gpus.sample()],
                       "steps": {t: c.poll() for t, c in counters.items()}}
+            using = gpu_tasks(gpus.compute_pids(), host.task_of()) if gpus.handles else {}
+            if using != used:  # which task uses which GPU: said when it changes
+                record["gpu_tasks"] = used = using
             sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
             sys.stdout.flush()
             deadline += args.interval  # fixed schedule: no drift

@@ -120,6 +120,7 @@ class _HostGpus:
         self.fields: list[str] = list(GPU_FIELDS)
         self.uuids: dict[str, int] = {}
         self.given: str | None = None  # the agent's own CUDA_VISIBLE_DEVICES
+        self.task_gpus: dict[str, tuple[int, ...]] = {}  # which GPUs NVML saw each task's processes use
         self.readings: deque[tuple[float, dict[int, float]]] = deque()
 
 
@@ -145,6 +146,10 @@ class ActivityWatch:
         if kind != "sample":
             return
         self._add_cpu(record.get("procs"), now)
+        using = record.get("gpu_tasks")
+        if isinstance(using, dict):
+            self.hosts.setdefault(host, _HostGpus()).task_gpus = {
+                str(t): tuple(int(i) for i in v) for t, v in using.items() if isinstance(v, list)}
         gpus = record.get("gpus")
         if not gpus:
             return
@@ -202,10 +207,14 @@ class ActivityWatch:
                 return None  # a MIG instance or a name NVML does not list: unknown
         return tuple(found)
 
-    def gpu(self, host: str, planned: Sequence[int] | None, since: float, now: float) -> GpuActivity | None:
-        """What the GPUs of a task on ``host`` (its plan's ``planned`` GPUs) did between ``since``
-        and ``now``; None for a task with no GPU, or a host with no GPU readings."""
-        indices = self.indices(host, planned)
+    def gpu(self, host: str, planned: Sequence[int] | None, since: float, now: float,
+            task: str | None = None) -> GpuActivity | None:
+        """What the GPUs of ``task`` on ``host`` did between ``since`` and ``now``: those NVML saw
+        its processes use (the telemetry agent's ``gpu_tasks``), else its plan's ``planned`` GPUs
+        (:meth:`indices`); None for a task with no GPU, or a host with no GPU readings."""
+        mine = self.hosts.get(host)
+        seen = mine.task_gpus.get(task) if mine is not None and task else None
+        indices = seen if seen and mine is not None and mine.readings else self.indices(host, planned)
         if not indices:
             return None
         readings = [r for t, r in self.hosts[host].readings if since < t <= now and all(i in r for i in indices)]

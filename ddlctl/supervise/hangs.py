@@ -239,7 +239,7 @@ class Hangs:
         for name in names:
             task = self.job.tasks[name]
             since = self.watch.last_progress.get(name, now)
-            found[name] = self.activity.gpu(task.host, task.spec.gpus, since, now)
+            found[name] = self.activity.gpu(task.host, task.spec.gpus, since, now, name)
         return found
 
     def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,

@@ -175,6 +175,15 @@ class GpuSampler:
             })
         return readings
 
+    def compute_pids(self) -> dict[int, list[int]]:
+        """Each GPU's compute processes (pids as NVML reports them: the host's; inside a container
+        they may not be the container's own), for telling which task uses which GPU."""
+        found: dict[int, list[int]] = {}
+        for index, handle in self.handles:
+            procs = _query(self._nvml.nvmlDeviceGetComputeRunningProcesses, handle, default=[]) or []
+            found[index] = sorted({int(p.pid) for p in procs if getattr(p, "pid", None)})
+        return found
+
     def close(self) -> None:
         if not self.handles:
             return
