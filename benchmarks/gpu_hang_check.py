@@ -36,6 +36,9 @@ def main() -> None:
             done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
             took = time.monotonic() - start
             outcome = json.loads(next(runs.glob("*/outcome.json")).read_text())
+            # which GPU each task used, as NVML saw its processes (the telemetry agent says it when it changes)
+            using = [json.loads(line)["gpu_tasks"] for path in runs.glob("*/telemetry/*.jsonl")
+                     for line in path.read_text().splitlines() if '"gpu_tasks"' in line]
         hangs = outcome.get("hangs") or []
         if done.returncode != 124 or not hangs:
             failed.append(hang)
@@ -43,7 +46,8 @@ def main() -> None:
             continue
         record = hangs[0]
         gpu = record["tasks"][0]["gpu"]
-        print(f"{hang}: exit 124 after {took:.0f}s; culprit {record['culprit']}; GPU record {json.dumps(gpu)}")
+        print(f"{hang}: exit 124 after {took:.0f}s; culprit {record['culprit']}; GPU record {json.dumps(gpu)}; "
+              f"GPUs by task as NVML saw them: {using or 'never said'}")
         print(f"  why: {record['why']}")
         if gpu is not None and gpu["state"] != expected:
             failed.append(hang)
