@@ -125,7 +125,8 @@ class _HostGpus:
 
 
 class ActivityWatch:
-    """Recent GPU utilisation of every host whose telemetry agent reports GPUs."""
+    """Recent GPU utilisation of every host whose telemetry agent reports GPUs, which GPUs each task
+    uses, and each task's CPU (the telemetry agents' samples, as the supervisor receives them)."""
 
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
