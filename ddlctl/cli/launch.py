@@ -137,7 +137,9 @@ def launch(
              "call model.fit.")] = True,
     telemetry: Annotated[bool, typer.Option(
         "--telemetry/--no-telemetry", help="Run a telemetry agent per host (GPU via NVML, CPU, memory, "
-                                           "network, per-task CPU/RSS) into <run>/telemetry/.")] = True,
+                                           "network, per-task CPU/RSS) into <run>/telemetry/. The hang watch "
+                                           "reads it too: what a stalled task's GPUs and process did tells "
+                                           "whom to blame when every stack waits in a library.")] = True,
     sample_interval: Annotated[float, typer.Option(
         "--sample-interval", metavar="SECONDS", min=0.05, help="Time between telemetry samples.")] = 1.0,
     verbose: Annotated[bool, typer.Option(
