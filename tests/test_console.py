@@ -47,6 +47,27 @@ def test_live_state_fills_the_cpu_column_from_samples_and_counts_steps():
     assert "steps 70/200" in line and "worker:1 0 steps cpu 87%" in line and "h cpu 91%" in line
 
 
+def test_a_task_whose_steps_stop_is_shown_stalled_until_it_steps_again_but_not_once_finished():
+    from rich.console import Console
+
+    state = LiveState()
+    for t, counts in ((0.0, {"worker:0": 0, "worker:1": 0}), (1.0, {"worker:0": 5, "worker:1": 5}),
+                      (2.0, {"worker:0": 10, "worker:1": 9}), (13.0, {"worker:0": 10, "worker:1": 9})):
+        state.update("h", {"type": "sample", "t": t, "gpus": [], "steps": counts})
+    state.progress({"worker:0": (10, 10), "worker:1": (9, 10)}, 13.0)  # worker:0 reached its last step
+    line = state.line()
+    assert "worker:1 9 steps (none for 11s)" in line and "worker:0 10 steps |" in line + " |", line
+    console = Console(record=True, width=120)
+    console.print(state.table())
+    assert "9 (none for 11s)" in console.export_text()
+    state.update("h", {"type": "sample", "t": 14.0, "gpus": [], "steps": {"worker:0": 10, "worker:1": 10}})
+    assert "none for" not in state.line(), "it stepped again"
+    fresh = LiveState()  # start-up (no step yet) is not a stall, however long
+    fresh.update("h", {"type": "sample", "t": 0.0, "gpus": [], "steps": {"worker:0": 0}})
+    fresh.update("h", {"type": "sample", "t": 60.0, "gpus": [], "steps": {"worker:0": 0}})
+    assert "none for" not in fresh.line()
+
+
 def test_the_host_agent_counts_steps_of_blocks_and_reads_the_declared_total(tmp_path):
     path = tmp_path / "steps.jsonl"
     follow = StepFile(str(path))

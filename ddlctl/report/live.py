@@ -60,11 +60,31 @@ def job_progress(figures: Mapping[str, tuple[int, int | None]]) -> tuple[int, in
     return done, max(totals) if totals else None
 
 
+#: A task whose step count has not moved this long (while others may) is shown as stalled.
+STALL_SHOWN_S = 10.0
+
+
 @dataclass
 class _TaskFigures:
     count: int = 0
     rate: WindowRate = field(default_factory=WindowRate)
     cpu: float | None = None
+    moved_t: float | None = None  # when its count last went up (sample time)
+    seen_t: float | None = None  # its latest sample
+    finished: bool = False  # past its declared last step
+
+    def stalled_s(self) -> float | None:
+        """Seconds since its last step, once over :data:`STALL_SHOWN_S` (None: stepping, finished,
+        or never stepped: start-up is not a stall)."""
+        if self.finished or self.moved_t is None or self.seen_t is None:
+            return None
+        idle = self.seen_t - self.moved_t
+        return idle if idle >= STALL_SHOWN_S else None
+
+    def stall_text(self) -> str:
+        """`` (none for 45s)`` for a stalled task, else nothing."""
+        stalled = self.stalled_s()
+        return "" if stalled is None else f" (none for {stalled:.0f}s)"
 
 
 @dataclass
@@ -90,7 +110,9 @@ class LiveState:
         self.hosts[host] = record
         for task, count in (record.get("steps") or {}).items():
             entry = self.tasks.setdefault(task, _TaskFigures())
-            entry.count = int(count)
+            if int(count) != entry.count:  # a step, or a restart counting from its checkpoint
+                entry.moved_t = t
+            entry.count, entry.seen_t = int(count), t
             entry.rate.add(t, count)
         for task, figures in (record.get("procs") or {}).items():  # [cpu %, rss] per task
             entry = self.tasks.setdefault(task, _TaskFigures())
@@ -100,6 +122,9 @@ class LiveState:
         """Take the host agents' per-task (highest step, declared total)."""
         self.done, self.total = job_progress(figures)
         self.job_rate.add(t, self.done)
+        for task, (last, total) in figures.items():
+            if task in self.tasks:
+                self.tasks[task].finished = total is not None and last >= total
 
     def table(self) -> Table:
         table = Table(title="ddlctl profile (live)", title_justify="left", expand=False)
@@ -110,7 +135,8 @@ class LiveState:
         table.add_column("GPU util % / memory", justify="left")
         for task, entry in sorted(self.tasks.items()):
             rate = entry.rate.rate
-            table.add_row(task, str(entry.count), "-" if rate is None else f"{rate:.1f}",
+            steps = Text(f"{entry.count}{entry.stall_text()}", style="yellow" if entry.stall_text() else "")
+            table.add_row(task, steps, "-" if rate is None else f"{rate:.1f}",
                           "-" if entry.cpu is None else f"{entry.cpu:.0f}", "")
         for host, record in sorted(self.hosts.items()):
             table.add_row(Text(host, style="bold"), "", "", _fmt_cpu(record.get("cpu")), _gpu_text(record))
@@ -122,7 +148,7 @@ class LiveState:
         parts = [f"steps {self.done}/{self.total or '?'}" + ("" if rate is None else f" {rate:.1f}/s")
                  + ("" if not (rate and self.total) else f" ETA {_eta(max(0, self.total - self.done) / rate)}")]
         for task, e in sorted(self.tasks.items()):
-            parts.append(f"{task} {e.count} steps" + ("" if e.cpu is None else f" cpu {e.cpu:.0f}%"))
+            parts.append(f"{task} {e.count} steps{e.stall_text()}" + ("" if e.cpu is None else f" cpu {e.cpu:.0f}%"))
         for host, record in sorted(self.hosts.items()):
             gpu = " ".join(f"gpu{g['index']} {g.get('util', '-')}%" for g in record.get("gpus") or []) or "no GPU"
             parts.append(f"{host} cpu {_fmt_cpu(record.get('cpu'))}% {gpu}")
