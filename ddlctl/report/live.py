@@ -135,7 +135,8 @@ class LiveState:
         table.add_column("GPU util % / memory", justify="left")
         for task, entry in sorted(self.tasks.items()):
             rate = entry.rate.rate
-            steps = Text(f"{entry.count}{entry.stall_text()}", style="yellow" if entry.stall_text() else "")
+            stall = entry.stall_text()
+            steps = Text(f"{entry.count}{stall}", style="yellow" if stall else "")
             table.add_row(task, steps, "-" if rate is None else f"{rate:.1f}",
                           "-" if entry.cpu is None else f"{entry.cpu:.0f}", "")
         for host, record in sorted(self.hosts.items()):

@@ -41,6 +41,7 @@ import time
 from ddlctl import envvars
 from ddlctl.runfiles import TASK_STEPS
 from ddlctl.runtime import cgroup
+from ddlctl.runtime.devices import visible_devices
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
 from ddlctl.runtime.procs import (
@@ -535,19 +536,6 @@ class HostAgent:
                     self.send({"k": Kind.BYE})
                     break
         return 0
-
-
-def visible_devices(planned: str, given: str | None) -> str:
-    """A task's ``CUDA_VISIBLE_DEVICES``: the plan numbers the GPUs the host gives ddlctl 0..N-1;
-    where the agent itself was given a list (a Slurm step holding GPUs 2 and 3 of its node sets
-    ``2,3``), plan index i is the i-th of that list, so a task never uses a GPU of another job."""
-    if not planned or not given:
-        return planned
-    offered = [d.strip() for d in given.split(",") if d.strip()]
-    try:
-        return ",".join(offered[int(i)] for i in planned.split(","))
-    except (ValueError, IndexError):
-        return planned  # not plain indexes within the list: leave the plan's value
 
 
 def slurm_step() -> str | None:

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddlctl.runtime.hostagent import visible_devices
+from ddlctl.runtime.devices import visible_devices
 from ddlctl.telemetry.nvml import GPU_FIELDS
 
 #: How much of each GPU's recent history is kept (seconds of the supervisor's clock).

@@ -159,10 +159,9 @@ class Hangs:
                 self._report(now, overdue, standings, name, standings[name].where, folder, "exit")
             return Finding(ended=tuple((n, now - self.watch.last_progress.get(n, now - overdue.idle_s))
                                        for n in exiting))
-        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy),
-                                            self.gpu_activity(list(standings), now),
-                                            self.cpu_activity(list(standings), now))
-        self._report(now, overdue, standings, culprit, why, folder)
+        gpus, cpus = self.gpu_activity(list(standings), now), self.cpu_activity(list(standings), now)
+        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy), gpus, cpus)
+        self._report(now, overdue, standings, culprit, why, folder, activity=(gpus, cpus))
         self.watch.rearm(job.clock())
         detail = f"hung ({why}; {overdue.describe()}"
         detail += f"; {others}" if others else ""
@@ -243,11 +242,13 @@ class Hangs:
         return found
 
     def _report(self, now: float, overdue: Overdue, standings: Mapping[str, Standing], culprit: str,
-                why: str, folder: Path | None, kind: str = "hang") -> None:
-        """One ``hangs`` record (``kind``: "hang", or "exit" for a task stuck in its exit)."""
+                why: str, folder: Path | None, kind: str = "hang",
+                activity: tuple[Mapping[str, GpuActivity | None], Mapping[str, CpuActivity | None]] | None = None,
+                ) -> None:
+        """One ``hangs`` record (``kind``: "hang", or "exit" for a task stuck in its exit;
+        ``activity``: what each task's GPUs and CPU did, when the caller already read it)."""
         progress = {n: p for s in self.job.sessions.values() for n, p in s.progress().items()}
-        gpus = self.gpu_activity(list(standings), now)
-        cpus = self.cpu_activity(list(standings), now)
+        gpus, cpus = activity or (self.gpu_activity(list(standings), now), self.cpu_activity(list(standings), now))
         self.reports.append({
             "time": time.time(), "kind": kind, "culprit": culprit, "why": why,
             "threshold_s": round(overdue.threshold_s, 1),
