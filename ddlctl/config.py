@@ -38,6 +38,7 @@ class RequestOptions:
     telemetry: bool = True
     sample_interval_s: float = 1.0
     auto_steps: bool = True
+    prefork: bool = True  # TensorFlow tasks forked from a zygote per host (--no-prefork: plain starts)
     partition: str | None = None  # a plan file of ddlctl partition (--strategy model)
     worker_per: str | None = None  # None: the template's, else "auto"
     balance: str | None = None  # None: the template's, else "off"

@@ -22,6 +22,7 @@ DEVICES = "DDLCTL_DEVICES"  # JSON: each worker's host and GPUs
 # a diagnostic: a server task (ps worker or ps, model stage) also serves TensorFlow's profiler, on
 # this port + its index (workers) or + 100 + its index (ps), for tf.profiler's client.trace
 PROFILER_PORT = "DDLCTL_PROFILER_PORT"
+PREFORK = "DDLCTL_PREFORK"  # "0": every task starts as its own interpreter (no zygote; --no-prefork)
 #: Python's own (3.11+): "1" keeps the working directory off ``sys.path`` (``python -m`` puts it first).
 #: Set for ddlctl's own processes so that a ``json.py`` in a shared working directory is never
 #: imported by them: the host agents, probes and ``submit``'s batch script by whoever starts them;

@@ -153,6 +153,7 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
         telemetry=req.telemetry,
         sample_interval_s=req.sample_interval_s,
         auto_steps=req.auto_steps,
+        prefork=req.prefork,
         worker_per=req.worker_per or defaults.worker_per or "auto",
         balance=balance,
         speeds=load_speeds(speeds) if speeds else {},

@@ -288,7 +288,7 @@ def test_checkpoint_copies_never_follow_a_link_nor_take_a_name_outside_the_folde
 
 
 def test_a_tasks_gpus_are_taken_from_the_list_the_host_gave_the_agent(tmp_path, monkeypatch):
-    from ddlctl.runtime.hostagent import visible_devices
+    from ddlctl.runtime.devices import visible_devices
 
     assert visible_devices("0", "2,3") == "2" and visible_devices("1", "2,3") == "3"
     assert visible_devices("0,1", "GPU-aa,GPU-bb") == "GPU-aa,GPU-bb"

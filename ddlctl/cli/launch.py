@@ -158,6 +158,12 @@ def launch(
     auto_steps: Annotated[bool, typer.Option(
         "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
                                              "code changes (a callback ddlctl adds to every fit call).")] = True,
+    prefork: Annotated[bool, typer.Option(
+        "--prefork/--no-prefork", help="Fork each host's TensorFlow tasks from one process that imported "
+                                       "TensorFlow once (per host and environment) instead of each importing it "
+                                       "again: the cluster starts, and a task restarts, seconds sooner. Python "
+                                       "programs that import TensorFlow or Keras, and ddlctl's own; never on "
+                                       "hosts with NVIDIA devices (docs/prefork.md).")] = True,
     ssh_key: SshKeyOption = None,
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,
@@ -232,8 +238,8 @@ def launch(
         request=RequestOptions(
             strategy=_value(strategy), workers=workers, ps=ps, evaluator=evaluator, env=tuple(env or ()),
             legacy_keras=legacy_keras, telemetry=telemetry, sample_interval_s=sample_interval, auto_steps=auto_steps,
-            partition=partition, worker_per=_value(worker_per), balance=_value(balance), speeds=speeds, bench=bench,
-            command=tuple(command or ())),
+            prefork=prefork, partition=partition, worker_per=_value(worker_per), balance=_value(balance),
+            speeds=speeds, bench=bench, command=tuple(command or ())),
         workload=WorkloadOptions(workload=_value(workload), steps=steps, batch_size=batch_size,
                                  execution=_execution(execution, pipeline)),
         supervision=SupervisorOptions(startup_timeout_s=startup_timeout, grace_s=grace, max_restarts=max_restarts,

@@ -70,6 +70,7 @@ class LaunchRequest:
     telemetry: bool = True
     sample_interval_s: float = 1.0
     auto_steps: bool = True
+    prefork: bool = True  # tasks forked from a process that imported TensorFlow (ddlctl.runtime.prefork)
     worker_per: str = "auto"
     balance: str = "off"
     speeds: Mapping[str, float] = field(default_factory=dict)  # host label -> measured device speed
@@ -442,6 +443,8 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["TF_USE_LEGACY_KERAS"] = "1"
         if request.command and request.auto_steps and not server:
             env[envvars.AUTO_STEPS] = "1"  # transports put the model.fit hook on PYTHONPATH
+        if not request.prefork:
+            env[envvars.PREFORK] = "0"
         env.update(request.env)
         tasks.append(TaskSpec(
             name=p.name,

@@ -27,7 +27,7 @@ from dataclasses import asdict
 
 from ddlctl import envvars
 from ddlctl.runfiles import TASK_STEPS
-from ddlctl.runtime.hostagent import StepFile
+from ddlctl.runtime.stepfollow import StepFile
 from ddlctl.telemetry.nvml import GPU_FIELDS, GpuSampler
 
 WATCHDOG_MARK = "ddlctl.runtime.watchdog"

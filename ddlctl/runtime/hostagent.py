@@ -7,6 +7,9 @@ talks to it over its stdin/stdout (wire format: :mod:`ddlctl.runtime.frames`). T
 * starts that host's tasks when told (``start``: argv, environment, working directory: all sent
   over stdin, never on a command line), each in its own process group, with
   ``PR_SET_PDEATHSIG = SIGKILL`` so a task dies with the agent;
+* forks a TensorFlow task from a zygote that imported TensorFlow once (:mod:`ddlctl.runtime.prefork`;
+  the agent is a child subreaper, so a forked task is its child too), else starts it with
+  ``subprocess`` (:mod:`ddlctl.runtime.agenttask`);
 * forwards each task's combined stdout/stderr as ``out`` frames, unchanged;
 * reports ``started`` (pids), ``listening`` (a process of the task listens on its port, seen in
   /proc on this host: no port forwarding needed, and a port someone else took does not count),
@@ -31,19 +34,16 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import stat
-import subprocess
 import sys
 import time
 
-from ddlctl import envvars
-from ddlctl.runfiles import TASK_STEPS
-from ddlctl.runtime import cgroup
-from ddlctl.runtime.devices import visible_devices
+from ddlctl.runtime import prefork
+from ddlctl.runtime.agenttask import BadEnvironment, Task, start_error
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
+from ddlctl.runtime.prefork import Zygote
 from ddlctl.runtime.procs import (
     fresh_port,
     group_listens,
@@ -52,9 +52,7 @@ from ddlctl.runtime.procs import (
     port_free,
     wait_channel,
 )
-from ddlctl.runtime.stepfollow import StepFile
 
-PR_SET_PDEATHSIG = 1
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "KILL": signal.SIGKILL}
 BEAT_S = 2.0
 TICK_S = 0.25  # longest sleep: task output and commands wake the agent at once
@@ -69,45 +67,11 @@ DUMP_WAIT_S = 1.5
 LEAVE_AFTER_S = 10.0
 
 
-_prctl = None  # libc's prctl, looked up once in the agent (not in every forked child before exec)
-
-
-def _libc_prctl():  # noqa: ANN202 - a ctypes function, or None where there is none
-    global _prctl
-    if _prctl is None:
-        try:
-            import ctypes
-
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            _prctl = False
-    return _prctl or None
-
-
-def _child_setup(cgroup_procs: str | None = None, prctl=None, cpus: set[int] | None = None) -> None:  # noqa: ANN001
-    """In the task before exec: its own process group, death with the agent, its CPU quota and CPUs."""
-    os.setpgid(0, 0)
-    if cgroup_procs:
-        cgroup.join(cgroup_procs)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-    if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def code_bundle_path() -> str | None:
     """The zip this agent's code runs from (ddlctl shipped to a host), or None (installed)."""
     here = os.path.abspath(__file__)
     at = here.find(".zip" + os.sep)
     return here[:at + 4] if at >= 0 else None
-
-
-# gRPC channel arguments for every task of a TensorFlow cluster, unless the host or the user set
-# their own. Tasks start in any order: a task that connects to a peer still importing TensorFlow
-# fails, and gRPC waits its initial reconnect backoff (1 s by default; TensorFlow caps the later
-# ones at 1 s) before trying again. That wait was ~1 s of every ps launch here; with 50 ms the
-# retries are 50, 80, 128... ms, still capped at TensorFlow's 1 s. The connect timeout is untouched.
-GRPC_OPTIONS = "grpc.initial_reconnect_backoff_ms=50"
 
 
 def _open_plain(path: str, flags: int) -> int:
@@ -117,124 +81,6 @@ def _open_plain(path: str, flags: int) -> int:
         os.close(fd)
         raise OSError(f"{path} is not a plain file")
     return fd
-
-
-def runs_own_module(argv: list) -> bool:
-    """Whether ``argv`` is ``PYTHON -m ddlctl...``: one of ddlctl's own modules (its server, the
-    built-in workload, the telemetry agent, the device bench)."""
-    return len(argv) > 2 and argv[1] == "-m" and str(argv[2]).split(".")[0] == "ddlctl"
-
-
-def unsafe_folder(path: str) -> str | None:
-    """Why another user could plant code where a task would start (its folder is first on a Python
-    program's ``sys.path``): the folder is someone else's, or others may write to it. None: safe."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None  # (a folder that is not there fails the start, saying so)
-    if info.st_uid != os.getuid():
-        return f"it belongs to another user (uid {info.st_uid})"
-    if info.st_mode & 0o002:
-        return "other users may write to it"
-    return None
-
-
-class BadEnvironment(ValueError):
-    """A task's spec holds an environment entry no process can be given."""
-
-
-class Task:
-    """One task process and what the agent knows about it."""
-
-    def __init__(self, name: str, spec: dict) -> None:
-        self.name = name
-        self.grace = float(spec.get("grace", 5.0))
-        self.task_dir = os.path.expanduser(spec.get("task_dir") or "")
-        for key, value in spec.get("env", {}).items():
-            problem = envvars.env_entry_problem(key, value)
-            if problem is not None:  # refused for this task alone (the agent and its other tasks go on)
-                raise BadEnvironment(problem)
-        env = dict(os.environ)
-        # nothing from the working directory for ddlctl's own modules; a program is run as Python
-        # runs it (the agent's own PYTHONSAFEPATH is not passed on unless the spec's env gives it)
-        if runs_own_module(spec["argv"]):
-            env[envvars.SAFE_PATH] = "1"
-        else:
-            env.pop(envvars.SAFE_PATH, None)
-        for key in spec.get("unset", []):
-            env.pop(key, None)
-        for key, value in spec.get("env", {}).items():
-            env[key] = os.path.expanduser(value) if key in (envvars.TASK_DIR, envvars.CHECKPOINT_DIR) else value
-        if "TF_CONFIG" in env:
-            env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_OPTIONS)
-        # temporary files in the task's folder, removed when it ends: a task killed at the end of a
-        # job runs no atexit hook, and TensorFlow's autograph leaves a file in /tmp per traced function
-        self.tmp = os.path.join(self.task_dir, "tmp") if self.task_dir and "TMPDIR" not in env else None
-        if self.tmp:
-            os.makedirs(self.tmp, exist_ok=True)
-            env["TMPDIR"] = self.tmp
-        if "CUDA_VISIBLE_DEVICES" in spec.get("env", {}):
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(spec["env"]["CUDA_VISIBLE_DEVICES"],
-                                                          os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if spec.get("pythonpath"):
-            path = os.pathsep.join(os.path.expanduser(p) for p in spec["pythonpath"])
-            env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        for folder in spec.get("mkdirs", []):
-            os.makedirs(os.path.expanduser(folder), exist_ok=True)
-        cwd = os.path.expanduser(spec["cwd"]) if spec.get("cwd") else None
-        self.note: str | None = None
-        why = unsafe_folder(cwd) if cwd and spec.get("cwd_default") else None
-        if why:  # the controller's folder by default: not where someone else can put a json.py
-            home = os.path.expanduser("~")
-            self.note = (f"starting in {home}, not in {cwd}: {why} (workdir= in the hosts file chooses where "
-                         "tasks start)")
-            cwd = home
-        self.cgroup = None
-        # CPU affinity: TensorFlow sizes its thread pools to the CPUs a process may run on
-        cpus = cgroup.check_cpus(spec["cpus"]) if spec.get("cpus") else None
-        if spec.get("cpu_quota"):
-            group = f"{os.environ.get(envvars.RUN_ID, 'run')}-{name.replace(':', '-')}-{os.getpid()}"
-            self.cgroup = cgroup.create(group, float(spec["cpu_quota"]))
-            # TensorFlow's op thread pools as wide as the quota (unless the program says otherwise)
-            threads = cgroup.intra_op_threads(float(spec["cpu_quota"]))
-            env.setdefault("TF_NUM_INTRAOP_THREADS", str(min(threads, len(cpus)) if cpus else threads))
-        prctl = _libc_prctl()
-        try:
-            self.popen = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                          preexec_fn=lambda: _child_setup(self.cgroup, prctl, cpus))
-        except OSError:
-            self.release()
-            raise
-        assert self.popen.stdout is not None
-        self.fd = self.popen.stdout.fileno()
-        os.set_blocking(self.fd, False)
-        self.pgid = self.popen.pid
-        self.kill_at: float | None = None
-        self.status: int | None = None
-        self.exited_at: float | None = None
-        self.eof = False
-        self.steps = StepFile(os.path.join(self.task_dir, TASK_STEPS)) if self.task_dir else None
-        self.reported_steps = -1
-        self.port = int(spec.get("port") or 0)
-        self.listening = not self.port
-
-    def release(self) -> None:
-        """Remove the task's CPU-quota group (once nothing runs in it) and its temporary files."""
-        if self.cgroup:
-            cgroup.remove(self.cgroup)
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, sig)
-
-    def terminate(self, sig: int, now: float) -> None:
-        """``sig`` to the group now; SIGKILL after the grace period (unless it was SIGKILL)."""
-        self.signal(sig)
-        if sig != signal.SIGKILL and self.kill_at is None:
-            self.kill_at = now + self.grace
 
 
 class HostAgent:
@@ -249,6 +95,9 @@ class HostAgent:
         self.stopping = False
         self.leave_at: float | None = None  # ddlctl gone: leave tasks SIGKILL cannot end after this
         self.dumps: list[tuple[float, dict[str, dict]]] = []
+        self.zygotes: dict[tuple, Zygote] = {}
+        self.forking: dict[str, Zygote] = {}  # task -> the zygote asked to fork it
+        self.subreaper = False
 
     # -- output to the controller ---------------------------------------------------------------
 
@@ -337,26 +186,97 @@ class HostAgent:
             return
         try:
             task = Task(name, spec)
+            zygote = self.zygote_for(task)
+            if zygote is not None and task.ask_fork(zygote):
+                self.tasks[name] = task
+                self.forking[name] = zygote
+                return  # said started once the zygote forked it
+            task.spawn()
         except BadEnvironment as exc:
             self.send({"k": Kind.START_FAILED, "task": name, "error": f"environment: {exc}", "code": 2})
             return
         except OSError as exc:
-            cwd = spec.get("cwd")
-            what = (f"working directory {cwd!r} does not exist" if cwd and not os.path.isdir(os.path.expanduser(cwd))
-                    else f"cpu_quota={spec['cpu_quota']} on this host" if isinstance(exc, cgroup.QuotaError)
-                    else f"cpus={cgroup.cpu_ranges(spec['cpus'])} on this host" if isinstance(exc, cgroup.CpusError)
-                    else f"cannot start {spec['argv'][0]!r}")
-            reason = exc if isinstance(exc, (cgroup.QuotaError, cgroup.CpusError)) else (exc.strerror or exc)
-            self.send({"k": Kind.START_FAILED, "task": name, "error": f"{what}: {reason}",
+            self.send({"k": Kind.START_FAILED, "task": name, "error": start_error(spec, exc),
                        "code": 127 if isinstance(exc, FileNotFoundError) else 126})
             return
         self.tasks[name] = task
+        self.started(task)
+
+    def started(self, task: Task) -> None:
+        assert task.popen is not None
         record = {"agent_pid": os.getpid(), "task_pid": task.popen.pid, "task_pgid": task.pgid,
-                  "ssh_connection": os.environ.get("SSH_CONNECTION")}
+                  "ssh_connection": os.environ.get("SSH_CONNECTION"), "forked": task.forked}
         if task.task_dir:
-            write_json(os.path.join(task.task_dir, "pid.json"), record)
-        self.send({"k": Kind.STARTED, "task": name, "t": time.time(), **record,
+            write_json(os.path.join(task.task_dir, "pid.json"),
+                       {**record, **({"fork_note": task.fork_note} if task.fork_note else {})})
+        self.send({"k": Kind.STARTED, "task": task.name, "t": time.time(), **record,
                    **({"note": task.note} if task.note else {})})
+
+    # -- tasks forked from a zygote (one per interpreter and environment) -----------------------
+
+    def zygote_for(self, task: Task) -> Zygote | None:
+        """The zygote that forks ``task`` (started now if it is the first of its kind), or None."""
+        if self.stopping or (task.cwd and not os.path.isdir(task.cwd)) \
+                or not prefork.forkable(task.argv, task.env, task.cwd):
+            return None
+        if not self.subreaper:
+            self.subreaper = prefork.become_subreaper()
+            if not self.subreaper:
+                return None
+        key = prefork.zygote_key(task.argv, task.env)
+        zygote = self.zygotes.get(key)
+        if zygote is None:
+            form = prefork.command_form(task.argv)
+            assert form is not None
+            zygote = self.zygotes[key] = Zygote(form[0], task.env)
+        return None if zygote.failed else zygote
+
+    def read_zygote(self, zygote: Zygote) -> None:
+        for message in zygote.receive():
+            name = message.get("id")
+            if name is None or self.forking.get(name) is not zygote:
+                if message.get("pid"):  # a fork nobody waits for any more
+                    with contextlib.suppress(OSError):
+                        os.kill(int(message["pid"]), signal.SIGKILL)
+                continue
+            del self.forking[name]
+            task = self.tasks[name]
+            if "pid" in message:
+                task.forked_as(int(message["pid"]))
+                self.started(task)
+            else:
+                self.fork_failed(task, f"the fork failed: {message.get('error')}")
+        if zygote.failed and self.stopping:
+            self.drop_forks(zygote, f"stopped before its zygote forked it ({zygote.failed})")
+        elif zygote.failed:  # what it was asked for starts the plain way
+            for name in [n for n, z in self.forking.items() if z is zygote]:
+                del self.forking[name]
+                self.fork_failed(self.tasks[name], f"no zygote: {zygote.failed}")
+        if zygote.failed:
+            zygote.close()
+
+    def drop_forks(self, zygote: Zygote, why: str) -> None:
+        """The tasks ``zygote`` was asked to fork never start (the agent is stopping)."""
+        for name in [n for n, z in self.forking.items() if z is zygote]:
+            del self.forking[name]
+            task = self.tasks.pop(name)
+            task.fork_failed_cleanup()
+            task.release()
+            self.send({"k": Kind.START_FAILED, "task": name, "error": f"not started: {why}", "code": 143})
+
+    def fork_failed(self, task: Task, why: str) -> None:
+        try:
+            task.fork_failed(why)
+        except OSError as exc:
+            del self.tasks[task.name]
+            self.send({"k": Kind.START_FAILED, "task": task.name, "error": start_error({"argv": task.argv}, exc),
+                       "code": 127 if isinstance(exc, FileNotFoundError) else 126})
+            return
+        self.started(task)
+
+    def close_zygotes(self) -> None:
+        for zygote in self.zygotes.values():
+            zygote.close()
 
     def controller_gone(self, now: float) -> None:
         """No more input: stop every task, and leave those SIGKILL cannot end once it had its time."""
@@ -370,6 +290,10 @@ class HostAgent:
         for task in self.tasks.values():
             if task.status is None:
                 task.terminate(signal.SIGTERM, now)
+        for zygote in list(self.zygotes.values()):  # one still importing: what it was asked for never starts
+            if not zygote.ready and any(z is zygote for z in self.forking.values()):
+                zygote.close()
+                self.drop_forks(zygote, "stopped while its zygote imported TensorFlow")
 
     # -- stacks of a hung job -------------------------------------------------------------------
 
@@ -379,7 +303,7 @@ class HostAgent:
             task = self.tasks.get(name)
             if task is None:
                 continue
-            procs = group_processes(task.pgid) if task.status is None else []
+            procs = group_processes(task.pgid) if task.status is None and task.popen is not None else []
             blocked = {pid: wait_channel(pid) for pid, state, _cmd in procs if state == "D"}
             offsets = {}
             for pid, _state, _cmd in procs:
@@ -438,6 +362,10 @@ class HostAgent:
 
     def reap(self, now: float) -> None:
         for task in self.tasks.values():
+            if task.popen is None:  # its fork asked for: a kill is held for it
+                if task.kill_at is not None and now >= task.kill_at:
+                    task.signal(signal.SIGKILL)
+                continue
             if task.status is None:
                 status = task.popen.poll()
                 if status is not None:
@@ -459,9 +387,13 @@ class HostAgent:
             if task.status is None and task.kill_at is not None and now >= task.kill_at:
                 task.signal(signal.SIGKILL)
                 task.kill_at = now + 1.0  # again if it has not gone (never trust one signal)
+        if self.subreaper:  # a zygote that ended is waited for; so is a task's orphaned descendant
+            zygotes = {z.proc.pid for z in self.zygotes.values() if z.proc is not None and z.proc.poll() is None}
+            prefork.reap_orphans(zygotes | {t.popen.pid for t in self.tasks.values()
+                                            if t.popen is not None and t.status is None})
 
     def report_listening(self) -> None:
-        waiting = [t for t in self.tasks.values() if t.status is None and not t.listening]
+        waiting = [t for t in self.tasks.values() if t.status is None and not t.listening and t.popen is not None]
         if not waiting:
             return
         listening = listening_sockets() if os.path.exists("/proc/net/tcp") else None  # one reading for all
@@ -503,7 +435,8 @@ class HostAgent:
         next_beat = next_steps = next_ports = time.monotonic()
         while True:
             live = [t for t in self.tasks.values() if t.fd >= 0 and not t.eof]
-            watched = [t.fd for t in live] + ([self.in_fd] if self.input_open else [])
+            zygotes = [z for z in self.zygotes.values() if not z.failed]
+            watched = [t.fd for t in live] + [z.fileno() for z in zygotes] + ([self.in_fd] if self.input_open else [])
             # a task whose output ended is about to exit: look again soon, its exit is news
             ending = any(t.eof and t.status is None for t in self.tasks.values())
             try:
@@ -514,6 +447,9 @@ class HostAgent:
             for task in live:
                 if task.fd in ready:
                     self.read_task(task)
+            for zygote in zygotes:
+                if zygote.fileno() in ready:
+                    self.read_zygote(zygote)
             if self.input_open and self.in_fd in ready:
                 self.read_input(now)
             self.reap(now)
@@ -529,12 +465,14 @@ class HostAgent:
                 next_beat = now + BEAT_S
             if self.leave_at is not None and now >= self.leave_at:
                 break  # what is left cannot be killed (state D): it dies when the kernel lets it go
-            if (self.stopping or not self.input_open) and all(t.fd < 0 for t in self.tasks.values()):
+            if (self.stopping or not self.input_open) and not self.forking \
+                    and all(t.fd < 0 for t in self.tasks.values()):
                 if not self.input_open or not self.output_open:
                     break
                 if self.stopping:
                     self.send({"k": Kind.BYE})
                     break
+        self.close_zygotes()
         return 0
 
 

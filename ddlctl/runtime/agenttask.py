@@ -1,0 +1,238 @@
+"""One task of a host agent (:mod:`ddlctl.runtime.hostagent`): its environment, folder, CPU limits
+and process, started the plain way (``subprocess``) or forked by a zygote (:mod:`ddlctl.runtime.prefork`).
+Standard library only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from ddlctl import envvars
+from ddlctl.runfiles import TASK_STEPS
+from ddlctl.runtime import cgroup
+from ddlctl.runtime.devices import visible_devices
+from ddlctl.runtime.prefork import ForkedProcess, Zygote
+from ddlctl.runtime.stepfollow import StepFile
+
+PR_SET_PDEATHSIG = 1
+
+_prctl = None  # libc's prctl, looked up once in the agent (not in every forked child before exec)
+
+
+def _libc_prctl():  # noqa: ANN202 - a ctypes function, or None where there is none
+    global _prctl
+    if _prctl is None:
+        try:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    return _prctl or None
+
+
+def _child_setup(cgroup_procs: str | None = None, prctl=None, cpus: set[int] | None = None) -> None:  # noqa: ANN001
+    """In the task before exec: its own process group, death with the agent, its CPU quota and CPUs."""
+    os.setpgid(0, 0)
+    if cgroup_procs:
+        cgroup.join(cgroup_procs)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+# gRPC channel arguments for every task of a TensorFlow cluster, unless the host or the user set
+# their own. Tasks start in any order: a task that connects to a peer still importing TensorFlow
+# fails, and gRPC waits its initial reconnect backoff (1 s by default; TensorFlow caps the later
+# ones at 1 s) before trying again. That wait was ~1 s of every ps launch here; with 50 ms the
+# retries are 50, 80, 128... ms, still capped at TensorFlow's 1 s. The connect timeout is untouched.
+GRPC_OPTIONS = "grpc.initial_reconnect_backoff_ms=50"
+
+
+def runs_own_module(argv: list) -> bool:
+    """Whether ``argv`` is ``PYTHON -m ddlctl...``: one of ddlctl's own modules (its server, the
+    built-in workload, the telemetry agent, the device bench)."""
+    return len(argv) > 2 and argv[1] == "-m" and str(argv[2]).split(".")[0] == "ddlctl"
+
+
+def unsafe_folder(path: str) -> str | None:
+    """Why another user could plant code where a task would start (its folder is first on a Python
+    program's ``sys.path``): the folder is someone else's, or others may write to it. None: safe."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # (a folder that is not there fails the start, saying so)
+    if info.st_uid != os.getuid():
+        return f"it belongs to another user (uid {info.st_uid})"
+    if info.st_mode & 0o002:
+        return "other users may write to it"
+    return None
+
+
+def start_error(spec: dict, exc: OSError) -> str:
+    """Why a task could not be started, naming what to look at."""
+    cwd = spec.get("cwd")
+    what = (f"working directory {cwd!r} does not exist" if cwd and not os.path.isdir(os.path.expanduser(cwd))
+            else f"cpu_quota={spec['cpu_quota']} on this host" if isinstance(exc, cgroup.QuotaError)
+            else f"cpus={cgroup.cpu_ranges(spec['cpus'])} on this host" if isinstance(exc, cgroup.CpusError)
+            else f"cannot start {spec['argv'][0]!r}")
+    reason = exc if isinstance(exc, (cgroup.QuotaError, cgroup.CpusError)) else (exc.strerror or exc)
+    return f"{what}: {reason}"
+
+
+class BadEnvironment(ValueError):
+    """A task's spec holds an environment entry no process can be given."""
+
+
+class Task:
+    """One task process and what the agent knows about it."""
+
+    def __init__(self, name: str, spec: dict) -> None:
+        self.name = name
+        self.grace = float(spec.get("grace", 5.0))
+        self.task_dir = os.path.expanduser(spec.get("task_dir") or "")
+        for key, value in spec.get("env", {}).items():
+            problem = envvars.env_entry_problem(key, value)
+            if problem is not None:  # refused for this task alone (the agent and its other tasks go on)
+                raise BadEnvironment(problem)
+        env = dict(os.environ)
+        # nothing from the working directory for ddlctl's own modules; a program is run as Python
+        # runs it (the agent's own PYTHONSAFEPATH is not passed on unless the spec's env gives it)
+        if runs_own_module(spec["argv"]):
+            env[envvars.SAFE_PATH] = "1"
+        else:
+            env.pop(envvars.SAFE_PATH, None)
+        for key in spec.get("unset", []):
+            env.pop(key, None)
+        for key, value in spec.get("env", {}).items():
+            env[key] = os.path.expanduser(value) if key in (envvars.TASK_DIR, envvars.CHECKPOINT_DIR) else value
+        if "TF_CONFIG" in env:
+            env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_OPTIONS)
+        # temporary files in the task's folder, removed when it ends: a task killed at the end of a
+        # job runs no atexit hook, and TensorFlow's autograph leaves a file in /tmp per traced function
+        self.tmp = os.path.join(self.task_dir, "tmp") if self.task_dir and "TMPDIR" not in env else None
+        if self.tmp:
+            os.makedirs(self.tmp, exist_ok=True)
+            env["TMPDIR"] = self.tmp
+        if "CUDA_VISIBLE_DEVICES" in spec.get("env", {}):
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(spec["env"]["CUDA_VISIBLE_DEVICES"],
+                                                          os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if spec.get("pythonpath"):
+            path = os.pathsep.join(os.path.expanduser(p) for p in spec["pythonpath"])
+            env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        for folder in spec.get("mkdirs", []):
+            os.makedirs(os.path.expanduser(folder), exist_ok=True)
+        cwd = os.path.expanduser(spec["cwd"]) if spec.get("cwd") else None
+        self.note: str | None = None
+        why = unsafe_folder(cwd) if cwd and spec.get("cwd_default") else None
+        if why:  # the controller's folder by default: not where someone else can put a json.py
+            home = os.path.expanduser("~")
+            self.note = (f"starting in {home}, not in {cwd}: {why} (workdir= in the hosts file chooses where "
+                         "tasks start)")
+            cwd = home
+        self.cgroup = None
+        # CPU affinity: TensorFlow sizes its thread pools to the CPUs a process may run on
+        cpus = cgroup.check_cpus(spec["cpus"]) if spec.get("cpus") else None
+        if spec.get("cpu_quota"):
+            group = f"{os.environ.get(envvars.RUN_ID, 'run')}-{name.replace(':', '-')}-{os.getpid()}"
+            self.cgroup = cgroup.create(group, float(spec["cpu_quota"]))
+            # TensorFlow's op thread pools as wide as the quota (unless the program says otherwise)
+            threads = cgroup.intra_op_threads(float(spec["cpu_quota"]))
+            env.setdefault("TF_NUM_INTRAOP_THREADS", str(min(threads, len(cpus)) if cpus else threads))
+        self.argv: list[str] = list(spec["argv"])
+        self.env, self.cwd, self.cpus = env, cwd, cpus
+        self.popen: subprocess.Popen[bytes] | ForkedProcess | None = None  # None: a fork asked for
+        self.fd = -1
+        self.pgid = 0
+        self.forked = False
+        self.fork_note: str | None = None  # why a task meant to be forked was started the plain way
+        self.fork_out = -1  # the output pipe's reading end while a fork is asked for
+        self.held_signal: int | None = None  # a signal that came before the fork's pid
+        self.kill_at: float | None = None
+        self.status: int | None = None
+        self.exited_at: float | None = None
+        self.eof = False
+        self.steps = StepFile(os.path.join(self.task_dir, TASK_STEPS)) if self.task_dir else None
+        self.reported_steps = -1
+        self.port = int(spec.get("port") or 0)
+        self.listening = not self.port
+
+    def spawn(self) -> None:
+        """Start the task the plain way (OSError: it could not be started; its CPU group is removed)."""
+        prctl = _libc_prctl()
+        try:
+            self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                                          preexec_fn=lambda: _child_setup(self.cgroup, prctl, self.cpus))
+        except OSError:
+            self.release()
+            raise
+        assert self.popen.stdout is not None
+        self._started(self.popen.stdout.fileno())
+
+    def ask_fork(self, zygote: Zygote) -> bool:
+        """Ask ``zygote`` to fork the task; False if it cannot (start it the plain way)."""
+        try:
+            reader, writer = os.pipe()
+        except OSError:
+            return False
+        try:
+            asked = zygote.request(self.name, self.argv, self.env, self.cwd, writer, self.cgroup, self.cpus)
+        finally:
+            os.close(writer)
+        if asked:
+            self.fork_out = reader
+        else:
+            os.close(reader)
+        return asked
+
+    def forked_as(self, pid: int) -> None:
+        """The zygote forked the task: ``pid``, now this agent's child."""
+        self.popen = ForkedProcess(pid, self.fork_out)
+        self.fork_out = -1
+        self.forked = True
+        self._started(self.popen.stdout.fileno())
+
+    def fork_failed(self, why: str) -> None:
+        """The fork did not happen: start the task the plain way (OSError as from :meth:`spawn`)."""
+        self.fork_failed_cleanup()
+        self.fork_note = why
+        self.spawn()
+
+    def fork_failed_cleanup(self) -> None:
+        if self.fork_out >= 0:
+            os.close(self.fork_out)
+            self.fork_out = -1
+
+    def _started(self, fd: int) -> None:
+        assert self.popen is not None
+        self.fd = fd
+        os.set_blocking(self.fd, False)
+        self.pgid = self.popen.pid
+        if self.held_signal is not None:
+            self.terminate(self.held_signal, time.monotonic())
+
+    def release(self) -> None:
+        """Remove the task's CPU-quota group (once nothing runs in it) and its temporary files."""
+        if self.cgroup:
+            cgroup.remove(self.cgroup)
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def signal(self, sig: int) -> None:
+        if self.popen is None:  # not forked yet: signalled as soon as it is
+            self.held_signal = sig if self.held_signal != signal.SIGKILL else self.held_signal
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, sig)
+
+    def terminate(self, sig: int, now: float) -> None:
+        """``sig`` to the group now; SIGKILL after the grace period (unless it was SIGKILL)."""
+        self.signal(sig)
+        if sig != signal.SIGKILL and self.kill_at is None:
+            self.kill_at = now + self.grace

@@ -1,0 +1,219 @@
+"""Which tasks a host agent forks from a zygote (:mod:`ddlctl.runtime.zygote`), and the agent's end
+of a zygote. Standard library only (it runs in the host agent).
+
+A task is forked when its command is ``PYTHON [-u] SCRIPT ARGS`` with a script that imports
+TensorFlow or Keras, or ``PYTHON [-u] -m ddlctl.workloads|ddlctl.runtime.server``, on a host without
+NVIDIA devices (a CUDA context does not survive a fork, and whether an import creates one is not
+ddlctl's to promise), unless its environment says ``DDLCTL_PREFORK=0``. Tasks share a zygote when
+their interpreter and environment agree in everything but what a task reads after its imports
+(:data:`PER_TASK`: its identity, cluster, folders, threads, devices).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+
+from ddlctl import envvars
+from ddlctl.runtime.zygote import ARGV_ROOM, PR_SET_PDEATHSIG, ROOM_BYTES, ROOM_VAR
+
+#: ``0`` in a task's environment (``ddlctl launch --no-prefork``): the task starts the plain way.
+OFF_VAR = envvars.PREFORK
+#: What a TensorFlow task reads after its imports: tasks that differ only in these share a zygote.
+PER_TASK = frozenset({
+    "TF_CONFIG", envvars.TASK, envvars.TASK_DIR, envvars.RESTART_COUNT, envvars.DEVICES, envvars.BALANCE,
+    envvars.SPEEDS, envvars.TOTAL_STEPS, envvars.CHECKPOINT_DIR, "TMPDIR", "CUDA_VISIBLE_DEVICES",
+    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", envvars.SAFE_PATH, "DDLCTL_SERVER_FULL_IMPORT", OFF_VAR,
+})
+#: ddlctl's own modules that import TensorFlow (its telemetry agent and device bench do not fork).
+OWN_MODULES = ("ddlctl.workloads", "ddlctl.runtime.server")
+_IMPORTS = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:tensorflow|keras|tf_keras)\b", re.M)
+_PYTHON = re.compile(r"python[0-9.]*")
+PR_SET_CHILD_SUBREAPER = 36
+#: Where this ddlctl's code is (a folder, or the code bundle's zip on a remote host).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: The zygote's program: this ddlctl's (another copy the interpreter imported first, through the
+#: instrumentation's ``sitecustomize``, is forgotten), leaving the folder off ``sys.path`` again
+#: (ddlctl's modules are found through the imported package).
+ZYGOTE_MAIN = ("import sys; r = sys.argv[1]; sys.path.insert(0, r); "
+               "[sys.modules.pop(m) for m in list(sys.modules) if m.split('.')[0] == 'ddlctl' "
+               "and not (getattr(sys.modules[m], '__file__', None) or '').startswith(r)]; "
+               "import ddlctl.runtime.zygote as z; sys.path.remove(r); z.main(sys.argv[2:])()")
+
+
+def command_form(argv: list[str]) -> tuple[tuple[str, ...], str, str] | None:
+    """(interpreter and its ``-u``, ``"-m"`` or ``"script"``, module or script) of a plain Python
+    command, or None for any other command."""
+    if len(argv) < 2 or not _PYTHON.fullmatch(os.path.basename(str(argv[0]))):
+        return None
+    at = 2 if argv[1] == "-u" else 1
+    prefix = tuple(argv[:at])
+    if at >= len(argv):
+        return None
+    if argv[at] == "-m":
+        return (prefix, "-m", argv[at + 1]) if at + 1 < len(argv) else None
+    if argv[at].startswith("-"):
+        return None
+    return prefix, "script", argv[at]
+
+
+def gpu_host() -> bool:
+    """Whether this host has NVIDIA devices."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+def forkable(argv: list[str], env: dict[str, str], cwd: str | None) -> bool:
+    """Whether this task is started from a zygote (see the module's docstring)."""
+    form = command_form(argv)
+    if form is None or env.get(OFF_VAR) == "0" or gpu_host():
+        return False
+    _prefix, kind, target = form
+    if kind == "-m":
+        return target in OWN_MODULES
+    try:
+        with open(os.path.join(cwd or os.getcwd(), target), "rb") as handle:
+            return bool(_IMPORTS.search(handle.read(1 << 20)))
+    except OSError:
+        return False
+
+
+def zygote_key(argv: list[str], env: dict[str, str]) -> tuple:
+    """What tasks sharing a zygote agree in: the interpreter and the environment but :data:`PER_TASK`."""
+    form = command_form(argv)
+    assert form is not None
+    return form[0], tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
+
+
+def become_subreaper() -> bool:
+    """Make this process the parent of its orphaned descendants (the tasks its zygotes fork)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _zygote_setup() -> None:
+    os.setpgid(0, 0)
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class Zygote:
+    """The agent's end of one zygote: its process, its socket, whether it is ready or failed."""
+
+    def __init__(self, prefix: tuple[str, ...], env: dict[str, str]) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        zygote_env = {k: v for k, v in env.items() if k not in PER_TASK}
+        zygote_env[envvars.SAFE_PATH] = "1"  # nothing from a folder: a task sets its own sys.path[0]
+        zygote_env[ROOM_VAR] = "x" * ROOM_BYTES  # room in the environment block for a task's
+        self.ready = False
+        self.failed: str | None = None
+        self.sock = mine
+        try:
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [*prefix, "-c", ZYGOTE_MAIN, ROOT, str(theirs.fileno()), ARGV_ROOM], env=zygote_env, cwd="/",
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), preexec_fn=_zygote_setup)
+        except OSError as exc:
+            self.proc = None
+            self.failed = f"cannot start: {exc}"
+        theirs.close()
+        mine.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def request(self, ident: str, argv: list[str], env: dict[str, str], cwd: str | None, out_fd: int,
+                cgroup_procs: str | None, cpus: set[int] | None) -> bool:
+        """Ask for a fork (the task's output pipe attached); False if the zygote cannot take it."""
+        if self.failed:
+            return False
+        message = json.dumps({"id": ident, "argv": argv, "env": env, "cwd": cwd, "agent_pid": os.getpid(),
+                              "cgroup": cgroup_procs, "cpus": sorted(cpus) if cpus else None}).encode()
+        try:
+            socket.send_fds(self.sock, [message], [out_fd])
+        except (BlockingIOError, InterruptedError):
+            return False  # too many asked for at once: this one starts the plain way
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                return False
+            self.failed = f"unreachable: {exc}"
+            return False
+        return True
+
+    def receive(self) -> list[dict]:
+        """The messages that arrived (``{"ready"}``, ``{"id", "pid"}``, ``{"id", "error"}``,
+        ``{"error"}``); an ended zygote is failed."""
+        messages = []
+        while not self.failed:
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                data, self.failed = b"", str(exc)
+            if not data:
+                self.failed = self.failed or "it ended"
+                break
+            with contextlib.suppress(ValueError):
+                message = json.loads(data)
+                if message.get("ready"):
+                    self.ready = True
+                elif "error" in message and message.get("id") is None:
+                    self.failed = str(message["error"])
+                messages.append(message)
+        return messages
+
+    def close(self) -> None:
+        """End the zygote (its tasks are the agent's children and go on) and wait for it."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                self.proc.wait(5)
+
+
+class ForkedProcess:
+    """A task forked by a zygote, as the agent sees a ``Popen``: ``pid``, ``stdout``, ``poll()``."""
+
+    def __init__(self, pid: int, out_fd: int) -> None:
+        self.pid = pid
+        self.stdout = os.fdopen(out_fd, "rb", buffering=0)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not (or no longer) this agent's child: gone when /proc says so
+                if not os.path.exists(f"/proc/{self.pid}"):
+                    self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def reap_orphans(known: set[int]) -> None:
+    """Wait for the agent's children that are not tasks or zygotes (a task's orphaned descendants,
+    reparented to the subreaper), so none stays a zombie."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid in known:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)

@@ -1,0 +1,293 @@
+"""The fork server of a host agent (started by :class:`ddlctl.runtime.prefork.Zygote`).
+
+Importing TensorFlow costs 3-4 CPU-seconds, most of a task's start (and of a restart). A zygote
+imports it once, then forks each TensorFlow task of its host agent from that state: the task runs
+in a fresh child as ``python script.py`` or ``python -m module`` would, with its own environment,
+folder, output pipe, process group and CPU limits, and is its agent's child (the agent is a child
+subreaper; the zygote forks twice), so the agent waits for it, signals it and sees its exit as it
+does for a task it started itself. ``/proc/PID/environ`` and ``/proc/PID/cmdline`` of the task
+read as the task's own (the zygote's blocks are rewritten in place: it starts with room for them),
+so every tool that finds a run's processes by their environment (``ddlctl stop``, the telemetry
+agent, ``/proc/self/environ`` in a graph) finds the task as before.
+
+Whatever cannot be set up in the fork (a block too small, an error) ends in ``execve`` of the task's
+own command: the same pid, a plain start. Standard library only.
+
+Protocol (a ``SOCK_SEQPACKET`` socket, one JSON object a message): the zygote says
+``{"ready": true}`` once TensorFlow is imported (or ``{"error": ...}`` and exits); the agent sends
+``{"id", "argv", "env", "cwd", "agent_pid", "cgroup", "cpus"}`` with the write end of the task's
+output pipe attached (``SCM_RIGHTS``); the zygote answers ``{"id", "pid"}`` (or ``{"id", "error"}``)
+once the task is its agent's child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+#: The warning Python 3.12 gives at every fork of a process with threads (TensorFlow's import leaves
+#: one waiting): silenced in the zygote alone.
+FORK_WARNING = r".*fork\(\) may lead to deadlocks"
+#: Environment variable of the zygote that keeps room in its environment block for a task's.
+ROOM_VAR = "DDLCTL_ZYGOTE_ROOM"
+ROOM_BYTES = 16384
+#: The zygote's last argument: room in its command-line block for a task's.
+ARGV_ROOM = " " * 4096
+PR_SET_PDEATHSIG = 1
+REPARENT_S = 5.0
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def preload() -> None:
+    """Import what TensorFlow tasks import first: TensorFlow, and Keras as TensorFlow would load it."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=FORK_WARNING, category=DeprecationWarning)
+    import tensorflow  # noqa: F401
+
+    try:
+        if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+            import tf_keras  # noqa: F401
+        else:
+            import keras  # noqa: F401
+    except ImportError:
+        pass
+
+
+def serve(sock: socket.socket) -> Callable[[], None]:
+    """Fork tasks on request until the agent closes the socket (then exit); in a forked task,
+    return what runs it."""
+    while True:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 4)
+        except OSError:
+            os._exit(0)
+        if not message:
+            os._exit(0)
+        try:
+            request = json.loads(message)
+        except ValueError:
+            for fd in fds:
+                os.close(fd)
+            continue
+        reader, writer = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        middle = os.fork()
+        if middle == 0:  # forks the task and leaves at once: the task is then the agent's child
+            os.close(reader)
+            try:
+                task = os.fork()
+            except OSError as exc:
+                os.write(writer, json.dumps({"error": str(exc)}).encode())
+                os._exit(1)
+            if task == 0:
+                os.close(writer)
+                sock.close()
+                return become(request, fds[0] if fds else -1)
+            with contextlib.suppress(OSError):
+                os.setpgid(task, task)  # (the task does so too: whichever runs first)
+            os.write(writer, json.dumps({"pid": task}).encode())
+            os._exit(0)
+        os.close(writer)
+        chunks = []
+        while True:
+            chunk = os.read(reader, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(reader)
+        os.waitpid(middle, 0)
+        for fd in fds:
+            os.close(fd)
+        try:
+            answer = json.loads(b"".join(chunks) or b"{}")
+        except ValueError:
+            answer = {}
+        if "pid" not in answer:
+            answer.setdefault("error", "the fork failed")
+        _send(sock, {"id": request.get("id"), **answer})
+
+
+def _proc_blocks() -> tuple[int, int, int, int]:
+    """(arg_start, arg_end, env_start, env_end) of this process, from ``/proc/self/stat``."""
+    with open("/proc/self/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    # after the command's closing parenthesis the fields are numbered from 3 (state); proc(5): 48-51
+    arg_start, arg_end, env_start, env_end = (int(f) for f in fields[48 - 3:52 - 3])
+    return arg_start, arg_end, env_start, env_end
+
+
+def _rewrite(start: int, end: int, strings: list[bytes]) -> bool:
+    """Write NUL-terminated ``strings`` over the block [start, end), NUL-padded; False if too long."""
+    import ctypes
+
+    data = b"".join(s + b"\0" for s in strings)
+    if not start or len(data) > end - start:
+        return False
+    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+    return True
+
+
+def _clear_libc_environment() -> None:
+    import ctypes
+
+    ctypes.CDLL(None).clearenv()
+
+
+def become(request: dict, out_fd: int) -> Callable[[], None]:
+    """In the forked task: take its identity; what runs its program. A step that fails execs the
+    task's own command instead (same pid)."""
+    argv: list[str] = request["argv"]
+    env: dict[str, str] = request["env"]
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    try:
+        # the agent's child once the middle process has gone: from then on, die with the agent
+        deadline = time.monotonic() + REPARENT_S
+        while os.getppid() != request["agent_pid"] and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != request["agent_pid"]:
+            os._exit(137)  # the agent is gone (or never became the parent): nothing to run for
+        if request.get("cgroup"):
+            from ddlctl.runtime import cgroup
+
+            cgroup.join(request["cgroup"])
+        if request.get("cpus"):
+            os.sched_setaffinity(0, set(request["cpus"]))
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        if out_fd >= 0:
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
+            os.close(out_fd)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        return _take_identity(argv, env)
+    except Exception as exc:  # noqa: BLE001 - whatever it was, the task starts the plain way
+        _exec(argv, env, f"{type(exc).__name__}: {exc}")
+        raise  # (not reached)
+
+
+def _exec(argv: list[str], env: dict[str, str], why: str) -> None:
+    """Run the task's own command in this process (a fork that could not become the task); why in
+    ``fork-fallback.txt`` of its folder."""
+    try:
+        if env.get("DDLCTL_TASK_DIR"):
+            with open(os.path.join(env["DDLCTL_TASK_DIR"], "fork-fallback.txt"), "a") as handle:
+                handle.write(why + "\n")
+    except OSError:
+        pass
+    try:
+        os.execvpe(argv[0], argv, env)
+    finally:
+        os._exit(127)
+
+
+def _take_identity(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
+    """Environment, blocks in /proc, signals, random state, ``sys.argv``/``sys.path``; the runner."""
+    arg_start, arg_end, env_start, env_end = _proc_blocks()
+    encoded_env = [f"{k}={v}".encode("utf-8", "surrogateescape") for k, v in env.items()]
+    encoded_argv = [a.encode("utf-8", "surrogateescape") for a in argv]
+    if len(b"".join(s + b"\0" for s in encoded_env)) > env_end - env_start \
+            or len(b"".join(s + b"\0" for s in encoded_argv)) > arg_end - arg_start:
+        _exec(argv, env, "the command or the environment is longer than the zygote's room for them")
+    os.environ.clear()
+    _clear_libc_environment()  # nothing points into the old block any more
+    os.environ.update(env)
+    _rewrite(env_start, env_end, encoded_env)
+    _rewrite(arg_start, arg_end, encoded_argv)
+    import tempfile
+
+    tempfile.tempdir = None  # (TMPDIR is the task's)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import warnings
+
+    warnings.filters[:] = [f for f in warnings.filters if getattr(f[1], "pattern", None) != FORK_WARNING]
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    from ddlctl.runtime import stacks
+
+    stacks.install()  # (the zygote had no task folder: nothing registered before; its model.fit
+    # hook, installed when it started, is the task's: DDLCTL_AUTO_STEPS is the same in both)
+    return _runner(argv, env)
+
+
+def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
+    """What ``python [-u] script.py ARGS`` or ``python [-u] -m module ARGS`` would run."""
+    import builtins
+    import runpy
+    import types
+
+    rest = argv[1:]
+    if rest and rest[0] == "-u":
+        rest = rest[1:]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    safe = bool(env.get("PYTHONSAFEPATH"))
+    if rest[0] == "-m":
+        module, args = rest[1], rest[2:]
+        if not safe:
+            sys.path.insert(0, os.getcwd())
+        sys.argv = ["-m", *args]
+
+        def run_module() -> None:
+            sys.modules["__main__"] = main
+            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+
+        return run_module
+    script, args = rest[0], rest[1:]
+    if not safe:
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    sys.argv = [script, *args]
+    main.__dict__.update(__file__=os.path.abspath(script), __cached__=None, __loader__=None, __spec__=None,
+                         __package__=None)
+
+    def run_script() -> None:
+        import io
+
+        sys.modules["__main__"] = main
+        with io.open_code(os.path.abspath(script)) as handle:
+            source = handle.read()
+        exec(compile(source, os.path.abspath(script), "exec"), main.__dict__)  # noqa: S102 - the task's own program
+
+    return run_script
+
+
+def main(argv: list[str]) -> Callable[[], None]:
+    """Import TensorFlow, say so, serve forks; in a forked task, what runs it."""
+    sock = socket.socket(fileno=int(argv[0]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent's to handle; a task gets its own back
+    try:
+        preload()
+    except BaseException as exc:  # noqa: BLE001 - said to the agent, which starts tasks the plain way
+        _send(sock, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+        with contextlib.suppress(OSError):  # until the agent has read it (unread requests here
+            while sock.recv(1 << 20):       # would reset the connection, losing the message)
+                pass
+        os._exit(1)
+    _send(sock, {"ready": True})
+    return serve(sock)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])()

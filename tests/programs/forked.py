@@ -1,0 +1,24 @@
+"""A TensorFlow task that says how it was started (tests/test_prefork.py): whether TensorFlow was
+imported before its first line, its argv, folder, sys.path[0], __name__, task, random state,
+parent, temporary folder and stdin; then ``exit CODE``, ``raise`` or ``sleep``."""
+
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+already = "tensorflow" in sys.modules
+import tensorflow as tf  # noqa: E402
+
+print(json.dumps({"already": already, "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+                  "name": __name__, "task": os.environ.get("DDLCTL_TASK"), "random": random.random(),
+                  "pid": os.getpid(), "ppid": os.getppid(), "tmp": tempfile.gettempdir(),
+                  "stdin": sys.stdin.read(), "sum": float(tf.reduce_sum(tf.ones((3, 3))))}), flush=True)
+mode = sys.argv[1]
+if mode == "exit":
+    sys.exit(int(sys.argv[2]))
+if mode == "raise":
+    raise RuntimeError("boom from the forked task")
+time.sleep(60)

@@ -1,0 +1,156 @@
+"""TensorFlow tasks forked from a zygote that imported TensorFlow once (ddlctl.runtime.prefork and
+.zygote): each runs as ``python script.py`` would, as its agent's own child; a zygote that cannot
+import falls back to the plain start; ``DDLCTL_PREFORK=0`` turns it off."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from ddlctl.cluster.model import Host
+from ddlctl.planning.plan import TaskSpec
+from ddlctl.runtime import prefork
+from ddlctl.transport.session import open_local_session
+from tests.conftest import processes_of_run
+
+PROGRAMS = Path(__file__).parent / "programs"
+HOST = Host(name="localhost")
+
+
+def spec(name: str, argv: tuple[str, ...], task_dir: Path, env: dict[str, str] | None = None) -> TaskSpec:
+    return TaskSpec(name=name, role=name.split(":")[0], index=int(name.split(":")[1]), host=HOST, port=None,
+                    kind="program", argv=argv, env={"DDLCTL_TASK_DIR": str(task_dir), "DDLCTL_TASK": name,
+                                                    "DDLCTL_RUN_ID": "prefork-test", **(env or {})},
+                    unset_env=(), workdir=str(task_dir.parent), task_dir=str(task_dir), gpus=None, tf_config=None)
+
+
+def output(task) -> bytes:  # noqa: ANN001
+    data = b""
+    while (chunk := task.read()) not in (None, b""):
+        data += chunk
+    return data
+
+
+def nothing_left(run_id: str, within_s: float = 10) -> bool:
+    deadline = time.monotonic() + within_s
+    while processes_of_run(run_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def said(data: bytes) -> dict:
+    return json.loads(next(line for line in data.splitlines() if line.startswith(b"{")))
+
+
+def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
+    program = tmp_path / "train.py"
+    program.write_text("import os\nfrom tensorflow import keras\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch  # a tensorflow-free program: 'import tensorflow' in a comment\n")
+    py = sys.executable
+    assert prefork.command_form([py, "-u", "train.py", "--x"]) == ((py, "-u"), "script", "train.py")
+    assert prefork.command_form([py, "-m", "ddlctl.workloads"]) == ((py,), "-m", "ddlctl.workloads")
+    assert prefork.command_form(["env", "python3", "train.py"]) is None
+    assert prefork.command_form([py, "-c", "import tensorflow"]) is None
+    assert prefork.command_form([py, "-X", "importtime", "train.py"]) is None
+    assert prefork.forkable([py, "train.py"], {}, str(tmp_path)) is not prefork.gpu_host()
+    assert not prefork.forkable([py, "plain.py"], {}, str(tmp_path))
+    assert not prefork.forkable([py, "missing.py"], {}, str(tmp_path))
+    assert not prefork.forkable([py, "train.py"], {"DDLCTL_PREFORK": "0"}, str(tmp_path))
+    assert not prefork.forkable([py, "-m", "ddlctl.runtime.agent"], {}, None)
+    worker = {"TF_CONFIG": '{"task": {"type": "worker", "index": 0}}', "DDLCTL_TASK": "worker:0", "A": "1"}
+    ps = {"TF_CONFIG": '{"task": {"type": "ps", "index": 0}}', "DDLCTL_TASK": "ps:0", "A": "1",
+          "CUDA_VISIBLE_DEVICES": "", "PYTHONSAFEPATH": "1"}
+    assert prefork.zygote_key([py, "train.py"], worker) == prefork.zygote_key([py, "-m", "ddlctl.workloads"], ps)
+    assert prefork.zygote_key([py, "train.py"], worker) != prefork.zygote_key([py, "train.py"], {**worker, "A": "2"})
+    assert prefork.zygote_key([py, "train.py"], worker) != prefork.zygote_key([py, "-u", "train.py"], worker)
+    legacy = {**worker, "TF_USE_LEGACY_KERAS": "1"}  # read when TensorFlow is imported: its own zygote
+    assert prefork.zygote_key([py, "train.py"], worker) != prefork.zygote_key([py, "train.py"], legacy)
+
+
+def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children(tmp_path):
+    if prefork.gpu_host():
+        return  # (a GPU host starts every task the plain way)
+    session = open_local_session(HOST, "prefork-test", tmp_path / "agents")
+    program = str(PROGRAMS / "forked.py")
+    try:
+        tasks = {name: session.start(spec(name, (sys.executable, program, *args), tmp_path / name.replace(":", "-")), 5)
+                 for name, args in (("worker:0", ("exit", "3")), ("worker:1", ("raise",)), ("worker:2", ("sleep",)))}
+        assert session.wait_for(lambda: tasks["worker:0"].poll() and tasks["worker:1"].poll()
+                                and tasks["worker:2"].pids().get("task_pid"), 120)
+        outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}
+        assert tasks["worker:0"].poll().code == 3, outs
+        assert tasks["worker:1"].poll().code == 1 and b"RuntimeError: boom from the forked task" in outs["worker:1"]
+        first, second = said(outs["worker:0"]), said(outs["worker:1"])
+        agent = tasks["worker:0"].pids()["agent_pid"]
+        for name, seen in (("worker:0", first), ("worker:1", second)):
+            assert seen["already"], "TensorFlow came with the fork"
+            assert seen["name"] == "__main__" and seen["task"] == name and seen["ppid"] == agent
+            assert seen["cwd"] == str(tmp_path) and seen["path0"] == str(PROGRAMS)
+            assert seen["tmp"] == str(tmp_path / name.replace(":", "-") / "tmp") and seen["stdin"] == ""
+            assert seen["sum"] == 9.0
+            assert json.loads((tmp_path / name.replace(":", "-") / "pid.json").read_text())["forked"] is True
+        assert first["argv"] == [program, "exit", "3"] and second["argv"] == [program, "raise"]
+        assert first["random"] != second["random"], "each task draws its own random numbers"
+        # what other processes read of a forked task: its own environment and command line
+        sleeper = psutil.Process(tasks["worker:2"].pids()["task_pid"])
+        assert sleeper.environ()["DDLCTL_TASK"] == "worker:2" and "DDLCTL_ZYGOTE_ROOM" not in sleeper.environ()
+        assert [a for a in sleeper.cmdline() if a] == [sys.executable, program, "sleep"]
+        assert sleeper.ppid() == agent and os.getpgid(sleeper.pid) == sleeper.pid
+        zygotes = [p for p in psutil.Process(agent).children() if "ddlctl.runtime.zygote" in " ".join(p.cmdline())]
+        assert len(zygotes) == 1, "tasks of one interpreter and environment share one zygote"
+        tasks["worker:2"].send("TERM")
+        assert session.wait_for(lambda: tasks["worker:2"].poll() is not None, 20)
+        assert tasks["worker:2"].poll().signal == signal.SIGTERM
+    finally:
+        session.shutdown()
+        session.close()
+    assert nothing_left("prefork-test")
+
+
+def test_a_zygote_that_cannot_import_tensorflow_leaves_its_tasks_to_start_the_plain_way(tmp_path):
+    broken = tmp_path / "site" / "tensorflow"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this TensorFlow is broken on purpose')\n")
+    session = open_local_session(HOST, "prefork-test", tmp_path / "agents")
+    program = str(PROGRAMS / "forked_fallback.py")
+    try:
+        env = {"PYTHONPATH": str(tmp_path / "site")}
+        tasks = {"worker:0": session.start(spec("worker:0", (sys.executable, program), tmp_path / "w0", env), 5),
+                 "worker:1": session.start(spec("worker:1", (sys.executable, program), tmp_path / "w1",
+                                                {"DDLCTL_PREFORK": "0"}), 5)}
+        assert session.wait_for(lambda: all(t.poll() for t in tasks.values()), 60)
+        for name, task in tasks.items():
+            assert task.poll().code == 0 and output(task) == b"ran plain False\n", name
+        started = json.loads((tmp_path / "w0" / "pid.json").read_text())
+        assert started["forked"] is False or prefork.gpu_host()
+        if not prefork.gpu_host():
+            assert "this TensorFlow is broken on purpose" in started["fork_note"]
+        assert json.loads((tmp_path / "w1" / "pid.json").read_text())["forked"] is False
+    finally:
+        session.shutdown()
+        session.close()
+    assert nothing_left("prefork-test")
+
+
+def test_a_shutdown_while_the_zygote_imports_starts_nothing_and_leaves_nothing(tmp_path):
+    if prefork.gpu_host():
+        return
+    session = open_local_session(HOST, "prefork-test", tmp_path / "agents")
+    program = str(PROGRAMS / "forked.py")
+    try:
+        task = session.start(spec("worker:0", (sys.executable, program, "sleep"), tmp_path / "w0"), 5)
+        session.shutdown()  # at once: its zygote is still importing TensorFlow
+        assert session.wait_for(lambda: task.poll() is not None, 30)
+        assert task.poll().code == 143 and b"not started: stopped while its zygote imported" in output(task)
+    finally:
+        session.close()
+    assert nothing_left("prefork-test")
