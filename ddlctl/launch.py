@@ -409,15 +409,15 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
     elif on_terminal:
         from ddlctl.report.live import ConsoleLineWriter
 
-        writer = ConsoleLineWriter(out, task_colors=opts.task_colors)  # scrolls above the live region
+        writer = ConsoleLineWriter(out, task_colors=opts.task_colors, live=live)  # scrolls above the live region
     else:
         writer = PrefixedWriter(sys.stderr.buffer if opts.json_out else sys.stdout.buffer,
                                 task_colors=opts.task_colors)
     # While a live region is up, everything goes through its console (another stream writing to
     # the terminal would leave copies of the region in the scrollback).
-    messages = out if on_terminal else err
+    say = live.print if on_terminal and live is not None else err.print
     notify = (lambda _msg: None) if opts.quiet else \
-        (lambda msg: messages.print(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
+        (lambda msg: say(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     if not opts.verbose and not opts.quiet:
         # the same line from several tasks shown once ([worker:0-7@host]); --verbose shows each
         writer = QuietWriter(CollapsingWriter(writer), is_startup_noise, lambda: notify(

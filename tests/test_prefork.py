@@ -66,6 +66,23 @@ def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
     assert not prefork.forkable([py, "missing.py"], {}, str(tmp_path))
     assert not prefork.forkable([py, "train.py"], {"DDLCTL_PREFORK": "0"}, str(tmp_path))
     assert not prefork.forkable([py, "-m", "ddlctl.runtime.agent"], {}, None)
+    # a program that sets its own environment may do so before its imports read it: not forked
+    for line in ('os.environ["KERAS_BACKEND"] = "jax"', "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')",
+                 "environ.update(A='1')", "os.putenv('A', '1')"):
+        (tmp_path / "sets.py").write_text(f"import os\n{line}\nimport keras\n")
+        assert not prefork.forkable([py, "sets.py"], {}, str(tmp_path)), line
+    (tmp_path / "reads.py").write_text("import os\nif os.environ['A'] == '1':\n    import tensorflow\n")
+    assert prefork.forkable([py, "reads.py"], {}, str(tmp_path)) is not prefork.gpu_host()
+    # what ddlctl's own modules set before importing TensorFlow, their zygote imports with
+    env = {"A": "1"}
+    prefork.import_environment([py, "-m", "ddlctl.runtime.server"], env)
+    assert env == {"A": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    prefork.import_environment([py, "-m", "ddlctl.workloads"], env)
+    assert env == {"TF_CPP_MIN_LOG_LEVEL": "0"}, "the user's choice stands"
+    env = {}
+    prefork.import_environment([py, "train.py"], env)
+    assert env == {}
     worker = {"TF_CONFIG": '{"task": {"type": "worker", "index": 0}}', "DDLCTL_TASK": "worker:0", "A": "1"}
     ps = {"TF_CONFIG": '{"task": {"type": "ps", "index": 0}}', "DDLCTL_TASK": "ps:0", "A": "1",
           "CUDA_VISIBLE_DEVICES": "", "PYTHONSAFEPATH": "1"}

@@ -62,6 +62,7 @@ def job_progress(figures: Mapping[str, tuple[int, int | None]]) -> tuple[int, in
 
 #: A task whose step count has not moved this long (while others may) is shown as stalled.
 STALL_SHOWN_S = 10.0
+REFRESH_S = 0.25  # the live region is redrawn 4 times a second
 
 
 @dataclass
@@ -192,8 +193,16 @@ class LiveView:
                             TextColumn("elapsed"), TimeElapsedColumn(), console=console, auto_refresh=False,
                             speed_estimate_period=10.0)
         self.bar_task = self.bar.add_task("training", total=None, rate="")
+        # One writer to the terminal at a time: the live region's redraw or a print above it. rich
+        # moves the cursor up by the region's last drawn height when a print starts, then renders;
+        # a redraw from its own refresh thread in between (the region taller by then: the table's
+        # first rows) left the top of the region behind in the scrollback. So the region is
+        # redrawn here, under the lock every print takes (:meth:`print`).
+        self.out_lock = threading.RLock()
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
         if console.is_terminal:
-            self.live = Live(console=console, get_renderable=self._render, refresh_per_second=4,
+            self.live = Live(console=console, get_renderable=self._render, auto_refresh=False,
                              transient=True, redirect_stdout=False, redirect_stderr=False)
 
     @property
@@ -230,23 +239,42 @@ class LiveView:
                 line = self.state.line()
             self.console.print(line, highlight=False, soft_wrap=True)
 
+    def print(self, *objects: object, **options: object) -> None:
+        """Print above the live region (or plainly when there is none)."""
+        with self.out_lock:
+            self.console.print(*objects, **options)  # type: ignore[arg-type]
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(REFRESH_S):
+            with self.out_lock:
+                if self.live is not None and self.live.is_started:
+                    self.live.refresh()
+
     def __enter__(self) -> LiveView:
         if self.live is not None:
-            self.live.start()
+            with self.out_lock:
+                self.live.start(refresh=True)
+            self._refresher = threading.Thread(target=self._refresh_loop, name="ddlctl-live", daemon=True)
+            self._refresher.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
-            self.live.stop()
+            self._stop.set()
+            if self._refresher is not None:
+                self._refresher.join()
+            with self.out_lock:
+                self.live.stop()
 
 
 class ConsoleLineWriter:
-    """Task output through a rich console (so it scrolls above a live view), same interface as
-    :class:`ddlctl.supervise.output.PrefixedWriter`."""
+    """Task output through a rich console (so it scrolls above a live view: printed through
+    ``live``'s lock), same interface as :class:`ddlctl.supervise.output.PrefixedWriter`."""
 
-    def __init__(self, console: Console, task_colors: bool = False) -> None:
+    def __init__(self, console: Console, task_colors: bool = False, live: LiveView | None = None) -> None:
         self.console = console
         self.task_colors = task_colors
+        self.print = live.print if live is not None else console.print
 
     def write(self, task: str, host: str, lines: list[bytes]) -> None:
         from ddlctl.supervise.output import visible
@@ -255,7 +283,7 @@ class ConsoleLineWriter:
             text = Text(f"[{task}@{host}] ", style="cyan")
             body = visible(line.rstrip(b"\r\n"), self.task_colors).decode("utf-8", "replace")
             text.append(Text.from_ansi(body) if self.task_colors else Text(body))
-            self.console.print(text, soft_wrap=True)
+            self.print(text, soft_wrap=True)
 
     def tick(self, now: float) -> None:
         """Nothing is held here."""

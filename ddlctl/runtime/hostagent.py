@@ -223,6 +223,7 @@ class HostAgent:
             self.subreaper = prefork.become_subreaper()
             if not self.subreaper:
                 return None
+        prefork.import_environment(task.argv, task.env)
         key = prefork.zygote_key(task.argv, task.env)
         zygote = self.zygotes.get(key)
         if zygote is None:

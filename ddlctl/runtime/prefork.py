@@ -27,13 +27,20 @@ from ddlctl.runtime.zygote import ARGV_ROOM, PR_SET_PDEATHSIG, ROOM_BYTES, ROOM_
 OFF_VAR = envvars.PREFORK
 #: What a TensorFlow task reads after its imports: tasks that differ only in these share a zygote.
 PER_TASK = frozenset({
-    "TF_CONFIG", envvars.TASK, envvars.TASK_DIR, envvars.RESTART_COUNT, envvars.DEVICES, envvars.BALANCE,
-    envvars.SPEEDS, envvars.TOTAL_STEPS, envvars.CHECKPOINT_DIR, "TMPDIR", "CUDA_VISIBLE_DEVICES",
+    "TF_CONFIG", envvars.TASK, envvars.TASK_DIR, envvars.RESTART_COUNT, envvars.NUM_WORKERS, envvars.DEVICES,
+    envvars.BALANCE, envvars.SPEEDS, envvars.TOTAL_STEPS, envvars.CHECKPOINT_DIR, "TMPDIR", "CUDA_VISIBLE_DEVICES",
     "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", envvars.SAFE_PATH, "DDLCTL_SERVER_FULL_IMPORT", OFF_VAR,
 })
 #: ddlctl's own modules that import TensorFlow (its telemetry agent and device bench do not fork).
 OWN_MODULES = ("ddlctl.workloads", "ddlctl.runtime.server")
 _IMPORTS = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:tensorflow|keras|tf_keras)\b", re.M)
+#: A program that changes its own environment (``os.environ[...] =``, ``.setdefault``, ``.update``,
+#: ``putenv``) may do so before its imports read it (``KERAS_BACKEND``, ``TF_CPP_MIN_LOG_LEVEL``):
+#: in a zygote they were read already, so such a program starts the plain way.
+_SETS_ENVIRONMENT = re.compile(rb"environ\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.setdefault\s*\(|\.update\s*\()|putenv\s*\(")
+#: What ddlctl's own modules set before they import TensorFlow (``tfenv.quiet_tensorflow_logs``):
+#: given to their zygote, which imports TensorFlow for them.
+OWN_MODULES_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 _PYTHON = re.compile(r"python[0-9.]*")
 PR_SET_CHILD_SUBREAPER = 36
 #: Where this ddlctl's code is (a folder, or the code bundle's zip on a remote host).
@@ -78,9 +85,19 @@ def forkable(argv: list[str], env: dict[str, str], cwd: str | None) -> bool:
         return target in OWN_MODULES
     try:
         with open(os.path.join(cwd or os.getcwd(), target), "rb") as handle:
-            return bool(_IMPORTS.search(handle.read(1 << 20)))
+            source = handle.read(1 << 20)
     except OSError:
         return False
+    return bool(_IMPORTS.search(source)) and not _SETS_ENVIRONMENT.search(source)
+
+
+def import_environment(argv: list[str], env: dict[str, str]) -> None:
+    """Add to a forked task's ``env`` what its program would set before importing TensorFlow
+    (ddlctl's own modules: :data:`OWN_MODULES_ENV`, unless set), so that its zygote imports alike."""
+    form = command_form(argv)
+    if form is not None and form[1] == "-m" and form[2] in OWN_MODULES:
+        for key, value in OWN_MODULES_ENV.items():
+            env.setdefault(key, value)
 
 
 def zygote_key(argv: list[str], env: dict[str, str]) -> tuple:
