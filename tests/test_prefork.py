@@ -101,9 +101,14 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
     try:
         tasks = {name: session.start(spec(name, (sys.executable, program, *args), tmp_path / name.replace(":", "-")), 5)
                  for name, args in (("worker:0", ("exit", "3")), ("worker:1", ("raise",)), ("worker:2", ("sleep",)))}
+        assert session.wait_for(lambda: all(t.pids().get("task_pid") for t in tasks.values()), 120)
+        # an environment longer than the room the zygote kept for one: the fork runs the command itself
+        big = {"DDLCTL_DEVICES": json.dumps([{"name": f"worker:{i}", "speed": 1.0} for i in range(1000)])}
+        argv = (sys.executable, program, "exit", "4")
+        tasks["worker:3"] = session.start(spec("worker:3", argv, tmp_path / "worker-3", big), 5)
         assert session.wait_for(lambda: tasks["worker:0"].poll() and tasks["worker:1"].poll()
-                                and tasks["worker:2"].pids().get("task_pid"), 120)
-        outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}
+                                and tasks["worker:3"].poll(), 120)
+        outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}  # (all there is)
         assert tasks["worker:0"].poll().code == 3, outs
         assert tasks["worker:1"].poll().code == 1 and b"RuntimeError: boom from the forked task" in outs["worker:1"]
         first, second = said(outs["worker:0"]), said(outs["worker:1"])
@@ -117,6 +122,10 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
             assert json.loads((tmp_path / name.replace(":", "-") / "pid.json").read_text())["forked"] is True
         assert first["argv"] == [program, "exit", "3"] and second["argv"] == [program, "raise"]
         assert first["random"] != second["random"], "each task draws its own random numbers"
+        exec_ed = said(outs["worker:3"])
+        assert tasks["worker:3"].poll().code == 4 and not exec_ed["already"], "a fresh interpreter: exec"
+        assert exec_ed["pid"] == tasks["worker:3"].pids()["task_pid"] and exec_ed["task"] == "worker:3"
+        assert "longer than the zygote's room" in (tmp_path / "worker-3" / "fork-fallback.txt").read_text()
         # what other processes read of a forked task: its own environment and command line
         sleeper = psutil.Process(tasks["worker:2"].pids()["task_pid"])
         assert sleeper.environ()["DDLCTL_TASK"] == "worker:2" and "DDLCTL_ZYGOTE_ROOM" not in sleeper.environ()

@@ -131,7 +131,10 @@ class Zygote:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         zygote_env = {k: v for k, v in env.items() if k not in PER_TASK}
         zygote_env[envvars.SAFE_PATH] = "1"  # nothing from a folder: a task sets its own sys.path[0]
-        zygote_env[ROOM_VAR] = "x" * ROOM_BYTES  # room in the environment block for a task's
+        # room in the environment block for a task's: twice what this one's own entries take (a large
+        # cluster's TF_CONFIG), at least ROOM_BYTES
+        own = sum(len(k) + len(v) + 2 for k, v in env.items() if k in PER_TASK)
+        zygote_env[ROOM_VAR] = "x" * max(ROOM_BYTES, 2 * own)
         self.ready = False
         self.failed: str | None = None
         self.sock = mine
