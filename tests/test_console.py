@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from ddlctl.report.live import LiveState, WindowRate, job_progress
+from ddlctl.report import live as live_module
+from ddlctl.report.live import ConsoleLineWriter, LiveState, LiveView, WindowRate, job_progress
 from ddlctl.runtime.stepfollow import StepFile
 from tests.conftest import ROOT
 
@@ -82,6 +83,51 @@ def test_the_host_agent_counts_steps_of_blocks_and_reads_the_declared_total(tmp_
 
 def _tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _terminal(data: str) -> list[str]:
+    """What a terminal shows for ``data`` (screen and scrollback as one tall screen): text, CR, LF
+    (as CR LF: the tty's ONLCR), cursor up and erase line, as rich writes them; other sequences dropped."""
+    lines, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+", data):
+        if token == "\n":
+            row, col = row + 1, 0
+            if row == len(lines):
+                lines.append("")
+        elif token == "\r":
+            col = 0
+        elif token == "\x1b[1A":
+            row = max(row - 1, 0)
+        elif token == "\x1b[2K":
+            lines[row] = ""
+        elif not token.startswith("\x1b"):
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + token + line[col + len(token):]
+            col += len(token)
+    return [line.rstrip() for line in lines]
+
+
+def test_lines_printed_above_a_region_that_changes_height_are_never_overwritten_nor_the_region_copied(monkeypatch):
+    """Task output scrolls above the live region while its height changes; the region's redraw
+    (its own thread) never runs between a print's cursor move and its write."""
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setattr(live_module, "REFRESH_S", 0.0005)  # redraws as often as can be
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, height=500, color_system=None)
+    view = LiveView(console)
+    writer = ConsoleLineWriter(console, live=view)
+    with view:
+        for i in range(400):
+            view.show_table = i % 3 != 0  # the region: a table and the bar, or the bar alone
+            writer.write("worker:0", "h", [f"line {i}".encode()])
+            if i % 50 == 0:
+                time.sleep(0.01)
+    shown = [line for line in _terminal(out.getvalue()) if line]
+    assert shown == [f"[worker:0@h] line {i}" for i in range(400)], \
+        [line for line in shown if not line.startswith("[worker:0@h] line")][:10]
 
 
 @pytest.mark.cluster
