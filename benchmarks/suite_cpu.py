@@ -18,7 +18,8 @@ import time
 
 import psutil
 
-KINDS = (("ddlctl.workloads", "built-in workload"), ("ddlctl.runtime.server", "TF server (ps/worker)"),
+KINDS = (("ddlctl.runtime.zygote", "zygote (imports TensorFlow once)"),
+         ("ddlctl.workloads", "built-in workload"), ("ddlctl.runtime.server", "TF server (ps/worker)"),
          ("hostagent", "host agent"), ("telemetry", "telemetry agent"), ("-m ddlctl", "ddlctl command"),
          ("pytest", "pytest"), ("sshd", "sshd"), ("slurm", "Slurm daemons and steps"),
          ("python", "other Python (test programs)"))
