@@ -13,38 +13,10 @@ import time
 
 from ddlctl import envvars
 from ddlctl.runfiles import TASK_STEPS
-from ddlctl.runtime import cgroup
+from ddlctl.runtime import cgroup, procsetup
 from ddlctl.runtime.devices import visible_devices
 from ddlctl.runtime.prefork import ForkedProcess, Zygote
 from ddlctl.runtime.stepfollow import StepFile
-
-PR_SET_PDEATHSIG = 1
-
-_prctl = None  # libc's prctl, looked up once in the agent (not in every forked child before exec)
-
-
-def _libc_prctl():  # noqa: ANN202 - a ctypes function, or None where there is none
-    global _prctl
-    if _prctl is None:
-        try:
-            import ctypes
-
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            _prctl = False
-    return _prctl or None
-
-
-def _child_setup(cgroup_procs: str | None = None, prctl=None, cpus: set[int] | None = None) -> None:  # noqa: ANN001
-    """In the task before exec: its own process group, death with the agent, its CPU quota and CPUs."""
-    os.setpgid(0, 0)
-    if cgroup_procs:
-        cgroup.join(cgroup_procs)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-    if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
 
 # gRPC channel arguments for every task of a TensorFlow cluster, unless the host or the user set
 # their own. Tasks start in any order: a task that connects to a peer still importing TensorFlow
@@ -149,7 +121,6 @@ class Task:
         self.popen: subprocess.Popen[bytes] | ForkedProcess | None = None  # None: a fork asked for
         self.fd = -1
         self.pgid = 0
-        self.forked = False
         self.fork_note: str | None = None  # why a task meant to be forked was started the plain way
         self.fork_out = -1  # the output pipe's reading end while a fork is asked for
         self.held_signal: int | None = None  # a signal that came before the fork's pid
@@ -164,11 +135,16 @@ class Task:
 
     def spawn(self) -> None:
         """Start the task the plain way (OSError: it could not be started; its CPU group is removed)."""
-        prctl = _libc_prctl()
+        prctl = procsetup.libc_prctl()
+
+        def child_setup() -> None:  # in the task, before exec
+            procsetup.own_group_and_limits(self.cgroup, self.cpus)
+            procsetup.die_with_parent(prctl)
+
         try:
             self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                                          preexec_fn=lambda: _child_setup(self.cgroup, prctl, self.cpus))
+                                          preexec_fn=child_setup)
         except OSError:
             self.release()
             raise
@@ -195,16 +171,20 @@ class Task:
         """The zygote forked the task: ``pid``, now this agent's child."""
         self.popen = ForkedProcess(pid, self.fork_out)
         self.fork_out = -1
-        self.forked = True
         self._started(self.popen.stdout.fileno())
+
+    @property
+    def forked(self) -> bool:
+        return isinstance(self.popen, ForkedProcess)
 
     def fork_failed(self, why: str) -> None:
         """The fork did not happen: start the task the plain way (OSError as from :meth:`spawn`)."""
-        self.fork_failed_cleanup()
+        self.close_fork_pipe()
         self.fork_note = why
         self.spawn()
 
-    def fork_failed_cleanup(self) -> None:
+    def close_fork_pipe(self) -> None:
+        """Close the output pipe kept for a fork that will not happen."""
         if self.fork_out >= 0:
             os.close(self.fork_out)
             self.fork_out = -1
@@ -225,8 +205,9 @@ class Task:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def signal(self, sig: int) -> None:
-        if self.popen is None:  # not forked yet: signalled as soon as it is
-            self.held_signal = sig if self.held_signal != signal.SIGKILL else self.held_signal
+        if self.popen is None:  # not forked yet: signalled as soon as it is (a SIGKILL is never undone)
+            if self.held_signal != signal.SIGKILL:
+                self.held_signal = sig
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, sig)

@@ -39,7 +39,7 @@ import stat
 import sys
 import time
 
-from ddlctl.runtime import prefork
+from ddlctl.runtime import prefork, procsetup
 from ddlctl.runtime.agenttask import BadEnvironment, Task, start_error
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
@@ -220,16 +220,14 @@ class HostAgent:
                 or not prefork.forkable(task.argv, task.env, task.cwd):
             return None
         if not self.subreaper:
-            self.subreaper = prefork.become_subreaper()
+            self.subreaper = procsetup.become_subreaper()
             if not self.subreaper:
                 return None
         prefork.import_environment(task.argv, task.env)
         key = prefork.zygote_key(task.argv, task.env)
         zygote = self.zygotes.get(key)
-        if zygote is None:
-            form = prefork.command_form(task.argv)
-            assert form is not None
-            zygote = self.zygotes[key] = Zygote(form[0], task.env)
+        if zygote is None:  # (the key's first part: the interpreter and its -u)
+            zygote = self.zygotes[key] = Zygote(key[0], task.env)
         return None if zygote.failed else zygote
 
     def read_zygote(self, zygote: Zygote) -> None:
@@ -261,7 +259,7 @@ class HostAgent:
         for name in [n for n, z in self.forking.items() if z is zygote]:
             del self.forking[name]
             task = self.tasks.pop(name)
-            task.fork_failed_cleanup()
+            task.close_fork_pipe()
             task.release()
             self.send({"k": Kind.START_FAILED, "task": name, "error": f"not started: {why}", "code": 143})
 

@@ -21,7 +21,8 @@ import socket
 import subprocess
 
 from ddlctl import envvars
-from ddlctl.runtime.zygote import ARGV_ROOM, PR_SET_PDEATHSIG, ROOM_BYTES, ROOM_VAR
+from ddlctl.runtime import procsetup
+from ddlctl.runtime.zygote import ARGV_ROOM, ROOM_BYTES, ROOM_VAR
 
 #: ``0`` in a task's environment (``ddlctl launch --no-prefork``): the task starts the plain way.
 OFF_VAR = envvars.PREFORK
@@ -42,7 +43,6 @@ _SETS_ENVIRONMENT = re.compile(rb"environ\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.setdefaul
 #: given to their zygote, which imports TensorFlow for them.
 OWN_MODULES_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 _PYTHON = re.compile(r"python[0-9.]*")
-PR_SET_CHILD_SUBREAPER = 36
 #: Where this ddlctl's code is (a folder, or the code bundle's zip on a remote host).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: The zygote's program: this ddlctl's (another copy the interpreter imported first, through the
@@ -107,23 +107,6 @@ def zygote_key(argv: list[str], env: dict[str, str]) -> tuple:
     return form[0], tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
 
 
-def become_subreaper() -> bool:
-    """Make this process the parent of its orphaned descendants (the tasks its zygotes fork)."""
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _zygote_setup() -> None:
-    os.setpgid(0, 0)
-    import ctypes
-
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 class Zygote:
     """The agent's end of one zygote: its process, its socket, whether it is ready or failed."""
 
@@ -138,11 +121,17 @@ class Zygote:
         self.ready = False
         self.failed: str | None = None
         self.sock = mine
+        prctl = procsetup.libc_prctl()
+
+        def zygote_setup() -> None:  # its own group; it dies with the agent
+            procsetup.own_group_and_limits()
+            procsetup.die_with_parent(prctl)
+
         try:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
                 [*prefix, "-c", ZYGOTE_MAIN, ROOT, str(theirs.fileno()), ARGV_ROOM], env=zygote_env, cwd="/",
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), preexec_fn=_zygote_setup)
+                pass_fds=(theirs.fileno(),), preexec_fn=zygote_setup)
         except OSError as exc:
             self.proc = None
             self.failed = f"cannot start: {exc}"

@@ -39,7 +39,6 @@ ROOM_VAR = "DDLCTL_ZYGOTE_ROOM"
 ROOM_BYTES = 16384
 #: The zygote's last argument: room in its command-line block for a task's.
 ARGV_ROOM = " " * 4096
-PR_SET_PDEATHSIG = 1
 REPARENT_S = 5.0
 
 
@@ -127,15 +126,16 @@ def _proc_blocks() -> tuple[int, int, int, int]:
     return arg_start, arg_end, env_start, env_end
 
 
-def _rewrite(start: int, end: int, strings: list[bytes]) -> bool:
-    """Write NUL-terminated ``strings`` over the block [start, end), NUL-padded; False if too long."""
+def _block(strings: list[str]) -> bytes:
+    """``strings`` as a process's argv or environment block holds them: each NUL-terminated."""
+    return b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strings)
+
+
+def _write(start: int, end: int, data: bytes) -> None:
+    """``data`` over this process's block [start, end), NUL-padded (it fits: checked before)."""
     import ctypes
 
-    data = b"".join(s + b"\0" for s in strings)
-    if not start or len(data) > end - start:
-        return False
     ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
-    return True
 
 
 def _clear_libc_environment() -> None:
@@ -149,24 +149,17 @@ def become(request: dict, out_fd: int) -> Callable[[], None]:
     task's own command instead (same pid)."""
     argv: list[str] = request["argv"]
     env: dict[str, str] = request["env"]
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
     try:
+        from ddlctl.runtime import procsetup
+
+        procsetup.own_group_and_limits(request.get("cgroup"), set(request["cpus"]) if request.get("cpus") else None)
         # the agent's child once the middle process has gone: from then on, die with the agent
         deadline = time.monotonic() + REPARENT_S
         while os.getppid() != request["agent_pid"] and time.monotonic() < deadline:
             time.sleep(0.0005)
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        procsetup.die_with_parent()
         if os.getppid() != request["agent_pid"]:
             os._exit(137)  # the agent is gone (or never became the parent): nothing to run for
-        if request.get("cgroup"):
-            from ddlctl.runtime import cgroup
-
-            cgroup.join(request["cgroup"])
-        if request.get("cpus"):
-            os.sched_setaffinity(0, set(request["cpus"]))
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
@@ -185,12 +178,10 @@ def become(request: dict, out_fd: int) -> Callable[[], None]:
 def _exec(argv: list[str], env: dict[str, str], why: str) -> None:
     """Run the task's own command in this process (a fork that could not become the task); why in
     ``fork-fallback.txt`` of its folder."""
-    try:
+    with contextlib.suppress(OSError):
         if env.get("DDLCTL_TASK_DIR"):
             with open(os.path.join(env["DDLCTL_TASK_DIR"], "fork-fallback.txt"), "a") as handle:
                 handle.write(why + "\n")
-    except OSError:
-        pass
     try:
         os.execvpe(argv[0], argv, env)
     finally:
@@ -200,16 +191,14 @@ def _exec(argv: list[str], env: dict[str, str], why: str) -> None:
 def _take_identity(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
     """Environment, blocks in /proc, signals, random state, ``sys.argv``/``sys.path``; the runner."""
     arg_start, arg_end, env_start, env_end = _proc_blocks()
-    encoded_env = [f"{k}={v}".encode("utf-8", "surrogateescape") for k, v in env.items()]
-    encoded_argv = [a.encode("utf-8", "surrogateescape") for a in argv]
-    if len(b"".join(s + b"\0" for s in encoded_env)) > env_end - env_start \
-            or len(b"".join(s + b"\0" for s in encoded_argv)) > arg_end - arg_start:
+    env_block, argv_block = _block([f"{k}={v}" for k, v in env.items()]), _block(argv)
+    if len(env_block) > env_end - env_start or len(argv_block) > arg_end - arg_start:
         _exec(argv, env, "the command or the environment is longer than the zygote's room for them")
     os.environ.clear()
     _clear_libc_environment()  # nothing points into the old block any more
     os.environ.update(env)
-    _rewrite(env_start, env_end, encoded_env)
-    _rewrite(arg_start, arg_end, encoded_argv)
+    _write(env_start, env_end, env_block)
+    _write(arg_start, arg_end, argv_block)
     import tempfile
 
     tempfile.tempdir = None  # (TMPDIR is the task's)
