@@ -91,6 +91,10 @@ def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
     assert prefork.zygote_key([py, "train.py"], worker) != prefork.zygote_key([py, "-u", "train.py"], worker)
     legacy = {**worker, "TF_USE_LEGACY_KERAS": "1"}  # read when TensorFlow is imported: its own zygote
     assert prefork.zygote_key([py, "train.py"], worker) != prefork.zygote_key([py, "train.py"], legacy)
+    # an interpreter given relative to the task's folder (".venv/bin/python") is the one there
+    relative = os.path.relpath(py, tmp_path)
+    assert prefork.zygote_key([relative, "train.py"], worker, str(tmp_path)) == \
+        prefork.zygote_key([py, "train.py"], worker)
 
 
 def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children(tmp_path):
@@ -106,9 +110,14 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         big = {"DDLCTL_DEVICES": json.dumps([{"name": f"worker:{i}", "speed": 1.0} for i in range(1000)])}
         argv = (sys.executable, program, "exit", "4")
         tasks["worker:3"] = session.start(spec("worker:3", argv, tmp_path / "worker-3", big), 5)
+        # an interpreter given relative to the task's folder: forked too, by the same zygote
+        relative = (os.path.relpath(sys.executable, tmp_path), program, "exit", "5")
+        tasks["worker:4"] = session.start(spec("worker:4", relative, tmp_path / "worker-4"), 5)
         assert session.wait_for(lambda: tasks["worker:0"].poll() and tasks["worker:1"].poll()
-                                and tasks["worker:3"].poll(), 120)
+                                and tasks["worker:3"].poll() and tasks["worker:4"].poll(), 120)
         outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}  # (all there is)
+        assert tasks["worker:4"].poll().code == 5 and said(outs["worker:4"])["already"], outs["worker:4"]
+        assert json.loads((tmp_path / "worker-4" / "pid.json").read_text())["forked"] is True
         assert tasks["worker:0"].poll().code == 3, outs
         assert tasks["worker:1"].poll().code == 1 and b"RuntimeError: boom from the forked task" in outs["worker:1"]
         first, second = said(outs["worker:0"]), said(outs["worker:1"])

@@ -224,11 +224,14 @@ class HostAgent:
             if not self.subreaper:
                 return None
         prefork.import_environment(task.argv, task.env)
-        key = prefork.zygote_key(task.argv, task.env)
+        key = prefork.zygote_key(task.argv, task.env, task.cwd)
         zygote = self.zygotes.get(key)
         if zygote is None:  # (the key's first part: the interpreter and its -u)
             zygote = self.zygotes[key] = Zygote(key[0], task.env)
-        return None if zygote.failed else zygote
+        if zygote.failed:  # started the plain way, and pid.json says why
+            task.fork_note = f"no zygote: {zygote.failed}"
+            return None
+        return zygote
 
     def read_zygote(self, zygote: Zygote) -> None:
         for message in zygote.receive():

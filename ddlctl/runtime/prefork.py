@@ -100,11 +100,16 @@ def import_environment(argv: list[str], env: dict[str, str]) -> None:
             env.setdefault(key, value)
 
 
-def zygote_key(argv: list[str], env: dict[str, str]) -> tuple:
-    """What tasks sharing a zygote agree in: the interpreter and the environment but :data:`PER_TASK`."""
+def zygote_key(argv: list[str], env: dict[str, str], cwd: str | None = None) -> tuple:
+    """What tasks sharing a zygote agree in: the interpreter and the environment but :data:`PER_TASK`.
+    An interpreter given as a relative path (``.venv/bin/python``) is the one in the task's folder
+    ``cwd``, where a plain start finds it (a zygote starts in ``/``)."""
     form = command_form(argv)
     assert form is not None
-    return form[0], tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
+    interpreter, *flags = form[0]
+    if os.sep in interpreter and not os.path.isabs(interpreter):
+        interpreter = os.path.normpath(os.path.join(cwd or os.getcwd(), interpreter))
+    return (interpreter, *flags), tuple(sorted((k, v) for k, v in env.items() if k not in PER_TASK))
 
 
 class Zygote:
