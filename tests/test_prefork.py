@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,9 +114,20 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         # an interpreter given relative to the task's folder: forked too, by the same zygote
         relative = (os.path.relpath(sys.executable, tmp_path), program, "exit", "5")
         tasks["worker:4"] = session.start(spec("worker:4", relative, tmp_path / "worker-4"), 5)
-        assert session.wait_for(lambda: tasks["worker:0"].poll() and tasks["worker:1"].poll()
-                                and tasks["worker:3"].poll() and tasks["worker:4"].poll(), 120)
+        # a script that does not compile: Python's own report of it (no traceback, no zygote frames)
+        broken = tmp_path / "broken.py"
+        broken.write_text("import tensorflow as tf\n\nx = (\n")
+        tasks["worker:5"] = session.start(spec("worker:5", (sys.executable, str(broken)), tmp_path / "worker-5"), 5)
+        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5)), 120)
         outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}  # (all there is)
+        plain = subprocess.run([sys.executable, str(broken)], capture_output=True, timeout=120)
+        assert tasks["worker:5"].poll().code == plain.returncode == 1
+        assert outs["worker:5"] == plain.stderr and outs["worker:5"].startswith(f'  File "{broken}", line 3'.encode())
+        assert json.loads((tmp_path / "worker-5" / "pid.json").read_text())["forked"] is True
+        # an exception's traceback starts at the program's own frame, as Python's does
+        assert outs["worker:1"].split(b"Traceback (most recent call last):\n")[1].startswith(
+            f'  File "{program}", line '.encode()), outs["worker:1"]
+        assert b"zygote" not in outs["worker:1"] and b"<string>" not in outs["worker:1"]
         assert tasks["worker:4"].poll().code == 5 and said(outs["worker:4"])["already"], outs["worker:4"]
         assert json.loads((tmp_path / "worker-4" / "pid.json").read_text())["forked"] is True
         assert tasks["worker:0"].poll().code == 3, outs

@@ -241,7 +241,10 @@ def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
 
         def run_module() -> None:
             sys.modules["__main__"] = main
-            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+            try:
+                runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - said as Python says it
+                _uncaught(exc)
 
         return run_module
     script, args = rest[0], rest[1:]
@@ -257,9 +260,22 @@ def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
         sys.modules["__main__"] = main
         with io.open_code(os.path.abspath(script)) as handle:
             source = handle.read()
-        exec(compile(source, os.path.abspath(script), "exec"), main.__dict__)  # noqa: S102 - the task's own program
+        try:
+            exec(compile(source, os.path.abspath(script), "exec"), main.__dict__)  # noqa: S102 - the task's own program
+        except Exception as exc:  # noqa: BLE001 - said as Python says it
+            _uncaught(exc)
 
     return run_script
+
+
+def _uncaught(exc: BaseException) -> None:
+    """What Python does with an exception its program left uncaught: ``sys.excepthook`` with the
+    program's frames alone (not the zygote's: its ``-c`` line and runner), then exit status 1. A
+    syntax error of the script then reads as Python shows one (no frames, no "Traceback" line)."""
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # (past the runner's frame)
+    exc.__traceback__ = tb
+    sys.excepthook(type(exc), exc, tb)
+    raise SystemExit(1) from None
 
 
 def main(argv: list[str]) -> Callable[[], None]:

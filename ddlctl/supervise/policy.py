@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
-from ddlctl.supervise.rootcause import TRACEBACK_HEAD
+from ddlctl.supervise.rootcause import TRACEBACK_HEAD, syntax_error
 from ddlctl.supervise.tfmessages import blame_peer, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
@@ -107,6 +107,9 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
         return "peer-restart", f"exit code {code}: TensorFlow lost results of a restarted peer (\"{stale[:200]}\")"
     if code != 0 and TRACEBACK_HEAD in error:
         return "traceback", f"exit code {code} after a Python exception"
+    syntax = syntax_error(error) if code != 0 else None
+    if syntax is not None:  # the script itself could not be compiled: a bug in the program too
+        return "traceback", f"exit code {code}: a syntax error in {syntax['file']} at line {syntax['line']}"
     if code == 0:
         return "exit", "exited with code 0 although ddlctl did not stop it"
     return "exit", f"exit code {code}"

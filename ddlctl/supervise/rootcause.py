@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
+#: How Python reports a syntax error in the script it was asked to run: no traceback, the place,
+#: up to three lines of source and caret, then the error.
+SYNTAX_ERROR = re.compile(r'^ *File "(?P<file>[^"\n]+)", line (?P<line>\d+)\n(?:[ \t].*\n){0,3}'
+                          r"(?:SyntaxError|IndentationError|TabError): .*$", re.M)
 
 
 def read_tail(path: str | Path, max_bytes: int = 256 * 1024) -> str:
@@ -19,12 +24,24 @@ def read_tail(path: str | Path, max_bytes: int = 256 * 1024) -> str:
         return ""
 
 
+def syntax_error(text: str) -> re.Match[str] | None:
+    """The last report of a syntax error in the script Python was asked to run (it has no
+    traceback), when nothing but output without a traceback follows it."""
+    found = None
+    for found in SYNTAX_ERROR.finditer(text):  # noqa: B007 - the last one
+        pass
+    return found if found is not None and TRACEBACK_HEAD not in text[found.end():] else None
+
+
 def last_traceback(text: str, max_lines: int = 60) -> list[str]:
-    """The last Python traceback in ``text``: from its header to the exception line."""
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    """The last Python traceback in ``text``: from its header to the exception line (a syntax
+    error in the script Python ran, which has no traceback: its report)."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.split("\n")
     starts = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEAD]
     if not starts:
-        return []
+        syntax = syntax_error(text)
+        return syntax.group(0).split("\n") if syntax is not None else []
     start = starts[-1]
     block = [lines[start]]
     for line in lines[start + 1:]:
