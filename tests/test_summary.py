@@ -360,6 +360,12 @@ def test_what_holds_for_many_hosts_is_one_diagnosis_line_naming_them_with_the_ra
     saturated = [line for line in lines if line.startswith("CPU saturated")]
     assert saturated == [f"CPU saturated on 8 hosts ({', '.join(hosts)}): mean 91-98% (input pipeline, or too many "
                          "tasks for its cores)"]
+    # with no step recorded, the mean covers start-up too: said, no cause guessed
+    for i in range(8):
+        (run / "tasks" / f"worker-{i}" / "steps.jsonl").unlink()
+    unstepped = [line for line in summarize(run, warmup_steps=0).diagnosis if line.startswith("CPU saturated")]
+    assert unstepped == [f"CPU saturated on 8 hosts ({', '.join(hosts)}): mean 91-98% over the whole run (no step "
+                         "recorded to tell its start-up from its work)"]
     idle = [line for line in lines if "mostly idle" in line]
     assert idle == ["8 GPUs (" + ", ".join(f"{h} GPU 0" for h in hosts) + ") mostly idle: busy 10-17% of the time "
                     "(idle 83-90%)"]

@@ -530,9 +530,11 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
                      f"(idle {figure_range([100 - b for b in busy])})")
     saturated = [h for h in summary.hosts if h.cpu_util_mean is not None and h.cpu_util_mean > CPU_SATURATED]
     if saturated:
+        # with no step recorded the mean is over the whole run, start-up included: no cause to guess
+        why = "(input pipeline, or too many tasks for its cores)" if summary.total_steps else \
+            "over the whole run (no step recorded to tell its start-up from its work)"
         lines.append(f"CPU saturated on {named([h.host for h in saturated], 'hosts')}: mean "
-                     f"{figure_range([h.cpu_util_mean for h in saturated])} (input pipeline, or too many tasks "
-                     f"for its cores)")
+                     f"{figure_range([h.cpu_util_mean for h in saturated])} {why}")
     for host in summary.hosts:
         for gpu in host.gpus:
             lines.extend(gpu.diagnosis)  # kernels too small, power/thermal capped, memory nearly full
