@@ -31,7 +31,7 @@ def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
         plan = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{run_dir} is not a run directory (no plan.json)",
-                          "pass a folder like runs/<run-id>") from None
+                          "pass a folder like runs/<run-id>, or a run id of ./runs") from None
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
     try:

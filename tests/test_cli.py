@@ -189,6 +189,20 @@ def test_report_on_a_folder_without_plan_json_is_not_a_run(tmp_path):
     assert code == 2 and "is not a run directory (no plan.json)" in err
 
 
+def test_report_and_stop_take_a_run_id_of_the_default_runs_folder(tmp_path):
+    done = run_ddlctl("launch", "-s", "one_device", "--run-id", "r1", "--", "true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run_ddlctl("report", "r1", "--json", cwd=tmp_path)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["run_id"] == "r1", shown.stderr
+    stopped = run_ddlctl("stop", "r1", cwd=tmp_path)
+    assert stopped.returncode == 0 and "localhost: killed 0 process(es)" in stopped.stdout, stopped.stderr
+    # from another folder the id names nothing there: the error says what it takes
+    (tmp_path / "other").mkdir()
+    elsewhere = run_ddlctl("report", "r1", cwd=tmp_path / "other")
+    assert elsewhere.returncode == 2 and "r1 is not a run directory (no plan.json)" in elsewhere.stderr
+    assert "or a run id of ./runs" in elsewhere.stderr
+
+
 def test_a_runs_folder_others_may_write_to_is_refused_and_run_files_are_private(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,7 @@ from rich.text import Text
 from ddlctl import __version__
 from ddlctl.errors import UserError
 from ddlctl.planning.plan import BALANCE, WORKER_PER
+from ddlctl.runfiles import PLAN_FILE
 from ddlctl.strategies import STRATEGIES
 from ddlctl.transport.options import SshOptions
 from ddlctl.workloads import EXECUTIONS, WORKLOADS
@@ -86,6 +88,8 @@ AcceptNewOption = Annotated[bool, typer.Option(
 STRATEGY_HELP = ("ps (chief + workers + parameter servers), mwms (multi-worker mirrored), model (model "
                  "parallelism: a stage task per device, your program as the chief), or a single-host strategy: "
                  "mirrored, central_storage, one_device. Default: the template's, else mwms.")
+#: Where launch, profile, compare and submit put run directories unless --runs-dir says otherwise.
+DEFAULT_RUNS_DIR = "runs"
 RUNS_DIR_HELP = "Folder that receives run directories (<folder>/<run-id>/). --run-dir is an old spelling."
 JSON_HELP = "Machine-readable output: JSON on stdout, and nothing else there."
 EXECUTION_HELP = ("Built-in workload's execution: pipelined (tf.data parallel map + prefetch: input overlaps "
@@ -118,6 +122,15 @@ def ssh_options(ssh_key: str | None, ssh_user: str | None, connect_timeout: floa
     """The SshOptions the SSH flags describe (shared by every command that reaches hosts)."""
     return SshOptions(key_file=ssh_key, user=ssh_user, connect_timeout_s=connect_timeout,
                       accept_new_host_keys=accept_new_host_keys)
+
+
+def run_dir_arg(value: str, runs_dir: str = DEFAULT_RUNS_DIR) -> str:
+    """A RUN_DIR argument: a run directory, or a run id alone (as the report's first line gives it)
+    naming one in ``runs_dir``, launch's default ``--runs-dir``."""
+    if (Path(value) / PLAN_FILE).is_file() or "/" in value:
+        return value
+    named = Path(runs_dir) / value
+    return str(named) if (named / PLAN_FILE).is_file() else value
 
 
 def _runs_dir(runs_dir: str, old_run_dir: str | None) -> str:

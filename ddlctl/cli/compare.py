@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from ddlctl.cli.common import (
+    DEFAULT_RUNS_DIR,
     DEFAULT_WORKLOAD,
     EXECUTIONS,
     JSON_HELP,
@@ -61,7 +62,7 @@ def compare(
     pipeline: Annotated[str | None, typer.Option("--pipeline", hidden=True)] = None,
     plot_file: Annotated[str | None, typer.Option("--plot", metavar="FILE", help="Also draw the throughput chart "
                                                   "into this PNG (needs ddlctl[plot]).", show_default=False)] = None,
-    runs_dir: RunsDirOption = "runs",
+    runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
     old_run_dir: OldRunDirOption = None,
     json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP + " Here: compare.json.")] = False,
     startup_timeout: Annotated[float, typer.Option("--startup-timeout", metavar="SECONDS", min=0,

@@ -9,6 +9,7 @@ import typer
 
 from ddlctl.cli.common import (
     DEFAULT_RESTART_ON,
+    DEFAULT_RUNS_DIR,
     EXECUTION_HELP,
     JSON_HELP,
     STRATEGY_HELP,
@@ -77,7 +78,7 @@ def launch(
     evaluator: Annotated[bool | None, typer.Option(
         "--evaluator/--no-evaluator", help="Add a side-car evaluator task (ps and mwms).",
         show_default=False)] = None,
-    runs_dir: RunsDirOption = "runs",
+    runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
     old_run_dir: OldRunDirOption = None,
     env: Annotated[list[str] | None, typer.Option(
         "--env", "-e", metavar="KEY=VALUE", help="Set KEY for every task; repeatable. A bare KEY passes on "

@@ -11,13 +11,14 @@ from ddlctl.cli.common import (
     _exit_with,
     app,
     people_console,
+    run_dir_arg,
 )
 
 
 @app.command()
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run directory (runs/<run-id>), possibly "
-                                                                   "copied from elsewhere.")],
+                                                                   "copied from elsewhere, or a run id in ./runs.")],
     json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP + " Here: summary.json.")] = False,
     csv_dir: Annotated[str | None, typer.Option("--csv", metavar="DIR",
                                                 help="Also write tasks.csv, hosts.csv, gpus.csv here.",
@@ -34,5 +35,5 @@ def report(
     tasks/hosts/gpus tables, --trace a Chrome/Perfetto trace."""
     from ddlctl.report.reporting import report as run_report
 
-    _exit_with(lambda: run_report(run_dir, json_out, csv_dir, trace, warmup_steps, people_console()))
+    _exit_with(lambda: run_report(run_dir_arg(run_dir), json_out, csv_dir, trace, warmup_steps, people_console()))
 

@@ -13,6 +13,7 @@ from ddlctl.cli.common import (
     _exit_with,
     app,
     people_console,
+    run_dir_arg,
     ssh_options,
 )
 
@@ -20,7 +21,8 @@ from ddlctl.cli.common import (
 @app.command()
 def stop(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR",
-                                           help="The run directory (runs/<run-id>) whose processes to kill.")],
+                                           help="The run directory (runs/<run-id>) whose processes to kill, or its "
+                                                "run id alone (in ./runs).")],
     ssh_key: SshKeyOption = None,
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,
@@ -32,5 +34,6 @@ def stop(
     inside your allocation, are cancelled with scancel. The hosts (and each one's python=) come from
     the run's plan.json, which must be yours and writable by nobody else (exit 2 otherwise)."""
     from ddlctl.stop import stop as run_stop
-    _exit_with(lambda: run_stop(run_dir, ssh_options(ssh_key, ssh_user, connect_timeout), people_console()))
+    options = ssh_options(ssh_key, ssh_user, connect_timeout)
+    _exit_with(lambda: run_stop(run_dir_arg(run_dir), options, people_console()))
 

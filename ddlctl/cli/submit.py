@@ -9,6 +9,7 @@ import typer
 
 from ddlctl.cli.common import (
     _ARGV,
+    DEFAULT_RUNS_DIR,
     RunsDirOption,
     UserError,
     _exit_with,
@@ -51,7 +52,7 @@ def submit(
     sbatch_arg: Annotated[list[str] | None, typer.Option(
         "--sbatch-arg", metavar="OPTION", help="Any other sbatch option, e.g. --sbatch-arg=--account=proj; "
                                                "repeatable.", show_default=False)] = None,
-    runs_dir: RunsDirOption = "runs",
+    runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the job's output until it ends; exit with "
                                                                 "the run's exit code.")] = False,
 ) -> None:

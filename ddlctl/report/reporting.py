@@ -21,7 +21,8 @@ def report(run_dir: str, json_out: bool, csv_dir: str | None, trace: str | None,
     """Render (or print as JSON) the summary of ``run_dir``; optional CSV and trace files."""
     folder = Path(run_dir)
     if not (folder / PLAN_FILE).is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no plan.json)", "pass a folder like runs/<run-id>")
+        raise ConfigError(f"{run_dir} is not a run directory (no plan.json)",
+                          "pass a folder like runs/<run-id>, or a run id of ./runs")
     summary = summarize(folder, warmup_steps=warmup_steps)
     if json_out:
         sys.stdout.write(json.dumps(summary.to_dict(), indent=1) + "\n")
