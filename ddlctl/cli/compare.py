@@ -40,7 +40,8 @@ def compare(
     template: Annotated[str | None, typer.Option("--template", metavar="FILE", help="YAML cluster template.",
                                                  show_default=False)] = None,
     workload: Annotated[Workload, typer.Option(  # type: ignore[valid-type]
-        "--workload", help="Built-in workload of every run: cnn (a small CNN, augmented images) or mlp.")
+        "--workload", help="Built-in workload of every run: cnn (a small CNN, augmented images), mlp (a wide MLP: "
+                           "many parameters, communication-heavy) or deep (a deep MLP, for the model strategy).")
     ] = DEFAULT_WORKLOAD,
     steps: Annotated[int, typer.Option("--steps", metavar="N", min=1, help="Training steps of every run.")] = 200,
     batch_size: Annotated[int, typer.Option("--batch-size", metavar="N", min=1,
