@@ -74,6 +74,23 @@ def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
         assert not prefork.forkable([py, "sets.py"], {}, str(tmp_path)), line
     (tmp_path / "reads.py").write_text("import os\nif os.environ['A'] == '1':\n    import tensorflow\n")
     assert prefork.forkable([py, "reads.py"], {}, str(tmp_path)) is not prefork.gpu_host()
+    # python -m MODULE: the module's file (and its packages' __init__.py) where the task's Python finds it
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "task.py").write_text("import tensorflow as tf\n")
+    (tmp_path / "trainer" / "__main__.py").write_text("import json\n")
+    (tmp_path / "src" / "nspkg").mkdir(parents=True)  # a namespace package (no __init__.py), on PYTHONPATH
+    (tmp_path / "src" / "nspkg" / "job.py").write_text("import keras\n")
+    assert prefork.module_files("trainer.task", str(tmp_path), {}) == [
+        str(tmp_path / "trainer" / "__init__.py"), str(tmp_path / "trainer" / "task.py")]
+    assert prefork.forkable([py, "-m", "trainer.task"], {}, str(tmp_path)) is not prefork.gpu_host()
+    assert not prefork.forkable([py, "-m", "trainer"], {}, str(tmp_path)), "its __main__.py imports no TensorFlow"
+    assert prefork.forkable([py, "-m", "nspkg.job"], {"PYTHONPATH": "src"}, str(tmp_path)) is not prefork.gpu_host()
+    assert not prefork.forkable([py, "-m", "nspkg.job"], {}, str(tmp_path))
+    assert not prefork.forkable([py, "-m", "trainer.task"], {"PYTHONSAFEPATH": "1"}, str(tmp_path)), "not its folder"
+    assert not prefork.forkable([py, "-m", "json.tool"], {}, str(tmp_path)), "installed: not ddlctl's to read"
+    (tmp_path / "trainer" / "__init__.py").write_text("import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n")
+    assert not prefork.forkable([py, "-m", "trainer.task"], {}, str(tmp_path)), "its package sets the environment"
     # what ddlctl's own modules set before importing TensorFlow, their zygote imports with
     env = {"A": "1"}
     prefork.import_environment([py, "-m", "ddlctl.runtime.server"], env)
@@ -118,12 +135,31 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         broken = tmp_path / "broken.py"
         broken.write_text("import tensorflow as tf\n\nx = (\n")
         tasks["worker:5"] = session.start(spec("worker:5", (sys.executable, str(broken)), tmp_path / "worker-5"), 5)
-        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5)), 120)
+        # a program run as a module (python -m package.module), forked too
+        (tmp_path / "usermod").mkdir()
+        (tmp_path / "usermod" / "__init__.py").write_text("")
+        (tmp_path / "usermod" / "job.py").write_text((PROGRAMS / "forked.py").read_text())
+        module = (sys.executable, "-m", "usermod.job", "exit", "8")
+        tasks["worker:7"] = session.start(spec("worker:7", module, tmp_path / "worker-7"), 5)
+        # PYTHONPATH relative to the task's folder (the zygote's is another): its modules import
+        (tmp_path / "lib").mkdir()
+        (tmp_path / "lib" / "prefork_helper.py").write_text("")
+        tasks["worker:6"] = session.start(spec("worker:6", (sys.executable, program, "import"), tmp_path / "worker-6",
+                                               {"PYTHONPATH": "lib"}), 5)
+        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5, 6, 7)), 120)
         outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}  # (all there is)
         plain = subprocess.run([sys.executable, str(broken)], capture_output=True, timeout=120)
         assert tasks["worker:5"].poll().code == plain.returncode == 1
         assert outs["worker:5"] == plain.stderr and outs["worker:5"].startswith(f'  File "{broken}", line 3'.encode())
         assert json.loads((tmp_path / "worker-5" / "pid.json").read_text())["forked"] is True
+        assert tasks["worker:6"].poll().code == 7, outs["worker:6"]
+        as_module = said(outs["worker:7"])
+        assert tasks["worker:7"].poll().code == 8 and as_module["already"] and as_module["name"] == "__main__"
+        assert as_module["argv"] == [str(tmp_path / "usermod" / "job.py"), "exit", "8"]
+        assert as_module["path0"] == str(tmp_path)
+        imported = json.loads(outs["worker:6"].splitlines()[-1])
+        assert imported["helper"] == str(tmp_path / "lib" / "prefork_helper.py")
+        assert str(tmp_path / "lib") in imported["path"] and "//lib" not in imported["path"]
         # an exception's traceback starts at the program's own frame, as Python's does
         assert outs["worker:1"].split(b"Traceback (most recent call last):\n")[1].startswith(
             f'  File "{program}", line '.encode()), outs["worker:1"]
@@ -153,7 +189,8 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         assert [a for a in sleeper.cmdline() if a] == [sys.executable, program, "sleep"]
         assert sleeper.ppid() == agent and os.getpgid(sleeper.pid) == sleeper.pid
         zygotes = [p for p in psutil.Process(agent).children() if "ddlctl.runtime.zygote" in " ".join(p.cmdline())]
-        assert len(zygotes) == 1, "tasks of one interpreter and environment share one zygote"
+        # tasks of one interpreter and environment share one zygote (worker:6's PYTHONPATH: one of its own)
+        assert len(zygotes) == 2, zygotes
         tasks["worker:2"].send("TERM")
         assert session.wait_for(lambda: tasks["worker:2"].poll() is not None, 20)
         assert tasks["worker:2"].poll().signal == signal.SIGTERM

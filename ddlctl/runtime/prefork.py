@@ -2,7 +2,8 @@
 of a zygote. Standard library only (it runs in the host agent).
 
 A task is forked when its command is ``PYTHON [-u] SCRIPT ARGS`` with a script that imports
-TensorFlow or Keras, or ``PYTHON [-u] -m ddlctl.workloads|ddlctl.runtime.server``, on a host without
+TensorFlow or Keras, ``PYTHON [-u] -m MODULE ARGS`` with such a module of the task's folder or
+``PYTHONPATH``, or ``PYTHON [-u] -m ddlctl.workloads|ddlctl.runtime.server``, on a host without
 NVIDIA devices (a CUDA context does not survive a fork, and whether an import creates one is not
 ddlctl's to promise), unless its environment says ``DDLCTL_PREFORK=0``. Tasks share a zygote when
 their interpreter and environment agree in everything but what a task reads after its imports
@@ -22,7 +23,7 @@ import subprocess
 
 from ddlctl import envvars
 from ddlctl.runtime import procsetup
-from ddlctl.runtime.zygote import ARGV_ROOM, ROOM_BYTES, ROOM_VAR
+from ddlctl.runtime.zygote import ARGV_ROOM, ROOM_BYTES, ROOM_VAR, ZYGOTE_CWD
 
 #: ``0`` in a task's environment (``ddlctl launch --no-prefork``): the task starts the plain way.
 OFF_VAR = envvars.PREFORK
@@ -81,14 +82,50 @@ def forkable(argv: list[str], env: dict[str, str], cwd: str | None) -> bool:
     if form is None or env.get(OFF_VAR) == "0" or gpu_host():
         return False
     _prefix, kind, target = form
+    folder = cwd or os.getcwd()
     if kind == "-m":
-        return target in OWN_MODULES
+        if target in OWN_MODULES:
+            return True
+        found = module_files(target, folder, env)
+        if not found:
+            return False
+        *packages, program = found
+    else:
+        packages, program = [], os.path.join(folder, target)
+    sources = [_read(path) for path in (*packages, program)]
+    return all(source is not None and not _SETS_ENVIRONMENT.search(source) for source in sources) \
+        and bool(_IMPORTS.search(sources[-1] or b""))
+
+
+def module_files(module: str, cwd: str, env: dict[str, str]) -> list[str] | None:
+    """The files ``python -m module`` runs, found where the task's Python looks first (its folder,
+    unless ``PYTHONSAFEPATH``, then ``PYTHONPATH``): the ``__init__.py`` of each enclosing package,
+    in import order, then the module's own file (a package's ``__main__.py``). None when it is not
+    there (an installed module, or none: not ddlctl's to read)."""
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    roots = ([] if env.get(envvars.SAFE_PATH) else [cwd]) + \
+        [os.path.join(cwd, p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for root in roots:
+        base = os.path.join(root, *parts)
+        if os.path.isfile(base + ".py"):
+            program, enclosing = base + ".py", len(parts) - 1
+        elif os.path.isfile(os.path.join(base, "__main__.py")):
+            program, enclosing = os.path.join(base, "__main__.py"), len(parts)
+        else:
+            continue
+        packages = [os.path.join(root, *parts[:i], "__init__.py") for i in range(1, enclosing + 1)]
+        return [p for p in packages if os.path.isfile(p)] + [program]  # (a namespace package has none)
+    return None
+
+
+def _read(path: str) -> bytes | None:
     try:
-        with open(os.path.join(cwd or os.getcwd(), target), "rb") as handle:
-            source = handle.read(1 << 20)
+        with open(path, "rb") as handle:
+            return handle.read(1 << 20)
     except OSError:
-        return False
-    return bool(_IMPORTS.search(source)) and not _SETS_ENVIRONMENT.search(source)
+        return None
 
 
 def import_environment(argv: list[str], env: dict[str, str]) -> None:
@@ -134,7 +171,7 @@ class Zygote:
 
         try:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [*prefix, "-c", ZYGOTE_MAIN, ROOT, str(theirs.fileno()), ARGV_ROOM], env=zygote_env, cwd="/",
+                [*prefix, "-c", ZYGOTE_MAIN, ROOT, str(theirs.fileno()), ARGV_ROOM], env=zygote_env, cwd=ZYGOTE_CWD,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), preexec_fn=zygote_setup)
         except OSError as exc:

@@ -39,6 +39,8 @@ ROOM_VAR = "DDLCTL_ZYGOTE_ROOM"
 ROOM_BYTES = 16384
 #: The zygote's last argument: room in its command-line block for a task's.
 ARGV_ROOM = " " * 4096
+#: The zygote's folder (a task's is set after the fork): it holds no folder of anybody's.
+ZYGOTE_CWD = "/"
 REPARENT_S = 5.0
 
 
@@ -169,10 +171,31 @@ def become(request: dict, out_fd: int) -> Callable[[], None]:
             os.close(out_fd)
         if request.get("cwd"):
             os.chdir(request["cwd"])
+            _rebase_pythonpath(env.get("PYTHONPATH", ""))
         return _take_identity(argv, env)
     except Exception as exc:  # noqa: BLE001 - whatever it was, the task starts the plain way
         _exec(argv, env, f"{type(exc).__name__}: {exc}")
         raise  # (not reached)
+
+
+def _rebase_pythonpath(pythonpath: str) -> None:
+    """``sys.path`` entries of relative ``PYTHONPATH`` folders as the task's folder makes them:
+    Python made each absolute at start-up (``site``), in the zygote against ``/``; a plain start
+    makes it against the task's folder. Finders cached for the old paths are dropped."""
+    import importlib
+
+    def canonical(path: str) -> str:  # (Python's start-up writes "lib" in "/" as "//lib")
+        return os.path.normpath("/" + path.lstrip("/")) if path.startswith("/") else path
+
+    moved = {canonical(os.path.join(ZYGOTE_CWD, entry)): os.path.abspath(entry)
+             for entry in pythonpath.split(os.pathsep) if entry and not os.path.isabs(entry)}
+    if not moved:
+        return
+    for i, path in enumerate(sys.path):
+        if canonical(path) in moved:
+            sys.path_importer_cache.pop(path, None)
+            sys.path[i] = moved[canonical(path)]
+    importlib.invalidate_caches()
 
 
 def _exec(argv: list[str], env: dict[str, str], why: str) -> None:

@@ -1,6 +1,7 @@
 """A TensorFlow task that says how it was started (tests/test_prefork.py): whether TensorFlow was
 imported before its first line, its argv, folder, sys.path[0], __name__, task, random state,
-parent, temporary folder and stdin; then ``exit CODE``, ``raise`` or ``sleep``."""
+parent, temporary folder and stdin; then ``exit CODE``, ``raise``, ``import`` (prefork_helper, from
+PYTHONPATH) or ``sleep``."""
 
 import json
 import os
@@ -17,6 +18,11 @@ print(json.dumps({"already": already, "argv": sys.argv, "cwd": os.getcwd(), "pat
                   "pid": os.getpid(), "ppid": os.getppid(), "tmp": tempfile.gettempdir(),
                   "stdin": sys.stdin.read(), "sum": float(tf.reduce_sum(tf.ones((3, 3))))}), flush=True)
 mode = sys.argv[1]
+if mode == "import":  # a module of a folder PYTHONPATH names relative to the task's folder
+    import prefork_helper
+
+    print(json.dumps({"helper": prefork_helper.__file__, "path": sys.path}), flush=True)
+    sys.exit(7)
 if mode == "exit":
     sys.exit(int(sys.argv[2]))
 if mode == "raise":
