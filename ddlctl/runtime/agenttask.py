@@ -158,7 +158,8 @@ class Task:
         except OSError:
             return False
         try:
-            asked = zygote.request(self.name, self.argv, self.env, self.cwd, writer, self.cgroup, self.cpus)
+            asked = zygote.request(self.name, self.argv, self.env, self.cwd or os.getcwd(), writer, self.cgroup,
+                                   self.cpus)  # (no folder: the agent's, as for a plain start)
         finally:
             os.close(writer)
         if asked:
