@@ -4,6 +4,7 @@ import falls back to the plain start; ``DDLCTL_PREFORK=0`` turns it off."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -141,18 +142,25 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         (tmp_path / "usermod" / "job.py").write_text((PROGRAMS / "forked.py").read_text())
         module = (sys.executable, "-m", "usermod.job", "exit", "8")
         tasks["worker:7"] = session.start(spec("worker:7", module, tmp_path / "worker-7"), 5)
+        # a task without a folder of its own runs in its agent's, forked or not
+        homeless = dataclasses.replace(spec("worker:8", (sys.executable, program, "exit", "9"), tmp_path / "worker-8"),
+                                       workdir=None)
+        tasks["worker:8"] = session.start(homeless, 5)
         # PYTHONPATH relative to the task's folder (the zygote's is another): its modules import
         (tmp_path / "lib").mkdir()
         (tmp_path / "lib" / "prefork_helper.py").write_text("")
         tasks["worker:6"] = session.start(spec("worker:6", (sys.executable, program, "import"), tmp_path / "worker-6",
                                                {"PYTHONPATH": "lib"}), 5)
-        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5, 6, 7)), 120)
+        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5, 6, 7, 8)), 120)
         outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}  # (all there is)
         plain = subprocess.run([sys.executable, str(broken)], capture_output=True, timeout=120)
         assert tasks["worker:5"].poll().code == plain.returncode == 1
         assert outs["worker:5"] == plain.stderr and outs["worker:5"].startswith(f'  File "{broken}", line 3'.encode())
         assert json.loads((tmp_path / "worker-5" / "pid.json").read_text())["forked"] is True
         assert tasks["worker:6"].poll().code == 7, outs["worker:6"]
+        assert tasks["worker:8"].poll().code == 9 and said(outs["worker:8"])["already"]
+        agents_folder = psutil.Process(tasks["worker:8"].pids()["agent_pid"]).cwd()
+        assert said(outs["worker:8"])["cwd"] == agents_folder != "/"
         as_module = said(outs["worker:7"])
         assert tasks["worker:7"].poll().code == 8 and as_module["already"] and as_module["name"] == "__main__"
         assert as_module["argv"] == [str(tmp_path / "usermod" / "job.py"), "exit", "8"]
