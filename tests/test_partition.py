@@ -338,3 +338,33 @@ def test_the_cost_model_on_plans_worked_out_by_hand():
     # no micro-batching: the sum of the stages, so everything goes on the fastest device
     whole = plan_optimal([Layer(f"l{i}", 1.0) for i in range(4)], [Device("a", 1.0), Device("b", 2.0)], 1)
     assert [s.layers for s in whole.stages] == [0, 4] and whole.step_time_s == pytest.approx(2.0)
+
+
+def test_an_error_of_the_model_function_or_its_module_is_said_with_where_it_happened(tmp_path, monkeypatch):
+    """``--model MODULE:FUNCTION`` whose module or function fails: a clear error (exit 2) naming the
+    exception and its place in the user's file, not "internal error in ddlctl"; in a task (said=False)
+    the exception itself, for its log's traceback."""
+    from ddlctl.errors import ConfigError
+    from ddlctl.planning.profile_model import load_model_factory
+
+    (tmp_path / "pm_raises.py").write_text("def build():\n    layers = []\n    raise ValueError('no layers')\n")
+    (tmp_path / "pm_nameerror.py").write_text("import json\nx = undefined_name\n")
+    (tmp_path / "pm_syntax.py").write_text("import json\nx = (\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    build = load_model_factory("pm_raises:build")
+    with pytest.raises(ConfigError) as raised:
+        build()
+    assert raised.value.message == f"--model 'pm_raises:build': build() failed: ValueError: no layers " \
+                                   f"({tmp_path / 'pm_raises.py'}:3)"
+    with pytest.raises(ValueError, match="no layers"):
+        load_model_factory("pm_raises:build", said=False)()
+    with pytest.raises(ConfigError, match=r"importing pm_nameerror failed: NameError: name 'undefined_name' is "
+                                          rf"not defined \({tmp_path / 'pm_nameerror.py'}:2\)"):
+        load_model_factory("pm_nameerror:build")
+    with pytest.raises(ConfigError, match=rf"importing pm_syntax failed: SyntaxError: '\(' was never closed "
+                                          rf"\({tmp_path / 'pm_syntax.py'}:2\)"):
+        load_model_factory("pm_syntax:build")
+    with pytest.raises(ConfigError) as raised:  # not the user's file: no place named
+        load_model_factory("json:loads")()
+    assert raised.value.message.endswith("loads() failed: TypeError: loads() missing 1 required positional "
+                                         "argument: 's'")

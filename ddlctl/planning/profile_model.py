@@ -22,9 +22,11 @@ OPTIMIZER_SLOTS = 2
 MIN_PROFILE_S = 0.1
 
 
-def load_model_factory(spec: str) -> Callable[[], object]:
+def load_model_factory(spec: str, said: bool = True) -> Callable[[], object]:
     """``module:function`` (a function returning a Keras model, or a :class:`ddlctl.stack.Stack`
-    of callables) or a built-in workload name."""
+    of callables) or a built-in workload name. ``said``: an error of the function is a
+    ConfigError that names it and where it happened (else it is raised as it is: a task's log
+    keeps its traceback)."""
     from ddlctl.workloads import WORKLOADS, models
 
     if spec in WORKLOADS:
@@ -45,6 +47,10 @@ def load_model_factory(spec: str) -> Callable[[], object]:
     except ImportError as exc:
         raise ConfigError(f"--model {spec!r}: cannot import {module_name}: {exc}",
                           "run from the folder that holds it, or add it to PYTHONPATH") from None
+    except Exception as exc:  # noqa: BLE001 - the module's own error, said with where it happened
+        path = os.sep + module_name.replace(".", os.sep)
+        said = _said_at(exc, path + ".py", os.path.join(path, "__init__.py"))
+        raise ConfigError(f"--model {spec!r}: importing {module_name} failed: {said}") from None
     factory = getattr(module, function, None)
     if not callable(factory):
         raise ConfigError(f"--model {spec!r}: {module_name} has no function {function!r}")
@@ -52,7 +58,14 @@ def load_model_factory(spec: str) -> Callable[[], object]:
     def build() -> object:
         from ddlctl.stack import Stack
 
-        model = factory()
+        try:
+            model = factory()
+        except Exception as exc:  # noqa: BLE001 - the function's own error, said with where it happened
+            if not said:
+                raise
+            raise ConfigError(f"--model {spec!r}: {function}() failed: {_said_at(exc, str(module.__file__))}",
+                              f"{function}() is called with no arguments and returns the model; the error "
+                              "is its own") from None
         if not isinstance(model, Stack) and not (hasattr(model, "layers") and hasattr(model, "input_shape")):
             raise ConfigError(f"--model {spec!r} returned a {type(model).__name__}, not a Keras model with a "
                               "known input shape nor a ddlctl.modelparallel.Stack",
@@ -60,6 +73,19 @@ def load_model_factory(spec: str) -> Callable[[], object]:
         return model
 
     return build
+
+
+def _said_at(exc: BaseException, *sources: str) -> str:
+    """``Type: message (file:line)``: an error of the user's code, with the last place in its file
+    (whose path ends with one of ``sources``) that it passed through (a syntax error: its own place)."""
+    import traceback
+
+    where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, SyntaxError) and exc.filename else None
+    mine = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(sources or ("\0",))]
+    if where is None and mine:
+        where = f"{mine[-1].filename}:{mine[-1].lineno}"
+    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)  # (a syntax error's text has its place)
+    return f"{type(exc).__name__}: {message}" + (f" ({where})" if where else "")
 
 
 def model_layers(model: object) -> list:
