@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,6 +49,32 @@ def test_any_chunking_gives_back_every_byte_in_order(data, cuts):
     out += s.feed(data[pos:], 0.0)
     out += s.flush()
     assert b"".join(out) == data
+
+
+@given(st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"\x00"]), max_size=60),
+       st.lists(st.integers(1, 7), max_size=30))
+def test_any_chunking_gives_the_lines_of_the_whole(pieces, cuts):
+    data = b"".join(pieces)
+    s = LineSplitter()
+    out, pos = [], 0
+    for cut in cuts:
+        out += s.feed(data[pos:pos + cut], 0.0)
+        pos += cut
+    out += s.feed(data[pos:], 0.0) + s.flush()
+    whole = re.findall(rb"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$", data)
+    assert out == whole
+
+
+def test_a_long_line_without_a_newline_is_cut_at_the_limit_in_one_pass():
+    """A program that writes 1 MB without a newline: 64 KiB pieces, then the rest; each chunk is
+    looked at once (a search over the held tail at every chunk took minutes for 200 KB)."""
+    s = LineSplitter()
+    out = []
+    for _ in range(256):
+        out += s.feed(b"x" * 4096, 0.0)
+    out += s.feed(b"y\n", 0.0)
+    assert [len(line) for line in out] == [65536] * 16 + [2]
+    assert b"".join(out) == b"x" * (1 << 20) + b"y\n"
 
 
 def test_prefix_names_task_and_host_without_colour_off_terminal():

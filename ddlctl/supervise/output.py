@@ -9,7 +9,8 @@ from typing import BinaryIO
 
 from ddlctl.supervise.collapse import LineWriter
 
-_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r(?!\Z))")
+#: A whole line of text that ends with a line end (see :meth:`LineSplitter.feed`).
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
 
 
 class LineSplitter:
@@ -28,13 +29,13 @@ class LineSplitter:
     def feed(self, data: bytes, now: float) -> list[bytes]:
         """Add ``data``; return the complete lines it finished."""
         buffer = self.pending + data
-        lines = []
-        end = 0
-        for match in _LINE.finditer(buffer):
-            if match.end() == match.start():
-                break
-            lines.append(match.group())
-            end = match.end()
+        # where the last whole line ends: the last \n, or the last \r that is not the buffer's last
+        # byte (that one may be half of a \r\n). Found from the end, and only in what came now (the
+        # held tail has no line end, but perhaps a final \r): a regex over the tail at every feed
+        # cost time in the square of a long line without a newline (200 KB: minutes)
+        start = max(0, len(self.pending) - 1)
+        end = max(buffer.rfind(b"\n", start), buffer.rfind(b"\r", start, len(buffer) - 1)) + 1
+        lines = _LINE.findall(buffer, 0, end) if end else []
         self.pending = buffer[end:]
         if not self.pending:
             self.pending_since = None
