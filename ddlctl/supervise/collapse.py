@@ -16,6 +16,9 @@ from ddlctl.report.grouping import hosts_label, task_range
 
 #: How long a line waits for the same line from other tasks before it is shown.
 WINDOW_S = 0.5
+#: The most lines held at once: a task printing faster than this per window has its oldest lines
+#: shown sooner (what every held line costs a new one stays bounded).
+MAX_HELD = 1000
 
 class LineWriter(Protocol):
     """Where task lines go: ``write(task, host, lines)``; ``tick(now)`` lets held lines out when
@@ -28,7 +31,7 @@ class LineWriter(Protocol):
     def flush(self) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)  # (two held lines are two, however alike)
 class _Group:
     text: bytes  # the line without its terminator
     line: bytes  # the first task's raw line
@@ -47,6 +50,11 @@ class CollapsingWriter:
         self.window_s = window_s
         self.clock = clock  # the supervisor's clock: tick(now) is given its time
         self._groups: list[_Group] = []
+        # the held lines by text, and how many of those hold each task's: a line with no identical
+        # one held, or only identical ones of its own task, is placed without looking at the others
+        self._by_text: dict[bytes, list[_Group]] = {}
+        self._holding: dict[tuple[bytes, str], int] = {}
+        self._last: dict[str, _Group] = {}  # each task's latest held line (the last of its held ones)
         self.merged = 0  # lines not shown because an identical one from another task was
 
     def write(self, task: str, host: str, lines: list[bytes]) -> None:
@@ -58,36 +66,69 @@ class CollapsingWriter:
         now = self.clock()
         for line in lines:
             text = line.rstrip(b"\r\n")
-            last = max((i for i, g in enumerate(self._groups) if any(t == task for t, _ in g.tasks)), default=-1)
-            for index, group in enumerate(self._groups):
-                if group.text != text or now - group.since >= self.window_s or any(t == task for t, _ in group.tasks):
-                    continue
-                if index < last:
-                    members = {t for t, _ in group.tasks}
-                    if any(t in members for h in self._groups[index + 1:last + 1] for t, _ in h.tasks):
-                        continue  # moving it down would pass a later line of one of its tasks
-                    self._groups.insert(last, self._groups.pop(index))
-                group.tasks.append((task, host))
-                self.merged += 1
-                break
+            same = self._by_text.get(text, [])
+            group = self._join(task, text, now) if len(same) > self._holding.get((text, task), 0) else None
+            if group is None:
+                group = _Group(text, line, now, [])
+                self._groups.append(group)
+                self._by_text.setdefault(text, []).append(group)
             else:
-                self._groups.append(_Group(text, line, now, [(task, host)]))
+                self.merged += 1
+            group.tasks.append((task, host))
+            self._holding[text, task] = self._holding.get((text, task), 0) + 1
+            self._last[task] = group
         self.tick(now)
+        if len(self._groups) > MAX_HELD:
+            self._release(len(self._groups) - MAX_HELD)
+
+    def _join(self, task: str, text: bytes, now: float) -> _Group | None:
+        """The held line identical to ``text`` that ``task``'s joins (moved down after the task's
+        last held line if need be), or None."""
+        mine = self._last.get(task)
+        last = self._groups.index(mine) if mine is not None else -1
+        viable = [g for g in self._by_text[text]
+                  if now - g.since < self.window_s and all(t != task for t, _ in g.tasks)]
+        for group in sorted(viable, key=self._groups.index):
+            index = self._groups.index(group)
+            if index < last:
+                members = {t for t, _ in group.tasks}
+                if any(t in members for h in self._groups[index + 1:last + 1] for t, _ in h.tasks):
+                    continue  # moving it down would pass a later line of one of its tasks
+                self._groups.insert(last, self._groups.pop(index))
+            return group
+        return None
 
     def tick(self, now: float) -> None:
         """Show the held lines, in order, up to the first whose window has not passed."""
         due = 0
         while due < len(self._groups) and now - self._groups[due].since >= self.window_s:
             due += 1
-        if due:
-            self._show(self._groups[:due])
-            del self._groups[:due]
+        self._release(due)
 
     def flush(self) -> None:
         """Show every held line now."""
-        groups, self._groups = self._groups, []
-        self._show(groups)
+        self._release(len(self._groups))
         self.inner.flush()
+
+    def _release(self, count: int) -> None:
+        """Show the first ``count`` held lines and forget them."""
+        if count <= 0:
+            return
+        groups = self._groups[:count]
+        del self._groups[:count]
+        for group in groups:
+            same = self._by_text[group.text]
+            same.remove(group) if same[0] is not group else same.pop(0)
+            if not same:
+                del self._by_text[group.text]
+            for task, _ in group.tasks:
+                if self._last.get(task) is group:
+                    del self._last[task]
+                key = (group.text, task)
+                self._holding[key] -= 1
+                if not self._holding[key]:
+                    del self._holding[key]
+        self._show(groups)
 
     def _show(self, groups: list[_Group]) -> None:
         for group in groups:
