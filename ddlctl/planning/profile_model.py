@@ -81,7 +81,7 @@ def _said_at(exc: BaseException, *sources: str) -> str:
     import traceback
 
     where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, SyntaxError) and exc.filename else None
-    mine = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(sources or ("\0",))]
+    mine = [f for f in traceback.extract_tb(exc.__traceback__) if sources and f.filename.endswith(sources)]
     if where is None and mine:
         where = f"{mine[-1].filename}:{mine[-1].lineno}"
     message = exc.msg if isinstance(exc, SyntaxError) else str(exc)  # (a syntax error's text has its place)

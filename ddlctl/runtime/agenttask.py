@@ -117,7 +117,8 @@ class Task:
             threads = cgroup.intra_op_threads(float(spec["cpu_quota"]))
             env.setdefault("TF_NUM_INTRAOP_THREADS", str(min(threads, len(cpus)) if cpus else threads))
         self.argv: list[str] = list(spec["argv"])
-        self.env, self.cwd, self.cpus = env, cwd, cpus
+        # no folder given: the agent's, for a plain start and a fork alike (a zygote runs in its own)
+        self.env, self.cwd, self.cpus = env, cwd or os.getcwd(), cpus
         self.popen: subprocess.Popen[bytes] | ForkedProcess | None = None  # None: a fork asked for
         self.fd = -1
         self.pgid = 0
@@ -158,8 +159,7 @@ class Task:
         except OSError:
             return False
         try:
-            asked = zygote.request(self.name, self.argv, self.env, self.cwd or os.getcwd(), writer, self.cgroup,
-                                   self.cpus)  # (no folder: the agent's, as for a plain start)
+            asked = zygote.request(self.name, self.argv, self.env, self.cwd, writer, self.cgroup, self.cpus)
         finally:
             os.close(writer)
         if asked:

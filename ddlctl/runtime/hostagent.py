@@ -216,7 +216,7 @@ class HostAgent:
 
     def zygote_for(self, task: Task) -> Zygote | None:
         """The zygote that forks ``task`` (started now if it is the first of its kind), or None."""
-        if self.stopping or (task.cwd and not os.path.isdir(task.cwd)) \
+        if self.stopping or not os.path.isdir(task.cwd) \
                 or not prefork.forkable(task.argv, task.env, task.cwd):
             return None
         if not self.subreaper:

@@ -264,12 +264,9 @@ def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
 
         def run_module() -> None:
             sys.modules["__main__"] = main
-            try:
-                runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
-            except Exception as exc:  # noqa: BLE001 - said as Python says it
-                _uncaught(exc)
+            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
 
-        return run_module
+        return _as_python_would(run_module)
     script, args = rest[0], rest[1:]
     if not safe:
         sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
@@ -283,22 +280,26 @@ def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
         sys.modules["__main__"] = main
         with io.open_code(os.path.abspath(script)) as handle:
             source = handle.read()
+        exec(compile(source, os.path.abspath(script), "exec"), main.__dict__)  # noqa: S102 - the task's own program
+
+    return _as_python_would(run_script)
+
+
+def _as_python_would(run: Callable[[], None]) -> Callable[[], None]:
+    """``run``, with what Python does with an exception its program left uncaught:
+    ``sys.excepthook`` with the program's frames alone (not this module's runner frames), then exit
+    status 1. A syntax error of the script then reads as Python shows one (no "Traceback" line)."""
+    def runner() -> None:
         try:
-            exec(compile(source, os.path.abspath(script), "exec"), main.__dict__)  # noqa: S102 - the task's own program
+            run()
         except Exception as exc:  # noqa: BLE001 - said as Python says it
-            _uncaught(exc)
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename == runner.__code__.co_filename:
+                tb = tb.tb_next
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+            raise SystemExit(1) from None
 
-    return run_script
-
-
-def _uncaught(exc: BaseException) -> None:
-    """What Python does with an exception its program left uncaught: ``sys.excepthook`` with the
-    program's frames alone (not the zygote's: its ``-c`` line and runner), then exit status 1. A
-    syntax error of the script then reads as Python shows one (no frames, no "Traceback" line)."""
-    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # (past the runner's frame)
-    exc.__traceback__ = tb
-    sys.excepthook(type(exc), exc, tb)
-    raise SystemExit(1) from None
+    return runner
 
 
 def main(argv: list[str]) -> Callable[[], None]:

@@ -118,7 +118,7 @@ class CollapsingWriter:
         del self._groups[:count]
         for group in groups:
             same = self._by_text[group.text]
-            same.remove(group) if same[0] is not group else same.pop(0)
+            same.remove(group)  # (by identity; the oldest held are released first: found at once)
             if not same:
                 del self._by_text[group.text]
             for task, _ in group.tasks:
