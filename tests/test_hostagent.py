@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -410,6 +411,29 @@ def test_cluster_tasks_retry_grpc_connections_quickly_unless_told_otherwise(tmp_
     finally:
         s.shutdown()
         s.close()
+
+
+def test_tasks_keep_freed_memory_unless_their_environment_tunes_malloc(tmp_path):
+    """Every task gets glibc's MALLOC_TOP_PAD_ (64 MiB kept at the top of each heap, not handed back
+    to the kernel and faulted in again at every step); an environment that sets a malloc threshold of
+    its own, as a variable or a glibc tunable, gets nothing added."""
+    code = ("import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+            "if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES'}))")
+    s = session(tmp_path)
+    given = {"worker:0": {}, "worker:1": {"MALLOC_TOP_PAD_": "0"}, "worker:2": {"MALLOC_TRIM_THRESHOLD_": "1048576"},
+             "worker:3": {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"},
+             "worker:4": {"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=4096"}}
+    try:
+        tasks = {name: s.start(spec(name, code, tmp_path / name.replace(":", "-"), env=env), 5)
+                 for name, env in given.items()}
+        assert s.wait_for(lambda: all(t.poll() for t in tasks.values()), 30), s.lost
+        said = {name: json.loads(output(task)) for name, task in tasks.items()}
+    finally:
+        s.shutdown()
+        s.close()
+    pad = {"MALLOC_TOP_PAD_": str(64 * 2**20)}
+    assert said == {"worker:0": pad, "worker:1": given["worker:1"], "worker:2": given["worker:2"],
+                    "worker:3": given["worker:3"], "worker:4": {**given["worker:4"], **pad}}
 
 
 def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):

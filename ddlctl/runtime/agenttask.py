@@ -25,6 +25,23 @@ from ddlctl.runtime.stepfollow import StepFile
 # retries are 50, 80, 128... ms, still capped at TensorFlow's 1 s. The connect timeout is untouched.
 GRPC_OPTIONS = "grpc.initial_reconnect_backoff_ms=50"
 
+# glibc's malloc hands the free memory at the top of a heap back to the kernel once it exceeds its
+# trim threshold, and a TensorFlow step frees and allocates its tensors again: every step then
+# faults its memory back in page by page, zeroed by the kernel (the built-in deep workload on CPU:
+# 23,000 faults per step, half of its CPU time in the kernel). Keeping 64 MiB at the top of each heap
+# ends that (benchmarks/malloc_pad.py: runs of 200 steps 1.9x faster for deep, 1.5x for mlp, 1.14x
+# for cnn, for 40-110 MiB more memory). Not set where the environment already tunes glibc's malloc.
+MALLOC_TOP_PAD = ("MALLOC_TOP_PAD_", str(64 * 2**20))
+MALLOC_SETTINGS = ("MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_")
+
+
+def keep_freed_memory(env: dict[str, str]) -> None:
+    """Give ``env`` glibc's ``MALLOC_TOP_PAD_`` (see :data:`MALLOC_TOP_PAD`) unless it already sets
+    one of glibc's malloc thresholds (as a variable or in ``GLIBC_TUNABLES``)."""
+    if any(name in env for name in MALLOC_SETTINGS) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        return
+    env[MALLOC_TOP_PAD[0]] = MALLOC_TOP_PAD[1]
+
 
 def runs_own_module(argv: list) -> bool:
     """Whether ``argv`` is ``PYTHON -m ddlctl...``: one of ddlctl's own modules (its server, the
@@ -85,6 +102,7 @@ class Task:
             env[key] = os.path.expanduser(value) if key in (envvars.TASK_DIR, envvars.CHECKPOINT_DIR) else value
         if "TF_CONFIG" in env:
             env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_OPTIONS)
+        keep_freed_memory(env)
         # temporary files in the task's folder, removed when it ends: a task killed at the end of a
         # job runs no atexit hook, and TensorFlow's autograph leaves a file in /tmp per traced function
         self.tmp = os.path.join(self.task_dir, "tmp") if self.task_dir and "TMPDIR" not in env else None

@@ -1,7 +1,8 @@
 """A TensorFlow task that says how it was started (tests/test_prefork.py): whether TensorFlow was
 imported before its first line, its argv, folder, sys.path[0], __name__, task, random state,
 parent, temporary folder and stdin; then ``exit CODE``, ``raise``, ``import`` (prefork_helper, from
-PYTHONPATH) or ``sleep``."""
+PYTHONPATH), ``malloc`` (the page faults of repeated allocations, tests/programs/malloc_faults.py)
+or ``sleep``."""
 
 import json
 import os
@@ -23,6 +24,11 @@ if mode == "import":  # a module of a folder PYTHONPATH names relative to the ta
 
     print(json.dumps({"helper": prefork_helper.__file__, "path": sys.path}), flush=True)
     sys.exit(7)
+if mode == "malloc":  # the zygote's malloc settings are the task's
+    import malloc_faults
+
+    print(json.dumps({"first": malloc_faults.faults_of_a_round(), "second": malloc_faults.faults_of_a_round()}))
+    sys.exit(0)
 if mode == "exit":
     sys.exit(int(sys.argv[2]))
 if mode == "raise":
