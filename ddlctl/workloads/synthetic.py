@@ -39,6 +39,9 @@ def make_sample_fn(seed: int, augment: bool = False):
 
     patterns = templates(seed)
 
+    # plain TensorFlow ops (``augment`` is a Python bool): nothing for autograph to convert, whose
+    # conversion of it, at every task start, cost more than the rest of the input's tracing
+    @tf.autograph.experimental.do_not_convert
     def sample(index):
         index = tf.cast(index, tf.int64)
         key = tf.stack([tf.constant(seed, tf.int64), index])
