@@ -24,6 +24,18 @@ def test_no_gpu_is_a_state_not_an_error():
         sampler.close()
 
 
+KERNEL_HEAVY = """import ctypes
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+while True:
+    block = libc.malloc(8 << 20)
+    ctypes.memset(block, 1, 8 << 20)
+    libc.free(block)
+"""
+
+
 def test_agent_reports_host_task_and_step_figures(tmp_path):
     run_id = "agent-test-run"
     task_dir = tmp_path / "worker-0"
@@ -33,6 +45,9 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
     # a stand-in task process: the agent finds it by the run id in its environment
     task = subprocess.Popen([sys.executable, "-c", "import time\nx = bytearray(50_000_000)\nwhile True: pass"],
                             env={**os.environ, "DDLCTL_RUN_ID": run_id, "DDLCTL_TASK": "worker:0"})
+    # and one whose time is the kernel's: 8 MiB taken from it, written and given back, again and again
+    churn = subprocess.Popen([sys.executable, "-c", KERNEL_HEAVY], env={
+        **os.environ, "DDLCTL_RUN_ID": run_id, "DDLCTL_TASK": "worker:1", "MALLOC_MMAP_THRESHOLD_": "131072"})
     agent = subprocess.Popen([sys.executable, "-m", "ddlctl.runtime.agent", "--host", "here", "--run-id", run_id,
                               "--interval", "0.25", f"--watch=worker:0={task_dir}"],
                              stdout=subprocess.PIPE, text=True)
@@ -48,18 +63,25 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
         while time.monotonic() < deadline:
             record = json.loads(agent.stdout.readline())
             samples.append(record)
-            if len(samples) > 4 and "worker:0" in record["procs"] and record["procs"]["worker:0"][0] > 0:
+            if len(samples) > 4 and all(record["procs"].get(w, [0])[0] > 0 for w in ("worker:0", "worker:1")):
                 break
         last = samples[-1]
         assert last["type"] == "sample" and 0 <= last["cpu"] <= 100
         assert last["mem_total"] > last["mem_used"] > 0
-        cpu, rss = last["procs"]["worker:0"]
-        assert rss > 50_000_000 and cpu > 0
+        # no reading over the instant between finding a process and sampling it (one CPU tick read
+        # as 1,742% of a CPU): none above what this machine's CPUs can give
+        readings = [r["procs"][w] for r in samples for w in ("worker:0", "worker:1") if w in r.get("procs", {})]
+        assert all(cpu <= 105 * os.cpu_count() and kernel <= cpu + 5 for cpu, _, kernel in readings), readings
+        cpu, rss, kernel = last["procs"]["worker:0"]
+        assert rss > 50_000_000 and cpu > 0 and kernel < 0.2 * cpu, last["procs"]
+        cpu, _, kernel = last["procs"]["worker:1"]  # (of a CPU: the two share this machine's cores)
+        assert cpu > 0 and kernel > 0.5 * cpu, last["procs"]
         assert hello["gpu_fields"][:2] == ["index", "util"]
         assert last["steps"] == {"worker:0": 2}, "only complete lines count"
         gaps = [b["t"] - a["t"] for a, b in zip(samples, samples[1:], strict=False)]
         assert all(0.1 < g < 1.0 for g in gaps)
     finally:
         task.kill()
+        churn.kill()
         agent.terminate()
         assert agent.wait(10) == 0, "the agent exits 0 on SIGTERM"

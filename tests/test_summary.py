@@ -41,7 +41,7 @@ def write_plan(run: Path, strategy: str, tasks: dict[str, str], hosts=()):
 
 
 def write_telemetry(run: Path, host: str, utils, mem_used, mem_total=80 * 2**30, interval=1.0, times=None,
-                    cpu=50.0):
+                    cpu=50.0, procs=None):
     """Telemetry exactly as the agent writes it: GPU readings and task figures as arrays, GPU fields
     in the order the hello line declares (here reversed, so the reader must honour it)."""
     folder = run / "telemetry"
@@ -54,9 +54,38 @@ def write_telemetry(run: Path, host: str, utils, mem_used, mem_total=80 * 2**30,
         reading = {"index": 0, "util": util, "sm_active": util / 2, "mem_used": mem_used[i], "mem_total": mem_total,
                    "power_w": 100.0 + i}
         lines.append({"type": "sample", "t": t, "cpu": cpu, "mem_used": 2**30, "mem_total": 2**34,
-                      "net_sent": 1000 * i, "net_recv": 2000 * i, "procs": {"worker:0": [90.0, 5 * 2**20]},
+                      "net_sent": 1000 * i, "net_recv": 2000 * i,
+                      "procs": procs if procs is not None else {"worker:0": [90.0, 5 * 2**20]},
                       "gpus": [[reading.get(f) for f in fields]]})
     (folder / f"{host}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_tasks_whose_cpu_time_is_mostly_the_kernels_are_named_with_their_share(tmp_path):
+    """A task that spends over a quarter of its CPU time in the kernel (and uses a fifth of a CPU at
+    least) is named, with its share; telemetry from an agent that did not read it says nothing."""
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {f"worker:{i}": "h1" if i < 2 else "h2" for i in range(4)}, hosts=["h1", "h2"])
+    for i in range(4):
+        write_steps(run, f"worker:{i}", [0.1] * 10)
+    rss = 2**30
+    write_telemetry(run, "h1", [50.0] * 4, [2**30] * 4, procs={"worker:0": [90.0, rss, 40.0],
+                                                                "worker:1": [80.0, rss, 40.0]})
+    write_telemetry(run, "h2", [50.0] * 4, [2**30] * 4, procs={"worker:2": [90.0, rss, 9.0],  # 10%: not named
+                                                                "worker:3": [10.0, rss, 8.0]})  # idle: not named
+    summary = summarize(run, warmup_steps=0)
+    assert {t.name: t.kernel_cpu_mean for t in summary.tasks} == {"worker:0": 40.0, "worker:1": 40.0,
+                                                                   "worker:2": 9.0, "worker:3": 8.0}
+    heavy = [line for line in summary.diagnosis if line.startswith("kernel-heavy")]
+    assert heavy == ["kernel-heavy: worker:0-1 spend 44-50% of their CPU time in the kernel (page faults of memory "
+                     "freed and allocated again each step, or system calls: `perf top -p PID` or `strace -c -f -p "
+                     "PID` says which; ddlctl gives tasks MALLOC_TOP_PAD_ unless their environment sets a malloc "
+                     "threshold of its own)"]
+    assert json.loads(json.dumps(summary.to_dict()))["tasks"][0]["kernel_cpu_mean"] == 40.0
+    # an agent that did not read the kernel's share: nothing said
+    write_telemetry(run, "h1", [50.0] * 4, [2**30] * 4, procs={"worker:0": [90.0, rss], "worker:1": [80.0, rss]})
+    older = summarize(run, warmup_steps=0)
+    assert not [line for line in older.diagnosis if line.startswith("kernel-heavy")]
+    assert {t.name: t.kernel_cpu_mean for t in older.tasks}["worker:0"] is None
 
 
 def test_percentiles_interpolate_linearly():
@@ -452,7 +481,9 @@ def test_a_telemetry_file_reads_the_same_in_the_agents_arrays_or_an_older_agents
 
     def sample(i: int, arrays: bool) -> dict:
         gpus = [[g[f] for f in fields] if arrays else g for g in readings[i]]
-        procs = {"worker:0": [50.0 + i, 1000 * (i + 1)] if arrays else {"cpu": 50.0 + i, "rss": 1000 * (i + 1)}}
+        # today's agent: CPU %, RSS and the kernel's CPU %; an older one: a dict without the last
+        figures = [50.0 + i, 1000 * (i + 1), 5.0 * i] if arrays else {"cpu": 50.0 + i, "rss": 1000 * (i + 1)}
+        procs = {"worker:0": figures}
         return {"type": "sample", "t": T0 + 0.5 * i, "cpu": 20.0 * i, "mem_used": 100 + i, "mem_total": 1000,
                 "net_sent": 10 * i, "net_recv": 20 * i, "procs": procs, "gpus": gpus, "steps": {}}
 
@@ -476,7 +507,9 @@ def test_a_telemetry_file_reads_the_same_in_the_agents_arrays_or_an_older_agents
         assert series.bad_lines == bad, name
         assert series.host == "h9" and series.interval == 0.5 and list(series.t) == [T0 + 0.5 * i for i in range(4)]
         assert list(series.cpu) == [0.0, 20.0, 40.0, 60.0] and list(series.mem) == [100, 101, 102, 103]
-        assert [list(c) for c in series.procs["worker:0"]] == [[50.0, 51.0, 52.0, 53.0], [1000, 2000, 3000, 4000]]
+        kernel = [] if name == "dicts" else [0.0, 5.0, 10.0, 15.0]
+        assert [list(c) for c in series.procs["worker:0"]] == [[50.0, 51.0, 52.0, 53.0], [1000, 2000, 3000, 4000],
+                                                               kernel]
         gpu0, gpu3 = series.gpus[0], series.gpus[3]
         assert (gpu0.name, gpu3.name, gpu0.power_limit) == ("H100", "A100", 700.0)
         assert list(gpu0.values("util")) == [90.0, 91.0, 92.0, 93.0] and list(gpu0.values("sm_active")) == []

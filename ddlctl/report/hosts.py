@@ -92,7 +92,8 @@ class HostSeries:
     mem_total: float | None = None
     net: list[tuple[float, float, float]] = field(default_factory=list)
     gpus: dict[int, GpuSeries] = field(default_factory=dict)
-    procs: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # task -> (cpu %, rss)
+    # task -> (CPU %, RSS, of the CPU % the kernel's; the last empty from agents before it was read)
+    procs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     bad_lines: int = 0
 
 
@@ -236,19 +237,20 @@ def read_telemetry(path: Path) -> HostSeries:
     return series
 
 
-def _procs(samples: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Task -> (CPU %, RSS) columns, nulls left out."""
+def _procs(samples: list) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Task -> (CPU %, RSS, kernel CPU %) columns, nulls left out."""
     with_procs = [r.procs for r in samples if r.procs]
     if not with_procs:
         return {}
     names = tuple(with_procs[0])
-    if all(tuple(p) == names for p in with_procs) and all(len(f) == 2 for f in with_procs[0].values()):
+    if all(tuple(p) == names for p in with_procs) and all(len(f) in (2, 3) for f in with_procs[0].values()):
         try:  # the same tasks in every sample (the common case): one matrix
             figures = np.array([list(p.values()) for p in with_procs], dtype=float)
         except ValueError:
             figures = None
         if figures is not None and figures.ndim == 3:
-            return {task: (_present(figures[:, i, 0]), _present(figures[:, i, 1])) for i, task in enumerate(names)}
+            return {task: tuple(_present(figures[:, i, k]) if k < figures.shape[2] else np.empty(0)  # type: ignore[misc]
+                                for k in range(3)) for i, task in enumerate(names)}
     by_task: dict[str, list[list]] = {}
     for procs in with_procs:
         for task, figures in procs.items():
@@ -256,7 +258,7 @@ def _procs(samples: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     out = {}
     for task, task_rows in by_task.items():
         matrix = _matrix(task_rows)
-        out[task] = tuple(_present(matrix[:, i]) if i < matrix.shape[1] else np.empty(0) for i in (0, 1))
+        out[task] = tuple(_present(matrix[:, i]) if i < matrix.shape[1] else np.empty(0) for i in range(3))
     return out
 
 

@@ -115,7 +115,7 @@ class LiveState:
                 entry.moved_t = t
             entry.count, entry.seen_t = int(count), t
             entry.rate.add(t, count)
-        for task, figures in (record.get("procs") or {}).items():  # [cpu %, rss] per task
+        for task, figures in (record.get("procs") or {}).items():  # [cpu %, rss, kernel cpu %] per task
             entry = self.tasks.setdefault(task, _TaskFigures())
             entry.cpu = float(figures[0]) if figures and figures[0] is not None else None
 

@@ -52,6 +52,11 @@ LATE_ARRIVAL_FRACTION = 0.10
 INPUT_BOUND_FRACTION = 0.30
 GPU_IDLE_UTIL = 50.0
 CPU_SATURATED = 90.0
+#: A task whose CPU time is this much the kernel's (and that used at least KERNEL_HEAVY_MIN_CPU % of a
+#: CPU): page faults of memory freed and taken again at every step, or system calls. Training on CPU
+#: with glibc's default malloc: 30-47% (benchmarks/malloc_pad.py); with ddlctl's MALLOC_TOP_PAD_ 11-13%.
+KERNEL_HEAVY_SHARE = 0.25
+KERNEL_HEAVY_MIN_CPU = 20.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class TaskSummary:
     loss: float | None
     accuracy: float | None
     cpu_mean: float | None = None
+    kernel_cpu_mean: float | None = None  # of cpu_mean, the kernel's (system CPU time)
     rss_peak_bytes: int | None = None
     steps_in_flight_mean: float | None = None  # summed step time / span: > 1 when steps overlap (ps)
     total_steps_declared: int | None = None
@@ -270,7 +276,7 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
         input_fraction = float(inputs.sum()) / busy if inputs.size and busy else None
         info = planned.get(steps.name, {})
         end = ended.get(steps.name, {})
-        cpu, rss = procs.get(steps.name, ((), ()))
+        cpu, rss, kernel = procs.get(steps.name, ((), (), ()))
         tasks.append(TaskSummary(
             name=steps.name, host=info.get("host"), role=info.get("role"), state=end.get("state"),
             exit_code=task_exit_code(end),
@@ -280,7 +286,8 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
             samples_per_s=rate, input_fraction=input_fraction,
             arrival_lateness_p50_s=late, straggler=reason is not None, straggler_reason=reason,
             loss=results.get(steps.name, {}).get("loss"), accuracy=results.get(steps.name, {}).get("accuracy"),
-            cpu_mean=mean(cpu) if len(cpu) else None, rss_peak_bytes=int(max(rss)) if len(rss) else None,
+            cpu_mean=mean(cpu) if len(cpu) else None, kernel_cpu_mean=mean(kernel) if len(kernel) else None,
+            rss_peak_bytes=int(max(rss)) if len(rss) else None,
             steps_in_flight_mean=_in_flight(steps, kept), total_steps_declared=steps.total))
 
     throughput, record_rate = _rates(list(windows.values()))
@@ -528,6 +535,15 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
             f"{len(idle_gpus)} GPUs ({', '.join(f'{h} GPU {g.index}' for h, g in idle_gpus)})"
         lines.append(f"{which} mostly idle: busy {figure_range(busy)} of the time "
                      f"(idle {figure_range([100 - b for b in busy])})")
+    heavy = [t for t in summary.tasks if t.cpu_mean is not None and t.kernel_cpu_mean is not None
+             and t.cpu_mean >= KERNEL_HEAVY_MIN_CPU and t.kernel_cpu_mean > KERNEL_HEAVY_SHARE * t.cpu_mean]
+    if heavy:
+        who = f"{task_range(t.name for t in heavy)} spend" if len(heavy) > 1 else f"{heavy[0].name} spends"
+        lines.append(f"kernel-heavy: {who} {figure_range([100 * t.kernel_cpu_mean / t.cpu_mean for t in heavy])} "
+                     f"of {'their' if len(heavy) > 1 else 'its'} CPU time in the kernel (page faults of memory "
+                     "freed and allocated again each step, or system calls: `perf top -p PID` or "
+                     "`strace -c -f -p PID` says which; ddlctl gives tasks MALLOC_TOP_PAD_ unless their "
+                     "environment sets a malloc threshold of its own)")
     saturated = [h for h in summary.hosts if h.cpu_util_mean is not None and h.cpu_util_mean > CPU_SATURATED]
     if saturated:
         # with no step recorded the mean is over the whole run, start-up included: no cause to guess

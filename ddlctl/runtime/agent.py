@@ -6,7 +6,7 @@ It prints JSON lines on stdout (ddlctl streams them into ``telemetry/<host>.json
 * first ``{"type": "hello", ...}``: host, interval, GPU inventory or why there is none, whether
   psutil is available;
 * then every ``--interval`` seconds ``{"type": "sample", "t": epoch_s, ...}`` with host CPU %,
-  memory, network byte counters, per-task ``[cpu %, rss bytes]`` (processes found by the run id in
+  memory, network byte counters, per-task ``[cpu %, rss bytes, kernel cpu %]`` (processes found by the run id in
   their environment), every GPU's reading as an array in the order of ``hello``'s ``gpu_fields``
   (see :class:`ddlctl.telemetry.nvml.GpuSampler`; arrays keep hours of samples small and fast to
   read) and the number of steps each task on this host has recorded so far (for the live view).
@@ -50,10 +50,12 @@ class HostSampler:
             return
         self.psutil = psutil
         self.procs: dict[int, tuple[str, object]] = {}
+        self.kernel_s: dict[int, tuple[float, float]] = {}  # pid -> (its kernel CPU-s, when read)
         self.next_scan = 0.0
         psutil.cpu_percent(None)  # start the CPU-time baseline
 
-    def _scan(self) -> None:
+    def _scan(self) -> set[int]:
+        """Find the run's task processes; the pids found now (their CPU figures start from now)."""
         psutil = self.psutil
         found: dict[int, tuple[str, object]] = {}
         me = os.getpid()
@@ -70,10 +72,13 @@ class HostSampler:
                 previous = self.procs.get(proc.pid)
                 if previous is None:
                     proc.cpu_percent(None)
+                    self._kernel_percent(proc.pid, proc.cpu_times().system)
                 found[proc.pid] = (task, previous[1] if previous else proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+        fresh = set(found) - set(self.procs)
         self.procs = found
+        return fresh
 
     def task_of(self) -> dict[int, str]:
         """pid -> task of the run's processes found by the last scan."""
@@ -83,26 +88,45 @@ class HostSampler:
         psutil = self.psutil
         if psutil is None:
             return {}
+        fresh: set[int] = set()
         if now >= self.next_scan:
-            self._scan()
+            fresh = self._scan()
             self.next_scan = now + RESCAN_S
         tasks: dict[str, list[float]] = {}
         for pid, (task, proc) in list(self.procs.items()):
+            if pid in fresh:  # its figures are over the next interval (not the instant since the scan:
+                continue  # a CPU tick over a millisecond read as 1,742% of a CPU)
             try:
                 with proc.oneshot():  # type: ignore[attr-defined]
                     cpu = proc.cpu_percent(None)  # type: ignore[attr-defined]
+                    kernel = self._kernel_percent(pid, proc.cpu_times().system)  # type: ignore[attr-defined]
                     rss = proc.memory_info().rss  # type: ignore[attr-defined]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 self.procs.pop(pid, None)
+                self.kernel_s.pop(pid, None)
                 continue
-            entry = tasks.setdefault(task, [0.0, 0])
+            entry = tasks.setdefault(task, [0.0, 0, 0.0])  # CPU %, RSS, of which in the kernel %
             entry[0] += cpu
             entry[1] += rss
+            entry[2] += kernel
+        for pid in set(self.kernel_s) - set(self.procs):
+            del self.kernel_s[pid]
         memory = psutil.virtual_memory()
         net = psutil.net_io_counters()
         return {"cpu": psutil.cpu_percent(None), "mem_used": memory.total - memory.available,
                 "mem_total": memory.total, "net_sent": net.bytes_sent, "net_recv": net.bytes_recv,
                 "procs": tasks}
+
+
+    def _kernel_percent(self, pid: int, system_s: float) -> float:
+        """The share of a CPU (%) process ``pid`` spent in the kernel since its last reading (0 at the
+        first, as psutil's ``cpu_percent``)."""
+        now = time.monotonic()
+        before = self.kernel_s.get(pid)
+        self.kernel_s[pid] = (system_s, now)
+        if before is None or now <= before[1]:
+            return 0.0
+        return round(100.0 * max(0.0, system_s - before[0]) / (now - before[1]), 1)
 
 
 def gpu_tasks(compute_pids: dict[int, list[int]], task_of: dict[int, str]) -> dict[str, list[int]]:
