@@ -82,7 +82,9 @@ def launch(
     old_run_dir: OldRunDirOption = None,
     env: Annotated[list[str] | None, typer.Option(
         "--env", "-e", metavar="KEY=VALUE", help="Set KEY for every task; repeatable. A bare KEY passes on "
-                                                 "ddlctl's own value of KEY (keeps secrets off every command line).",
+                                                 "ddlctl's own value of KEY (keeps secrets off every command line). "
+                                                 "Wins over what ddlctl gives tasks by default "
+                                                 "(MALLOC_TOP_PAD_=64 MiB: freed memory kept, not faulted in again).",
         show_default=False)] = None,
     startup_timeout: Annotated[float, typer.Option(
         "--startup-timeout", metavar="SECONDS", min=0, help="Time for every task to start listening on its "
