@@ -117,7 +117,6 @@ class HostSampler:
                 "mem_total": memory.total, "net_sent": net.bytes_sent, "net_recv": net.bytes_recv,
                 "procs": tasks}
 
-
     def _kernel_percent(self, pid: int, system_s: float) -> float:
         """The share of a CPU (%) process ``pid`` spent in the kernel since its last reading (0 at the
         first, as psutil's ``cpu_percent``)."""
