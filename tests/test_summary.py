@@ -81,6 +81,16 @@ def test_tasks_whose_cpu_time_is_mostly_the_kernels_are_named_with_their_share(t
                      "PID` says which; ddlctl gives tasks MALLOC_TOP_PAD_ unless their environment sets a malloc "
                      "threshold of its own)"]
     assert json.loads(json.dumps(summary.to_dict()))["tasks"][0]["kernel_cpu_mean"] == 40.0
+    # under ps the workers compute and record no step: their figures are read too
+    ps_run = tmp_path / "ps"
+    write_plan(ps_run, "ps", {"chief:0": "h1", "worker:0": "h1", "worker:1": "h1", "ps:0": "h1"}, hosts=["h1"])
+    write_steps(ps_run, "chief:0", [0.1] * 10)
+    write_telemetry(ps_run, "h1", [50.0] * 4, [2**30] * 4, procs={
+        "chief:0": [30.0, rss, 3.0], "worker:0": [95.0, rss, 50.0], "worker:1": [95.0, rss, 10.0]})
+    ps_summary = summarize(ps_run, warmup_steps=0)
+    assert [(w.task, w.kernel_cpu_mean) for w in ps_summary.work] == [("worker:0", 50.0), ("worker:1", 10.0)]
+    heavy = [line for line in ps_summary.diagnosis if line.startswith("kernel-heavy")]
+    assert len(heavy) == 1 and heavy[0].startswith("kernel-heavy: worker:0 spends 53% of its CPU time in the kernel ")
     # an agent that did not read the kernel's share: nothing said
     write_telemetry(run, "h1", [50.0] * 4, [2**30] * 4, procs={"worker:0": [90.0, rss], "worker:1": [80.0, rss]})
     older = summarize(run, warmup_steps=0)

@@ -100,6 +100,7 @@ class WorkerWork:
     busy_s: float | None
     busy_fraction: float | None  # busy_s / the job's training window
     cpu_mean: float | None
+    kernel_cpu_mean: float | None = None  # of cpu_mean, the kernel's
 
 
 @dataclass(frozen=True)
@@ -475,12 +476,13 @@ def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple
     if not workers:
         return (), None
     cpu = {name: mean(figures[0]) if len(figures[0]) else None for name, figures in procs.items()}
+    kernel = {name: mean(figures[2]) if len(figures[2]) else None for name, figures in procs.items()}
     if lead is None or not lead.worker:
         note = ("steps per worker are unknown: under ps the coordinator runs every step, and this program's "
                 "closures do not say which worker ran them (ddlctl's built-in workload does: see docs/report.md "
                 "'Work per worker'); CPU per worker is shown instead")
-        return tuple(WorkerWork(w["name"], w.get("host"), None, None, None, None, cpu.get(w["name"]))
-                     for w in workers), note
+        return tuple(WorkerWork(w["name"], w.get("host"), None, None, None, None, cpu.get(w["name"]),
+                                kernel.get(w["name"])) for w in workers), note
     counted: dict[str, int] = {}
     busy: dict[str, float] = {}
     for who, duration in zip(lead.worker, lead.duration, strict=True):
@@ -495,7 +497,7 @@ def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple
         steps = counted.get(name, 0)
         rows.append(WorkerWork(name, w.get("host"), steps, steps / total if total else None,
                                busy.get(name, 0.0), busy.get(name, 0.0) / window if window > 0 else None,
-                               cpu.get(name)))
+                               cpu.get(name), kernel.get(name)))
     return tuple(rows), None
 
 
@@ -535,11 +537,14 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
             f"{len(idle_gpus)} GPUs ({', '.join(f'{h} GPU {g.index}' for h, g in idle_gpus)})"
         lines.append(f"{which} mostly idle: busy {figure_range(busy)} of the time "
                      f"(idle {figure_range([100 - b for b in busy])})")
-    heavy = [t for t in summary.tasks if t.cpu_mean is not None and t.kernel_cpu_mean is not None
-             and t.cpu_mean >= KERNEL_HEAVY_MIN_CPU and t.kernel_cpu_mean > KERNEL_HEAVY_SHARE * t.cpu_mean]
+    # the tasks that record steps, and ps workers (which compute under ps, and record none)
+    figures = [(t.name, t.cpu_mean, t.kernel_cpu_mean) for t in summary.tasks] + \
+        [(w.task, w.cpu_mean, w.kernel_cpu_mean) for w in summary.work]
+    heavy = [(name, cpu, kernel) for name, cpu, kernel in figures if cpu is not None and kernel is not None
+             and cpu >= KERNEL_HEAVY_MIN_CPU and kernel > KERNEL_HEAVY_SHARE * cpu]
     if heavy:
-        who = f"{task_range(t.name for t in heavy)} spend" if len(heavy) > 1 else f"{heavy[0].name} spends"
-        lines.append(f"kernel-heavy: {who} {figure_range([100 * t.kernel_cpu_mean / t.cpu_mean for t in heavy])} "
+        who = f"{task_range(n for n, _, _ in heavy)} spend" if len(heavy) > 1 else f"{heavy[0][0]} spends"
+        lines.append(f"kernel-heavy: {who} {figure_range([100 * k / c for _, c, k in heavy])} "
                      f"of {'their' if len(heavy) > 1 else 'its'} CPU time in the kernel (page faults of memory "
                      "freed and allocated again each step, or system calls: `perf top -p PID` or "
                      "`strace -c -f -p PID` says which; ddlctl gives tasks MALLOC_TOP_PAD_ unless their "
