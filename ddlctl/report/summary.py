@@ -287,7 +287,7 @@ def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
             samples_per_s=rate, input_fraction=input_fraction,
             arrival_lateness_p50_s=late, straggler=reason is not None, straggler_reason=reason,
             loss=results.get(steps.name, {}).get("loss"), accuracy=results.get(steps.name, {}).get("accuracy"),
-            cpu_mean=mean(cpu) if len(cpu) else None, kernel_cpu_mean=mean(kernel) if len(kernel) else None,
+            cpu_mean=mean(cpu), kernel_cpu_mean=mean(kernel),
             rss_peak_bytes=int(max(rss)) if len(rss) else None,
             steps_in_flight_mean=_in_flight(steps, kept), total_steps_declared=steps.total))
 
@@ -434,7 +434,7 @@ def _stages(recorded: dict, procs: dict, step_s: float | None) -> tuple[dict, ..
         rows.append({"task": task, "device": device, "layers": len(layers),
                      "first": layers[0] if layers else None, "last": layers[-1] if layers else None,
                      "variables_on_stage": stage.get("variable_devices") == [device],
-                     "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu) if len(cpu) else None,
+                     "matmuls": ops.get(device.split("/device:")[0], 0), "cpu_mean": mean(cpu),
                      "busy_s": busy[i] if i < len(busy) else None,
                      "idle_share": max(0.0, 1.0 - busy[i] / step_s) if i < len(busy) and step_s else None,
                      "predicted_s": predicted[i] if i < len(predicted) else None})
@@ -475,8 +475,8 @@ def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple
     workers = [t for t in plan.get("tasks", []) if t.get("role") == "worker"]
     if not workers:
         return (), None
-    cpu = {name: mean(figures[0]) if len(figures[0]) else None for name, figures in procs.items()}
-    kernel = {name: mean(figures[2]) if len(figures[2]) else None for name, figures in procs.items()}
+    cpu = {name: mean(figures[0]) for name, figures in procs.items()}
+    kernel = {name: mean(figures[2]) for name, figures in procs.items()}
     if lead is None or not lead.worker:
         note = ("steps per worker are unknown: under ps the coordinator runs every step, and this program's "
                 "closures do not say which worker ran them (ddlctl's built-in workload does: see docs/report.md "

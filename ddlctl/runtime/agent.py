@@ -102,8 +102,7 @@ class HostSampler:
                     kernel = self._kernel_percent(pid, proc.cpu_times().system)  # type: ignore[attr-defined]
                     rss = proc.memory_info().rss  # type: ignore[attr-defined]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                self.procs.pop(pid, None)
-                self.kernel_s.pop(pid, None)
+                self.procs.pop(pid, None)  # (its kernel reading goes below)
                 continue
             entry = tasks.setdefault(task, [0.0, 0, 0.0])  # CPU %, RSS, of which in the kernel %
             entry[0] += cpu

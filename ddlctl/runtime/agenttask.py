@@ -31,16 +31,16 @@ GRPC_OPTIONS = "grpc.initial_reconnect_backoff_ms=50"
 # 23,000 faults per step, half of its CPU time in the kernel). Keeping 64 MiB at the top of each heap
 # ends that (benchmarks/malloc_pad.py: runs of 200 steps 1.9x faster for deep, 1.5x for mlp, 1.14x
 # for cnn, for 40-110 MiB more memory). Not set where the environment already tunes glibc's malloc.
-MALLOC_TOP_PAD = ("MALLOC_TOP_PAD_", str(64 * 2**20))
+MALLOC_TOP_PAD_BYTES = 64 * 2**20
 MALLOC_SETTINGS = ("MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_")
 
 
 def keep_freed_memory(env: dict[str, str]) -> None:
-    """Give ``env`` glibc's ``MALLOC_TOP_PAD_`` (see :data:`MALLOC_TOP_PAD`) unless it already sets
+    """Give ``env`` glibc's ``MALLOC_TOP_PAD_`` (:data:`MALLOC_TOP_PAD_BYTES`) unless it already sets
     one of glibc's malloc thresholds (as a variable or in ``GLIBC_TUNABLES``)."""
     if any(name in env for name in MALLOC_SETTINGS) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
         return
-    env[MALLOC_TOP_PAD[0]] = MALLOC_TOP_PAD[1]
+    env["MALLOC_TOP_PAD_"] = str(MALLOC_TOP_PAD_BYTES)
 
 
 def runs_own_module(argv: list) -> bool:
