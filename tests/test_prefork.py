@@ -68,6 +68,12 @@ def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
     assert not prefork.forkable([py, "missing.py"], {}, str(tmp_path))
     assert not prefork.forkable([py, "train.py"], {"DDLCTL_PREFORK": "0"}, str(tmp_path))
     assert not prefork.forkable([py, "-m", "ddlctl.runtime.agent"], {}, None)
+    # --bench: the device measurement imports TensorFlow (forked); the link measurements do not
+    bench = [py, "-m", "ddlctl.runtime.devbench"]
+    assert prefork.forkable([*bench, "devices", "--seconds", "1"], {}, None) is not prefork.gpu_host()
+    assert not prefork.forkable([*bench, "serve"], {}, None)
+    assert not prefork.forkable([*bench, "connect", "h:1"], {}, None)
+    assert not prefork.forkable([*bench], {}, None)
     # a program that sets its own environment may do so before its imports read it: not forked
     for line in ('os.environ["KERAS_BACKEND"] = "jax"', "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')",
                  "environ.update(A='1')", "os.putenv('A', '1')"):

@@ -3,7 +3,8 @@ of a zygote. Standard library only (it runs in the host agent).
 
 A task is forked when its command is ``PYTHON [-u] SCRIPT ARGS`` with a script that imports
 TensorFlow or Keras, ``PYTHON [-u] -m MODULE ARGS`` with such a module of the task's folder or
-``PYTHONPATH``, or ``PYTHON [-u] -m ddlctl.workloads|ddlctl.runtime.server``, on a host without
+``PYTHONPATH``, or ``PYTHON [-u] -m ddlctl.workloads|ddlctl.runtime.server`` (the built-in workload,
+ps servers) or ``-m ddlctl.runtime.devbench devices`` (``--bench``'s device measurement), on a host without
 NVIDIA devices (a CUDA context does not survive a fork, and whether an import creates one is not
 ddlctl's to promise), unless its environment says ``DDLCTL_PREFORK=0``. Tasks share a zygote when
 their interpreter and environment agree in everything but what a task reads after its imports
@@ -33,8 +34,12 @@ PER_TASK = frozenset({
     envvars.BALANCE, envvars.SPEEDS, envvars.TOTAL_STEPS, envvars.CHECKPOINT_DIR, "TMPDIR", "CUDA_VISIBLE_DEVICES",
     "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", envvars.SAFE_PATH, "DDLCTL_SERVER_FULL_IMPORT", OFF_VAR,
 })
-#: ddlctl's own modules that import TensorFlow (its telemetry agent and device bench do not fork).
-OWN_MODULES = ("ddlctl.workloads", "ddlctl.runtime.server")
+#: ddlctl's own modules that import TensorFlow (its telemetry agent does not fork), with the first
+#: argument that makes them import it (None: any). ``--bench``'s device measurement forks too: on
+#: a host with ``cpu_quota=`` its import is then not throttled, only the timed matrix products are;
+#: its link measurements import no TensorFlow (forked, they would end as a TensorFlow process does,
+#: a CPU-second later).
+OWN_MODULES = {"ddlctl.workloads": None, "ddlctl.runtime.server": None, "ddlctl.runtime.devbench": "devices"}
 _IMPORTS = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:tensorflow|keras|tf_keras)\b", re.M)
 #: A program that changes its own environment (``os.environ[...] =``, ``.setdefault``, ``.update``,
 #: ``putenv``) may do so before its imports read it (``KERAS_BACKEND``, ``TF_CPP_MIN_LOG_LEVEL``):
@@ -81,11 +86,11 @@ def forkable(argv: list[str], env: dict[str, str], cwd: str | None) -> bool:
     form = command_form(argv)
     if form is None or env.get(OFF_VAR) == "0" or gpu_host():
         return False
-    _prefix, kind, target = form
+    prefix, kind, target = form
     folder = cwd or os.getcwd()
     if kind == "-m":
         if target in OWN_MODULES:
-            return True
+            return OWN_MODULES[target] in (None, *argv[len(prefix) + 2:len(prefix) + 3])
         found = module_files(target, folder, env)
         if not found:
             return False
