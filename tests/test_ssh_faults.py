@@ -64,8 +64,8 @@ def remote_steps(job: Job, task: str) -> int:
 def start_mwms(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "300", "--no-telemetry", "--grace", "2",
-              "--startup-timeout", "120", *extra, env=cluster.env)  # a checkpoint every 75 steps
-    wait_for(lambda: remote_steps(job, "worker-0") >= 100 or job.proc.poll() is not None, 180, "training")
+              "--startup-timeout", "120", *extra, env=cluster.env)
+    wait_for(lambda: remote_steps(job, "worker-0") >= 30 or job.proc.poll() is not None, 180, "training")
     assert job.proc.poll() is None, job.stderr()[-3000:]
     return job
 
@@ -101,12 +101,18 @@ RESUMED = re.compile(r"resumed from checkpoint \S+ at step (\d+)")
 
 #: what every elastic test here runs with: a host lost after 3 s, taken back 2 s after it answers
 ELASTIC = ("--host-timeout", "3", "--rejoin-after", "2", "--no-telemetry", "--grace", "2", "--startup-timeout", "120")
+#: The built-in workload's pace in these tests (milliseconds a step at least): their events come by
+#: the clock (timeouts, a host answering again), and a machine training faster only ran more steps
+#: through them. Paced, the steps each event takes are bounded on any machine, and so each run
+#: need be no longer than its events (a third of the steps, and of their CPU, of the unpaced runs).
+PACE_MS = "60"
 
 
 def ids_workload(batch: int, steps: int) -> list[str]:
-    """The built-in workload over one epoch of ``steps`` batches, printing the sample ids it reads."""
+    """The built-in workload over one epoch of ``steps`` batches, printing the sample ids it reads,
+    at :data:`PACE_MS`."""
     return [sys.executable, "-m", "ddlctl.workloads", "--epoch-size", str(batch * steps), "--batch-size", str(batch),
-            "--record-ids"]
+            "--record-ids", "--min-step-ms", PACE_MS]
 
 
 def ids_by_attempt(log: str) -> list[tuple[int, list[int]]]:
@@ -143,19 +149,20 @@ def ids_that_count(attempts: dict[str, list[tuple[int, list[int]]]], outcome: di
 
 def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_rejoins_each_sample_read_once(
         cluster, tmp_path, runs):
-    # 96: split evenly over 3 workers and over 2. 720 steps: the host is taken back at step 360-480
-    # here (later steps are read at full size; fewer cost less CPU, more would only add to the end)
-    batch, steps = 96, 720
+    # 96: split evenly over 3 workers and over 2. A checkpoint every 40 steps; at most 16.7 steps a
+    # second, the host was taken back at step 168 on an idle machine (a loaded one runs fewer steps
+    # through the same events): 280 leaves two checkpoints' worth after the next one
+    batch, steps, every = 96, 280, 40
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "2", "--min-workers", "2",
-              *ELASTIC, "--", *ids_workload(batch, steps), "--checkpoint-every", "120", env=cluster.env)
+              *ELASTIC, "--", *ids_workload(batch, steps), "--checkpoint-every", str(every), env=cluster.env)
 
     def trains_on(count: int, what: str) -> None:
         start = remote_steps(job, "worker-0")
         wait_for(lambda: remote_steps(job, "worker-0") >= start + count or job.proc.poll() is not None, 180, what)
         assert job.proc.poll() is None, job.stderr()[-3000:]
 
-    wait_for(lambda: remote_steps(job, "worker-0") >= 150 or job.proc.poll() is not None, 180, "training")
+    wait_for(lambda: remote_steps(job, "worker-0") >= every + 10 or job.proc.poll() is not None, 180, "training")
     # 1. a connection dropped (sshd still up): reconnected at once, the group restarted
     dropped, down = cluster.hosts[1], cluster.hosts[2]
     dropped_label, label = f"{dropped.address}:{dropped.port}", f"{down.address}:{down.port}"
@@ -189,7 +196,7 @@ def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_re
     logs = {w: (job.run_dir / "tasks" / w / "output.log").read_text() for w in ("worker-0", "worker-1", "worker-2")}
     counted = ids_that_count({w: ids_by_attempt(text) for w, text in logs.items()}, outcome, batch, steps)
     assert [readers for _, readers, _ in counted] == [3, 3, 2, 3], [first for first, _, _ in counted]
-    assert all(first % 120 == 0 for first, _, _ in counted), "each attempt resumed from a checkpoint"
+    assert all(first % every == 0 for first, _, _ in counted), "each attempt resumed from a checkpoint"
     assert sorted(i for _, _, ids in counted for i in ids) == list(range(batch * steps))
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["membership"] == [left, joined]
@@ -207,7 +214,7 @@ def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_re
 def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_it_rejoins_when_back(
         cluster, tmp_path, runs):
     # chief, ps and worker:0 on the first host; worker:1 and worker:2 on one host each
-    batch, steps = 64, 900
+    batch, steps = 64, 360  # at most 16.7 steps a second: worker:2 rejoined at step 228 on an idle machine
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     job = Job(runs, "--hosts", str(hosts), "-s", "ps", "--max-restarts", "1", "--min-workers", "2",
               *ELASTIC, "--", *ids_workload(batch, steps), "--steps-per-call", "4", env=cluster.env)
@@ -291,7 +298,7 @@ def test_min_workers_model_fit_resumes_its_backup_on_fewer_workers_and_again_on_
     assert (left["left"], joined["joined"], joined["cause"]) == (["worker:1"], ["worker:1"], "grow")
     assert [e for e, _, _ in epochs_begun(job, "worker-1")][-len(lives[2]):] == lives[2], "worker:1 trained them too"
     last = json.loads((job.run_dir / "tasks" / "worker-0" / "steps.jsonl").read_text().splitlines()[-1])
-    assert last["step"] == last["total"] == 9 * 150, "a resumed fit's steps go on from the epoch it resumed at"
+    assert last["step"] == last["total"] == 9 * 50, "a resumed fit's steps go on from the epoch it resumed at"
     wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
 
 
@@ -374,10 +381,10 @@ def test_a_group_restart_copies_the_checkpoint_to_hosts_that_do_not_share_it(tmp
     apart = SshTestCluster(tmp_path_factory.mktemp("apart"), 2, separate_homes=True)
     try:
         hosts = apart.hosts_file(tmp_path / "hosts.txt")
-        job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "300", "--max-restarts", "1",
-                  "--no-telemetry", "--grace", "2", "--startup-timeout", "120", env=apart.env)
+        job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "120", "--max-restarts", "1",
+                  "--no-telemetry", "--grace", "2", "--startup-timeout", "120", env=apart.env)  # a checkpoint every 30
         steps = apart.host_home(apart.hosts[0]) / ".ddlctl" / "runs" / job.run_dir.name / "tasks" / "worker-0"
-        wait_for(lambda: step_count(steps / "steps.jsonl") >= 100 or job.proc.poll() is not None, 180, "training")
+        wait_for(lambda: step_count(steps / "steps.jsonl") >= 40 or job.proc.poll() is not None, 180, "training")
         pid = json.loads((job.run_dir / "pids.json").read_text())["worker:1"]["task_pid"]
         __import__("os").kill(pid, signal.SIGKILL)
         assert job.wait(300) == 0, job.stderr()[-3000:]

@@ -52,7 +52,7 @@ from ddlctl.strategies import TABLE
 from ddlctl.supervise.tfmessages import stale_handle
 from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
 from ddlctl.workloads.pipeline_loop import train_model_parallel
-from ddlctl.workloads.trainer import Checkpointer, Progress, Trainer, evaluate, record_block, step_blocks
+from ddlctl.workloads.trainer import Checkpointer, Pace, Progress, Trainer, evaluate, record_block, step_blocks
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="make this task (e.g. worker:1) slow on purpose: a straggler for testing")
     parser.add_argument("--slow-ms", type=float, default=0.0,
                         help="extra milliseconds of input time per step for --slow-task")
+    parser.add_argument("--min-step-ms", type=float, default=0.0, metavar="MS",
+                        help="each step takes at least MS milliseconds: the task sleeps the rest (a block of N steps "
+                             "begins at least N x MS after the one before; ps: the chief schedules no faster). "
+                             "A steady pace, the same on any machine, at little CPU: for trying restarts and "
+                             "elasticity, whose events come by the clock, beside other work (default 0: full speed)")
     parser.add_argument("--microbatches", type=int, default=4,
                         help="model strategy: micro-batches per step (pipelining across the stages)")
     parser.add_argument("--partition", default=os.environ.get(envvars.PARTITION), metavar="N,N,...",
@@ -159,6 +164,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     resumed = checkpointer.restore() if checkpointer is not None else 0
     progress = Progress(args, resumed)
     slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
+    pace = Pace(args.min_step_ms)
     feed = args.execution == "python-feed"
     if not feed:
         import tensorflow as tf
@@ -188,6 +194,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     for first, count in step_blocks(args.steps, args.steps_per_call, resumed,
                                 (lambda: rebalance.due) if rebalance is not None else None):
         computes = rebalance.computes if rebalance is not None else None
+        pace.wait(count)
         wall = time.time()
         if slow_s:
             time.sleep(slow_s)  # --slow-task: this worker's input is slow on purpose
@@ -298,9 +305,11 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
                                                                  tf.constant(count)))
         return coordinator.schedule(trainer.run_batch, args=make_batch(step_ids(first, args.batch_size)))
 
+    pace = Pace(args.min_step_ms)
     while done < len(planned):
         while scheduled < len(planned) and len(pending) < window:
             first, count = planned[scheduled]
+            pace.wait(count)
             pending.append((first, count, schedule(first, count)))
             scheduled += 1
         first, count, remote = pending.popleft()

@@ -247,6 +247,25 @@ def record_block(recorder: StepRecorder, first_step: int, figures, start_overrid
     return float(losses[-1]), int(counts.sum())
 
 
+class Pace:
+    """``--min-step-ms``: blocks of steps begun no faster than ``ms`` milliseconds a step (a block
+    of N steps at least N x ``ms`` after the one before; the task sleeps the rest)."""
+
+    def __init__(self, ms: float) -> None:
+        self.step_s = max(0.0, ms) / 1000.0
+        self.next = 0.0
+
+    def wait(self, count: int) -> None:
+        """Sleep until the next block of ``count`` steps may begin."""
+        if not self.step_s:
+            return
+        now = time.monotonic()
+        if now < self.next:
+            time.sleep(self.next - now)
+            now = self.next
+        self.next = now + count * self.step_s
+
+
 def step_blocks(total: int, size: int, start: int = 0, stop: Callable[[], int | None] | None = None):
     """(0-based first step, number of steps) covering steps ``start``..``total`` in blocks of ``size``
     that end where the blocks of an uninterrupted run end (so runs report progress at the same
