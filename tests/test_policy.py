@@ -193,6 +193,30 @@ STALE_CHIEF = (
     '/tensorflow.eager.EagerService/Enqueue:\n')
 
 
+#: A restarted ps chief's end when a worker kept across the restart could not hand it a closure's
+#: result (TensorFlow 2.21's words, as seen once in a loaded suite; raised by the next ``schedule``).
+UNPARSED_CHIEF = (
+    'Traceback (most recent call last):\n'
+    '  File "ddlctl/workloads/train.py", line 313, in train_ps\n'
+    '    pending.append((first, count, schedule(first, count)))\n'
+    'tensorflow.python.framework.errors_impl.InternalError: 2 root error(s) found.\n'
+    '  (0) INTERNAL: {{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} '
+    'Unable to parse request\n'
+    'Additional GRPC error information from remote target /job:worker/replica:0/task:0/device:CPU:0 while '
+    'calling /tensorflow.eager.EagerService/RunComponentFunction:\n'
+    ':UNKNOWN:Error received from peer  {grpc_message:"Unable to parse request", grpc_status:13}\n'
+    '  (1) CANCELLED: {{function_node __wrapped__Identity_device_/job:chief/replica:0/task:0/device:CPU:0}} '
+    'RecvFromRemoteAsync is cancelled.\n')
+
+
+def test_a_restarted_ps_chief_that_a_kept_worker_could_not_answer_is_a_fault_not_a_bug():
+    fault_ = classify("chief:0", ExitStatus(code=1), UNPARSED_CHIEF, "ps", alive={"worker:0", "worker:1", "ps:0"},
+                      known=set(PS_ROLES))
+    assert (fault_.task, fault_.cause) == ("chief:0", "peer-restart"), "not worker:0, named in the message"
+    assert "Unable to parse request" in fault_.detail
+    assert decide("ps", fault_, PS_ROLES, {"worker:0", "worker:1", "ps:0"}, used=1, max_restarts=3).action == "restart"
+
+
 def test_a_ps_chief_that_lost_a_restarted_workers_results_is_a_fault_restarted_alone_not_a_bug():
     fault_ = classify("chief:0", ExitStatus(code=1), STALE_CHIEF, "ps", alive={"worker:0", "worker:1", "ps:0"},
                       known=set(PS_ROLES))

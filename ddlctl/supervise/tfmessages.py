@@ -30,10 +30,13 @@ LEADER = re.compile(r"Deadline ?Exceeded[\s\S]{0,600}?CoordinationService/Heartb
 
 #: TensorFlow's words when a ps coordinator asks a worker for a result the worker no longer has
 #: because it was restarted since (the chief was held, stopped or swapped out, across the
-#: replacement): the chief's own error is then a consequence of a fault, not a bug of the program.
+#: replacement), or when a worker kept across a chief's restart cannot hand a closure's result to
+#: the new chief ("Unable to parse request" from its ``RunComponentFunction``, with
+#: ``RecvFromRemoteAsync is cancelled``: seen once in a loaded suite, right after the restarted chief
+#: resumed): the chief's own error is then a consequence of a fault, not a bug of the program.
 STALE_HANDLE = ("Unable to find the relevant tensor remote_handle", "Unable to find a context_id",
                 "Perhaps the worker was restarted", "was probably restarted",
-                "RecvTensor expects a different device incarnation")
+                "RecvTensor expects a different device incarnation", "Unable to parse request")
 
 
 def stale_handle(text: str) -> str | None:

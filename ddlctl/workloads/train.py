@@ -299,11 +299,26 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     done = 0
     failed: dict[int, int] = {}
 
-    def schedule(first: int, count: int):  # noqa: ANN202 - a RemoteValue
+    def schedule_once(first: int, count: int):  # noqa: ANN202 - a RemoteValue
         if make_batch is None:
             return coordinator.schedule(trainer.run_range, args=(tf.constant(first * args.batch_size, tf.int64),
                                                                  tf.constant(count)))
         return coordinator.schedule(trainer.run_batch, args=make_batch(step_ids(first, args.batch_size)))
+
+    def schedule(first: int, count: int):  # noqa: ANN202 - a RemoteValue
+        # A closure that failed on a worker since the last call is raised here, once, and what was
+        # queued is cancelled (fetched as CancelledError: scheduled again below). A worker kept
+        # across a chief's restart failed one so, handing its result to the new chief ("Unable to
+        # parse request"): that block is fetched with the same error and scheduled again too.
+        for attempt in range(MAX_BLOCK_RETRIES + 1):
+            try:
+                return schedule_once(first, count)
+            except (tf.errors.InternalError, tf.errors.InvalidArgumentError) as exc:
+                if not stale_handle(str(exc)) or attempt == MAX_BLOCK_RETRIES:
+                    raise
+                print(f"a block failed on a worker that outlived the chief it ran for ({type(exc).__name__}): "
+                      "the blocks in flight are scheduled again", flush=True)
+        raise AssertionError("unreachable")
 
     pace = Pace(args.min_step_ms)
     while done < len(planned):
@@ -316,13 +331,16 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
         try:
             figures = remote.fetch()
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
-                tf.errors.InvalidArgumentError) as exc:
+                tf.errors.InvalidArgumentError, tf.errors.InternalError) as exc:
             # The block ran, but its results lived on a worker that is gone: run it again
             # (at-least-once, as the coordinator does for closures that had not finished). A worker
             # restarted in place answers for the old one's results with InvalidArgumentError
-            # ("Unable to find the relevant tensor remote_handle"), seen under load: the same case.
-            if isinstance(exc, tf.errors.InvalidArgumentError) and not stale_handle(str(exc)):
-                raise
+            # ("Unable to find the relevant tensor remote_handle"), seen under load: the same case;
+            # so is a kept worker that could not hand its result to a restarted chief (InternalError).
+            if isinstance(exc, (tf.errors.InvalidArgumentError, tf.errors.InternalError)):
+                failed[first] = failed.get(first, 0) + 1
+                if not stale_handle(str(exc)) or failed[first] > MAX_BLOCK_RETRIES:
+                    raise
             print(f"block at step {first + 1} lost with its worker ({type(exc).__name__}): scheduling it again",
                   flush=True)
             pending.appendleft((first, count, schedule(first, count)))
