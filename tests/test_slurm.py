@@ -441,8 +441,8 @@ def test_min_workers_a_node_taken_out_of_the_allocation_leaves_and_mwms_trains_o
     # at the next all-reduce until two restart), and the two that finish run 100 steps, not 400
     proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--max-restarts", "1", "--min-workers", "2",
                                    "--host-timeout", "3", "--grace", "2", "--", sys.executable, "-m",
-                                   "ddlctl.workloads", "--steps", "100", "--batch-size", "96", "--min-step-ms", "60", nodes=3,
-                                   options=("--no-kill",))
+                                   "ddlctl.workloads", "--steps", "100", "--batch-size", "96", "--min-step-ms", "60",
+                                   nodes=3, options=("--no-kill",))
     node = {t["name"]: t["host"] for t in json.loads((run_dir / "plan.json").read_text())["tasks"]}["worker:2"]
     try:
         assert idle.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=ddlctl-test").returncode == 0
