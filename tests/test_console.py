@@ -135,8 +135,9 @@ def test_lines_printed_above_a_region_that_changes_height_are_never_overwritten_
 def test_in_a_terminal_the_live_region_redraws_in_place_above_scrolling_output(tmp_path):
     session = f"ddlctl-{uuid.uuid4().hex[:8]}"
     done = tmp_path / "exit-code"
-    command = (f"cd {ROOT} && {sys.executable} -m ddlctl profile -s ps --workers 1 --steps 300 "
-               f"--runs-dir {tmp_path / 'runs'}; "
+    # paced (40 ms a step at least): seconds of live display on any machine, for 120 steps of CPU
+    command = (f"cd {ROOT} && {sys.executable} -m ddlctl profile -s ps --workers 1 --runs-dir {tmp_path / 'runs'} "
+               f"-- {sys.executable} -m ddlctl.workloads --steps 120 --min-step-ms 40; "
                f"echo $? > {done}; sleep 300")
     _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", command)
     try:
@@ -144,7 +145,7 @@ def test_in_a_terminal_the_live_region_redraws_in_place_above_scrolling_output(t
         deadline = time.monotonic() + 240
         while not done.exists() and time.monotonic() < deadline:
             screen = _tmux("capture-pane", "-p", "-t", session)
-            bar = re.search(r"training .* (\d+)/300 .*steps/s ETA \d+:\d\d", screen)
+            bar = re.search(r"training .* (\d+)/120 .*steps/s ETA \d+:\d\d", screen)
             if bar and int(bar.group(1)) > 0:
                 seen_bar = bar.group(0)
             if re.search(r"worker:0\s+│\s+0\s+│\s+-\s+│\s+\d+", screen):  # a ps worker: no steps, CPU shown
@@ -158,6 +159,6 @@ def test_in_a_terminal_the_live_region_redraws_in_place_above_scrolling_output(t
     assert seen_cpu, "the live table's CPU column was empty for a ps worker"
     # the live region was redrawn in place and removed at the end: no copy of it in the scrollback
     assert "ddlctl profile (live)" not in scrollback and "training ━" not in scrollback, scrollback
-    progress_lines = re.findall(r"\[chief:0@localhost\] step (\d+)/300", scrollback)
+    progress_lines = re.findall(r"\[chief:0@localhost\] step (\d+)/120", scrollback)
     assert progress_lines and len(progress_lines) == len(set(progress_lines)), scrollback  # each line once
     assert "run " in scrollback and "work per worker" in scrollback  # the report follows
