@@ -317,7 +317,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
                 if not stale_handle(str(exc)) or attempt == MAX_BLOCK_RETRIES:
                     raise
                 print(f"a block failed on a worker that outlived the chief it ran for ({type(exc).__name__}): "
-                      "the blocks in flight are scheduled again", flush=True)
+                      "the queued blocks are scheduled again", flush=True)
         raise AssertionError("unreachable")
 
     pace = Pace(args.min_step_ms)
