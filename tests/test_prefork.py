@@ -142,6 +142,13 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         broken = tmp_path / "broken.py"
         broken.write_text("import tensorflow as tf\n\nx = (\n")
         tasks["worker:5"] = session.start(spec("worker:5", (sys.executable, str(broken)), tmp_path / "worker-5"), 5)
+        # Ctrl-C in the program: Python's report of the KeyboardInterrupt (its frames alone), then
+        # death by SIGINT (as Python ends after an uncaught one)
+        interrupted = tmp_path / "interrupted.py"
+        interrupted.write_text("import os, signal, time\nif os.environ.get('NEVER'):\n    import tensorflow\n"
+                               "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n")
+        tasks["worker:10"] = session.start(spec("worker:10", (sys.executable, str(interrupted)),
+                                                tmp_path / "worker-10"), 5)
         # a program run as a module (python -m package.module), forked too
         (tmp_path / "usermod").mkdir()
         (tmp_path / "usermod" / "__init__.py").write_text("")
@@ -160,7 +167,8 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         # the agent's MALLOC_TOP_PAD_ reaches a forked task (its zygote's malloc read it at start)
         malloc = (sys.executable, program, "malloc")
         tasks["worker:9"] = session.start(spec("worker:9", malloc, tmp_path / "worker-9"), 5)
-        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5, 6, 7, 8, 9)), 120)
+        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5, 6, 7, 8, 9, 10)),
+                                120)
         outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}  # (all there is)
         # freed memory kept: the second round of allocations faults nothing in (glibc's default, as
         # Python started without ddlctl has it, hands it back and faults it all in again)
@@ -174,6 +182,10 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         assert tasks["worker:5"].poll().code == plain.returncode == 1
         assert outs["worker:5"] == plain.stderr and outs["worker:5"].startswith(f'  File "{broken}", line 3'.encode())
         assert json.loads((tmp_path / "worker-5" / "pid.json").read_text())["forked"] is True
+        plain = subprocess.run([sys.executable, str(interrupted)], capture_output=True, timeout=60)
+        assert plain.returncode == -signal.SIGINT and tasks["worker:10"].poll().signal == signal.SIGINT
+        assert outs["worker:10"] == plain.stderr and plain.stderr.endswith(b"KeyboardInterrupt\n"), outs["worker:10"]
+        assert json.loads((tmp_path / "worker-10" / "pid.json").read_text())["forked"] is True
         assert tasks["worker:6"].poll().code == 7, outs["worker:6"]
         assert tasks["worker:8"].poll().code == 9 and said(outs["worker:8"])["already"]
         agents_folder = psutil.Process(tasks["worker:8"].pids()["agent_pid"]).cwd()

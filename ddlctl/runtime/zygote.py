@@ -288,15 +288,20 @@ def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
 def _as_python_would(run: Callable[[], None]) -> Callable[[], None]:
     """``run``, with what Python does with an exception its program left uncaught:
     ``sys.excepthook`` with the program's frames alone (not this module's runner frames), then exit
-    status 1. A syntax error of the script then reads as Python shows one (no "Traceback" line)."""
+    status 1. A syntax error of the script then reads as Python shows one (no "Traceback" line).
+    An uncaught KeyboardInterrupt (Ctrl-C) is said so too, then raised on with nothing more said:
+    the interpreter ends as Python does after one, by SIGINT once it has finalised."""
     def runner() -> None:
         try:
             run()
-        except Exception as exc:  # noqa: BLE001 - said as Python says it
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - said as Python says it
             tb = exc.__traceback__
             while tb is not None and tb.tb_frame.f_code.co_filename == runner.__code__.co_filename:
                 tb = tb.tb_next
             sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+            if isinstance(exc, KeyboardInterrupt):
+                sys.excepthook = lambda *_: None
+                raise
             raise SystemExit(1) from None
 
     return runner
