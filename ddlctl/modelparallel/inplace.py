@@ -38,15 +38,16 @@ def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, mi
     else from the GFLOP/s ``--speeds`` gave (relative to this process's, measured here with the
     same kernel), else the declared relative speeds."""
     from ddlctl.planning.partition import Device
-    from ddlctl.planning.profile_model import device_speeds, profile
+    from ddlctl.planning.profile_model import device_speeds, profile, reference_step
 
     n_devices = len(stage_devices)
     described = json.loads(os.environ.get(envvars.DEVICES) or "[]")
     if len(described) != n_devices:
         described = [{} for _ in range(n_devices)]
     speeds = [float(d.get("speed") or 1.0) for d in described]
-    layers = profile(model, batch_size, repeats=3, microbatches=microbatches)
-    in_place = device_speeds(model, list(stage_devices), batch_size, microbatches)
+    reference = reference_step(model, batch_size, microbatches)  # (traced once for both)
+    layers = profile(model, batch_size, repeats=3, microbatches=microbatches, reference=reference)
+    in_place = device_speeds(model, list(stage_devices), batch_size, microbatches, reference=reference)
     if in_place:
         speeds = in_place
         print("stage speeds measured in place (the model's step on each stage task, relative to this task): "

@@ -93,10 +93,12 @@ def model_layers(model: object) -> list:
     return [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]  # type: ignore[attr-defined]
 
 
-def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int = 1) -> list[Layer]:
+def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int = 1,
+            reference: tuple | None = None) -> list[Layer]:
     """Each layer's time for the whole batch (forward, backward and the optimizer's update; median
     of ``repeats`` after a warm-up), parameter + optimizer bytes and output activation bytes (whole
-    batch), feeding it the previous layer's output on a random batch.
+    batch), feeding it the previous layer's output on a random batch. ``reference``: the whole
+    model's step on this process's device as :func:`reference_step` built it (else built here).
 
     With ``microbatches`` > 1 a layer is timed on the batch split in that many micro-batches, one
     after the other in one call, as a pipeline step runs them: small matrix products are less
@@ -134,7 +136,7 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
         update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
         measured.append(Layer(layer.name, cost, *_bytes(np, layer, y), min(update, cost)))
         x = y
-    return _scaled_to_whole(tf, model, measured, batch_size, m, repeats)
+    return _scaled_to_whole(tf, model, measured, batch_size, m, repeats, reference)
 
 
 def sizes(model: object, batch_size: int) -> list[Layer]:
@@ -193,14 +195,14 @@ def _call_times(call: Callable[[], object], repeats: int, min_s: float) -> list[
 
 
 def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, m: int,  # noqa: ANN001
-                     repeats: int) -> list[Layer]:
+                     repeats: int, reference: tuple | None = None) -> list[Layer]:
     """The layers' times scaled so that they add up to one step of the whole model, timed in one
     call (one layer at a time leaves caches cold and pays for a call per layer: the sum came out
     10-25% above the whole step on 2 CPU cores). Unscaled when the whole model cannot run here."""
     import dataclasses
 
     total = sum(layer.cost_s for layer in measured)
-    step = whole_step_time(model, batch_size, m, repeats)
+    step = whole_step_time(model, batch_size, m, repeats, built=reference)
     if step is None or not total > 0:
         return measured
     scale = step / total
@@ -266,11 +268,19 @@ def _timed(call, x) -> float:  # noqa: ANN001
     return time.perf_counter() - start
 
 
+def reference_step(model: object, batch_size: int, microbatches: int = 1) -> tuple | None:
+    """The whole model's training step on this process's device (:func:`_whole_step`), traced
+    once for :func:`profile` and :func:`device_speeds` both (a trace of a deep model's step with
+    4 micro-batches took 2 s of the chief's 20 s of measuring); None when it does not run here."""
+    return _whole_step(model, batch_size, microbatches)
+
+
 def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repeats: int = 3,
-                    device: str | None = None) -> float | None:
-    """One training step of the whole model (:func:`_whole_step`), timed in one call, less a no-op
-    call's time (medians of ``repeats``); None when it does not fit or does not run there."""
-    built = _whole_step(model, batch_size, microbatches, device)
+                    device: str | None = None, built: tuple | None = None) -> float | None:
+    """One training step of the whole model (:func:`_whole_step`, or ``built`` by it already),
+    timed in one call, less a no-op call's time (medians of ``repeats``); None when it does not fit
+    or does not run there."""
+    built = built or _whole_step(model, batch_size, microbatches, device)
     if built is None:
         return None
     whole, x, noop = built
@@ -280,7 +290,7 @@ def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repea
 
 
 def device_speeds(model: object, devices: list[str], batch_size: int, microbatches: int = 1,
-                  repeats: int = 5) -> list[float] | None:
+                  repeats: int = 5, reference: tuple | None = None) -> list[float] | None:
     """Each device's speed relative to this process's device for this model: the whole model's
     step timed here over the same step timed on the device (:func:`_whole_step`), so the speed
     is that of the work the stages will do (small matrix products at micro-batch size, the
@@ -288,8 +298,10 @@ def device_speeds(model: object, devices: list[str], batch_size: int, microbatch
     differed by up to 1.6x. Timed in rounds, each round every device and the reference once (a
     busy moment, or a drift, then touches one round, not one device), each less its no-op call;
     each device's speed is the median of its per-round ratios to the reference. None when some
-    device cannot run the whole model (its memory)."""
-    built = [_whole_step(model, batch_size, microbatches, device) for device in [None, *devices]]
+    device cannot run the whole model (its memory). ``reference``: this process's step as
+    :func:`reference_step` built it (else built here)."""
+    built = [reference or _whole_step(model, batch_size, microbatches),
+             *(_whole_step(model, batch_size, microbatches, device) for device in devices)]
     if any(b is None for b in built):
         return None
     idle = [statistics.median(_timed(noop, x) for _ in range(5)) for _whole, x, noop in built]
