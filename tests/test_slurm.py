@@ -437,11 +437,12 @@ def test_min_workers_a_node_taken_out_of_the_allocation_leaves_and_mwms_trains_o
     """The last test of the file: a node set DOWN leaves a ``--no-kill`` allocation for good (no step
     can start there again). Its worker leaves the job, the two others restart as a smaller cluster
     inside the allocation and finish; the node is never taken back (it is not the job's any more)."""
-    # paced (at least 60 ms a step): the job cannot end before the node is gone (its peers then wait
-    # at the next all-reduce until two restart), and the two that finish run 100 steps, not 400
+    # paced (at least 60 ms a step): the job cannot end in under 8 s, before the node is gone (as
+    # 400 unpaced steps could not on a machine twice this one's speed; its peers then wait at the
+    # next all-reduce until two restart), and the two that finish run 140 steps, not 400
     proc, run_dir = running_launch(idle, runs, "-s", "mwms", "--max-restarts", "1", "--min-workers", "2",
                                    "--host-timeout", "3", "--grace", "2", "--", sys.executable, "-m",
-                                   "ddlctl.workloads", "--steps", "100", "--batch-size", "96", "--min-step-ms", "60",
+                                   "ddlctl.workloads", "--steps", "140", "--batch-size", "96", "--min-step-ms", "60",
                                    nodes=3, options=("--no-kill",))
     node = {t["name"]: t["host"] for t in json.loads((run_dir / "plan.json").read_text())["tasks"]}["worker:2"]
     try:
@@ -455,5 +456,5 @@ def test_min_workers_a_node_taken_out_of_the_allocation_leaves_and_mwms_trains_o
     assert (left["workers"], left["left"], left["host"]) == (["worker:0", "worker:1"], ["worker:2"], node)
     assert f"worker:2 left the job (host {node} did not come back within --host-timeout 3s)" in err
     assert outcome["hosts_lost"][0]["reason"] == f"connection closed: srun: error: Node failure on {node}"
-    assert json.loads((run_dir / "tasks" / "worker-0" / "result.json").read_text())["steps"] == 100
+    assert json.loads((run_dir / "tasks" / "worker-0" / "result.json").read_text())["steps"] == 140
     assert not processes_of_run(run_dir.name)
