@@ -3,6 +3,7 @@ parallel part of the suite) while sampling every process's CPU time twice a seco
 
     python benchmarks/suite_cpu.py                       # the parallel part of .ci/run
     python benchmarks/suite_cpu.py -- pytest -q tests/test_faults.py
+    python benchmarks/suite_cpu.py -- pytest -q tests/test_ssh_faults.py -k group_restart   # one test's cost
 
 An ``atexit`` hook would miss most of it: TensorFlow tasks end by SIGTERM/SIGKILL. Processes under
 sshd or slurmd do not inherit ``PYTEST_CURRENT_TEST``; they are counted by run id or not at all.
@@ -75,6 +76,10 @@ def main() -> int:
     wall = time.monotonic() - started
     after = psutil.cpu_times()
     idle = (after.idle - before.idle) / max(1e-9, sum(after) - sum(before))
+    # everything the machine did meanwhile (processes under sshd or slurmd too): what one test costs
+    # when it runs alone (``-- pytest -q tests/FILE.py -k NAME``, nothing else running)
+    fields = ("user", "nice", "system", "irq", "softirq", "steal")  # (guest time is in user's already)
+    busy = sum(getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in fields)
     by_kind: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     by_test: collections.Counter[str] = collections.Counter()
@@ -83,7 +88,8 @@ def main() -> int:
         count[kind] += 1
         by_test[test or "(unknown)"] += cpu
     total = sum(by_kind.values())
-    print(f"\nwall {wall:.0f} s, machine idle {idle:.0%}, sampled CPU {total:.0f} s, exit code {proc.returncode}")
+    print(f"\nwall {wall:.0f} s, machine idle {idle:.0%}, machine busy {busy:.1f} CPU-s, sampled CPU {total:.0f} s, "
+          f"exit code {proc.returncode}")
     print(f"{'CPU s':>8} {'procs':>6} {'avg s':>6}  kind")
     for kind, cpu in by_kind.most_common():
         print(f"{cpu:8.1f} {count[kind]:6d} {cpu / count[kind]:6.2f}  {kind}")
