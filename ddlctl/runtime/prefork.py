@@ -90,7 +90,8 @@ def forkable(argv: list[str], env: dict[str, str], cwd: str | None) -> bool:
     folder = cwd or os.getcwd()
     if kind == "-m":
         if target in OWN_MODULES:
-            return OWN_MODULES[target] in (None, *argv[len(prefix) + 2:len(prefix) + 3])
+            first_argument = argv[len(prefix) + 2] if len(argv) > len(prefix) + 2 else None
+            return OWN_MODULES[target] in (None, first_argument)
         found = module_files(target, folder, env)
         if not found:
             return False

@@ -310,15 +310,16 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
         # queued is cancelled (fetched as CancelledError: scheduled again below). A worker kept
         # across a chief's restart failed one so, handing its result to the new chief ("Unable to
         # parse request"): that block is fetched with the same error and scheduled again too.
-        for attempt in range(MAX_BLOCK_RETRIES + 1):
+        retries = 0
+        while True:
             try:
                 return schedule_once(first, count)
             except (tf.errors.InternalError, tf.errors.InvalidArgumentError) as exc:
-                if not stale_handle(str(exc)) or attempt == MAX_BLOCK_RETRIES:
+                retries += 1
+                if not stale_handle(str(exc)) or retries > MAX_BLOCK_RETRIES:
                     raise
                 print(f"a block failed on a worker that outlived the chief it ran for ({type(exc).__name__}): "
                       "the queued blocks are scheduled again", flush=True)
-        raise AssertionError("unreachable")
 
     pace = Pace(args.min_step_ms)
     while done < len(planned):
