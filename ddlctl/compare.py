@@ -24,7 +24,6 @@ from ddlctl.errors import ConfigError, UserError
 from ddlctl.launch import finish, prepare, supervise
 from ddlctl.report.render import fmt
 from ddlctl.rundir import make_dir, write_plan
-from ddlctl.runfiles import SUMMARY_FILE
 from ddlctl.strategies import STRATEGIES
 from ddlctl.workloads import EXECUTIONS
 
@@ -272,8 +271,7 @@ def _one_run(opts: CompareOptions, strategy: str, execution: str, root: Path, er
         return RunRecord(strategy, execution, None, exc.exit_code, exc.message, None)
     write_plan(plan)
     result = supervise(plan, connected, launch_opts, err, err)
-    finish(plan, result, err, err, render=False)
-    summary = json.loads((Path(plan.run_dir) / SUMMARY_FILE).read_text())
+    summary = finish(plan, result, err, err, render=False).summary
     error = None if result.ok else (result.failure.message if result.failure else f"exit {result.exit_code}")
     if error and result.failure and result.failure.task:
         error = f"{result.failure.task} on {result.failure.host}: {error}"

@@ -9,7 +9,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from ddlctl.cluster.model import Cluster
 from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
 from ddlctl.cluster.template import LaunchDefaults
 from ddlctl.config import ClusterSource, LaunchConfig, RequestOptions, WorkloadOptions
+from ddlctl.diskspace import LOW_SPACE_BYTES, free_bytes, size_words, write_failure
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
@@ -32,7 +34,7 @@ from ddlctl.planning.plan import (
     needs_port,
 )
 from ddlctl.preflight import HostReport, probe_transports, require_usable
-from ddlctl.rundir import make_dir, new_run_id, write_plan
+from ddlctl.rundir import make_dir, new_run_id, write_plan, write_whole
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
 from ddlctl.supervise.collapse import CollapsingWriter
 from ddlctl.supervise.noise import is_startup_noise
@@ -380,14 +382,18 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
     if not output.quiet:
         err.print(f"ddlctl run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
                   f"→ {plan.run_dir}")
+        free = free_bytes(plan.run_dir)
+        if free is not None and free < LOW_SPACE_BYTES:
+            err.print(f"ddlctl: only {size_words(free)} free on the disk of {plan.run_dir}: task output, telemetry "
+                      "and the built-in workload's checkpoints go there", highlight=False)
     if output.json_out:  # stdout carries summary.json alone; people's output goes to stderr
         out = err
     result = supervise(plan, connected, config, out, err, server)
-    finish(plan, result, out, err, full_report=output.profile, render=not output.quiet)
+    finished = finish(plan, result, out, err, full_report=output.profile, render=not output.quiet)
     if output.json_out:
-        sys.stdout.write((Path(plan.run_dir) / SUMMARY_FILE).read_text())
+        sys.stdout.write(json.dumps(finished.summary, indent=1) + "\n")
         sys.stdout.flush()
-    return result.exit_code
+    return finished.exit_code(result)
 
 
 def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Console, err: Console,
@@ -457,30 +463,60 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,
-           render: bool = True) -> None:
+           render: bool = True) -> Finished:
     """After the job: outcome.json, summary.json and trace.json; the summary (or full report)
-    and, last, the root cause if it failed."""
+    and, last, the root cause if it failed. A file the run's disk refuses (full, a spent quota) is
+    said after the report, which is shown all the same (see :class:`Finished`)."""
     run_dir = Path(plan.run_dir)
-    (run_dir / OUTCOME_FILE).write_text(json.dumps(outcome_record(result), indent=1) + "\n")
+    unwritten: list[str] = []
+
+    def keep(path: Path, write: Callable[[Path], object]) -> None:
+        try:
+            write(path)
+        except OSError as exc:
+            path.unlink(missing_ok=True)  # (nothing half-written)
+            unwritten.append(write_failure(path, exc))
+
+    keep(run_dir / OUTCOME_FILE, lambda p: write_whole(p, json.dumps(outcome_record(result), indent=1) + "\n"))
     # imported here, after the run: nothing of the report delays the tasks' start
     from ddlctl.report.render import render_failure, render_report, render_summary
     from ddlctl.report.summary import summarize
     from ddlctl.report.trace import write_trace
 
     summary = summarize(run_dir)
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=1) + "\n")
-    write_trace(run_dir, run_dir / TRACE_FILE)
-    if not render:
-        return
-    if full_report:
-        render_report(summary, out)
-    else:
-        render_summary(summary, result, out)
-    if result.failure is not None:  # last, so it is what the person sees
-        render_failure(result.failure, err)
-    if not result.ok:
+    record = summary.to_dict()
+    keep(run_dir / SUMMARY_FILE, lambda p: write_whole(p, json.dumps(record, indent=1) + "\n"))
+    keep(run_dir / TRACE_FILE, lambda p: write_trace(run_dir, p))
+    finished = Finished(record, tuple(unwritten))
+    if render:
+        if full_report:
+            render_report(summary, out)
+        else:
+            render_summary(summary, result, out)
+        if result.failure is not None:  # last, so it is what the person sees
+            render_failure(result.failure, err)
+    for line in unwritten:
+        err.print(Text.assemble(("error:", "red"), f" {line}"), highlight=False)
+    if unwritten:
+        err.print(f"  hint: the run's record in {run_dir} is incomplete (the report above is whole): free space "
+                  "there, or give --runs-dir a disk with room", highlight=False)
+    if render and not result.ok:
         err.print(Text.assemble(("ddlctl: job failed", "red"), f" (exit code {result.exit_code}); "
                                 f"logs in {plan.run_dir}/tasks/"))
+    return finished
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What :func:`finish` made: the run's summary (as summary.json holds it, or would) and a
+    sentence for each file it could not write."""
+
+    summary: dict
+    unwritten: tuple[str, ...] = ()
+
+    def exit_code(self, result: JobResult) -> int:
+        """The job's exit code; 1 for a job that succeeded but whose record is incomplete."""
+        return 1 if result.ok and self.unwritten else result.exit_code
 
 
 def render_srun_commands(plan: Plan, allocation: Allocation, out: Console) -> None:

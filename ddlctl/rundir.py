@@ -12,6 +12,7 @@ import stat
 import time
 from pathlib import Path
 
+from ddlctl.diskspace import write_failure
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import Plan
 from ddlctl.runfiles import PLAN_FILE, TASK_LOG, TASKS_DIR, TELEMETRY_DIR
@@ -76,7 +77,11 @@ def write_plan(plan: Plan) -> Path:
     """Write ``plan.json`` (secrets redacted) before anything starts."""
     run_dir = make_dir(plan.run_dir)
     path = run_dir / PLAN_FILE
-    write_whole(path, json.dumps(plan.to_dict(), indent=1) + "\n")
+    try:
+        write_whole(path, json.dumps(plan.to_dict(), indent=1) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"--runs-dir: {write_failure(path, exc)}",
+                          "free space there, or give --runs-dir a disk with room") from None
     return path
 
 
@@ -84,8 +89,12 @@ def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a reader (``ddlctl stop``, a test, a user's script) sees
     the old file or the whole new one, never a half-written one: a temporary file, then a rename."""
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except OSError:  # (a full disk: no half-written file left behind either)
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def task_dirs(run_dir: str | Path) -> list[Path]:

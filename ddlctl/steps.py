@@ -22,6 +22,7 @@ recording one (ps: the coordinator records every step, each attributed to the wo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import threading
@@ -45,8 +46,11 @@ class StepRecorder:
         self.path = Path(path) if path is not None else None
         self._file = None
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8", buffering=1)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("a", encoding="utf-8", buffering=1)
+            except OSError as exc:
+                _cannot_record(self.path, exc)
         self._lock = threading.Lock()  # one line at a time, whichever thread records
         self.count = 0
         self.total: int | None = None
@@ -85,19 +89,35 @@ class StepRecorder:
         text = json.dumps(line) + "\n"
         with self._lock:
             if self._file is not None:
-                self._file.write(text)
+                try:
+                    self._file.write(text)
+                except OSError as exc:  # a full disk never stops training: the records stop
+                    self._give_up(exc)
 
     def flush(self) -> None:
         """Nothing waits: every record is written when it is made (kept for callers)."""
         with self._lock:
             if self._file is not None:
-                self._file.flush()
+                try:
+                    self._file.flush()
+                except OSError as exc:
+                    self._give_up(exc)
 
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
-                self._file.close()
+                try:
+                    self._file.close()
+                except OSError as exc:
+                    self._give_up(exc)
                 self._file = None
+
+    def _give_up(self, exc: OSError) -> None:
+        """No more records (the disk refused one): said once on stderr, the file closed."""
+        handle, self._file = self._file, None
+        with contextlib.suppress(OSError):  # (its buffer is what the disk refused)
+            handle.close()  # type: ignore[union-attr]
+        _cannot_record(self.path, exc)
 
     def __enter__(self) -> StepRecorder:
         return self
@@ -181,6 +201,14 @@ def set_total_steps(total: int) -> None:
 PHASES = ("checkpoint", "eval")
 
 
+def _cannot_record(path: Path | None, exc: OSError) -> None:
+    """Say on stderr, once per file, that its records stop (training goes on)."""
+    import sys
+
+    print(f"ddlctl.step: cannot write {path}: {exc.strerror or exc}; training goes on without "
+          "recording this task's steps there", file=sys.stderr, flush=True)
+
+
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """Time a phase that is not a training step (``name`` in :data:`PHASES`), e.g. a checkpoint
@@ -194,5 +222,6 @@ def phase(name: str) -> Iterator[None]:
     if task_dir:
         line = json.dumps({"phase": name, "start_us": int(wall * 1e6),
                            "duration_s": round(time.monotonic() - start, 9)}) + "\n"
-        with open(Path(task_dir) / TASK_PHASES, "a", encoding="utf-8") as handle:
+        with contextlib.suppress(OSError), \
+                open(Path(task_dir) / TASK_PHASES, "a", encoding="utf-8") as handle:  # (a full disk: not recorded)
             handle.write(line)

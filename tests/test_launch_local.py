@@ -355,3 +355,57 @@ def test_a_tasks_temporary_files_live_in_its_folder_and_go_with_it(tmp_path):
     (made,) = re.findall(r"temp at (\S+)", done.stdout)
     assert Path(made).parent == run_dir / "tasks" / "worker-0" / "tmp"
     assert not Path(made).parent.exists(), "removed with the task"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB file system (tmpfs; root), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(disk)], check=True)
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_disk_that_fills_neither_stops_ddlctl_nor_loses_output_and_is_the_root_cause(small_disk):
+    """The runs folder's disk fills while the task runs (it fills it itself): ddlctl shows all its
+    output though output.log can no longer take it, the task's step records stop without stopping
+    it, the root cause is the full disk (not "a bug in the program"), the files of the run ddlctl
+    cannot write are said, none left half-written; a launch onto the full disk is refused."""
+    runs = small_disk / "runs"
+    result = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs), "--",
+                        sys.executable, str(PROGRAMS / "fill_disk.py"), "2000", timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    shown = re.findall(r"^\[worker:0@localhost\] line (\d+) ", result.stdout, re.M)
+    assert [int(i) for i in shown] == [*range(1000, 3000), *range(4000, 6000)], "every line shown, in order"
+    assert "[worker:0@localhost] the end of the output" in result.stdout
+    run_dir = only_run_dir(runs)
+    log = run_dir / "tasks" / "worker-0" / "output.log"
+    assert re.search(rf"only \d+\.\d KiB free on the disk of {run_dir}", result.stderr), "said before it starts"
+    assert re.search(rf"cannot write {log}: No space left on device \(\d+ B free on its disk\): worker:0's output "
+                     "is still shown here, not kept there", result.stderr), result.stderr[-3000:]
+    kept = log.read_text()
+    assert kept.startswith("line 1000 ") and "the end of the output" not in kept
+    # the root cause, read from what the log file could not take
+    # (Python's error of a write names no file; TensorFlow's do: test_policy.py)
+    assert "worker:0 on localhost failed: exit code 1: its disk is full (No space left on device); not retried: " \
+           "a restart would fill the same disk again" in result.stderr
+    assert "OSError: [Errno 28] No space left on device" in result.stderr  # its traceback, shown
+    assert "internal error" not in result.stderr and "ddlctl-crash" not in result.stderr
+    # the steps recorded before the disk was full are kept, and the task stepped on after it (whether
+    # its records could still be appended depends on the room left in the file's last page: a
+    # records file that refuses every write is test_output.py's)
+    records = (run_dir / "tasks" / "worker-0" / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in records][:3] == [1, 2, 3]
+    for name in ("outcome.json", "summary.json", "trace.json"):  # said, and nothing half-written left
+        assert f"cannot write {run_dir / name}: No space left on device" in result.stderr
+        assert not (run_dir / name).exists()
+    assert not list(run_dir.rglob("*.partial")) and not list(run_dir.rglob("*.tmp"))
+    assert "the run's record in" in result.stderr and "is incomplete" in result.stderr
+    assert_nothing_left(run_dir)
+    # the disk is still full: a launch onto it is refused before anything starts
+    again = run_ddlctl("launch", "-s", "one_device", "--runs-dir", str(runs), "--", sys.executable, "-c", "pass")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert re.search(r"--runs-dir: cannot write \S+/plan\.json: No space left on device", again.stderr), again.stderr

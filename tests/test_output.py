@@ -132,3 +132,39 @@ def test_no_control_character_but_tab_survives(data):
     shown = visible(data)
     assert not any(b < 0x20 and b != 0x09 or b == 0x7f for b in shown)
     assert b"\xc2\x9b" not in shown
+
+
+def test_a_task_log_the_disk_refuses_keeps_the_tail_in_memory_and_says_so_once(tmp_path):
+    """/dev/full refuses every write with ENOSPC, as a full disk does (the kernel's own error)."""
+    from ddlctl.supervise.tasklog import KEPT_BYTES, TaskLog
+
+    said = []
+    log = TaskLog("/dev/full", said.append, "its output is still shown")
+    log.write(b"Traceback (most recent call last):\n")
+    for i in range(40000):  # (more than the tail kept)
+        log.write(f"line {i}\n".encode())
+    log.write(b"OSError: [Errno 28] No space left on device\n")
+    [sentence] = said  # (the free space is that of /dev's file system)
+    assert sentence.startswith("cannot write /dev/full: No space left on device (")
+    assert sentence.endswith(" free on its disk): its output is still shown")
+    tail = log.tail()
+    assert tail.endswith("line 39999\nOSError: [Errno 28] No space left on device\n")
+    assert len(tail) == KEPT_BYTES and "line 0\n" not in tail  # bounded: the oldest went
+    log.close()
+    # a log the disk takes keeps everything in the file and nothing in memory
+    fine = TaskLog(tmp_path / "tasks" / "worker-0" / "output.log", said.append)
+    fine.write(b"a\nb\n")
+    fine.close()
+    assert (tmp_path / "tasks" / "worker-0" / "output.log").read_bytes() == b"a\nb\n" and fine.tail() == "a\nb\n"
+    assert len(said) == 1 and fine.failure is None
+
+
+def test_step_records_the_disk_refuses_stop_without_stopping_the_program(capsys):
+    from ddlctl.steps import StepRecorder
+
+    recorder = StepRecorder("/dev/full", "worker:0")
+    for step in range(1, 4):  # (the first write is refused: line-buffered, every record is written at once)
+        recorder.record(step, 0.0, 0.01, 32)
+    recorder.close()
+    assert recorder.count == 3
+    assert capsys.readouterr().err.count("ddlctl.step: cannot write /dev/full: No space left on device") == 1

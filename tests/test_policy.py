@@ -228,3 +228,40 @@ def test_a_ps_chief_that_lost_a_restarted_workers_results_is_a_fault_restarted_a
                      "ps", alive={"worker:0", "worker:1", "ps:0"}, known=set(PS_ROLES))
     assert plain.cause == "traceback"
     assert decide("ps", plain, PS_ROLES, {"worker:0", "worker:1", "ps:0"}, used=0, max_restarts=3).action == "fail"
+
+
+#: A checkpoint saved into a full disk (TensorFlow 2.21's words, from a run whose --runs-dir was a
+#: 400 KiB tmpfs).
+FULL_DISK_SAVE = (
+    'Traceback (most recent call last):\n'
+    '  File "ddlctl/workloads/train.py", line 214, in train_synchronous\n'
+    '    manager.save(checkpoint_number=step)\n'
+    'tensorflow.python.framework.errors_impl.ResourceExhaustedError: {{function_node '
+    '__wrapped__SaveV2_dtypes_23_device_/job:localhost/replica:0/task:0/device:CPU:0}} '
+    '/tmp/tiny/20261127-151156-one_device-7c2a31/checkpoints/ckpt-208_temp/part-00000-of-00001.index.'
+    'tempstate4886987922491430093; No space left on device [Op:SaveV2]\n')
+
+
+def test_a_task_that_died_of_a_full_disk_is_blamed_on_the_disk_and_not_retried_as_a_fault():
+    ckpt = "/tmp/tiny/20261127-151156-one_device-7c2a31/checkpoints/ckpt-208_temp/part-00000-of-00001.index." \
+           "tempstate4886987922491430093"
+    fault_ = classify("worker:0", ExitStatus(code=1), FULL_DISK_SAVE, "one_device", alive=set(), known={"worker:0"})
+    assert (fault_.task, fault_.cause) == ("worker:0", "disk-full")
+    assert fault_.detail == f"exit code 1: its disk is full (No space left on device, writing {ckpt})"
+    failed = decide("one_device", fault_, {"worker:0": "worker"}, set(), used=0, max_restarts=3)
+    assert failed.action == "fail" and "not retried: a restart would fill the same disk again" in failed.message
+    assert "a bug in the program" not in failed.message
+    # --restart-on any retries it (space may have been freed), as any other failure
+    assert decide("one_device", fault_, {"worker:0": "worker"}, set(), used=0, max_restarts=3,
+                  restart_on="any").action == "restart"
+    # Python's own words, with a quota instead of a full disk; under MWMS a full disk is the task's
+    # own fault even where TensorFlow's words would blame a peer
+    quota = ('Traceback (most recent call last):\n  File "x.py", line 3, in <module>\n'
+             "OSError: [Errno 122] Disk quota exceeded: '/home/me/ckpt/weights.h5'\n"
+             "Additional GRPC error information from remote target /job:worker/replica:0/task:1\n")
+    mwms = classify("worker:0", ExitStatus(code=1), quota, "mwms", alive={"worker:1"}, known={"worker:0", "worker:1"})
+    assert (mwms.task, mwms.cause) == ("worker:0", "disk-full")
+    assert mwms.detail == "exit code 1: its disk is full (Disk quota exceeded, writing /home/me/ckpt/weights.h5)"
+    # a program's own message about a disk is not the kernel's error
+    own = 'Traceback (most recent call last):\nRuntimeError: disk full on purpose\n'
+    assert classify("worker:0", ExitStatus(code=1), own, "mwms", alive=set(), known={"worker:0"}).cause == "traceback"

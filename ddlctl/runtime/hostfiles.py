@@ -12,10 +12,13 @@ from ddlctl.runfiles import TASK_LOG
 
 def write_json(path: str, record: dict) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    with contextlib.suppress(OSError):
+    try:
         with open(tmp, "w") as handle:
             json.dump(record, handle)
         os.replace(tmp, path)
+    except OSError:  # (a full disk: the record goes by the protocol alone; no empty file left)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 class _ChunkWriter:

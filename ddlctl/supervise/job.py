@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from ddlctl.planning.plan import Plan, TaskSpec
 from ddlctl.rundir import task_log, telemetry_file, write_whole
 from ddlctl.runfiles import PIDS_FILE
 from ddlctl.supervise.output import LineSplitter
+from ddlctl.supervise.rootcause import read_tail
+from ddlctl.supervise.tasklog import TaskLog
 from ddlctl.supervise.tfmessages import LiveReports
 from ddlctl.transport.base import AgentSession, TaskProcess
 from ddlctl.transport.status import ExitStatus
@@ -64,7 +65,7 @@ class SupervisedTask:
 
     spec: TaskSpec
     proc: TaskProcess
-    log: BinaryIO
+    log: TaskLog
     started: float
     splitter: LineSplitter = field(default_factory=LineSplitter)
     reports: LiveReports = field(default_factory=LiveReports)  # TensorFlow naming a hung peer in its output
@@ -146,7 +147,13 @@ class Job:
     def log_path(self, name: str) -> Path:
         return task_log(self.run_dir, self.plan.task(name).dir_name)
 
-    def launch(self, spec: TaskSpec, log: BinaryIO, restarts: int = 0) -> SupervisedTask:
+    def log_text(self, name: str) -> str:
+        """The tail of task ``name``'s output: its log file's, and what a full disk kept from it
+        (:class:`~ddlctl.supervise.tasklog.TaskLog`)."""
+        task = self.tasks.get(name)
+        return task.log.tail() if task is not None else read_tail(self.log_path(name))
+
+    def launch(self, spec: TaskSpec, log: TaskLog, restarts: int = 0) -> SupervisedTask:
         """Start ``spec`` through its host's agent."""
         proc = self.sessions[spec.host.label].start(spec, self.options.grace_s)
         task = SupervisedTask(spec=spec, proc=proc, log=log, started=self.clock(), restarts=restarts,

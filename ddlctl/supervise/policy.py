@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
-from ddlctl.supervise.rootcause import TRACEBACK_HEAD, syntax_error
+from ddlctl.supervise.rootcause import TRACEBACK_HEAD, disk_full, syntax_error
 from ddlctl.supervise.tfmessages import blame_peer, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
@@ -57,7 +57,8 @@ PREEMPTED_CODES = frozenset({42, 143})
 
 @dataclass(frozen=True)
 class Fault:
-    """A task at fault: ``cause`` is signal, preempted, hang, host-lost, traceback or exit."""
+    """A task at fault: ``cause`` is signal, preempted, hang, host-lost, peer-restart, disk-full,
+    traceback or exit."""
 
     task: str
     cause: str
@@ -105,6 +106,10 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     stale = stale_handle(error) if code != 0 else None
     if stale:  # a consequence of a peer's restart, not a bug: retried as a fault
         return "peer-restart", f"exit code {code}: TensorFlow lost results of a restarted peer (\"{stale[:200]}\")"
+    full = disk_full(error) if code != 0 else None
+    if full is not None:  # not the program's bug, and a restart would fill the same disk again
+        words, path = full
+        return "disk-full", f"exit code {code}: its disk is full ({words}{f', writing {path}' if path else ''})"
     if code != 0 and TRACEBACK_HEAD in error:
         return "traceback", f"exit code {code} after a Python exception"
     syntax = syntax_error(error) if code != 0 else None
@@ -214,6 +219,9 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
     if not retryable:
         why = ("a bug in the program: not retried under --restart-on fault (--restart-on any retries it)"
                if fault.cause == "traceback" else
+               "not retried: a restart would fill the same disk again; free space on it (`df -h` there), or "
+               "give --runs-dir (logs, checkpoints of the built-in workload) or your program's output a disk "
+               "with room" if fault.cause == "disk-full" else
                "not a fault that --restart-on fault retries (--restart-on any retries it)")
     elif max_restarts == 0:
         why = "not restarted (--max-restarts 0)"

@@ -17,7 +17,7 @@ from ddlctl.rundir import task_dir
 from ddlctl.runfiles import TASK_ERROR
 from ddlctl.supervise.job import Job, SupervisedTask, TaskState
 from ddlctl.supervise.policy import Fault
-from ddlctl.supervise.rootcause import last_traceback, read_tail, tail_lines
+from ddlctl.supervise.rootcause import last_traceback, tail_lines
 from ddlctl.transport.status import ExitStatus, signal_name
 
 
@@ -83,8 +83,8 @@ def describe_failure(job: Job, fault: Fault, message: str) -> Failure:
     roles = job.roles
     task = job.tasks.get(fault.task)
     log = job.log_path(fault.task) if fault.task in roles else None
-    text = read_tail(log) if log else ""
-    reporter_text = read_tail(job.log_path(fault.reporter)) if fault.reporter != fault.task \
+    text = job.log_text(fault.task) if log else ""
+    reporter_text = job.log_text(fault.reporter) if fault.reporter != fault.task \
         and fault.reporter in roles else ""
     traceback = last_traceback(text) or last_traceback(reporter_text)
     if fault.cause == "host-lost":  # the program did not fail: its output says nothing about why

@@ -12,6 +12,29 @@ SYNTAX_ERROR = re.compile(r'^ *File "(?P<file>[^"\n]+)", line (?P<line>\d+)\n(?:
                           r"(?:SyntaxError|IndentationError|TabError): .*$", re.M)
 
 
+#: What a full disk (ENOSPC) or a spent quota (EDQUOT) is called in an error, Python's or TensorFlow's.
+DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded")
+_PATH = re.compile(r"(/[^\s;'\"]+)")
+
+
+def disk_full(text: str) -> tuple[str, str | None] | None:
+    """(the words, the file being written when the error names one) when the last line of
+    ``text`` (a task's final error) that says so is a full disk or a spent quota: Python's
+    ``OSError: [Errno 28] No space left on device: '/path'``, TensorFlow's ``.../ckpt-8_temp/...;
+    No space left on device [Op:SaveV2]``; None otherwise."""
+    found = None
+    for found in DISK_FULL.finditer(text):  # noqa: B007 - the last one
+        pass
+    if found is None:
+        return None
+    start = text.rfind("\n", 0, found.start()) + 1
+    end = text.find("\n", found.end())
+    line = text[start:end if end >= 0 else len(text)]
+    paths = [p.rstrip(".,:") for p in _PATH.findall(line)]
+    paths = [p for p in paths if len(p) > 1 and not p.startswith("/job:")]  # (not a TensorFlow device name)
+    return found.group(0), (paths[-1] if paths else None)
+
+
 def read_tail(path: str | Path, max_bytes: int = 256 * 1024) -> str:
     """The last ``max_bytes`` of a log file as text (undecodable bytes replaced)."""
     try:
@@ -19,7 +42,7 @@ def read_tail(path: str | Path, max_bytes: int = 256 * 1024) -> str:
             handle.seek(0, 2)
             size = handle.tell()
             handle.seek(max(0, size - max_bytes))
-            return handle.read().decode("utf-8", "replace")
+            return handle.read(max_bytes).decode("utf-8", "replace")  # (bounded: a device reads on forever)
     except OSError:
         return ""
 

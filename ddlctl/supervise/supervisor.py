@@ -55,7 +55,7 @@ from ddlctl.supervise.policy import (
 )
 from ddlctl.supervise.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
-from ddlctl.supervise.rootcause import read_tail
+from ddlctl.supervise.tasklog import TaskLog
 from ddlctl.supervise.tfmessages import Blame, port_taken
 from ddlctl.transport.base import AgentSession
 from ddlctl.transport.status import ExitStatus, signal_name
@@ -150,9 +150,9 @@ class Supervisor:
         # Agents first (telemetry covers the whole run), then servers so programs find them sooner.
         plan = self.job.plan
         for spec in [*plan.agents, *sorted(plan.tasks, key=lambda t: t.kind != "server")]:
-            log_path = log_file(self.job.run_dir, spec)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = open(log_path, "ab")  # noqa: SIM115 - closed in run()
+            after = ("its samples are not kept there (the report will lack them)" if spec.kind == "agent" else
+                     f"{spec.name}'s output is still shown here, not kept there")
+            log = TaskLog(log_file(self.job.run_dir, spec), self.job.notify, after)  # closed in run()
             self.job.tasks[spec.name] = self.job.launch(spec, log)
         self.job.write_pids()
 
@@ -219,7 +219,6 @@ class Supervisor:
                 self._end_output(task)
                 return
             task.log.write(chunk)
-            task.log.flush()
             self._emit(task, task.splitter.feed(chunk, now))
 
     def _emit(self, task: SupervisedTask, lines: list[bytes]) -> None:
@@ -280,7 +279,7 @@ class Supervisor:
             self.telemetry_gaps.append(gap)
             self.job.notify(gap)
             return
-        text = read_tail(self.job.log_path(task.name)) if not status.ok else ""
+        text = self.job.log_text(task.name) if not status.ok else ""
         if task.dump_asked and died_of_stack_request(status):  # it was past Python's shutdown
             idle = self.hangs.past_python(task.name, self.job.clock())
             status, message = stuck_in_exit(task.name, text, idle, past_python=True)
@@ -303,7 +302,7 @@ class Supervisor:
 
     def _end_stuck_in_exit(self, task: SupervisedTask, idle_s: float) -> None:
         """``task``'s program has ended, its process has not: end it as the exit its program made."""
-        task.exit_as, message = stuck_in_exit(task.name, read_tail(self.job.log_path(task.name)), idle_s)
+        task.exit_as, message = stuck_in_exit(task.name, self.job.log_text(task.name), idle_s)
         self.job.notify(message)
         task.proc.send("KILL")
 
