@@ -477,13 +477,14 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
             path.unlink(missing_ok=True)  # (nothing half-written)
             unwritten.append(write_failure(path, exc))
 
-    keep(run_dir / OUTCOME_FILE, lambda p: write_whole(p, json.dumps(outcome_record(result), indent=1) + "\n"))
+    outcome = outcome_record(result)
+    keep(run_dir / OUTCOME_FILE, lambda p: write_whole(p, json.dumps(outcome, indent=1) + "\n"))
     # imported here, after the run: nothing of the report delays the tasks' start
     from ddlctl.report.render import render_failure, render_report, render_summary
     from ddlctl.report.summary import summarize
     from ddlctl.report.trace import write_trace
 
-    summary = summarize(run_dir)
+    summary = summarize(run_dir, outcome=outcome)  # (the record, whether or not the disk took it)
     record = summary.to_dict()
     keep(run_dir / SUMMARY_FILE, lambda p: write_whole(p, json.dumps(record, indent=1) + "\n"))
     keep(run_dir / TRACE_FILE, lambda p: write_trace(run_dir, p))

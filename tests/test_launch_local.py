@@ -404,6 +404,8 @@ def test_a_disk_that_fills_neither_stops_ddlctl_nor_loses_output_and_is_the_root
         assert not (run_dir / name).exists()
     assert not list(run_dir.rglob("*.partial")) and not list(run_dir.rglob("*.tmp"))
     assert "the run's record in" in result.stderr and "is incomplete" in result.stderr
+    # the report shown is whole all the same: how the task ended comes from memory, not outcome.json
+    assert re.search(r"│ worker:0 │ localhost │ failed \(exit code 1\) │\s+6 │", result.stdout), result.stdout[-2000:]
     assert_nothing_left(run_dir)
     # the disk is still full: a launch onto it is refused before anything starts
     again = run_ddlctl("launch", "-s", "one_device", "--runs-dir", str(runs), "--", sys.executable, "-c", "pass")

@@ -219,22 +219,23 @@ def _load_json(path: Path) -> dict:
         return {}
 
 
-def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> RunSummary:
-    """Summary of the run in ``run_dir``. Python's cycle collector is paused meanwhile: the records
+def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS, outcome: dict | None = None) -> RunSummary:
+    """Summary of the run in ``run_dir`` (``outcome``: its outcome.json record, when the caller has
+    it and the disk may not). Python's cycle collector is paused meanwhile: the records
     and columns hold no cycles, and its passes over millions of new objects were 40 % of a
     1,000,000-step report (benchmarks/report_scale.py)."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _summarize(Path(run_dir), warmup_steps)
+        return _summarize(Path(run_dir), warmup_steps, outcome)
     finally:
         if paused:
             gc.enable()
 
 
-def _summarize(run_dir: Path, warmup_steps: int) -> RunSummary:
+def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) -> RunSummary:
     plan = _load_json(run_dir / PLAN_FILE)
-    outcome = _load_json(run_dir / OUTCOME_FILE)
+    outcome = outcome if outcome is not None else _load_json(run_dir / OUTCOME_FILE)
     planned = {t["name"]: t for t in plan.get("tasks", [])}
     ended = {t["name"]: t for t in outcome.get("tasks", [])}
 
