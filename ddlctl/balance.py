@@ -35,6 +35,7 @@ far they have read ahead). Every worker takes the same decision from the same ex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -318,5 +319,6 @@ def save(result: Split, task_dir: str | None = None) -> None:
     if not folder:
         return
     record = {**asdict(result), "local_batch": result.local_batch, "offset": result.offset}
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    (Path(folder) / "balance.json").write_text(json.dumps(record))
+    with contextlib.suppress(OSError):  # (a full disk: the report goes without it; training goes on)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "balance.json").write_text(json.dumps(record))

@@ -20,10 +20,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ddlctl.config import LaunchConfig
+from ddlctl.diskspace import write_failure
 from ddlctl.errors import ConfigError, UserError
 from ddlctl.launch import finish, prepare, supervise
 from ddlctl.report.render import fmt
-from ddlctl.rundir import make_dir, write_plan
+from ddlctl.rundir import make_dir, write_plan, write_whole
 from ddlctl.strategies import STRATEGIES
 from ddlctl.workloads import EXECUTIONS
 
@@ -313,7 +314,11 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
               "steps": opts.launch.workload.steps, "repeats": opts.repeats, "executions": list(opts.executions),
               "rows": rows, "execution_speedups": execution_speedups(rows),
               "execution_speedup_ranges": execution_ranges(rows)}
-    (root / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    unwritten = None
+    try:
+        write_whole(root / "compare.json", json.dumps(result, indent=1) + "\n")
+    except OSError as exc:  # (a full disk: said after the table, which is shown all the same)
+        unwritten = write_failure(root / "compare.json", exc)
     if opts.json_out:
         out.print_json(data=result)
     else:
@@ -322,7 +327,9 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
     if opts.plot:
         plot(rows, opts.plot)
         err.print(f"wrote {opts.plot}", highlight=False)
-    return 0 if all(r["error"] is None for r in rows) else 1
+    if unwritten:
+        err.print(Text.assemble(("error:", "red"), f" {unwritten}"), highlight=False)
+    return 0 if all(r["error"] is None for r in rows) and not unwritten else 1
 
 
 def render_compare(rows: Sequence[dict], speedups: dict[str, dict[str, float]], console: Console,

@@ -92,8 +92,8 @@ DTYPES = ("float32", "float16", "bfloat16", "mixed_float16", "mixed_bfloat16")
 def declare_flops(train_flops_per_sample: float, dtype: str = "float32", task_dir: str | None = None) -> dict | None:
     """Write ``flops.json`` with the model FLOPs one training sample costs, as the program counts them
     (a model that is not Keras, a custom loop, or a count of its own replacing ddlctl's); the
-    record, or None outside ddlctl. ``dtype``: the precision the matrix products run in, which picks
-    the dense peak MFU divides by (one of :data:`DTYPES`)."""
+    record, or None outside ddlctl (or where the disk refused it). ``dtype``: the precision the
+    matrix products run in, which picks the dense peak MFU divides by (one of :data:`DTYPES`)."""
     if not (isinstance(train_flops_per_sample, (int, float)) and math.isfinite(train_flops_per_sample)
             and train_flops_per_sample > 0):
         raise ValueError(f"train_flops_per_sample must be a positive number, not {train_flops_per_sample!r}")
@@ -104,5 +104,8 @@ def declare_flops(train_flops_per_sample: float, dtype: str = "float32", task_di
         return None
     record = {"train_flops_per_sample": float(train_flops_per_sample), "forward_flops_per_sample": None,
               "layers_counted": None, "dtype": dtype, "method": "declared by the program (ddlctl.declare_flops)"}
-    (Path(folder) / TASK_FLOPS).write_text(json.dumps(record) + "\n")
+    try:
+        (Path(folder) / TASK_FLOPS).write_text(json.dumps(record) + "\n")
+    except OSError:
+        return None  # (a full disk: the report goes without MFU; training goes on)
     return record
