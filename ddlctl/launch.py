@@ -333,6 +333,10 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         # a local host's tasks use the controller's Python unless python= names another: probe that one
         reports += probe_transports(connected.transports, [h for h in hosts if h.is_local and h.python])
         require_usable(reports)
+        remote = {h.label for h in hosts if not h.is_local}
+        for report in reports:
+            for warning in report.warnings if report.host in remote else ():
+                console.print(f"ddlctl: warning: {report.host}: {warning}", style="yellow", highlight=False)
         chosen = {label: list((connected.sessions[label].hello.get("probe") or {}).get("ports", []))
                   for label in counts}
         ports = choose_ports(cluster, request, connected.transports, chosen)

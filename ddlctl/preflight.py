@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 import ddlctl
 from ddlctl.cluster.model import Host
+from ddlctl.diskspace import LOW_SPACE_BYTES, size_words
 from ddlctl.errors import LaunchError
+from ddlctl.runfiles import REMOTE_ROOT
 from ddlctl.transport.base import Transport
 
 MIN_PYTHON = (3, 10)
@@ -65,12 +67,18 @@ def host_problems(facts: Mapping[str, object]) -> list[str]:
 
 
 def host_warnings(facts: Mapping[str, object]) -> list[str]:
-    """Warnings from a probe's facts (pure): other users logged in, who could reach the servers."""
+    """Warnings from a probe's facts (pure): little free space where runs keep their files there;
+    other users logged in, who could reach the servers."""
+    warnings = []
+    free = facts.get("disk_free")
+    if isinstance(free, int) and free < LOW_SPACE_BYTES:
+        warnings.append(f"only {size_words(free)} free on the disk of {REMOTE_ROOT} (a run's task folders, output "
+                        "and checkpoints on an SSH or Slurm host): a full disk ends checkpoints and step records")
     logged_in = facts.get("logged_in")
     others = sorted(set(logged_in) - {facts.get("user")}) if isinstance(logged_in, list) else []
     if not others:
-        return []
-    return [f"other users are logged in ({', '.join(others)}): the TensorFlow servers of a run here accept "
+        return warnings
+    return [*warnings, f"other users are logged in ({', '.join(others)}): the TensorFlow servers of a run here accept "
             "any connection to their ports, unauthenticated (see docs/security.md: a private network, a firewall "
             "or a network namespace of the run's own)"]
 

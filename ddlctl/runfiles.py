@@ -2,6 +2,9 @@
 host agent, the tasks) and whoever reads them (the summary, ``ddlctl report``, ``ddlctl stop``).
 Names only, no import: the host side and the tasks use them too."""
 
+#: Where ddlctl keeps its files on remote hosts (``~`` is expanded on the host by the watchdog).
+REMOTE_ROOT = "~/.ddlctl"
+
 PLAN_FILE = "plan.json"
 PIDS_FILE = "pids.json"
 OUTCOME_FILE = "outcome.json"

@@ -52,6 +52,18 @@ def runs(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB file system (tmpfs; root), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(disk)], check=True)
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
     """Under CI (``CI=true``), a skipped test is a failure: every capability the suite skips without

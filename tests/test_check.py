@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -53,3 +54,19 @@ def test_check_warns_when_other_users_are_logged_in(tmp_path, someone_else_logge
     shown = run_ddlctl("check", "--hosts", str(hosts), timeout=120)
     assert shown.returncode == 0 and f"warning: localhost: other users are logged in ({someone_else_logged_in})" \
         in " ".join(shown.stdout.split())
+
+
+def test_check_warns_when_the_disk_of_a_hosts_ddlctl_folder_is_nearly_full(tmp_path, small_disk):
+    """A host whose home (where ~/.ddlctl keeps runs on SSH and Slurm hosts) is a real 1 MiB disk."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\n")
+    done = run_ddlctl("check", "--hosts", str(hosts), "--json", timeout=120, env={"HOME": str(small_disk)})
+    assert done.returncode == 0, done.stderr
+    [report] = json.loads(done.stdout)
+    assert 0 < report["disk_free"] <= 2**20 and report["usable"], "a warning, not a reason to refuse the host"
+    [warning] = [w for w in report["warnings"] if "free on the disk" in w]
+    assert re.match(r"only (\d+\.\d KiB|1\.0 MiB) free on the disk of ~/\.ddlctl \(a run.s task", warning), warning
+    # and where there is room, nothing is said
+    roomy = run_ddlctl("check", "--hosts", str(hosts), "--json", timeout=120)
+    [report] = json.loads(roomy.stdout)
+    assert report["disk_free"] > 100 * 2**20 and not [w for w in report["warnings"] if "free on the disk" in w]

@@ -357,18 +357,6 @@ def test_a_tasks_temporary_files_live_in_its_folder_and_go_with_it(tmp_path):
     assert not Path(made).parent.exists(), "removed with the task"
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 1 MiB file system (tmpfs; root), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(disk)], check=True)
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
 def test_a_disk_that_fills_neither_stops_ddlctl_nor_loses_output_and_is_the_root_cause(small_disk):
     """The runs folder's disk fills while the task runs (it fills it itself): ddlctl shows all its
     output though output.log can no longer take it, the task's step records stop without stopping

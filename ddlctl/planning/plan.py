@@ -32,14 +32,12 @@ from dataclasses import asdict, dataclass, field
 from ddlctl import envvars
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import PlanError
+from ddlctl.runfiles import REMOTE_ROOT
 from ddlctl.strategies import MULTI_HOST_STRATEGIES, SERVER_STRATEGIES, SINGLE_HOST_STRATEGIES, STRATEGIES
 from ddlctl.strategies import TABLE as STRATEGY_FACTS
 
 WORKER_PER: tuple[str, ...] = ("auto", "gpu", "host")
 BALANCE: tuple[str, ...] = ("off", "speed")
-
-#: Where ddlctl keeps its files on remote hosts (``~`` is expanded on the host by the watchdog).
-REMOTE_ROOT = "~/.ddlctl"
 
 #: Env keys whose values are replaced by "***" in plan.json and --dry-run output.
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")

@@ -14,6 +14,8 @@ import socket
 import sys
 from dataclasses import asdict
 
+from ddlctl.diskspace import free_bytes
+from ddlctl.runfiles import REMOTE_ROOT
 from ddlctl.runtime.ports import free_ports
 
 
@@ -79,6 +81,7 @@ def quick_probe(ports: int) -> dict[str, object]:
         "tensorflow": "present" if importlib.util.find_spec("tensorflow") else None,
         "ports": chosen,
         "ports_ok": ports_ok,
+        "disk_free": free_bytes(os.path.expanduser(REMOTE_ROOT)),
     }
 
 
@@ -101,6 +104,7 @@ def probe() -> dict[str, object]:
         "ports_ok": can_bind_ports(),
         "user": _me(),
         "logged_in": logged_in_users(),
+        "disk_free": free_bytes(os.path.expanduser(REMOTE_ROOT)),
     }
 
 
