@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -434,3 +435,39 @@ def bench_through_ssh(cluster: SshTestCluster, tmp_path: Path, psutil, load_prof
     envs = [t["env"] for t in json.loads(plan.stdout)["tasks"]]
     assert all(json.loads(e["DDLCTL_SPEEDS"]) == [speeds[label] for label in labels] for e in envs)
     assert all(e["DDLCTL_BALANCE"] == "speed" for e in envs)
+
+
+def test_a_host_whose_disk_fills_warns_first_then_is_the_root_cause_and_its_files_come_back(tmp_path, runs):
+    """The host's home (~/.ddlctl) is a real 2 MiB disk: room for ddlctl's code and little more. The
+    task fills it: the launch warned of it, the root cause is the host's full disk, the output and
+    the steps recorded before it filled come back, and nothing is left running."""
+    small = SshTestCluster(tmp_path / "small", 1, separate_homes=True)
+    home = small.host_home(small.hosts[0])
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=700", "tmpfs", str(home)], check=True)
+    try:
+        hosts = small.hosts_file(tmp_path / "hosts.txt")
+        result = ssh_launch(small, "--hosts", str(hosts), "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs),
+                            "--", sys.executable, str(PROGRAMS / "fill_disk.py"), "500")
+        label = f"{small.hosts[0].address}:{small.hosts[0].port}"
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert f"warning: {label}: only " in result.stderr and "KiB free on the disk of ~/.ddlctl" in result.stderr
+        assert f"worker:0 on {label} failed: exit code 1: its disk is full (No space left on device); not retried" \
+            in result.stderr
+        shown = re.findall(rf"^\[worker:0@{label}\] line (\d+) ", result.stdout, re.M)
+        assert [int(i) for i in shown] == [*range(1000, 1500), *range(4000, 4500)], "every line, in order"
+        assert f"[worker:0@{label}] the end of the output" in result.stdout
+        run_dir = only_run_dir(runs)
+        records = (run_dir / "tasks" / "worker-0" / "steps.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in records][:3] == [1, 2, 3]
+        assert processes_of_run(run_dir.name) == []
+        # a host whose disk cannot even take ddlctl's code: said, naming the host and the file
+        subprocess.run(["umount", "-l", str(home)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=700", "tmpfs", str(home)], check=True)
+        refused = ssh_launch(small, "--hosts", str(hosts), "-s", "one_device", "--runs-dir", str(runs),
+                             "--", sys.executable, "-c", "pass")
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        assert f"{label}: cannot copy ddlctl's code to ~/.ddlctl/code/" in refused.stderr
+        assert "No space left on device" in refused.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=False)
+        small.stop()

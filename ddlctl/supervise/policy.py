@@ -219,9 +219,9 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
     if not retryable:
         why = ("a bug in the program: not retried under --restart-on fault (--restart-on any retries it)"
                if fault.cause == "traceback" else
-               "not retried: a restart would fill the same disk again; free space on it (`df -h` there), or "
-               "give --runs-dir (logs, checkpoints of the built-in workload) or your program's output a disk "
-               "with room" if fault.cause == "disk-full" else
+               "not retried: a restart would fill the same disk again; free space on it (`df -h` on that host), "
+               "or write elsewhere (a run's task folders and checkpoints: --runs-dir on this machine, ~/.ddlctl "
+               "on SSH and Slurm hosts)" if fault.cause == "disk-full" else
                "not a fault that --restart-on fault retries (--restart-on any retries it)")
     elif max_restarts == 0:
         why = "not restarted (--max-restarts 0)"
