@@ -456,7 +456,8 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
         try:
             with live if live is not None else contextlib.nullcontext():
                 result = supervisor.run()
-            collect_remote_files(plan, supervisor.sessions)
+            for missing in collect_remote_files(plan, supervisor.sessions):
+                notify(missing)
         finally:
             connected.sessions = supervisor.sessions  # reconnected hosts have new ones
             for session in connected.sessions.values():

@@ -460,6 +460,25 @@ def test_a_host_whose_disk_fills_warns_first_then_is_the_root_cause_and_its_file
         records = (run_dir / "tasks" / "worker-0" / "steps.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in records][:3] == [1, 2, 3]
         assert processes_of_run(run_dir.name) == []
+        # this machine's disk full too (a 192 KiB runs folder): the host's files cannot come back,
+        # which is said, and they stay on the host, whole
+        local = tmp_path / "local"
+        local.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k,mode=700", "tmpfs", str(local)], check=True)
+        try:
+            both = ssh_launch(small, "--hosts", str(hosts), "-s", "one_device", "--no-telemetry", "--runs-dir",
+                              str(local), "--", sys.executable, str(PROGRAMS / "fill_disk.py"), "1000")
+            run_id = only_run_dir(local).name
+        finally:
+            subprocess.run(["umount", "-l", str(local)], check=False)
+        assert both.returncode == 1 and "its disk is full (No space left on device)" in both.stderr, both.stderr
+        assert f"[worker:0@{label}] the end of the output" in both.stdout
+        said = " ".join(both.stderr.split())  # (a long line, folded at the terminal's width)
+        assert f"the files of {label}'s task folders did not come back (cannot write " in said
+        assert re.search(rf"No space left on device \([\d.]+ \S+ free on its disk\)\): they stay in "
+                         rf"~/\.ddlctl/runs/{run_id} there", said), said
+        kept = home / ".ddlctl" / "runs" / run_id / "tasks" / "worker-0" / "steps.jsonl"
+        assert [json.loads(line)["step"] for line in kept.read_text().splitlines()][:3] == [1, 2, 3]
         # a host whose disk cannot even take ddlctl's code: said, naming the host and the file
         subprocess.run(["umount", "-l", str(home)], check=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=700", "tmpfs", str(home)], check=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddlctl.cluster.model import Cluster, Host
+from ddlctl.diskspace import write_failure
+from ddlctl.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT, Plan, TaskSpec
 from ddlctl.transport.base import Transport
 from ddlctl.transport.fanout import all_or_fail, each_host
@@ -126,19 +128,20 @@ class ChunkReader(io.RawIOBase):
         return size
 
 
-def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> None:
+def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> list[str]:
     """Bring remote tasks' step, result, error and pid files into the local run directory, through
     the host agents (one tar each, every host in parallel, no process started); once every host's
     files are back, remove the run's folder on the hosts (its checkpoints stay there). Hosts may
     share a home folder (NFS): nothing is removed while any host's files are missing. A host that
-    cannot be reached keeps its files; the report says what is missing."""
+    cannot be reached, or whose files this machine's disk cannot take, keeps them: a sentence for
+    each such host is returned (none half-copied is left here)."""
     tasks_of: dict[str, list[TaskSpec]] = {}
     for task in plan.tasks:
         if not task.host.is_local and task.host.label in sessions:
             tasks_of.setdefault(task.host.label, []).append(task)
     hosts = [h for h in plan.hosts if h.label in tasks_of]
     if not hosts:
-        return
+        return []
     local_root = Path(plan.run_dir) / "tasks"
 
     def collect(host: Host) -> None:
@@ -152,9 +155,16 @@ def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> Non
                 source = archive.extractfile(member)
                 if source is not None:
                     (local_root / folder).mkdir(parents=True, exist_ok=True)
-                    with open(local_root / folder / name, "wb") as target:
-                        shutil.copyfileobj(source, target, 1 << 20)
+                    try:
+                        with open(local_root / folder / name, "wb") as target:
+                            shutil.copyfileobj(source, target, 1 << 20)
+                    except OSError as exc:  # (this machine's disk is full: nothing half-copied stays)
+                        (local_root / folder / name).unlink(missing_ok=True)
+                        raise LaunchError(write_failure(local_root / folder / name, exc)) from None
 
-    if all(not isinstance(r, Exception) for r in each_host(hosts, collect).values()):
-        remote_run = f"{REMOTE_ROOT}/runs/{plan.run_id}"
+    remote_run = f"{REMOTE_ROOT}/runs/{plan.run_id}"
+    failed = {label: r for label, r in each_host(hosts, collect).items() if isinstance(r, Exception)}
+    if not failed:
         each_host(hosts, lambda host: sessions[host.label].prune(remote_run, keep=("checkpoints",)))
+    return [f"the files of {label}'s task folders did not come back "
+            f"({getattr(error, 'message', error)}): they stay in {remote_run} there" for label, error in failed.items()]
