@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import PROGRAMS, processes_of_run, run_ddlctl
+from tests.conftest import PROGRAMS, only_run_dir, processes_of_run, run_ddlctl
 from tests.faults import Job, task_pid, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -216,3 +218,37 @@ def test_a_silent_host_agent_is_a_lost_host_and_its_tasks_are_restarted_elsewher
     assert "try 1" in log(job, "worker-0")
     assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
     nothing_left(job)
+
+
+MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (MEMORY / "cgroup.procs").exists(),
+                    reason="needs root and the cgroup v1 memory controller (a memory limit the test sets)")
+def test_a_task_the_oom_killer_ends_is_said_to_be_out_of_memory_and_restarted_as_a_fault(runs):
+    """A real OOM kill (the kernel's, for a memory group's 128 MiB limit): not just "killed by
+    SIGKILL", but out of memory, with what the kernel log says it held; retried under
+    --restart-on fault like any signal, and when it is killed again the job fails naming it."""
+    group = MEMORY / f"ddlctl-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(128 * 2**20))
+        result = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--max-restarts", "1", "--runs-dir",
+                            str(runs), "--", sys.executable, str(PROGRAMS / "eat_memory.py"),
+                            str(group / "cgroup.procs"), timeout=120)
+    finally:
+        wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), 20, "the group to empty")
+        group.rmdir()
+    assert result.returncode == 137, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    [restart] = outcome["restarts"]
+    assert (restart["task"], restart["cause"]) == ("worker:0", "oom")
+    said = " ".join(result.stderr.split())
+    killed = re.findall(r"killed by SIGKILL: out of memory \(the kernel's OOM killer, for its memory group's limit: "
+                        r"it held (\d+) MiB when killed\)", said)
+    assert len(killed) >= 2 and all(100 <= int(mib) <= 150 for mib in killed), said[-3000:]
+    assert "worker:0 on localhost failed: killed by SIGKILL: out of memory" in said and "no restarts left" in said
+    [task] = outcome["tasks"]
+    assert task["exit"].startswith("killed by SIGKILL: out of memory (the kernel's OOM killer")
+    assert processes_of_run(run_dir.name) == []

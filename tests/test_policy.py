@@ -265,3 +265,28 @@ def test_a_task_that_died_of_a_full_disk_is_blamed_on_the_disk_and_not_retried_a
     # a program's own message about a disk is not the kernel's error
     own = 'Traceback (most recent call last):\nRuntimeError: disk full on purpose\n'
     assert classify("worker:0", ExitStatus(code=1), own, "mwms", alive=set(), known={"worker:0"}).cause == "traceback"
+
+
+def test_an_oom_kill_is_read_from_the_kernel_log_by_pid_and_time_and_is_a_fault_retried():
+    from ddlctl.runtime.oom import killed_in_log
+
+    # the kernel's records (this machine's /dev/kmsg, after a memory group's limit and a host OOM)
+    records = ["6,990,55880000000,-;eth0: link up\n",
+               "3,1005,55889115784,-;Memory cgroup out of memory: Killed process 23836 (python) total-vm:161764kB, "
+               "anon-rss:137600kB, file-rss:6544kB, shmem-rss:0kB, UID:0 pgtables:328kB oom_score_adj:0\n",
+               "3,1200,55900000000,-;Out of memory: Killed process 24000 (python) total-vm:24799336kB, "
+               "anon-rss:24368156kB, file-rss:180kB, shmem-rss:0kB, UID:0 pgtables:47772kB oom_score_adj:0\n"]
+    assert killed_in_log(records, 23836, 55880000000) == \
+        "the kernel's OOM killer, for its memory group's limit: it held 134 MiB when killed"
+    assert killed_in_log(records, 24000, 55890000000) == \
+        "the kernel's OOM killer, for the host's memory: it held 23,797 MiB when killed"
+    assert killed_in_log(records, 23836, 55890000000) is None, "an older kill of a pid reused since"
+    assert killed_in_log(records, 23837, 0) is None
+    oom = ExitStatus(signal=9, oom="the kernel's OOM killer, for the host's memory: it held 2 MiB when killed")
+    fault_ = classify("worker:1", oom, "", "mwms", alive={"worker:0"}, known={"worker:0", "worker:1"})
+    assert (fault_.task, fault_.cause) == ("worker:1", "oom")
+    assert fault_.detail == "killed by SIGKILL: out of memory (the kernel's OOM killer, for the host's memory: " \
+                            "it held 2 MiB when killed)"
+    assert decide("mwms", fault_, {"worker:0": "worker", "worker:1": "worker"}, {"worker:0"}, used=0,
+                  max_restarts=1).action == "restart"
+    assert classify("worker:1", ExitStatus(signal=9), "", "mwms", alive=set(), known={"worker:1"}).cause == "signal"

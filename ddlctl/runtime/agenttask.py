@@ -146,6 +146,8 @@ class Task:
         self.kill_at: float | None = None
         self.status: int | None = None
         self.exited_at: float | None = None
+        self.started_us = 0  # the kernel log's clock at its start, and the host's OOM kills then
+        self.oom_kills: int | None = None
         self.eof = False
         self.steps = StepFile(os.path.join(self.task_dir, TASK_STEPS)) if self.task_dir else None
         self.reported_steps = -1

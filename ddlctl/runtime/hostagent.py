@@ -39,7 +39,7 @@ import stat
 import sys
 import time
 
-from ddlctl.runtime import prefork, procsetup
+from ddlctl.runtime import oom, prefork, procsetup
 from ddlctl.runtime.agenttask import BadEnvironment, Task, start_error
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
@@ -204,6 +204,7 @@ class HostAgent:
 
     def started(self, task: Task) -> None:
         assert task.popen is not None
+        task.started_us, task.oom_kills = oom.monotonic_us(), oom.oom_kills()
         record = {"agent_pid": os.getpid(), "task_pid": task.popen.pid, "task_pgid": task.pgid,
                   "ssh_connection": os.environ.get("SSH_CONNECTION"), "forked": task.forked}
         if task.task_dir:
@@ -383,6 +384,10 @@ class HostAgent:
                 task.release()
                 record = {"code": task.status if task.status >= 0 else None,
                           "signal": -task.status if task.status < 0 else None}
+                if task.status == -signal.SIGKILL and task.popen is not None:  # the OOM killer's?
+                    evidence = oom.oom_evidence(task.popen.pid, task.started_us, task.oom_kills)
+                    if evidence:
+                        record["oom"] = evidence
                 if task.task_dir:
                     write_json(os.path.join(task.task_dir, "exit.json"), record)
                 self.send({"k": Kind.EXIT, "task": task.name, "t": task.exited_at, **record})

@@ -45,7 +45,7 @@ from ddlctl.supervise.tfmessages import blame_peer, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
 #: Causes retried under ``--restart-on fault``.
-FAULT_CAUSES = frozenset({"signal", "preempted", "hang", "host-lost", "peer-restart"})
+FAULT_CAUSES = frozenset({"signal", "oom", "preempted", "hang", "host-lost", "peer-restart"})
 RESTART_ON = ("fault", "any")
 #: Restart scopes, narrowest first: a restart that takes in another fault takes the wider one.
 SCOPES = ("", "task", "group", "all")
@@ -57,8 +57,8 @@ PREEMPTED_CODES = frozenset({42, 143})
 
 @dataclass(frozen=True)
 class Fault:
-    """A task at fault: ``cause`` is signal, preempted, hang, host-lost, peer-restart, disk-full,
-    traceback or exit."""
+    """A task at fault: ``cause`` is signal, oom, preempted, hang, host-lost, peer-restart,
+    disk-full, traceback or exit."""
 
     task: str
     cause: str
@@ -96,7 +96,7 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     if status.lost:
         return "host-lost", "was lost with the connection to its host"
     if status.signal is not None:
-        return "signal", f"killed by {signal_name(status.signal)}"
+        return ("oom" if status.oom else "signal"), status.describe()
     code = status.code or 0
     if code in PREEMPTED_CODES:
         return "preempted", f"exit code {code} (preemption: checkpoint written, restart to resume)"

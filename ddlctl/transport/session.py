@@ -225,7 +225,7 @@ class HostSession:
             task.chunks.append(payload)
         elif kind == Kind.EXIT and task is not None:
             if header.get("signal"):
-                status = ExitStatus(signal=int(header["signal"]))
+                status = ExitStatus(signal=int(header["signal"]), oom=header.get("oom") or None)
             else:
                 status = ExitStatus(code=int(header.get("code") or 0))
             task._end(status, header.get("t"))

@@ -17,11 +17,13 @@ def signal_name(number: int) -> str:
 @dataclass(frozen=True)
 class ExitStatus:
     """How a process ended: an exit ``code``, the ``signal`` that killed it, or ``lost``: the
-    connection to its host ended (its host agent kills it then; its own status is unknown)."""
+    connection to its host ended (its host agent kills it then; its own status is unknown).
+    ``oom``: what says that the signal was the kernel's out-of-memory killer's."""
 
     code: int | None = None
     signal: int | None = None
     lost: bool = False
+    oom: str | None = None
 
     @classmethod
     def from_returncode(cls, returncode: int) -> ExitStatus:
@@ -44,4 +46,6 @@ class ExitStatus:
             return "connection to its host lost"
         if self.code is not None:
             return f"exit code {self.code}"
+        if self.oom:
+            return f"killed by {signal_name(self.signal or 0)}: out of memory ({self.oom})"
         return f"killed by {signal_name(self.signal or 0)}"
