@@ -290,3 +290,30 @@ def test_an_oom_kill_is_read_from_the_kernel_log_by_pid_and_time_and_is_a_fault_
     assert decide("mwms", fault_, {"worker:0": "worker", "worker:1": "worker"}, {"worker:0"}, used=0,
                   max_restarts=1).action == "restart"
     assert classify("worker:1", ExitStatus(signal=9), "", "mwms", alive=set(), known={"worker:1"}).cause == "signal"
+
+
+def test_a_device_that_ran_out_of_memory_is_said_and_not_retried_as_a_fault():
+    # TensorFlow 2.21's words (a tensor too large for this machine's CPU allocator, made for real)
+    tf_oom = ('Traceback (most recent call last):\n  File "train.py", line 2, in <module>\n'
+              'tensorflow.python.framework.errors_impl.ResourceExhaustedError: {{function_node '
+              '__wrapped__Fill_device_/job:localhost/replica:0/task:0/device:CPU:0}} OOM when allocating tensor with '
+              'shape[274877906944,64] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu '
+              '[Op:Fill] name: \n')
+    fault_ = classify("worker:0", ExitStatus(code=1), tf_oom, "mwms", alive={"worker:1"},
+                      known={"worker:0", "worker:1"})
+    assert (fault_.task, fault_.cause) == ("worker:0", "device-oom")
+    assert fault_.detail == "exit code 1: out of memory on CPU:0 (a float tensor of shape [274877906944,64], " \
+                            "allocator cpu)"
+    failed = decide("mwms", fault_, {"worker:0": "worker", "worker:1": "worker"}, {"worker:1"}, used=0, max_restarts=3)
+    assert failed.action == "fail" and "the same step would run out of memory again; a smaller batch" in failed.message
+    # PyTorch's (a program of your own under ddlctl profile)
+    torch_oom = ("Traceback (most recent call last):\n  File \"load.py\", line 9, in <module>\n"
+                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 146.00 MiB. GPU 0 has a total "
+                 "capacity of 8.00 GiB of which 0 bytes is free. Of the allocated memory 7.2 GiB is allocated by "
+                 "PyTorch\n")
+    fault_ = classify("worker:0", ExitStatus(code=1), torch_oom, "one_device", alive=set(), known={"worker:0"})
+    assert (fault_.cause, fault_.detail) == ("device-oom", "exit code 1: out of memory on GPU 0 (tried to allocate "
+                                                           "146.00 MiB; 8.00 GiB in all, 0 bytes free)")
+    older = "Traceback (most recent call last):\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert classify("worker:0", ExitStatus(code=1), older, "one_device", alive=set(), known={"worker:0"}).detail == \
+        "exit code 1: out of memory on the GPU (tried to allocate 2.00 GiB)"

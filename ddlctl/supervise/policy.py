@@ -40,13 +40,22 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
-from ddlctl.supervise.rootcause import TRACEBACK_HEAD, disk_full, syntax_error
+from ddlctl.supervise.rootcause import TRACEBACK_HEAD, device_oom, disk_full, syntax_error
 from ddlctl.supervise.tfmessages import blame_peer, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
 #: Causes retried under ``--restart-on fault``.
 FAULT_CAUSES = frozenset({"signal", "oom", "preempted", "hang", "host-lost", "peer-restart"})
 RESTART_ON = ("fault", "any")
+#: Why a task that ended so is not retried under ``--restart-on fault`` (the others: "not a fault ...").
+NOT_RETRIED = {
+    "traceback": "a bug in the program: not retried under --restart-on fault (--restart-on any retries it)",
+    "disk-full": "not retried: a restart would fill the same disk again; free space on it (`df -h` on that host), or "
+                 "write elsewhere (a run's task folders and checkpoints: --runs-dir on this machine, ~/.ddlctl on "
+                 "SSH and Slurm hosts)",
+    "device-oom": "not retried: the same step would run out of memory again; a smaller batch per device (the "
+                  "built-in workload's --batch-size), fewer tasks per device, or mixed precision",
+}
 #: Restart scopes, narrowest first: a restart that takes in another fault takes the wider one.
 SCOPES = ("", "task", "group", "all")
 #: Times a port taken between planning and binding is retried with new ports (not a restart).
@@ -58,7 +67,7 @@ PREEMPTED_CODES = frozenset({42, 143})
 @dataclass(frozen=True)
 class Fault:
     """A task at fault: ``cause`` is signal, oom, preempted, hang, host-lost, peer-restart,
-    disk-full, traceback or exit."""
+    disk-full, device-oom, traceback or exit."""
 
     task: str
     cause: str
@@ -110,6 +119,9 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     if full is not None:  # not the program's bug, and a restart would fill the same disk again
         words, path = full
         return "disk-full", f"exit code {code}: its disk is full ({words}{f', writing {path}' if path else ''})"
+    device = device_oom(error) if code != 0 else None
+    if device is not None:  # the same step runs out of memory again: a matter of sizes, not a fault
+        return "device-oom", f"exit code {code}: {device}"
     if code != 0 and TRACEBACK_HEAD in error:
         return "traceback", f"exit code {code} after a Python exception"
     syntax = syntax_error(error) if code != 0 else None
@@ -217,12 +229,7 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
     retryable = restart_on == "any" or fault.cause in FAULT_CAUSES
     allowed = retryable and used < max_restarts
     if not retryable:
-        why = ("a bug in the program: not retried under --restart-on fault (--restart-on any retries it)"
-               if fault.cause == "traceback" else
-               "not retried: a restart would fill the same disk again; free space on it (`df -h` on that host), "
-               "or write elsewhere (a run's task folders and checkpoints: --runs-dir on this machine, ~/.ddlctl "
-               "on SSH and Slurm hosts)" if fault.cause == "disk-full" else
-               "not a fault that --restart-on fault retries (--restart-on any retries it)")
+        why = NOT_RETRIED.get(fault.cause, "not a fault that --restart-on fault retries (--restart-on any retries it)")
     elif max_restarts == 0:
         why = "not restarted (--max-restarts 0)"
     else:

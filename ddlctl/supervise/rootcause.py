@@ -35,6 +35,32 @@ def disk_full(text: str) -> tuple[str, str | None] | None:
     return found.group(0), (paths[-1] if paths else None)
 
 
+#: TensorFlow's words for a tensor its device's allocator could not give (CPU or GPU), and PyTorch's.
+TF_OOM = re.compile(r"OOM when allocating tensor with shape\[([^\]]*)\] and type (\w+) on (\S+) by allocator (\S+)")
+CUDA_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ \w+)\.?(?: GPU (\d+) has a total capacity of "
+                      r"([\d.]+ \w+) of which ([\d.]+ \w+) is free)?")
+
+
+def device_oom(text: str) -> str | None:
+    """"out of memory on DEVICE (what could not be allocated)" when ``text`` (a task's final error)
+    is TensorFlow's or PyTorch's report of a device running out of memory; None otherwise."""
+    tf_match = None
+    for tf_match in TF_OOM.finditer(text):  # noqa: B007 - the last one
+        pass
+    if tf_match is not None:
+        shape, dtype, device, allocator = tf_match.groups()
+        where = device.rsplit("device:", 1)[-1]
+        return f"out of memory on {where} (a {dtype} tensor of shape [{shape}], allocator {allocator})"
+    cuda = None
+    for cuda in CUDA_OOM.finditer(text):  # noqa: B007 - the last one
+        pass
+    if cuda is not None:
+        size, gpu, total, free = cuda.groups()
+        room = f"; {total} in all, {free} free" if total else ""
+        return f"out of memory on {f'GPU {gpu}' if gpu else 'the GPU'} (tried to allocate {size}{room})"
+    return None
+
+
 def read_tail(path: str | Path, max_bytes: int = 256 * 1024) -> str:
     """The last ``max_bytes`` of a log file as text (undecodable bytes replaced)."""
     try:
