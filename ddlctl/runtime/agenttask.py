@@ -148,6 +148,7 @@ class Task:
         self.exited_at: float | None = None
         self.started_us = 0  # the kernel log's clock at its start, and the host's OOM kills then
         self.oom_kills: int | None = None
+        self.killed = False  # ddlctl sent it SIGKILL
         self.eof = False
         self.steps = StepFile(os.path.join(self.task_dir, TASK_STEPS)) if self.task_dir else None
         self.reported_steps = -1
@@ -226,6 +227,8 @@ class Task:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def signal(self, sig: int) -> None:
+        if sig == signal.SIGKILL and self.status is None:
+            self.killed = True  # (its SIGKILL is then ddlctl's, not the OOM killer's)
         if self.popen is None:  # not forked yet: signalled as soon as it is (a SIGKILL is never undone)
             if self.held_signal != signal.SIGKILL:
                 self.held_signal = sig

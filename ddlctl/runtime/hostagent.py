@@ -384,7 +384,7 @@ class HostAgent:
                 task.release()
                 record = {"code": task.status if task.status >= 0 else None,
                           "signal": -task.status if task.status < 0 else None}
-                if task.status == -signal.SIGKILL and task.popen is not None:  # the OOM killer's?
+                if task.status == -signal.SIGKILL and task.popen is not None and not task.killed:  # the OOM killer's?
                     evidence = oom.oom_evidence(task.popen.pid, task.started_us, task.oom_kills)
                     if evidence:
                         record["oom"] = evidence
