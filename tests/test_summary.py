@@ -41,7 +41,7 @@ def write_plan(run: Path, strategy: str, tasks: dict[str, str], hosts=()):
 
 
 def write_telemetry(run: Path, host: str, utils, mem_used, mem_total=80 * 2**30, interval=1.0, times=None,
-                    cpu=50.0, procs=None):
+                    cpu=50.0, procs=None, host_mem_used=2**30):
     """Telemetry exactly as the agent writes it: GPU readings and task figures as arrays, GPU fields
     in the order the hello line declares (here reversed, so the reader must honour it)."""
     folder = run / "telemetry"
@@ -53,7 +53,7 @@ def write_telemetry(run: Path, host: str, utils, mem_used, mem_total=80 * 2**30,
     for i, (t, util) in enumerate(zip(times, utils, strict=True)):
         reading = {"index": 0, "util": util, "sm_active": util / 2, "mem_used": mem_used[i], "mem_total": mem_total,
                    "power_w": 100.0 + i}
-        lines.append({"type": "sample", "t": t, "cpu": cpu, "mem_used": 2**30, "mem_total": 2**34,
+        lines.append({"type": "sample", "t": t, "cpu": cpu, "mem_used": host_mem_used, "mem_total": 2**34,
                       "net_sent": 1000 * i, "net_recv": 2000 * i,
                       "procs": procs if procs is not None else {"worker:0": [90.0, 5 * 2**20]},
                       "gpus": [[reading.get(f) for f in fields]]})
@@ -554,3 +554,15 @@ def test_arrival_lateness_and_straggler_wait_agree_in_columns_and_by_step():
     assert late == pytest.approx(late_by_step) and late["worker:2"] == pytest.approx(0.02)
     wait, wait_by_step = straggler_wait_of(same[0], same), straggler_wait_of(ragged[0], ragged)
     assert wait == pytest.approx(wait_by_step) == pytest.approx(40 * 0.02)
+
+
+def test_hosts_whose_memory_came_near_full_are_named_with_their_peak_share(tmp_path):
+    run = tmp_path / "run"
+    hosts = ["h1", "h2", "h3"]
+    write_plan(run, "mwms", {f"worker:{i}": h for i, h in enumerate(hosts)}, hosts=hosts)
+    for i, (host, peak) in enumerate(zip(hosts, (0.95, 0.5, 0.92), strict=True)):
+        write_steps(run, f"worker:{i}", [0.1] * 10)
+        write_telemetry(run, host, [50.0] * 4, [2**30] * 4, host_mem_used=int(peak * 2**34))
+    lines = [line for line in summarize(run, warmup_steps=0).diagnosis if line.startswith("memory nearly full")]
+    assert lines == ["memory nearly full on 2 hosts (h1, h3): peak 92-95% of their memory (the kernel's OOM killer "
+                     "ends a task when it is full: a smaller batch, fewer tasks on the host)"]

@@ -52,6 +52,8 @@ LATE_ARRIVAL_FRACTION = 0.10
 INPUT_BOUND_FRACTION = 0.30
 GPU_IDLE_UTIL = 50.0
 CPU_SATURATED = 90.0
+#: Share of a host's memory in use, at its peak, above which the report warns of the OOM killer.
+MEMORY_NEARLY_FULL = 0.9
 #: A task whose CPU time is this much the kernel's (and that used at least KERNEL_HEAVY_MIN_CPU % of a
 #: CPU): page faults of memory freed and taken again at every step, or system calls. Training on CPU
 #: with glibc's default malloc: 30-47% (benchmarks/malloc_pad.py); with ddlctl's MALLOC_TOP_PAD_ 11-13%.
@@ -557,6 +559,13 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
             "over the whole run (no step recorded to tell its start-up from its work)"
         lines.append(f"CPU saturated on {named([h.host for h in saturated], 'hosts')}: mean "
                      f"{figure_range([h.cpu_util_mean for h in saturated])} {why}")
+    full = [h for h in summary.hosts if h.mem_peak_bytes and h.mem_total_bytes
+            and h.mem_peak_bytes > MEMORY_NEARLY_FULL * h.mem_total_bytes]
+    if full:
+        lines.append(f"memory nearly full on {named([h.host for h in full], 'hosts')}: peak "
+                     f"{figure_range([100 * h.mem_peak_bytes / h.mem_total_bytes for h in full])} of "  # type: ignore[operator]
+                     f"{'their' if len(full) > 1 else 'its'} memory (the kernel's OOM killer ends a task when it is "
+                     "full: a smaller batch, fewer tasks on the host)")
     for host in summary.hosts:
         for gpu in host.gpus:
             lines.extend(gpu.diagnosis)  # kernels too small, power/thermal capped, memory nearly full
