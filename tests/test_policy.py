@@ -267,7 +267,7 @@ def test_a_task_that_died_of_a_full_disk_is_blamed_on_the_disk_and_not_retried_a
     assert classify("worker:0", ExitStatus(code=1), own, "mwms", alive=set(), known={"worker:0"}).cause == "traceback"
 
 
-def test_an_oom_kill_is_read_from_the_kernel_log_by_pid_and_time_and_is_a_fault_retried():
+def test_an_oom_kill_is_read_from_the_kernel_log_by_pid_and_time_and_is_a_fault_retried(tmp_path):
     from ddlctl.runtime.oom import killed_in_log
 
     # the kernel's records (this machine's /dev/kmsg, after a memory group's limit and a host OOM)
@@ -282,6 +282,15 @@ def test_an_oom_kill_is_read_from_the_kernel_log_by_pid_and_time_and_is_a_fault_
         "the kernel's OOM killer, for the host's memory: it held 23,797 MiB when killed"
     assert killed_in_log(records, 23836, 55890000000) is None, "an older kill of a pid reused since"
     assert killed_in_log(records, 23837, 0) is None
+    # where the kernel log cannot be read: the host's OOM-kill count over the task's life
+    from ddlctl.runtime.oom import oom_evidence
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 100\noom_kill 7\n")
+    assert oom_evidence(23836, 0, 5, kmsg=str(tmp_path / "unreadable"), vmstat=str(vmstat)) == (
+        "the kernel's OOM killer killed 2 process(es) on this host while it ran (/proc/vmstat; the kernel log, "
+        "which would name them, is not readable here)")
+    assert oom_evidence(23836, 0, 7, kmsg=str(tmp_path / "unreadable"), vmstat=str(vmstat)) is None
     oom = ExitStatus(signal=9, oom="the kernel's OOM killer, for the host's memory: it held 2 MiB when killed")
     fault_ = classify("worker:1", oom, "", "mwms", alive={"worker:0"}, known={"worker:0", "worker:1"})
     assert (fault_.task, fault_.cause) == ("worker:1", "oom")

@@ -78,18 +78,19 @@ def monotonic_us() -> int:
     return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
 
 
-def oom_evidence(pid: int, since_us: int, kills_before: int | None) -> str | None:
+def oom_evidence(pid: int, since_us: int, kills_before: int | None, kmsg: str = KMSG,
+                 vmstat: str = VMSTAT) -> str | None:
     """Why a task ``pid`` that died of SIGKILL (started at ``since_us``, when the host had counted
     ``kills_before`` OOM kills) was probably the OOM killer's: the kernel log naming it, else more
     OOM kills on the host than at its start; None when neither says so."""
-    records = kernel_records()
+    records = kernel_records(kmsg)
     if records is not None:
         named = killed_in_log(records, pid, since_us - 1_000_000)
         if named is not None:
             return named
         if records:  # the log was read and does not name it: not the OOM killer's
             return None
-    kills = oom_kills()
+    kills = oom_kills(vmstat)
     if kills is not None and kills_before is not None and kills > kills_before:
         return (f"the kernel's OOM killer killed {kills - kills_before} process(es) on this host while it ran "
                 "(/proc/vmstat; the kernel log, which would name them, is not readable here)")
