@@ -12,7 +12,7 @@ from rich.text import Text
 import ddlctl
 from ddlctl.cluster.source import load_cluster
 from ddlctl.errors import ConfigError
-from ddlctl.preflight import HostReport, probe_transports
+from ddlctl.preflight import HostReport, host_warnings, probe_transports, with_mismatch
 from ddlctl.transport.base import Transport
 from ddlctl.transport.local import LocalTransport
 
@@ -79,8 +79,10 @@ def render(reports: list[HostReport], console: Console) -> None:
     bad = sum(not r.usable for r in reports)
     console.print(f"{len(reports) - bad} of {len(reports)} host(s) usable")
     for r in reports:
-        for warning in r.warnings:
+        for warning in host_warnings(r.facts) if r.reachable else ():
             console.print(f"warning: {r.host}: {warning}", style="yellow", highlight=False)
+    for note in dict.fromkeys(note for r in reports for note in r.notes):  # (about the hosts together: once)
+        console.print(f"warning: {note}", style="yellow", highlight=False)
 
 
 def _rate(value: float | None) -> str:
@@ -144,7 +146,7 @@ def check(hosts: str | None, template: str | None, ssh: object | None, json_out:
                 out.print(f"saved the cluster profile to {save} (use it with: ddlctl launch --balance speed "
                           f"--speeds {save})")
         return 0
-    reports = gather_slurm(python) if slurm else gather(hosts, template, ssh)
+    reports = with_mismatch(gather_slurm(python) if slurm else gather(hosts, template, ssh))
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
     else:

@@ -24,6 +24,7 @@ class HostReport:
     source: str
     error: str | None = None
     facts: Mapping[str, object] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # warnings about the host among the others (see tensorflow_mismatch)
 
     @property
     def reachable(self) -> bool:
@@ -43,7 +44,7 @@ class HostReport:
     @property
     def warnings(self) -> list[str]:
         """What does not stop a run here but the user should know."""
-        return host_warnings(self.facts) if self.reachable else []
+        return [*host_warnings(self.facts), *self.notes] if self.reachable else []
 
     def to_dict(self) -> dict[str, object]:
         return {"host": self.host, "source": self.source, "reachable": self.reachable,
@@ -81,6 +82,32 @@ def host_warnings(facts: Mapping[str, object]) -> list[str]:
     return [*warnings, f"other users are logged in ({', '.join(others)}): the TensorFlow servers of a run here accept "
             "any connection to their ports, unauthenticated (see docs/security.md: a private network, a firewall "
             "or a network namespace of the run's own)"]
+
+
+def tensorflow_mismatch(versions: Mapping[str, object], releases_only: bool = False) -> str | None:
+    """A sentence when the hosts (label -> the TensorFlow version its Python imports; None or
+    "present" when unknown: left out) do not all have the same TensorFlow (pure);
+    ``releases_only``: only when they differ in more than a patch (2.21.0 and 2.21.1 agree)."""
+    hosts_of: dict[str, list[str]] = {}
+    for host, version in versions.items():
+        if isinstance(version, str) and version != "present":
+            hosts_of.setdefault(version, []).append(host)
+    if len({".".join(v.split(".")[:2]) if releases_only else v for v in hosts_of}) < 2:
+        return None
+    parts = "; ".join(f"{version} on {', '.join(hosts)}"
+                      for version, hosts in sorted(hosts_of.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+    return (f"TensorFlow differs across the hosts ({parts}): the servers of one job must run the same TensorFlow "
+            "(its ops and protocol change between versions)")
+
+
+def with_mismatch(reports: Sequence[HostReport]) -> list[HostReport]:
+    """``reports``, each reachable one noting :func:`tensorflow_mismatch` when there is one."""
+    import dataclasses
+
+    mismatch = tensorflow_mismatch({r.host: r.facts.get("tensorflow") for r in reports if r.reachable})
+    if mismatch is None:
+        return list(reports)
+    return [dataclasses.replace(r, notes=(*r.notes, mismatch)) if r.reachable else r for r in reports]
 
 
 def probe_transports(transports: Mapping[str, Transport], hosts: Sequence[Host],

@@ -70,3 +70,40 @@ def test_check_warns_when_the_disk_of_a_hosts_ddlctl_folder_is_nearly_full(tmp_p
     roomy = run_ddlctl("check", "--hosts", str(hosts), "--json", timeout=120)
     [report] = json.loads(roomy.stdout)
     assert report["disk_free"] > 100 * 2**20 and not [w for w in report["warnings"] if "free on the disk" in w]
+
+
+def test_hosts_whose_tensorflow_differs_are_warned_by_check_and_refused_by_launch(tmp_path):
+    """A second local host whose Python has another TensorFlow release installed (its distribution's
+    metadata, as pip leaves it: what ddlctl reads, without importing TensorFlow)."""
+    import subprocess
+    import sys
+
+    from ddlctl.preflight import tensorflow_mismatch
+
+    other = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    site = Path(subprocess.run([str(other / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    (site / "tensorflow").mkdir()
+    (site / "tensorflow" / "__init__.py").write_text("")
+    (site / "tensorflow-2.15.1.dist-info").mkdir()
+    (site / "tensorflow-2.15.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow\n"
+                                                                   "Version: 2.15.1\n")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f"localhost slots=1\n127.0.0.1 slots=1 python={other / 'bin' / 'python'}\n")
+    done = run_ddlctl("check", "--hosts", str(hosts), "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    reports = {r["host"]: r for r in json.loads(done.stdout)}
+    mine = reports["localhost"]["tensorflow"]
+    assert reports["127.0.0.1"]["tensorflow"] == "2.15.1" and re.match(r"\d+\.\d+\.\d+", mine)
+    said = f"TensorFlow differs across the hosts (2.15.1 on 127.0.0.1; {mine} on localhost)"
+    assert all(any(w.startswith(said) for w in r["warnings"]) for r in reports.values())
+    refused = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"),
+                         "--", sys.executable, "-c", "pass", timeout=120)
+    assert refused.returncode == 1 and f"error: {said}: the servers of one job must run" in refused.stderr
+    assert "pip install tensorflow==VERSION" in refused.stderr and "Traceback" not in refused.stderr
+    assert not list((tmp_path / "runs").glob("*/tasks")), "refused before any task started"
+    # a patch release apart is one release (a warning in check, no refusal); unknown versions say nothing
+    assert tensorflow_mismatch({"a": "2.21.0", "b": "2.21.1"}, releases_only=True) is None
+    assert tensorflow_mismatch({"a": "2.21.0", "b": "2.21.1"}).startswith("TensorFlow differs across the hosts")
+    assert tensorflow_mismatch({"a": "2.21.0", "b": "present", "c": None}) is None
