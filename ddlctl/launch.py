@@ -24,7 +24,7 @@ from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
 from ddlctl.cluster.template import LaunchDefaults
 from ddlctl.config import ClusterSource, LaunchConfig, RequestOptions, WorkloadOptions
 from ddlctl.diskspace import LOW_SPACE_BYTES, free_bytes, size_words, write_failure
-from ddlctl.errors import ConfigError, LaunchError
+from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
     LaunchRequest,
@@ -33,7 +33,7 @@ from ddlctl.planning.plan import (
     make_plan,
     needs_port,
 )
-from ddlctl.preflight import HostReport, probe_transports, require_usable, tensorflow_mismatch
+from ddlctl.preflight import HostReport, probe_transports, require_one_tensorflow, require_usable
 from ddlctl.rundir import make_dir, new_run_id, write_plan, write_whole
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
 from ddlctl.supervise.collapse import CollapsingWriter
@@ -333,16 +333,7 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         # a local host's tasks use the controller's Python unless python= names another: probe that one
         reports += probe_transports(connected.transports, [h for h in hosts if h.is_local and h.python])
         require_usable(reports)
-        if len(hosts) > 1:  # one job's servers run one TensorFlow release (local tasks: this Python's, unless python=)
-            from ddlctl.runtime.probe import tensorflow_version
-
-            probed = {r.host: r.facts.get("tensorflow") for r in reports}
-            mine = tensorflow_version() if any(h.is_local and not h.python for h in hosts) else None
-            mismatch = tensorflow_mismatch({h.label: probed.get(h.label, mine) for h in hosts}, releases_only=True)
-            if mismatch is not None:
-                raise LaunchError(mismatch, "install one TensorFlow version on every host (`python -m pip install "
-                                  "tensorflow==VERSION` where it differs), or give python= in the hosts file an "
-                                  "interpreter that has it; `ddlctl check` shows each host's")
+        require_one_tensorflow(hosts, reports)
         remote = {h.label for h in hosts if not h.is_local}
         for report in reports:
             for warning in report.warnings if report.host in remote else ():

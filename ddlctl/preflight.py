@@ -134,3 +134,19 @@ def require_usable(reports: Sequence[HostReport]) -> None:
         lines = [f"{r.host} ({r.source}): {'; '.join(r.problems)}" for r in bad]
         raise LaunchError(f"{len(bad)} host(s) cannot run tasks:\n  " + "\n  ".join(lines),
                           "'ddlctl check' shows every host's Python, TensorFlow and GPUs")
+
+
+def require_one_tensorflow(hosts: Sequence[Host], reports: Sequence[HostReport]) -> None:
+    """Raise :class:`LaunchError` when the hosts of one job (``reports``: their probes; a local host
+    without ``python=`` runs this Python) have different TensorFlow releases."""
+    if len(hosts) < 2:
+        return
+    from ddlctl.runtime.probe import tensorflow_version
+
+    probed = {r.host: r.facts.get("tensorflow") for r in reports}
+    mine = tensorflow_version() if any(h.is_local and not h.python for h in hosts) else None
+    mismatch = tensorflow_mismatch({h.label: probed.get(h.label, mine) for h in hosts}, releases_only=True)
+    if mismatch is not None:
+        raise LaunchError(mismatch, "install one TensorFlow version on every host (`python -m pip install "
+                          "tensorflow==VERSION` where it differs), or give python= in the hosts file an "
+                          "interpreter that has it; `ddlctl check` shows each host's")
