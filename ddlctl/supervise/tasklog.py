@@ -37,7 +37,10 @@ class TaskLog:
         view = memoryview(data)
         while self._file is not None and view:
             try:
-                view = view[self._file.write(view) or 0:]  # (a short write: the rest again)
+                written = self._file.write(view)
+                if not written:  # (nothing taken, no error: never loop on it)
+                    raise OSError(0, "the file took nothing")
+                view = view[written:]  # (a short write: the rest again)
             except OSError as exc:
                 self._failed(exc)
         if not view:
