@@ -35,9 +35,9 @@ def kernel_records(path: str = KMSG) -> list[str] | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
-    records = []
+    records: list[str] = []
     try:
-        while True:
+        for _ in range(1_000_000):  # (bounded: the kernel's buffer holds far fewer records)
             try:
                 record = os.read(fd, 8192)  # (one record a read)
             except BlockingIOError:
