@@ -12,6 +12,21 @@ SYNTAX_ERROR = re.compile(r'^ *File "(?P<file>[^"\n]+)", line (?P<line>\d+)\n(?:
                           r"(?:SyntaxError|IndentationError|TabError): .*$", re.M)
 
 
+def last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The last match of ``pattern`` in ``text`` (a final error is the last one said)."""
+    found = None
+    for found in pattern.finditer(text):  # noqa: B007 - the last one
+        pass
+    return found
+
+
+def line_at(text: str, index: int) -> str:
+    """The line of ``text`` that holds ``index``, stripped."""
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    return text[start:end if end >= 0 else len(text)].strip()
+
+
 #: What a full disk (ENOSPC) or a spent quota (EDQUOT) is called in an error, Python's or TensorFlow's.
 DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded")
 _PATH = re.compile(r"(/[^\s;'\"]+)")
@@ -22,15 +37,10 @@ def disk_full(text: str) -> tuple[str, str | None] | None:
     ``text`` (a task's final error) that says so is a full disk or a spent quota: Python's
     ``OSError: [Errno 28] No space left on device: '/path'``, TensorFlow's ``.../ckpt-8_temp/...;
     No space left on device [Op:SaveV2]``; None otherwise."""
-    found = None
-    for found in DISK_FULL.finditer(text):  # noqa: B007 - the last one
-        pass
+    found = last_match(DISK_FULL, text)
     if found is None:
         return None
-    start = text.rfind("\n", 0, found.start()) + 1
-    end = text.find("\n", found.end())
-    line = text[start:end if end >= 0 else len(text)]
-    paths = [p.rstrip(".,:") for p in _PATH.findall(line)]
+    paths = [p.rstrip(".,:") for p in _PATH.findall(line_at(text, found.start()))]
     paths = [p for p in paths if len(p) > 1 and not p.startswith("/job:")]  # (not a TensorFlow device name)
     return found.group(0), (paths[-1] if paths else None)
 
@@ -44,16 +54,12 @@ CUDA_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ \w+)\.?(?
 def device_oom(text: str) -> str | None:
     """"out of memory on DEVICE (what could not be allocated)" when ``text`` (a task's final error)
     is TensorFlow's or PyTorch's report of a device running out of memory; None otherwise."""
-    tf_match = None
-    for tf_match in TF_OOM.finditer(text):  # noqa: B007 - the last one
-        pass
+    tf_match = last_match(TF_OOM, text)
     if tf_match is not None:
         shape, dtype, device, allocator = tf_match.groups()
         where = device.rsplit("device:", 1)[-1]
         return f"out of memory on {where} (a {dtype} tensor of shape [{shape}], allocator {allocator})"
-    cuda = None
-    for cuda in CUDA_OOM.finditer(text):  # noqa: B007 - the last one
-        pass
+    cuda = last_match(CUDA_OOM, text)
     if cuda is not None:
         size, gpu, total, free = cuda.groups()
         room = f"; {total} in all, {free} free" if total else ""
@@ -76,9 +82,7 @@ def read_tail(path: str | Path, max_bytes: int = 256 * 1024) -> str:
 def syntax_error(text: str) -> re.Match[str] | None:
     """The last report of a syntax error in the script Python was asked to run (it has no
     traceback), when nothing but output without a traceback follows it."""
-    found = None
-    for found in SYNTAX_ERROR.finditer(text):  # noqa: B007 - the last one
-        pass
+    found = last_match(SYNTAX_ERROR, text)
     return found if found is not None and TRACEBACK_HEAD not in text[found.end():] else None
 
 

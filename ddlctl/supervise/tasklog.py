@@ -49,9 +49,6 @@ class TaskLog:
         if len(self.unwritten) > KEPT_BYTES:
             del self.unwritten[:len(self.unwritten) - KEPT_BYTES]
 
-    def flush(self) -> None:
-        """Every write is flushed when made (kept for callers)."""
-
     def tail(self, max_bytes: int = KEPT_BYTES) -> str:
         """The last ``max_bytes`` of the output, the file's and what it could not take, as text."""
         kept = bytes(self.unwritten[-max_bytes:]).decode("utf-8", "replace")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ddlctl.supervise.rootcause import TRACEBACK_HEAD
+from ddlctl.supervise.rootcause import TRACEBACK_HEAD, line_at
 
 _TASK = r"/job:(\w+)/replica:\d+/task:(\d+)"
 HEARTBEAT = re.compile(r"stopped sending heartbeats\)?:?\s*" + _TASK)
@@ -44,7 +44,7 @@ def stale_handle(text: str) -> str | None:
     for words in STALE_HANDLE:
         at = text.find(words)
         if at >= 0:
-            return _line_at(text, at)
+            return line_at(text, at)
     return None
 
 
@@ -77,27 +77,21 @@ def final_error(text: str, tail: int = 40) -> str:
     return "\n".join(text.splitlines()[-tail:])
 
 
-def _line_at(text: str, index: int) -> str:
-    start = text.rfind("\n", 0, index) + 1
-    end = text.find("\n", index)
-    return text[start:end if end >= 0 else len(text)].strip()
-
-
 def blame_peer(text: str, leader: str) -> Blame | None:
     """The peer that ``text`` (a failed task's log) blames, if any. ``leader``: the task that leads
     the coordination service (``worker:0`` under MWMS, ``chief:0`` under ps)."""
     error = final_error(text)
     match = HEARTBEAT.search(error)
     if match:
-        line = _line_at(error, match.start())
+        line = line_at(error, match.start())
         named = match.group(0).split()[-1]
         return Blame(f"{match.group(1)}:{match.group(2)}", "heartbeat", line if named in line else f"{line} {named}")
     match = REMOTE.search(error)
     if match:
-        return Blame(f"{match.group(1)}:{match.group(2)}", "unavailable", _line_at(error, match.start(1) - 1))
+        return Blame(f"{match.group(1)}:{match.group(2)}", "unavailable", line_at(error, match.start(1) - 1))
     match = LEADER.search(error)
     if match:
-        return Blame(leader, "leader", _line_at(error, match.start()))
+        return Blame(leader, "leader", line_at(error, match.start()))
     return None
 
 

@@ -163,8 +163,8 @@ def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> lis
                         raise LaunchError(write_failure(local_root / folder / name, exc)) from None
 
     remote_run = f"{REMOTE_ROOT}/runs/{plan.run_id}"
-    failed = {label: r for label, r in each_host(hosts, collect).items() if isinstance(r, Exception)}
+    failed = {label: r for label, r in each_host(hosts, collect).items() if isinstance(r, LaunchError)}
     if not failed:
         each_host(hosts, lambda host: sessions[host.label].prune(remote_run, keep=("checkpoints",)))
     return [f"the files of {label}'s task folders did not come back "
-            f"({getattr(error, 'message', error)}): they stay in {remote_run} there" for label, error in failed.items()]
+            f"({error.message}): they stay in {remote_run} there" for label, error in failed.items()]
