@@ -315,14 +315,24 @@ def test_a_device_that_ran_out_of_memory_is_said_and_not_retried_as_a_fault():
                             "allocator cpu)"
     failed = decide("mwms", fault_, {"worker:0": "worker", "worker:1": "worker"}, {"worker:1"}, used=0, max_restarts=3)
     assert failed.action == "fail" and "the same step would run out of memory again; a smaller batch" in failed.message
-    # PyTorch's (a program of your own under ddlctl profile)
-    torch_oom = ("Traceback (most recent call last):\n  File \"load.py\", line 9, in <module>\n"
-                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 146.00 MiB. GPU 0 has a total "
-                 "capacity of 8.00 GiB of which 0 bytes is free. Of the allocated memory 7.2 GiB is allocated by "
-                 "PyTorch\n")
+    # PyTorch 2.11's, verbatim (a program of your own under ddlctl profile taking 8 GiB pieces of an
+    # NVIDIA H200 until CUDA refused, made for real on the device machine)
+    torch_oom = ("Traceback (most recent call last):\n  File \"/work/main/.devcheck/oom.py\", line 11, in <module>\n"
+                 "    held.append(torch.empty(8 * 2**30, dtype=torch.uint8, device=\"cuda\"))\n"
+                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity "
+                 "of 139.80 GiB of which 3.16 GiB is free. Including non-PyTorch memory, this process has 136.63 GiB "
+                 "memory in use. Of the allocated memory 136.06 GiB is allocated by PyTorch, and 0 bytes is reserved "
+                 "by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+                 "Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-"
+                 "with-pytorch-cuda-alloc-conf)\n")
     fault_ = classify("worker:0", ExitStatus(code=1), torch_oom, "one_device", alive=set(), known={"worker:0"})
     assert (fault_.cause, fault_.detail) == ("device-oom", "exit code 1: out of memory on GPU 0 (tried to allocate "
-                                                           "146.00 MiB; 8.00 GiB in all, 0 bytes free)")
+                                                           "8.00 GiB; 139.80 GiB in all, 3.16 GiB free)")
+    nothing_free = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 146.00 MiB. GPU 0 has a total "
+                    "capacity of 8.00 GiB of which 0 bytes is free.\n")
+    assert classify("worker:0", ExitStatus(code=1), nothing_free, "one_device", alive=set(),
+                    known={"worker:0"}).detail.endswith("(tried to allocate 146.00 MiB; 8.00 GiB in all, 0 bytes free)")
     older = "Traceback (most recent call last):\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     assert classify("worker:0", ExitStatus(code=1), older, "one_device", alive=set(), known={"worker:0"}).detail == \
         "exit code 1: out of memory on the GPU (tried to allocate 2.00 GiB)"
