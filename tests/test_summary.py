@@ -203,6 +203,29 @@ def test_utilisation_is_taken_while_training_and_memory_over_the_whole_run(tmp_p
     assert "GPU 0 on h1 mostly idle" in "\n".join(summary.diagnosis)
 
 
+def test_steps_too_short_to_sample_leave_figures_over_the_whole_run_and_the_diagnosis_says_so(tmp_path):
+    """Five steps in 50 ms (a program that ran out of device memory right after them, as seen on an
+    H200) fall between two of 20 one-second samples: the CPU and GPU figures are the whole run's,
+    start-up included, and the diagnosis says so rather than blame the input pipeline."""
+    run = tmp_path / "run"
+    write_plan(run, "one_device", {"worker:0": "h1"}, hosts=["h1"])
+    write_steps(run, "worker:0", [0.01] * 5, start=T0 + 10.2)
+    write_telemetry(run, "h1", [0.0] * 20, [2**30] * 20, cpu=95.0)
+    summary = summarize(run, warmup_steps=0)
+    assert summary.hosts[0].whole_run and summary.hosts[0].cpu_util_mean == 95.0
+    lines = summary.diagnosis
+    assert "CPU saturated on h1: mean 95% over the whole run, start-up included (its steps took too little time " \
+           "to be sampled)" in lines, lines
+    assert "GPU 0 on h1 mostly idle: busy 0% of the time (idle 100%) over the whole run, start-up included (its " \
+           "steps took too little time to be sampled)" in lines, lines
+    assert json.loads(json.dumps(summary.to_dict()))["hosts"][0]["whole_run"] is True
+    # steps that span three samples: the figures are theirs, and the pipeline may be blamed
+    write_steps(run, "worker:0", [1.0] * 5, start=T0 + 10.2)
+    summary = summarize(run, warmup_steps=0)
+    assert not summary.hosts[0].whole_run
+    assert "CPU saturated on h1: mean 95% (input pipeline, or too many tasks for its cores)" in summary.diagnosis
+
+
 def test_summary_json_keys_are_the_documented_ones(tmp_path):
     run = tmp_path / "run"
     write_plan(run, "mwms", {"worker:0": "h1"}, hosts=["h1"])
@@ -215,7 +238,7 @@ def test_summary_json_keys_are_the_documented_ones(tmp_path):
     for key in ("name", "host", "exit_code", "steps", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s",
                 "samples_per_s", "straggler"):
         assert key in data["tasks"][0]
-    for key in ("host", "cpu_util_mean", "mem_peak_bytes", "gpus"):
+    for key in ("host", "cpu_util_mean", "whole_run", "mem_peak_bytes", "gpus"):
         assert key in data["hosts"][0]
     for key in ("index", "name", "util_mean", "util_p5", "mem_peak_bytes", "mem_total_bytes", "power_mean_w"):
         assert key in data["hosts"][0]["gpus"][0]
@@ -393,7 +416,7 @@ def test_what_holds_for_many_hosts_is_one_diagnosis_line_naming_them_with_the_ra
     hosts = [f"127.0.0.{i}:22300" for i in range(1, 9)]
     write_plan(run, "mwms", {f"worker:{i}": h for i, h in enumerate(hosts)}, hosts=hosts)
     for i, host in enumerate(hosts):
-        write_steps(run, f"worker:{i}", [0.1] * 10)
+        write_steps(run, f"worker:{i}", [0.4] * 10)  # (4 s: every sample falls inside)
         write_telemetry(run, host, [10.0 + i] * 4, [2**30] * 4, cpu=91.0 + i)
     lines = summarize(run, warmup_steps=0).diagnosis
     saturated = [line for line in lines if line.startswith("CPU saturated")]

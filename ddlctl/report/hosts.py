@@ -49,6 +49,9 @@ class HostSummary:
     gpu_note: str | None
     gpus: tuple[GpuSummary, ...]
     gaps: tuple[tuple[float, float], ...]
+    #: the CPU and GPU figures are over the whole run, start-up included: steps were recorded, but
+    #: fewer than :data:`MIN_WINDOW_SAMPLES` samples fell between the first and the last
+    whole_run: bool = False
 
 
 @dataclass
@@ -295,10 +298,17 @@ def training(t: np.ndarray, run_start: float | None, run_end: float | None) -> n
     """A mask over samples taken at times ``t``: those from the first step's start to the last
     step's end (utilisation while training: a long start-up or teardown does not dilute it), or all
     of them where no steps were recorded or fewer than :data:`MIN_WINDOW_SAMPLES` fall inside."""
-    if run_start is None or run_end is None:
+    if run_start is None or run_end is None or too_few_inside(t, run_start, run_end):
         return np.ones(t.size, dtype=bool)
-    inside = (t >= run_start) & (t <= run_end)
-    return inside if int(inside.sum()) >= MIN_WINDOW_SAMPLES else np.ones(t.size, dtype=bool)
+    return (t >= run_start) & (t <= run_end)
+
+
+def too_few_inside(t: np.ndarray, run_start: float | None, run_end: float | None) -> bool:
+    """Whether steps were recorded (``run_start``, ``run_end``) but fewer than
+    :data:`MIN_WINDOW_SAMPLES` of the times ``t`` fall between them (steps too short to sample)."""
+    if run_start is None or run_end is None:
+        return False
+    return int(((t >= run_start) & (t <= run_end)).sum()) < MIN_WINDOW_SAMPLES
 
 
 def host_summary(series: HostSeries, run_start: float | None, run_end: float | None) -> HostSummary:
@@ -327,8 +337,9 @@ def host_summary(series: HostSeries, run_start: float | None, run_end: float | N
         span = series.net[-1][0] - series.net[0][0]
         sent = (series.net[-1][1] - series.net[0][1]) / span
         recv = (series.net[-1][2] - series.net[0][2]) / span
+    whole_run = series.cpu_t.size > 0 and too_few_inside(series.cpu_t, run_start, run_end)
     return HostSummary(
-        host=series.host, samples=len(series.t),
+        host=series.host, samples=len(series.t), whole_run=whole_run,
         cpu_util_mean=_mean(series.cpu[training(series.cpu_t, run_start, run_end)]),
         mem_peak_bytes=int(series.mem.max()) if series.mem.size else None,
         mem_total_bytes=int(series.mem_total) if series.mem_total else None,

@@ -52,6 +52,8 @@ LATE_ARRIVAL_FRACTION = 0.10
 INPUT_BOUND_FRACTION = 0.30
 GPU_IDLE_UTIL = 50.0
 CPU_SATURATED = 90.0
+#: How a CPU or GPU figure over the whole run (steps too short to sample) is told apart from one over the steps.
+WHOLE_RUN = "over the whole run, start-up included (its steps took too little time to be sampled)"
 #: Share of a host's memory in use, at its peak, above which the report warns of the OOM killer.
 MEMORY_NEARLY_FULL = 0.9
 #: A task whose CPU time is this much the kernel's (and that used at least KERNEL_HEAVY_MIN_CPU % of a
@@ -538,8 +540,9 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
         busy = [gpu.util_mean for _, gpu in idle_gpus]
         which = f"GPU {idle_gpus[0][1].index} on {idle_gpus[0][0]}" if len(idle_gpus) == 1 else \
             f"{len(idle_gpus)} GPUs ({', '.join(f'{h} GPU {g.index}' for h, g in idle_gpus)})"
+        whole = any(host.whole_run for host in summary.hosts if host.host in {h for h, _ in idle_gpus})
         lines.append(f"{which} mostly idle: busy {figure_range(busy)} of the time "
-                     f"(idle {figure_range([100 - b for b in busy])})")
+                     f"(idle {figure_range([100 - b for b in busy])})" + (f" {WHOLE_RUN}" if whole else ""))
     # the tasks that record steps, and ps workers (which compute under ps, and record none)
     figures = [(t.name, t.cpu_mean, t.kernel_cpu_mean) for t in summary.tasks] + \
         [(w.task, w.cpu_mean, w.kernel_cpu_mean) for w in summary.work]
@@ -555,8 +558,11 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
     saturated = [h for h in summary.hosts if h.cpu_util_mean is not None and h.cpu_util_mean > CPU_SATURATED]
     if saturated:
         # with no step recorded the mean is over the whole run, start-up included: no cause to guess
-        why = "(input pipeline, or too many tasks for its cores)" if summary.total_steps else \
-            "over the whole run (no step recorded to tell its start-up from its work)"
+        why = "(input pipeline, or too many tasks for its cores)"
+        if not summary.total_steps:
+            why = "over the whole run (no step recorded to tell its start-up from its work)"
+        elif any(h.whole_run for h in saturated):
+            why = WHOLE_RUN
         lines.append(f"CPU saturated on {named([h.host for h in saturated], 'hosts')}: mean "
                      f"{figure_range([h.cpu_util_mean for h in saturated])} {why}")
     full = [h for h in summary.hosts if h.mem_peak_bytes and h.mem_total_bytes
