@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 import ddlctl
+from ddlctl import stdoutgone
 from ddlctl.cluster.source import load_cluster
 from ddlctl.errors import ConfigError
 from ddlctl.preflight import HostReport, host_warnings, probe_transports, with_mismatch
@@ -139,7 +139,7 @@ def check(hosts: str | None, template: str | None, ssh: object | None, json_out:
         if save:
             save_profile(profile, save)
         if json_out:
-            sys.stdout.write(json.dumps(profile.to_dict(), indent=1) + "\n")
+            stdoutgone.write(json.dumps(profile.to_dict(), indent=1) + "\n")
         else:
             render_profile(profile, out)
             if save:
@@ -148,7 +148,7 @@ def check(hosts: str | None, template: str | None, ssh: object | None, json_out:
         return 0
     reports = with_mismatch(gather_slurm(python) if slurm else gather(hosts, template, ssh))
     if json_out:
-        sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
+        stdoutgone.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
     else:
         render(reports, out)
     return 0 if all(r.usable for r in reports) else 1

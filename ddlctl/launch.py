@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from ddlctl import envvars
+from ddlctl import envvars, stdoutgone
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
 from ddlctl.cluster.model import Cluster
 from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
@@ -369,7 +369,7 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
     plan, connected = prepare(config, err)
     if output.dry_run:
         if output.json_out:
-            sys.stdout.write(json.dumps(plan.to_dict(), indent=1) + "\n")
+            stdoutgone.write(json.dumps(plan.to_dict(), indent=1) + "\n")
         else:
             from ddlctl.report.render import render_plan
 
@@ -396,7 +396,7 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
     result = supervise(plan, connected, config, out, err, server)
     finished = finish(plan, result, out, err, full_report=output.profile, render=not output.quiet)
     if output.json_out:
-        sys.stdout.write(json.dumps(finished.summary, indent=1) + "\n")
+        stdoutgone.write(json.dumps(finished.summary, indent=1) + "\n")
         sys.stdout.flush()
     return finished.exit_code(result)
 
@@ -510,6 +510,10 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
     if render and not result.ok:
         err.print(Text.assemble(("ddlctl: job failed", "red"), f" (exit code {result.exit_code}); "
                                 f"logs in {plan.run_dir}/tasks/"))
+    note = stdoutgone.closing_note(f"what followed was not shown; the task logs and the report are in {run_dir} "
+                                   f"(`ddlctl report {run_dir}` shows the report again)")
+    if note:
+        err.print(note, highlight=False, soft_wrap=True)
     return finished
 
 

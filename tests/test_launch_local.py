@@ -399,3 +399,40 @@ def test_a_disk_that_fills_neither_stops_ddlctl_nor_loses_output_and_is_the_root
     again = run_ddlctl("launch", "-s", "one_device", "--runs-dir", str(runs), "--", sys.executable, "-c", "pass")
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert re.search(r"--runs-dir: cannot write \S+/plan\.json: No space left on device", again.stderr), again.stderr
+
+
+def test_a_reader_that_closes_stdout_costs_the_display_not_the_job_its_cause_or_its_exit_code(tmp_path):
+    """``ddlctl launch ... | head -2``: the job runs to its end, every line is in its log, the
+    failure's cause and ``job failed`` still reach stderr, the exit code is the job's (rich and Click
+    would exit with 1 at once), and ddlctl says where the rest is. Likewise for JSON on stdout."""
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    loud = "import sys\nfor i in range(20000): print('line', i)\nsys.exit(3)\n"
+    runs = tmp_path / "runs"
+    job = subprocess.Popen(ddlctl_cmd("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs), "--",
+                                      sys.executable, "-c", loud),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    assert [job.stdout.readline() for _ in range(2)] == ["[worker:0@localhost] line 0\n",
+                                                          "[worker:0@localhost] line 1\n"]
+    job.stdout.close()  # as head does after its lines
+    err = job.stderr.read()
+    assert job.wait(timeout=120) == 3, err[-3000:]
+    run_dir = only_run_dir(runs)
+    assert "✗ worker:0 on localhost failed: exit code 3" in err and "    line 19999" in err, err[-3000:]
+    assert f"ddlctl: job failed (exit code 3); logs in {run_dir}/tasks/" in err
+    assert "ddlctl: standard output was closed by its reader (as `| head` does): what followed was not shown; " \
+           f"the task logs and the report are in {run_dir} (`ddlctl report {run_dir}` shows" in err.replace("\n", " ")
+    assert "Traceback" not in err and "Exception ignored" not in err and "internal error" not in err
+    log = (run_dir / "tasks" / "worker-0" / "output.log").read_text().splitlines()
+    assert len(log) == 20000 and log[-1] == "line 19999"
+    assert json.loads((run_dir / "outcome.json").read_text())["exit_code"] == 3
+    assert processes_of_run(run_dir.name) == []
+    # a job whose JSON summary has no reader left: it succeeded, and says so with its code
+    for args in (("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path / "quiet"), "--json",
+                  "--", sys.executable, "-c", "import time; time.sleep(1)"), ("report", str(run_dir))):
+        gone = subprocess.Popen(ddlctl_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=tmp_path, env=env)
+        gone.stdout.close()  # before anything was written
+        err = gone.stderr.read()
+        assert gone.wait(timeout=120) == 0, (args, err[-2000:])
+        assert "standard output was closed by its reader" in err and "Traceback" not in err, (args, err)
+    assert (only_run_dir(tmp_path / "quiet") / "summary.json").is_file()

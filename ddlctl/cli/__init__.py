@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from ddlctl import stdoutgone
 from ddlctl.cli.common import _ARGV, app
 
 __all__ = ["app", "main", "run_app"]
@@ -56,8 +57,12 @@ def main() -> None:
     interrupts: list[bool] = []
     os.umask(0o077)  # private by default: run folders, logs, plans, checkpoints are the user's alone
     signal.signal(signal.SIGINT, interrupted)  # the supervisor has its own while tasks run
+    code = 1
     try:
         code = run_app()
+        sys.stdout.flush()  # (what a pipe holds: its reader may be gone, see ddlctl.stdoutgone)
+    except BrokenPipeError:  # stdout's reader went away: the command's own code stands (1 if it had none)
+        stdoutgone.mark_closed()
     except KeyboardInterrupt:  # Ctrl-C outside the supervisor (e.g. while planning)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
@@ -71,6 +76,9 @@ def main() -> None:
               f"  hint: this is a bug in ddlctl; the full traceback is in {handle.name}", file=sys.stderr)
         sys.exit(1)
     finally:
+        note = stdoutgone.closing_note()
+        if note:
+            print(note, file=sys.stderr)
         # Leaving with an exit code: a Ctrl-C now (while the interpreter shuts down and Python
         # puts the default handler back) must not turn it into "killed by SIGINT".
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ddlctl import __version__
+from ddlctl import __version__, stdoutgone
 from ddlctl.errors import UserError
 from ddlctl.planning.plan import BALANCE, WORKER_PER
 from ddlctl.runfiles import PLAN_FILE
@@ -140,9 +140,19 @@ def _runs_dir(runs_dir: str, old_run_dir: str | None) -> str:
 
 
 
+class _PeopleConsole(Console):
+    """A stdout console that outlives its reader (:mod:`ddlctl.stdoutgone`): rich's own answer to a
+    closed pipe is to exit at once."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        stdoutgone.mark_closed()
+
+
 def people_console() -> Console:
-    """Console for people on stdout: wide when piped (tables are not cut to 80 columns)."""
-    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
+    """Console for people on stdout: wide when piped (tables are not cut to 80 columns); what it
+    cannot show once its reader is gone (``| head``) is dropped, not fatal."""
+    return _PeopleConsole(soft_wrap=True, width=None if sys.stdout.isatty() else 160, markup=False)
 
 
 def error_console() -> Console:

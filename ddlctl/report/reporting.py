@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from rich.console import Console
 
+from ddlctl import stdoutgone
 from ddlctl.errors import ConfigError
 from ddlctl.report.export import write_csv
 from ddlctl.report.render import render_report
@@ -25,7 +25,7 @@ def report(run_dir: str, json_out: bool, csv_dir: str | None, trace: str | None,
                           "pass a folder like runs/<run-id>, or a run id of ./runs")
     summary = summarize(folder, warmup_steps=warmup_steps)
     if json_out:
-        sys.stdout.write(json.dumps(summary.to_dict(), indent=1) + "\n")
+        stdoutgone.write(json.dumps(summary.to_dict(), indent=1) + "\n")
     else:
         render_report(summary, console)
     err = Console(stderr=True, markup=False)

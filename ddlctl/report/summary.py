@@ -557,12 +557,10 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
                      "environment sets a malloc threshold of its own)")
     saturated = [h for h in summary.hosts if h.cpu_util_mean is not None and h.cpu_util_mean > CPU_SATURATED]
     if saturated:
-        # with no step recorded the mean is over the whole run, start-up included: no cause to guess
-        why = "(input pipeline, or too many tasks for its cores)"
-        if not summary.total_steps:
-            why = "over the whole run (no step recorded to tell its start-up from its work)"
-        elif any(h.whole_run for h in saturated):
-            why = WHOLE_RUN
+        # with no step recorded (or steps too short to sample) the mean covers start-up: no cause to guess
+        why = "over the whole run (no step recorded to tell its start-up from its work)" if not summary.total_steps \
+            else WHOLE_RUN if any(h.whole_run for h in saturated) \
+            else "(input pipeline, or too many tasks for its cores)"
         lines.append(f"CPU saturated on {named([h.host for h in saturated], 'hosts')}: mean "
                      f"{figure_range([h.cpu_util_mean for h in saturated])} {why}")
     full = [h for h in summary.hosts if h.mem_peak_bytes and h.mem_total_bytes

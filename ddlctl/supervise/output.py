@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from typing import BinaryIO
 
+from ddlctl import stdoutgone
 from ddlctl.supervise.collapse import LineWriter
 
 #: A whole line of text that ends with a line end (see :meth:`LineSplitter.feed`).
@@ -121,8 +122,11 @@ class PrefixedWriter:
         try:
             self.stream.write(bytes(out))
             self.stream.flush()
-        except (BrokenPipeError, ValueError):
-            pass  # reader of our stdout went away; the log files still have everything
+        except BrokenPipeError:  # the reader of our stdout went away; the log files still have everything
+            if stdoutgone.is_stdout(self.stream):
+                stdoutgone.mark_closed()
+        except ValueError:
+            pass
 
     def tick(self, now: float) -> None:
         """Nothing is held here."""
