@@ -196,7 +196,11 @@ class FakeSession:
         return self._read_end
 
     def pump(self) -> None:
-        """The world pushes everything into the tasks: nothing to read."""
+        """The world pushes everything into the tasks: nothing to read. A pause (``World.pause``)
+        happens here, as a Ctrl-Z lands while ddlctl waits for or reads its hosts."""
+        if self.world.pausing:
+            self.world.now += self.world.pausing
+            self.world.pausing, self.world.frozen = 0.0, True
 
     def start(self, spec: TaskSpec, grace_s: float) -> FakeTask:
         attempt = self.world.starts.count(spec.name)
@@ -227,6 +231,9 @@ class FakeSession:
 
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         return False
+
+    def heard(self) -> None:
+        """Nothing is silent here."""
 
     def request_dump(self, names: list[str]) -> None:
         for name in names:
@@ -325,6 +332,8 @@ class World:
     latest: dict[str, FakeTask] = field(default_factory=dict)  # task name -> its latest start
     _pid: int = 1000
     real_deadline: float | None = None  # see tick()
+    pausing: float = 0.0  # ddlctl stopped for this long while it next reads (see pause())
+    frozen: bool = False  # what happened during that pause is not read in the tick it ends
 
     def __post_init__(self) -> None:
         self.sessions = {label: FakeSession(self, label) for label in self.hosts}
@@ -370,6 +379,11 @@ class World:
         """SIGSTOP: it stops stepping, ignores TERM and shows state T."""
         self.task(name).behaviour.stopped = True
 
+    def pause(self, seconds: float) -> None:
+        """ddlctl itself stops for ``seconds`` (Ctrl-Z, then fg) at its next read: its wait comes
+        back empty, as Python's does after SIGCONT, and the world's clock has moved on."""
+        self.pausing = seconds
+
     def signal_me(self, signum: int = signal.SIGINT) -> None:
         """A signal to this process (ddlctl), as Ctrl-C in its terminal sends."""
         os.kill(os.getpid(), signum)
@@ -398,6 +412,9 @@ class World:
         self.events = [e for e in self.events if e[0] > self.now]
         for _when, action, args in due:
             action(*args)
+        if self.frozen:  # the read that ended a pause found nothing new
+            self.frozen = False
+            return
         for task in list(self.latest.values()):
             task.advance(self.now)
 

@@ -252,3 +252,32 @@ def test_a_task_the_oom_killer_ends_is_said_to_be_out_of_memory_and_restarted_as
     [task] = outcome["tasks"]
     assert task["exit"].startswith("killed by SIGKILL: out of memory (the kernel's OOM killer")
     assert processes_of_run(run_dir.name) == []
+
+
+def test_ddlctl_itself_stopped_past_every_threshold_blames_no_host_or_task_and_the_job_trains_on(runs):
+    """Ctrl-Z, then fg: ddlctl SIGSTOPped for 20 s, past the host silence limit (15 s) and the hang
+    threshold (6 s), while its host agent and task go on. Before, its first look after SIGCONT read
+    nothing (Python gives a wait whose timeout passed back empty) and it declared the host lost
+    (exit 255) or the task hung (124)."""
+    stepping = ("import time, ddlctl\nddlctl.set_total_steps(500)\nfor i in range(500):\n"
+                "    with ddlctl.step():\n        time.sleep(0.06)\n    print('step', i, flush=True)\n")
+    job = Job(runs, "-s", "one_device", "--hang-timeout", "6", "--grace", "2", "--", sys.executable, "-c", stepping)
+    job.wait_steps("worker-0", 20)
+    job.proc.send_signal(signal.SIGSTOP)
+    stopped_at = job.steps("worker-0")
+    time.sleep(20)
+    trained = job.steps("worker-0") - stopped_at
+    job.proc.send_signal(signal.SIGCONT)
+    assert job.wait() == 0, job.stderr()[-3000:]
+    assert trained > 50, "the task trained on while ddlctl was stopped"
+    outcome = job.outcome()
+    assert (outcome["hangs"], outcome["hosts_lost"], outcome["restarts"]) == ([], [], [])
+    (pause,) = outcome["paused"]
+    assert 19 <= pause["seconds"] < 30, pause
+    assert re.search(r"ddlctl: this process did not run for (19|2\d)s \(stopped: Ctrl-Z, SIGSTOP or a debugger",
+                     job.stderr()), job.stderr()[-2000:]
+    log = (job.run_dir / "tasks" / "worker-0" / "output.log").read_text().splitlines()
+    assert [line for line in log if line.startswith("step")][-1] == "step 499"
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert any(line.startswith("ddlctl itself did not run for") for line in summary["diagnosis"]), summary["diagnosis"]
+    assert processes_of_run(job.run_dir.name) == []

@@ -397,6 +397,28 @@ def test_a_hang_without_a_stopped_process_blames_the_first_to_stop_stepping(tmp_
     assert "it stopped making progress first" in result.failure.message
 
 
+def test_ddlctl_stopped_for_longer_than_every_threshold_blames_no_task_for_its_own_silence(tmp_path):
+    """Ctrl-Z (or SIGSTOP, a debugger) holds ddlctl for 30 s while its tasks train on: its wait for
+    the hosts comes back empty and its clock has moved 30 s, far past the hang threshold. That
+    silence was ddlctl's: no hang, the job ends well, the pause is said and kept."""
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=6.0), "worker:1": Behaviour(exit_after=6.0)})
+    world.at(2.0, world.pause, 30.0)
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0)
+    assert (result.ok, result.exit_code, result.hangs) == (True, 0, ()), (result.failure, world.messages)
+    assert [m for m in world.messages if "did not run" in m] == [
+        "this process did not run for 30s (stopped: Ctrl-Z, SIGSTOP or a debugger; or its machine was suspended): "
+        "no host or task is blamed for that silence"]
+    (pause,) = result.paused
+    assert pause["seconds"] == 30.0
+    # a task that really stops stepping after the pause is still found (its clock started again)
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=8.0, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(2.0, world.pause, 30.0)
+    (tmp_path / "again").mkdir()
+    result, _ = world.run(tmp_path / "again", hang_timeout_s=3.0)
+    assert (result.failure.reason, result.failure.task) == ("hang", "worker:0"), result.failure
+
+
 USER_LOCK = """Thread 0x2 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap

@@ -1,4 +1,5 @@
-"""What faults cost: restarts with their downtime and lost steps, and goodput (pure functions).
+"""What faults cost: restarts with their downtime and lost steps, goodput, and the report's lines for
+the job's other events (pure functions).
 
 Inputs are the run directory's own records: ``outcome.json``'s ``restarts`` (fault time, task,
 cause, when the replacement was started and, for servers, listening again) and the step files.
@@ -73,6 +74,35 @@ def first_start_after(starts_us: Sequence[int], when: float) -> float | None:
     """Start (epoch seconds) of the first record that starts at or after ``when``."""
     after = [s / 1e6 for s in starts_us if s / 1e6 >= when]
     return min(after) if after else None
+
+
+def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[dict], membership: Sequence[dict],
+                run_end: float | None) -> list[str]:
+    """The report's lines for what happened to the job besides restarts: ddlctl's own pauses, a
+    task lost and not replaced, a host's connection lost, workers leaving and rejoining
+    (``run_end``: when the last step ended)."""
+    lines = []
+    for pause in outcome.get("paused", []):
+        began = outcome.get("started_at")
+        when = f" from {pause['time'] - began:.0f}s after the start" if began and pause.get("time") else ""
+        lines.append(f"ddlctl itself did not run for {pause.get('seconds', 0):.0f}s{when} (stopped or suspended): "
+                     "its hosts' and tasks' silence then was not held against them")
+    for event in degraded:
+        since = event.get("since") or event.get("time")
+        how_long = f" for the last {run_end - since:.1f}s of training" if run_end and since and run_end > since else ""
+        lines.append(f"ran degraded{how_long}: {event.get('task')} was lost ({event.get('detail')}) and not replaced")
+    for lost in hosts_lost:
+        lines.append(f"connection to {lost.get('host')} lost: {lost.get('reason')}")
+    for change in membership:
+        workers = list(change.get("workers", []))
+        if change.get("cause") == "grow":
+            lines.append(f"{', '.join(change.get('joined', []))} rejoined ({change.get('why')}): trained on with "
+                         f"{len(workers)} worker(s) from the checkpoint written just before")
+        else:
+            lines.append(f"{', '.join(change.get('left', []))} left the job ({change.get('why')}): trained on with "
+                         f"{len(workers)} worker(s) ({', '.join(workers)}) from the latest checkpoint, the same "
+                         f"global batch")
+    return lines
 
 
 def summarize_restarts(events: Sequence[dict], lead_steps: Sequence[int], lead_starts_us: Sequence[int],

@@ -34,7 +34,7 @@ import numpy as np
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.causes import time_by_cause
-from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
+from ddlctl.report.faults import RestartSummary, event_lines, goodput, redone_mask, summarize_restarts
 from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.membership import membership_phases
@@ -577,21 +577,7 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
             lines.append(f"telemetry gap on {host.host}: no samples for {end - start:.1f}s")
     for gap in outcome.get("telemetry_gaps", []):
         lines.append(gap)
-    for event in summary.degraded:
-        since = event.get("since") or event.get("time")
-        how_long = f" for the last {run_end - since:.1f}s of training" if run_end and since and run_end > since else ""
-        lines.append(f"ran degraded{how_long}: {event.get('task')} was lost ({event.get('detail')}) and not replaced")
-    for lost in summary.hosts_lost:
-        lines.append(f"connection to {lost.get('host')} lost: {lost.get('reason')}")
-    for change in summary.membership:
-        workers = list(change.get("workers", []))
-        if change.get("cause") == "grow":
-            lines.append(f"{', '.join(change.get('joined', []))} rejoined ({change.get('why')}): trained on with "
-                         f"{len(workers)} worker(s) from the checkpoint written just before")
-        else:
-            lines.append(f"{', '.join(change.get('left', []))} left the job ({change.get('why')}): trained on with "
-                         f"{len(workers)} worker(s) ({', '.join(workers)}) from the latest checkpoint, the same "
-                         f"global batch")
+    lines.extend(event_lines(outcome, summary.degraded, summary.hosts_lost, summary.membership, run_end))
     note = balance_note(summary.balance)
     if note:
         lines.append(note)

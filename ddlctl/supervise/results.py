@@ -66,6 +66,7 @@ class JobResult:
     started_at: float | None = None  # epoch seconds when the supervisor started the tasks
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers)
     left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
+    paused: tuple[dict, ...] = ()  # each time ddlctl itself did not run (stopped, suspended): time, seconds
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -128,7 +129,8 @@ def outcome_of(task: SupervisedTask) -> TaskOutcome:
 def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence[int], *,
                telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
                hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None,
-               membership: Sequence[dict] = (), left_running: Sequence[dict] = ()) -> JobResult:
+               membership: Sequence[dict] = (), left_running: Sequence[dict] = (),
+               paused: Sequence[dict] = ()) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -137,7 +139,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
                      hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at,
-                     membership=tuple(membership), left_running=tuple(left_running))
+                     membership=tuple(membership), left_running=tuple(left_running), paused=tuple(paused))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -170,6 +172,7 @@ def outcome_record(result: JobResult) -> dict:
         "hangs": list(result.hangs),
         "membership": list(result.membership),
         "left_running": list(result.left_running),
+        "paused": list(result.paused),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

@@ -10,7 +10,10 @@ and decides:
   group or everything (:mod:`~.restarts`), go on degraded, or fail: stop all;
 * the startup timeout passed with tasks not listening -> fail, naming them;
 * SIGINT / SIGTERM / SIGHUP to ddlctl -> stop everything and never restart (a second Ctrl-C
-  kills at once; a third exits at once, and the host agents still kill every task).
+  kills at once; a third exits at once, and the host agents still kill every task);
+* ddlctl itself did not run for a while (Ctrl-Z, SIGSTOP, a debugger, a suspended machine) -> read
+  what the hosts sent meanwhile and start every silence and hang clock again: that silence was
+  ddlctl's own, not a host's or a task's.
 
 The loop's concerns live beside it: :mod:`~.restarts` (backoff, ports, checkpoints),
 :mod:`~.hosts` (lost connections, reconnecting), :mod:`~.hangs` (the watch, stacks, culprit),
@@ -62,6 +65,10 @@ from ddlctl.transport.status import ExitStatus, signal_name
 
 __all__ = ["Failure", "JobResult", "Supervisor", "SupervisorOptions", "TaskState"]
 
+#: A wait for the hosts that came back this much later than its timeout: ddlctl itself did not run
+#: meanwhile (see :meth:`Supervisor._resumed`). A loaded machine delays a tick by far less.
+PAUSED_S = 5.0
+
 
 class Supervisor:
     """Starts the plan's tasks through their hosts' agents and supervises them to the end."""
@@ -91,6 +98,7 @@ class Supervisor:
         self.telemetry_gaps: list[str] = []
         self.degraded: list[dict] = []
         self.left_running: list[dict] = []  # tasks SIGKILL could not end
+        self.paused: list[dict] = []  # each time ddlctl itself did not run (Ctrl-Z, SIGSTOP, suspended)
         self.signals: list[int] = []
         self.killed_at: float | None = None
         self.killed_now = False
@@ -127,7 +135,8 @@ class Supervisor:
         return job_result(self.job, self.job.clock() - started, self.failure, self.signals,
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
-                          started_at=started_at, membership=self.job.membership, left_running=self.left_running)
+                          started_at=started_at, membership=self.job.membership, left_running=self.left_running,
+                          paused=self.paused)
 
     def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""
@@ -159,9 +168,12 @@ class Supervisor:
     # -- one tick ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
+        waited_from = self.job.clock()
         for key, _ in self.selector.select(self.job.options.tick_s):
             key.data.pump()
         now = self.job.clock()
+        if now - waited_from > self.job.options.tick_s + PAUSED_S:
+            self._resumed(now - waited_from, now)
         for task in self.job.tasks.values():
             self._read(task, now)
             if not task.is_agent:
@@ -373,6 +385,23 @@ class Supervisor:
             if any(t.spec.port for t in tasks):
                 waited = now - min(t.started for t in tasks)
                 self.job.notify(f"cluster up: every task is listening ({waited:.1f}s after start)")
+
+    def _resumed(self, gap: float, now: float) -> None:
+        """ddlctl itself did not run for ``gap`` seconds while it waited for (or read) its hosts:
+        stopped (Ctrl-Z, SIGSTOP, a debugger), its machine suspended or starved. Python gives back
+        such a wait empty (its timeout is over) though the hosts went on sending: read what they
+        sent, and let no host or task be blamed for a silence that was ddlctl's (their agents beat
+        on, and tasks wait once their output fills the pipe to ddlctl); every clock starts again."""
+        self.job.notify(f"this process did not run for {gap:.0f}s (stopped: Ctrl-Z, SIGSTOP or a debugger; or its "
+                        "machine was suspended): no host or task is blamed for that silence")
+        self.paused.append({"time": time.time() - gap, "seconds": round(gap, 1)})
+        for session in self.job.sessions.values():
+            session.pump()
+            session.heard()
+        self.hangs.watch.rearm(now)
+        for task in self.job.tasks.values():
+            if task.state is TaskState.STARTING:  # (the startup timeout leaves the pause out)
+                task.started += gap
 
     def _check_startup_timeout(self, now: float) -> None:
         timeout = self.job.options.startup_timeout_s

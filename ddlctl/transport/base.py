@@ -67,6 +67,9 @@ class AgentSession(Protocol):
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         """Lose (and cut off) the session when the agent said nothing for ``limit_s``."""
 
+    def heard(self) -> None:
+        """Count the agent as heard now (ddlctl itself was not listening: its silence is not the agent's)."""
+
     def request_dump(self, names: Sequence[str]) -> None:
         """Ask for the processes and Python stacks of ``names``."""
 

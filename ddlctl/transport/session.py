@@ -314,6 +314,11 @@ class HostSession:
                 self.stream.abandon()
         return True
 
+    def heard(self) -> None:
+        """Count the agent as heard now: ddlctl itself did not run for a while (stopped, suspended),
+        and what the agent sent meanwhile may still be on its way (an SSH channel's thread)."""
+        self.last_heard = max(self.last_heard, time.monotonic())
+
     def wait_for(self, ready, timeout: float) -> bool:  # noqa: ANN001 - a predicate
         """Pump until ``ready()`` or the timeout (or the connection is lost)."""
         import select
