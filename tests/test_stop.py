@@ -54,3 +54,29 @@ def test_a_plan_others_may_write_is_refused(tmp_path):
     os.chmod(tmp_path / "run", 0o770)
     done = run_ddlctl("stop", str(tmp_path / "run"))
     assert done.returncode == 2 and "is writable by its group" in done.stderr, done.stderr
+
+
+def test_the_remote_kill_runs_where_ddlctl_is_not_installed_and_ends_only_that_runs_processes(tmp_path):
+    """``ddlctl stop`` runs killrun.py's text as ``python -c`` on each remote host: a Python that
+    cannot import ddlctl (``-I -S``: no site-packages, no working directory) must run it whole."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ddlctl import envvars
+    from ddlctl.runtime import killrun
+
+    assert killrun.RUN_ID == envvars.RUN_ID
+    source = (Path(killrun.__file__)).read_text()
+    # each in a session of its own, as tasks are (the kill takes each process's group too)
+    mine = subprocess.Popen(["sleep", "60"], env={**os.environ, envvars.RUN_ID: "run-a"}, start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"], env={**os.environ, envvars.RUN_ID: "run-b"}, start_new_session=True)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", source, "run-a"], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [mine.pid]
+        assert mine.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        other.kill()
+        mine.kill()

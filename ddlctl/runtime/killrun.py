@@ -3,7 +3,9 @@
 A process belongs to the run when its environment holds ``DDLCTL_RUN_ID=<run id>`` (ddlctl sets
 it for every task): never a name pattern, so other people's jobs on the same host are untouched,
 and only processes whose environment we may read (our own) are considered. Standard library only,
-so it runs as ``python -c`` on hosts where ddlctl is not installed. Prints the killed pids as JSON.
+and nothing of ddlctl's own: ``ddlctl stop`` runs this file's text as ``python -c`` on hosts where
+ddlctl is not installed (an import of ``ddlctl.envvars`` broke that: ModuleNotFoundError). Prints
+the killed pids as JSON.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import os
 import signal
 import sys
 
-from ddlctl import envvars
+#: ``ddlctl.envvars.RUN_ID`` (not imported: see above; tests/test_stop.py checks they agree)
+RUN_ID = "DDLCTL_RUN_ID"
 
 
 def run_processes(run_id: str) -> list[int]:
     """Pids whose environment carries ``DDLCTL_RUN_ID=run_id`` (this process excluded)."""
-    needle = f"{envvars.RUN_ID}={run_id}".encode()
+    needle = f"{RUN_ID}={run_id}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
