@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import PROGRAMS, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
@@ -436,3 +437,37 @@ def test_a_reader_that_closes_stdout_costs_the_display_not_the_job_its_cause_or_
         assert gone.wait(timeout=120) == 0, (args, err[-2000:])
         assert "standard output was closed by its reader" in err and "Traceback" not in err, (args, err)
     assert (only_run_dir(tmp_path / "quiet") / "summary.json").is_file()
+
+
+def test_what_a_task_started_in_sessions_of_its_own_ends_with_it(tmp_path):
+    """Daemons a program starts outside its process group (``start_new_session=True``, ``setsid``
+    in a shell, a double fork) carry the run in their environment: they end with the task that
+    started them, as under Slurm, instead of outliving ddlctl (they did: reparented to init)."""
+    escape = tmp_path / "escape.py"
+    escape.write_text(
+        "import os, subprocess, sys, time\n"
+        "pids = [subprocess.Popen(['sleep', '301'], start_new_session=True).pid]\n"
+        "subprocess.Popen(['sh', '-c', 'setsid sleep 302 & echo $! > ' + sys.argv[1] + '/shell.pid']).wait()\n"
+        "reader, writer = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        os.execvp('sleep', ['sleep', '303'])\n"
+        "    os.write(writer, str(child).encode())\n"
+        "    os._exit(0)\n"
+        "pids.append(int(os.read(reader, 32)))\n"
+        "time.sleep(0.5)\n"
+        "pids.append(int(open(sys.argv[1] + '/shell.pid').read()))\n"
+        "print('escaped', *pids, flush=True)\n")
+    runs = tmp_path / "runs"
+    done = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs), "--",
+                      sys.executable, str(escape), str(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if "escaped" in line]
+    pids = [int(p) for p in line.split()[2:]]
+    assert len(pids) == 3
+    time.sleep(0.5)  # (SIGKILL is delivered at once; the kernel may take a moment to take a process down)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], alive
+    assert processes_of_run(only_run_dir(runs).name) == []

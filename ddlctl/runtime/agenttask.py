@@ -16,6 +16,7 @@ from ddlctl.runfiles import TASK_STEPS
 from ddlctl.runtime import cgroup, procsetup
 from ddlctl.runtime.devices import visible_devices
 from ddlctl.runtime.prefork import ForkedProcess, Zygote
+from ddlctl.runtime.procs import processes_with
 from ddlctl.runtime.stepfollow import StepFile
 
 # gRPC channel arguments for every task of a TensorFlow cluster, unless the host or the user set
@@ -235,6 +236,21 @@ class Task:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, sig)
+
+    def sweep(self, exclude: set[int]) -> list[int]:
+        """SIGKILL what the task started outside its process group (a daemon in a session of its own:
+        ``setsid``, ``start_new_session=True``), found by its environment (this run, this task),
+        once the task itself has ended: nothing a task started outlives it, as under Slurm. The pids
+        killed (``exclude``: the agent's own processes, zygotes among them)."""
+        run_id = self.env.get(envvars.RUN_ID)
+        if not run_id:
+            return []
+        killed = []
+        for pid in processes_with([f"{envvars.RUN_ID}={run_id}", f"{envvars.TASK}={self.name}"], exclude):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
 
     def terminate(self, sig: int, now: float) -> None:
         """``sig`` to the group now; SIGKILL after the grace period (unless it was SIGKILL)."""

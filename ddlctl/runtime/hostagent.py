@@ -374,6 +374,7 @@ class HostAgent:
                 if status is not None:
                     task.status, task.exited_at = status, time.time()
                     task.signal(signal.SIGKILL)  # what the task left in its group
+                    task.sweep(self.own_pids())  # and what it started outside it (setsid daemons)
             if task.status is not None and not task.eof and task.exited_at is not None \
                     and time.time() - task.exited_at > DRAIN_S:
                 task.eof = True  # something outside its group holds the pipe: stop waiting
@@ -398,6 +399,11 @@ class HostAgent:
             zygotes = {z.proc.pid for z in self.zygotes.values() if z.proc is not None and z.proc.poll() is None}
             prefork.reap_orphans(zygotes | {t.popen.pid for t in self.tasks.values()
                                             if t.popen is not None and t.status is None})
+
+    def own_pids(self) -> set[int]:
+        """This agent's own processes: itself, its zygotes, its tasks still running (never swept)."""
+        own = {os.getpid(), *(z.proc.pid for z in self.zygotes.values() if z.proc is not None)}
+        return own | {t.popen.pid for t in self.tasks.values() if t.popen is not None and t.status is None}
 
     def report_listening(self) -> None:
         waiting = [t for t in self.tasks.values() if t.status is None and not t.listening and t.popen is not None]

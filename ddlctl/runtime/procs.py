@@ -9,6 +9,24 @@ import socket
 import struct
 
 
+def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Pids (but this process and ``exclude``) whose environment holds every ``KEY=VALUE`` of
+    ``entries``: only processes whose environment we may read (our own) are considered."""
+    needles = [entry.encode() for entry in entries]
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = set(handle.read().split(b"\0"))
+        except OSError:
+            continue
+        if all(needle in environ for needle in needles):
+            found.append(int(entry))
+    return found
+
+
 def group_processes(pgid: int) -> list[tuple[int, str, str]]:
     """(pid, state letter, command) of every process in process group ``pgid``."""
     found = []
