@@ -397,7 +397,6 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
     finished = finish(plan, result, out, err, full_report=output.profile, render=not output.quiet)
     if output.json_out:
         stdoutgone.write(json.dumps(finished.summary, indent=1) + "\n")
-        sys.stdout.flush()
     return finished.exit_code(result)
 
 
