@@ -185,6 +185,8 @@ class FakeSession:
         self.taken_ports: set[int] = set()
         self.lost: str | None = None
         self.lost_at: float | None = None
+        self.clock_offset: float | None = None
+        self.clock_frames = 0
         self._pids_changed = False
         # always readable: the supervisor's select returns at once and every tick runs immediately
         self._read_end, self._write_end = os.pipe()

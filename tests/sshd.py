@@ -98,8 +98,9 @@ class SshTestCluster:
     """Several sshd test hosts plus a private controller HOME that trusts them."""
 
     def __init__(self, root: Path, count: int, same_port: bool = False, separate_homes: bool = False,
-                 sftp: bool = True) -> None:
+                 sftp: bool = True, host_env: dict[int, dict[str, str]] | None = None) -> None:
         self.separate_homes = separate_homes  # each host its own $HOME: ~/.ddlctl is not shared
+        self.host_env = host_env or {}  # host index -> what its sessions' environment also holds
         self.sftp = sftp  # False: no SFTP subsystem (some hardened hosts)
         self.root = root
         self.home = root / "home"
@@ -121,13 +122,13 @@ class SshTestCluster:
             _keygen(host_key)
             host = SshHost(address, shared or free_port(address), host_key, folder / "sshd_config",
                            folder / "sshd.log")
-            host.config.write_text(self._config(host, folder))
+            host.config.write_text(self._config(host, folder, self.host_env.get(i, {})))
             self.hosts.append(host)
         for host in self.hosts:
             host.start()
         self.write_known_hosts()
 
-    def _config(self, host: SshHost, folder: Path) -> str:
+    def _config(self, host: SshHost, folder: Path, env: dict[str, str]) -> str:
         return "\n".join([
             f"ListenAddress {host.address}:{host.port}",
             f"HostKey {host.host_key}",
@@ -143,6 +144,7 @@ class SshTestCluster:
             # OpenSSH's defaults (MaxSessions 10, MaxStartups 10:30:100): as strict as a real host.
             "LogLevel VERBOSE",
             *([f"SetEnv HOME={self.host_home(host)}"] if self.separate_homes else []),
+            *([" ".join(["SetEnv", *(f"{k}={v}" for k, v in env.items())])] if env else []),
             *(["Subsystem sftp internal-sftp"] if self.sftp else []),
             "",
         ])
@@ -174,6 +176,15 @@ class SshTestCluster:
     def stop(self) -> None:
         for host in self.hosts:
             host.stop()
+
+
+def libfaketime() -> str | None:
+    """The path of libfaketime (the ``faketime`` package), which gives a process a clock of its
+    own (``FAKETIME=+42``): a host whose clock is off. None when it is not installed."""
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    return found[0] if found else None
 
 
 def sshd_available() -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROGRAMS, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
-from tests.sshd import SshTestCluster, _keygen, free_port, sshd_available
+from tests.sshd import SshTestCluster, _keygen, free_port, libfaketime, sshd_available
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs root and openssh-server")
 
@@ -490,3 +490,36 @@ def test_a_host_whose_disk_fills_warns_first_then_is_the_root_cause_and_its_file
     finally:
         subprocess.run(["umount", "-l", str(home)], check=False)
         small.stop()
+
+
+def test_a_host_whose_clock_is_42s_ahead_is_said_and_its_times_are_put_on_this_machines_clock(tmp_path, runs):
+    """A host without clock synchronisation (its sessions run under libfaketime, 42 s ahead): its
+    agent's frames tell the offset, ddlctl says it once, keeps it in outcome.json, and the report
+    reads its step times and samples on this machine's clock (the throughput window was 42 s too
+    long, the throughput a fifth of the truth)."""
+    lib = libfaketime()
+    if lib is None:
+        pytest.skip("needs the faketime package (libfaketime)")
+    ahead = {"LD_PRELOAD": lib, "FAKETIME": "+42"}  # (its monotonic clock too: sleeps then work)
+    cluster = SshTestCluster(tmp_path / "ssh", 2, host_env={1: ahead})
+    try:
+        hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+        done = ssh_launch(cluster, "-s", "mwms", "--hosts", str(hosts), "--runs-dir", str(runs), "--",
+                          sys.executable, str(PROGRAMS / "idle_server.py"), "60")
+    finally:
+        cluster.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    skewed = cluster.hosts[1]
+    said = re.findall(r"the clock of (\S+) is ([\d.]+)s ahead of this machine's", done.stderr)
+    assert [(label.split(":")[0], 40 < float(s) < 45) for label, s in said] == [(skewed.address, True)], done.stderr
+    run_dir = only_run_dir(runs)
+    offsets = json.loads((run_dir / "outcome.json").read_text())["clock_offsets"]
+    assert [label.split(":")[0] for label in offsets] == [skewed.address] and 41 < next(iter(offsets.values())) < 43.5
+    # the skewed worker's own records keep its clock: 42 s after the other's
+    firsts = [json.loads((run_dir / "tasks" / t / "steps.jsonl").read_text().splitlines()[0])["start_us"] / 1e6
+              for t in ("worker-0", "worker-1")]
+    assert 38 < firsts[1] - firsts[0] < 46, firsts
+    # the report puts them side by side: 2 workers x 10 steps/s, not 120 records over a 48 s window
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["throughput_samples_per_s"] > 12, summary["throughput_samples_per_s"]
+    assert processes_of_run(run_dir.name) == []

@@ -226,6 +226,27 @@ def test_steps_too_short_to_sample_leave_figures_over_the_whole_run_and_the_diag
     assert "CPU saturated on h1: mean 95% (input pipeline, or too many tasks for its cores)" in summary.diagnosis
 
 
+def test_a_host_whose_clock_is_off_has_its_times_put_on_the_controllers_clock(tmp_path):
+    """Two workers stepping side by side for 10 s, h2's clock 42 s ahead (its records and samples
+    say so): with outcome.json's clock_offsets the throughput window is the 10 s it was, the
+    busy GPU's samples fall inside it, and the trace shows both workers side by side; without
+    it the window was 52 s."""
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h2"}, hosts=["h1", "h2"])
+    write_steps(run, "worker:0", [0.1] * 100, samples=32, host="h1")
+    write_steps(run, "worker:1", [0.1] * 100, samples=32, start=T0 + 42, host="h2")
+    write_telemetry(run, "h2", [95.0] * 10, [2**30] * 10, times=[T0 + 42 + i for i in range(10)])
+    skewed = summarize(run, warmup_steps=0)
+    assert skewed.throughput_samples_per_s == pytest.approx(2 * 100 * 32 / 52.0, rel=0.01)
+    (run / "outcome.json").write_text(json.dumps({"ok": True, "exit_code": 0, "tasks": [],
+                                                  "clock_offsets": {"h2": 42.0}}))
+    summary = summarize(run, warmup_steps=0)
+    assert summary.throughput_samples_per_s == pytest.approx(2 * 100 * 32 / 10.0, rel=0.01)
+    assert summary.hosts[0].gpus[0].util_mean == pytest.approx(95.0) and not summary.hosts[0].whole_run
+    starts = {e["tid"]: e["ts"] for e in reversed(build_trace(run)["traceEvents"]) if e.get("name") == "step"}
+    assert len(starts) == 2 and max(starts.values()) - min(starts.values()) < 1e3, starts  # within 1 ms
+
+
 def test_summary_json_keys_are_the_documented_ones(tmp_path):
     run = tmp_path / "run"
     write_plan(run, "mwms", {"worker:0": "h1"}, hosts=["h1"])

@@ -34,6 +34,7 @@ import numpy as np
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.causes import time_by_cause
+from ddlctl.report.clocks import clock_offsets, shift_phases, shift_series, shift_steps
 from ddlctl.report.faults import RestartSummary, event_lines, goodput, redone_mask, summarize_restarts
 from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
@@ -246,6 +247,11 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
     folders = task_dirs(run_dir)
     telemetry_files = sorted((run_dir / "telemetry").glob("*.jsonl"))
     parsed_steps, telemetry = _parse_all(folders, telemetry_files)
+    offsets = clock_offsets(outcome)  # hosts whose clocks differ: their times on this machine's
+    for steps in parsed_steps:
+        shift_steps(steps, offsets.get(planned.get(steps.name, {}).get("host", ""), 0.0))
+    for series in telemetry:
+        shift_series(series, offsets.get(series.host, 0.0))
     all_steps: list[TaskSteps] = []
     results: dict[str, dict] = {}
     for folder, steps in zip(folders, parsed_steps, strict=True):
@@ -377,6 +383,11 @@ def _mfu(run_dir: Path, plan: dict, tasks: Sequence[TaskSummary], hosts: Sequenc
     return tuple(rows)
 
 
+def _host_of(plan: dict, task: str) -> str:
+    """The host label ``plan.json`` gives ``task`` ("" when it names none)."""
+    return next((str(t.get("host", "")) for t in plan.get("tasks", []) if t.get("name") == task), "")
+
+
 def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | None, redone: Sequence[bool],
                    restarts: Sequence[RestartSummary], all_steps: Sequence[TaskSteps],
                    stepped: tuple[float | None, float | None]) -> dict | None:
@@ -388,7 +399,8 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
     if start is None or end is None or end <= start:
         return None
     spans = [(s / 1e6, s / 1e6 + d) for s, d in zip(lead.start_us, lead.duration, strict=True)]
-    phases = read_phases(run_dir / TASKS_DIR / lead.name.replace(":", "-") / TASK_PHASES)
+    phases = shift_phases(read_phases(run_dir / TASKS_DIR / lead.name.replace(":", "-") / TASK_PHASES),
+                          clock_offsets(outcome).get(_host_of(plan, lead.name), 0.0))
     downtime = [(r.time, r.time + r.downtime_s) for r in restarts if r.downtime_s is not None]
     since = [float(at) for d in outcome.get("degraded", []) if (at := d.get("since") or d.get("time"))]
     wait = None

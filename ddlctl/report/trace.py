@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from ddlctl.report.clocks import clock_offsets, shift_phases, shift_steps
 from ddlctl.report.faults import summarize_restarts
 from ddlctl.report.stepfile import parse_json_lines, read_phases, read_steps
 from ddlctl.rundir import task_dirs
@@ -28,6 +29,11 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
     except (OSError, ValueError):
         plan = {}
     host_of = {t["name"]: t["host"] for t in plan.get("tasks", [])}
+    try:
+        outcome = json.loads((run_dir / OUTCOME_FILE).read_text())
+    except (OSError, ValueError):
+        outcome = {}
+    offsets = clock_offsets(outcome)  # hosts whose clocks differ: their times on this machine's
     pids: dict[str, int] = {}
     events: list[dict[str, object]] = []
 
@@ -43,10 +49,12 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
         steps = read_steps(folder / TASK_STEPS, folder.name.replace("-", ":", 1))
         if not steps.step:
             continue
+        shift_steps(steps, offsets.get(host_of.get(steps.name, ""), 0.0))
         starts[steps.name] = steps.start_us
         pid = pid_for(host_of.get(steps.name, "unknown host"))
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": steps.name}})
-        for name, spans in read_phases(folder / TASK_PHASES).items():  # checkpoint saves, evaluations
+        phases = shift_phases(read_phases(folder / TASK_PHASES), offsets.get(host_of.get(steps.name, ""), 0.0))
+        for name, spans in phases.items():  # checkpoint saves, evaluations
             events.extend({"ph": "X", "name": name, "cat": "phase", "pid": pid, "tid": tid, "ts": int(start * 1e6),
                            "dur": round((end - start) * 1e6, 1)} for start, end in spans)
         for step, start, duration, samples, input_s in zip(steps.step, steps.start_us, steps.duration,
@@ -62,11 +70,12 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
         records, _ = parse_json_lines(path.read_bytes())  # one pass: host name, then counters
         hello = next((r for r in records if isinstance(r, dict) and r.get("type") == "hello"), {})
         pid = pid_for(str(hello.get("host", path.stem)))
+        off_us = int(offsets.get(str(hello.get("host", path.stem)), 0.0) * 1e6)
         fields = list(hello.get("gpu_fields") or GPU_FIELDS)
         for raw in records:
             if not isinstance(raw, dict) or raw.get("type") != "sample" or raw.get("t") is None:
                 continue
-            ts = int(float(raw["t"]) * 1e6)
+            ts = int(float(raw["t"]) * 1e6) - off_us
             if raw.get("cpu") is not None:
                 events.append({"ph": "C", "name": "CPU %", "pid": pid, "ts": ts, "args": {"cpu": raw["cpu"]}})
             for gpu in (gpu_reading(g, fields) for g in raw.get("gpus", ())):
@@ -76,10 +85,6 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
                 if gpu.get("mem_used") is not None:
                     events.append({"ph": "C", "name": f"GPU {gpu['index']} memory GiB", "pid": pid,
                                    "ts": ts, "args": {"used": round(gpu["mem_used"] / 2**30, 3)}})
-    try:
-        outcome = json.loads((run_dir / OUTCOME_FILE).read_text())
-    except (OSError, ValueError):
-        outcome = {}
     for event in outcome.get("restarts", []):  # global instant events: a fault, then its restart
         pid = pid_for(str(event.get("host") or "unknown host"))
         events.append({"ph": "i", "s": "g", "name": f"fault: {event.get('task')} ({event.get('cause')})",

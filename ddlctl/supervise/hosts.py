@@ -4,8 +4,9 @@ given up (``--host-timeout``; at once when it cannot come back, e.g. its Slurm j
 A host agent beats every 2 s; ``silence_s`` without a word (network down without a reset, agent
 stopped) loses the session as surely as a closed connection. A lost host's tasks are gone (its
 agent kills them when its input ends); whether that stops the job is the policy's decision on
-those tasks' faults. Reconnecting runs in a thread (it may take seconds per try) while the loop
-goes on.
+those tasks' faults. Its frames say its time too: a host whose clock is off is said once, and its
+offset kept for the report (``clock_offsets``). Reconnecting runs in a thread (it may take
+seconds per try) while the loop goes on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from dataclasses import dataclass
 from ddlctl.errors import HostGoneError, LaunchError
 from ddlctl.supervise.job import Job
 from ddlctl.transport.base import AgentSession
+from ddlctl.transport.session import CLOCK_CORRECTED_S
+
+#: A host's clock this far from this machine's (seconds) is said (after this many of its frames told it).
+CLOCK_SAID_S, CLOCK_SAID_AFTER = 1.0, 3
 
 Reconnect = Callable[[str], AgentSession]
 
@@ -43,6 +48,8 @@ class HostWatch:
         self.away: set[str] = set()  # hosts lost and not back yet
         self.lost_mono: dict[str, float] = {}  # when each host was last lost
         self.lost: list[dict] = []  # every loss, for outcome.json
+        self.clock_offsets: dict[str, float] = {}  # host -> its clock less this machine's (seconds)
+        self.clock_said: set[str] = set()
 
     def watch(self, now: float) -> None:
         """Notice hosts that went silent or whose connection ended."""
@@ -50,12 +57,27 @@ class HostWatch:
         for session in sessions.values():
             session.check_silence(self.job.options.silence_s, now)
         for label, session in sessions.items():
+            self._clock(label, session)
+        for label, session in sessions.items():
             if session.lost and label not in self.away:
                 self.away.add(label)
                 self.lost_mono[label] = now
                 self.lost.append({"host": label, "time": session.lost_at, "reason": session.lost})
                 self.job.notify(f"connection to {label} lost ({session.lost}): its tasks are gone")
                 self.detach(session)
+
+    def _clock(self, label: str, session: AgentSession) -> None:
+        """Keep a host's clock offset when it matters (and say it once when it is large)."""
+        offset = session.clock_offset
+        if offset is None or abs(offset) < CLOCK_CORRECTED_S:
+            return
+        self.clock_offsets[label] = round(offset, 3)
+        if abs(offset) >= CLOCK_SAID_S and session.clock_frames >= CLOCK_SAID_AFTER and label not in self.clock_said:
+            self.clock_said.add(label)
+            self.job.notify(f"the clock of {label} is {abs(offset):.1f}s {'ahead of' if offset > 0 else 'behind'} this "
+                            "machine's: its task exits, step times and samples are put on this machine's clock "
+                            "(outcome.json clock_offsets), its own logs keep its time; synchronise the hosts' clocks "
+                            "(chrony, systemd-timesyncd)")
 
     def settling(self, labels: Iterable[str], now: float) -> bool:
         """Whether a dropped host's old agent may still be killing its tasks (their ports not free yet)."""

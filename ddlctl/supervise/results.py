@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ddlctl.rundir import task_dir
 from ddlctl.runfiles import TASK_ERROR
@@ -67,6 +67,7 @@ class JobResult:
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers)
     left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
     paused: tuple[dict, ...] = ()  # each time ddlctl itself did not run (stopped, suspended): time, seconds
+    clock_offsets: Mapping[str, float] = field(default_factory=dict)  # host -> its clock less this machine's
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -130,7 +131,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
                hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None,
                membership: Sequence[dict] = (), left_running: Sequence[dict] = (),
-               paused: Sequence[dict] = ()) -> JobResult:
+               paused: Sequence[dict] = (), clock_offsets: Mapping[str, float] | None = None) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -139,7 +140,8 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      agents=tuple(outcome_of(t) for t in ordered if t.is_agent),
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
                      hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at,
-                     membership=tuple(membership), left_running=tuple(left_running), paused=tuple(paused))
+                     membership=tuple(membership), left_running=tuple(left_running), paused=tuple(paused),
+                     clock_offsets=dict(clock_offsets or {}))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -173,6 +175,7 @@ def outcome_record(result: JobResult) -> dict:
         "membership": list(result.membership),
         "left_running": list(result.left_running),
         "paused": list(result.paused),
+        "clock_offsets": dict(result.clock_offsets),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

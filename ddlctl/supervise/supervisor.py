@@ -136,7 +136,7 @@ class Supervisor:
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
                           started_at=started_at, membership=self.job.membership, left_running=self.left_running,
-                          paused=self.paused)
+                          paused=self.paused, clock_offsets=self.hosts.clock_offsets)
 
     def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""

@@ -42,6 +42,8 @@ class AgentSession(Protocol):
 
     lost: str | None  # why the connection ended unexpectedly (None while it is up)
     lost_at: float | None
+    clock_offset: float | None  # the host's clock less this machine's, seconds (None: not known yet)
+    clock_frames: int  # the frames that told it (a bound of a few is loose: a late read lowers it)
 
     def fileno(self) -> int:
         """A descriptor that becomes readable when the agent has sent something."""

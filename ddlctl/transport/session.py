@@ -48,6 +48,11 @@ HELLO_TIMEOUT_S = 60.0
 #: The most one write command carries (base64 in a JSON frame).
 WRITE_PIECE = 1 << 20
 
+#: A host's clock this far from this machine's (seconds) is corrected for: its task exits are
+#: ordered, and its step times and samples reported, on this machine's clock (outcome.json
+#: ``clock_offsets``). Below it, the difference is within what a frame's delay blurs.
+CLOCK_CORRECTED_S = 0.1
+
 
 class Stream(Protocol):
     """A bidirectional byte stream to an agent."""
@@ -175,6 +180,11 @@ class HostSession:
         self._pids_changed = False  # a task reported its pids since the supervisor last looked
         self.lost: str | None = None  # why the stream ended unexpectedly
         self.lost_at: float | None = None
+        # the host's clock less this machine's (seconds), as closely as its frames tell: each frame's
+        # time of sending less this machine's time of reading is the offset less the frame's delay,
+        # so the largest such difference is the tightest bound (None until a frame said its time)
+        self.clock_offset: float | None = None
+        self.clock_frames = 0  # frames that told it
         self.closed = False
         self.last_heard = time.monotonic()
         # a drain thread (see _drain) reads only under this lock and while the stream is open: once
@@ -220,6 +230,10 @@ class HostSession:
 
     def _dispatch(self, header: dict, payload: bytes) -> None:
         kind = header.get("k")
+        if kind in (Kind.HELLO, Kind.BEAT, Kind.STEPS) and isinstance(header.get("t"), (int, float)):
+            seen = float(header["t"]) - time.time()
+            self.clock_offset = seen if self.clock_offset is None else max(self.clock_offset, seen)
+            self.clock_frames += 1
         task = self._tasks.get(header.get("task", ""))
         if kind == Kind.OUT and task is not None:
             task.chunks.append(payload)
@@ -228,7 +242,7 @@ class HostSession:
                 status = ExitStatus(signal=int(header["signal"]), oom=header.get("oom") or None)
             else:
                 status = ExitStatus(code=int(header.get("code") or 0))
-            task._end(status, header.get("t"))
+            task._end(status, self.here(header.get("t")))
         elif kind == Kind.STARTED and task is not None:
             task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection")
                           if k in header}
@@ -264,6 +278,13 @@ class HostSession:
             self.hello = header
         elif kind == Kind.BYE:
             self.closed = True
+
+    def here(self, t: float | None) -> float | None:
+        """The host's time ``t`` on this machine's clock (see ``clock_offset``): exits on hosts whose
+        clocks differ are then ordered as they happened."""
+        if t is None or self.clock_offset is None or abs(self.clock_offset) < CLOCK_CORRECTED_S:
+            return t
+        return float(t) - self.clock_offset
 
     def _lose(self, reason: str) -> None:
         if self.lost or self.closed:

@@ -1,10 +1,13 @@
 """A task that behaves as a cluster member without TensorFlow, for tests of what happens around a
 job (stop, Ctrl-C, scancel, a killed controller): it listens on its own TF_CONFIG address, as a
-TensorFlow server does, and records a step every 0.1 s through ``ddlctl.step``, forever."""
+TensorFlow server does, and records a step every 0.1 s through ``ddlctl.step``, forever (or as many
+steps as its first argument says)."""
 
+import itertools
 import json
 import os
 import socket
+import sys
 import time
 
 import ddlctl
@@ -17,6 +20,6 @@ server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("", port))
 server.listen()
 print(f"{os.environ['DDLCTL_TASK']} listening at {port}", flush=True)
-while True:
+for _ in range(int(sys.argv[1])) if len(sys.argv) > 1 else itertools.count():
     with ddlctl.step(samples=1):
         time.sleep(0.1)
