@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,10 +68,20 @@ def host_problems(facts: Mapping[str, object]) -> list[str]:
     return problems
 
 
+#: A host clock this far (seconds) from this machine's, for certain, is said by ``check``.
+CLOCK_SAID_S = 1.0
+
+
 def host_warnings(facts: Mapping[str, object]) -> list[str]:
-    """Warnings from a probe's facts (pure): little free space where runs keep their files there;
-    other users logged in, who could reach the servers."""
+    """Warnings from a probe's facts (pure): a clock that is off; little free space where runs keep
+    their files there; other users logged in, who could reach the servers."""
     warnings = []
+    offset = facts.get("clock_offset")  # [least, most] the host's clock can be ahead of this machine's
+    if isinstance(offset, list) and len(offset) == 2 and (min(offset) >= CLOCK_SAID_S or max(offset) <= -CLOCK_SAID_S):
+        ahead = sum(offset) / 2
+        warnings.append(f"its clock is {abs(ahead):.1f}s {'ahead of' if ahead > 0 else 'behind'} this machine's (to "
+                        f"{(offset[1] - offset[0]) / 2:.1f}s): a job puts its step times and samples on this machine's "
+                        "clock for the report, but synchronise the hosts' clocks (chrony, systemd-timesyncd)")
     free = facts.get("disk_free")
     if isinstance(free, int) and free < LOW_SPACE_BYTES:
         warnings.append(f"only {size_words(free)} free on the disk of {REMOTE_ROOT} (a run's task folders, output "
@@ -117,7 +128,11 @@ def probe_transports(transports: Mapping[str, Transport], hosts: Sequence[Host],
     def one(host: Host) -> HostReport:
         count = None if quick_ports is None else quick_ports.get(host.label, 0)
         try:
-            return HostReport(host.label, host.source, facts=transports[host.label].probe(count))
+            asked = time.time()
+            facts = transports[host.label].probe(count)
+            if isinstance(facts.get("time"), (int, float)):  # the host's clock, between our asking and its answer
+                facts["clock_offset"] = [float(facts["time"]) - time.time(), float(facts["time"]) - asked]
+            return HostReport(host.label, host.source, facts=facts)
         except LaunchError as exc:
             return HostReport(host.label, host.source, error=exc.message)
         except Exception as exc:  # noqa: BLE001 - a broken host is a report line, not a traceback

@@ -504,10 +504,17 @@ def test_a_host_whose_clock_is_42s_ahead_is_said_and_its_times_are_put_on_this_m
     cluster = SshTestCluster(tmp_path / "ssh", 2, host_env={1: ahead})
     try:
         hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+        checked = run_ddlctl("check", "--hosts", str(hosts), env=cluster.env)
         done = ssh_launch(cluster, "-s", "mwms", "--hosts", str(hosts), "--runs-dir", str(runs), "--",
                           sys.executable, str(PROGRAMS / "idle_server.py"), "60")
     finally:
         cluster.stop()
+    # check says it first, for that host alone, with how sure it is (its probe's round trip)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    warned = re.findall(r"(\S+): its clock is ([\d.]+)s ahead of this machine's \(to ([\d.]+)s\)",
+                        (checked.stdout + checked.stderr).replace("\n", " "))
+    assert [(label.split(":")[0], 40 < float(s) < 45, float(pm) < 2) for label, s, pm in warned] == \
+        [(cluster.hosts[1].address, True, True)], checked.stdout[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
     skewed = cluster.hosts[1]
     said = re.findall(r"the clock of (\S+) is ([\d.]+)s ahead of this machine's", done.stderr)

@@ -13,6 +13,7 @@ import platform
 import re
 import socket
 import sys
+import time
 from dataclasses import asdict
 
 from ddlctl.diskspace import free_bytes
@@ -126,6 +127,7 @@ def probe() -> dict[str, object]:
         "user": _me(),
         "logged_in": logged_in_users(),
         "disk_free": free_bytes(os.path.expanduser(REMOTE_ROOT)),
+        "time": time.time(),  # (check puts it beside this machine's: a clock that is off is said)
     }
 
 
