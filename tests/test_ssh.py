@@ -347,6 +347,33 @@ def test_stop_kills_a_run_whose_controller_is_frozen(cluster, hosts_file, runs):
         proc.wait()
 
 
+def test_ddlctl_stopped_past_the_silence_limit_keeps_its_ssh_hosts_and_their_tasks(cluster, hosts_file, runs):
+    """Ctrl-Z then fg over SSH: ddlctl SIGSTOPped 20 s (the silence limit is 15 s, the hang
+    threshold 6 s) while the three hosts' tasks step on; what their agents sent meanwhile comes
+    through each SSH channel's thread after SIGCONT, and no host is lost, no task hung."""
+    proc = subprocess.Popen(
+        ddlctl_cmd("launch", "--hosts", str(hosts_file), "--strategy", "mwms", "--runs-dir", str(runs),
+                   "--hang-timeout", "6", "--", sys.executable, str(PROGRAMS / "idle_server.py"), "300"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
+    try:
+        for line in proc.stdout:
+            if "cluster up" in line:
+                break
+        time.sleep(2)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(20)
+        proc.send_signal(signal.SIGCONT)
+        said = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0, said[-3000:]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert re.search(r"this process did not run for (19|2\d)s", said), said[-3000:]
+    outcome = json.loads((only_run_dir(runs) / "outcome.json").read_text())
+    assert (outcome["hosts_lost"], outcome["hangs"], len(outcome["paused"])) == ([], [], 1)
+    assert processes_of_run(only_run_dir(runs).name) == []
+
+
 @pytest.mark.cluster
 def test_ssh_config_alias_hostname_port_user_identity_and_match_exec(cluster, tmp_path, runs):
     home = tmp_path / "home"
