@@ -272,8 +272,8 @@ def test_ddlctl_itself_stopped_past_every_threshold_blames_no_host_or_task_and_t
     assert trained > 50, "the task trained on while ddlctl was stopped"
     outcome = job.outcome()
     assert (outcome["hangs"], outcome["hosts_lost"], outcome["restarts"]) == ([], [], [])
-    (pause,) = outcome["paused"]
-    assert 19 <= pause["seconds"] < 30, pause
+    # (a loaded machine could add a pause of a few seconds of its own: only the 20 s one is counted)
+    assert len([p for p in outcome["paused"] if 19 <= p["seconds"] < 30]) == 1, outcome["paused"]
     assert re.search(r"ddlctl: this process did not run for (19|2\d)s \(stopped: Ctrl-Z, SIGSTOP or a debugger",
                      job.stderr()), job.stderr()[-2000:]
     log = (job.run_dir / "tasks" / "worker-0" / "output.log").read_text().splitlines()
