@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -463,8 +464,34 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
             for session in connected.sessions.values():
                 session.shutdown()
     finally:
-        connected.close()
+        connected.close()  # (a local host agent has ended once this returns)
+        ended = end_leftovers(plan)
+        if ended:
+            notify(ended)
     return result
+
+
+def end_leftovers(plan: Plan) -> str | None:
+    """The job has ended and this machine's host agents with it: a process here that still carries
+    the run's id is a leftover (a daemon a task started outside its process group, whose host agent
+    was killed before it could end it). SIGKILL them; a sentence naming them, or None."""
+    if not any(host.is_local for host in plan.cluster.hosts):
+        return None
+    from ddlctl.runtime.procs import processes_with
+
+    ended = []
+    for pid in processes_with([f"{envvars.RUN_ID}={plan.run_id}"]):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:60]
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        ended.append(f"{pid} ({command})")
+    if not ended:
+        return None
+    return (f"ended {len(ended)} process(es) of this run still running on this machine after its tasks and host agents "
+            f"had ended (started by a task outside its process group): {', '.join(ended)}")
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,

@@ -281,3 +281,25 @@ def test_ddlctl_itself_stopped_past_every_threshold_blames_no_host_or_task_and_t
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert any(line.startswith("ddlctl itself did not run for") for line in summary["diagnosis"]), summary["diagnosis"]
     assert processes_of_run(job.run_dir.name) == []
+
+
+def test_a_daemon_left_by_a_task_whose_host_agent_was_killed_is_ended_with_the_job(runs):
+    """The host agent ends what a task started outside its process group when the task ends; a
+    host agent SIGKILLed cannot. Once the job has ended, ddlctl ends what is left of the run on
+    its own machine (found by the run id in its environment) and names it."""
+    program = ("import subprocess, time, ddlctl\n"
+               "daemon = subprocess.Popen(['sleep', '304'], start_new_session=True)\n"
+               "print('daemon', daemon.pid, flush=True)\n"
+               "for i in range(600):\n    with ddlctl.step():\n        time.sleep(0.05)\n")
+    job = Job(runs, "-s", "one_device", "--no-telemetry", "--grace", "1", "--", sys.executable, "-c", program)
+    job.wait_steps("worker-0", 5)
+    log = (job.run_dir / "tasks" / "worker-0" / "output.log").read_text()
+    daemon = int(re.search(r"daemon (\d+)", log).group(1))
+    agents = [p for p in processes_of_run(job.run_dir.name) if "ddlctl.runtime.hostagent" in " ".join(p.cmdline())]
+    assert len(agents) == 1
+    agents[0].kill()
+    assert job.wait() == 255, job.stderr()[-3000:]
+    assert f"ended 1 process(es) of this run still running on this machine after its tasks and host agents had " \
+           f"ended (started by a task outside its process group): {daemon} (sleep 304)" in job.stderr().replace("\n", " ")
+    assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
+    assert processes_of_run(job.run_dir.name) == []
