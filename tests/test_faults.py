@@ -299,7 +299,8 @@ def test_a_daemon_left_by_a_task_whose_host_agent_was_killed_is_ended_with_the_j
     assert len(agents) == 1
     agents[0].kill()
     assert job.wait() == 255, job.stderr()[-3000:]
+    said = job.stderr().replace("\n", " ")
     assert f"ended 1 process(es) of this run still running on this machine after its tasks and host agents had " \
-           f"ended (started by a task outside its process group): {daemon} (sleep 304)" in job.stderr().replace("\n", " ")
+           f"ended (started by a task outside its process group): {daemon} (sleep 304)" in said, said[-3000:]
     assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
     assert processes_of_run(job.run_dir.name) == []
