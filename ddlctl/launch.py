@@ -480,7 +480,9 @@ def end_leftovers(plan: Plan) -> str | None:
     from ddlctl.runtime.procs import processes_with
 
     ended = []
-    for pid in processes_with([f"{envvars.RUN_ID}={plan.run_id}"]):
+    # (its task folders here are the run's own: another run given the same --run-id is not touched)
+    folder = f"{envvars.TASK_DIR}={Path(plan.run_dir).expanduser()}/"
+    for pid in processes_with([f"{envvars.RUN_ID}={plan.run_id}"], starting=folder):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:60]

@@ -471,3 +471,24 @@ def test_what_a_task_started_in_sessions_of_its_own_ends_with_it(tmp_path):
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], alive
     assert processes_of_run(only_run_dir(runs).name) == []
+
+
+def test_ending_a_runs_leftovers_leaves_another_run_of_the_same_name_alone(tmp_path):
+    """Two launches given the same --run-id in two runs folders, at once: the first ends (its task's
+    daemon with it, and ddlctl's look for its run's leftovers after it) while the second's task,
+    of the same name, trains on, its own daemon with it, to its end."""
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    program = ("import subprocess, sys, time\n"
+               "daemon = subprocess.Popen(['sleep', '305'], start_new_session=True)\n"
+               "time.sleep(float(sys.argv[1]))\nprint('alive', daemon.poll() is None, flush=True)\n")
+    later = subprocess.Popen(ddlctl_cmd("launch", "-s", "one_device", "--no-telemetry", "--run-id", "same",
+                                        "--runs-dir", str(tmp_path / "b"), "--", sys.executable, "-c", program, "8"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    first = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--run-id", "same", "--runs-dir",
+                       str(tmp_path / "a"), "--", sys.executable, "-c", program, "1", timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    out, err = later.communicate(timeout=120)
+    assert later.returncode == 0, err[-3000:]
+    assert "[worker:0@localhost] alive True" in out, out[-2000:]
+    assert "process(es) of this run still running" not in first.stderr  # (the second run's are not the first's)
+    assert processes_of_run("same") == []

@@ -245,8 +245,11 @@ class Task:
         run_id = self.env.get(envvars.RUN_ID)
         if not run_id:
             return []
+        ours = [f"{envvars.RUN_ID}={run_id}", f"{envvars.TASK}={self.name}"]
+        if self.env.get(envvars.TASK_DIR):  # (another run of the same --run-id elsewhere is not this one)
+            ours.append(f"{envvars.TASK_DIR}={self.env[envvars.TASK_DIR]}")
         killed = []
-        for pid in processes_with([f"{envvars.RUN_ID}={run_id}", f"{envvars.TASK}={self.name}"], exclude):
+        for pid in processes_with(ours, exclude):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)

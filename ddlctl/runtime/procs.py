@@ -9,10 +9,13 @@ import socket
 import struct
 
 
-def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
+def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = frozenset(),
+                   starting: str | None = None) -> list[int]:
     """Pids (but this process and ``exclude``) whose environment holds every ``KEY=VALUE`` of
-    ``entries``: only processes whose environment we may read (our own) are considered."""
+    ``entries`` (and, with ``starting``, an entry that begins so): only processes whose environment
+    we may read (our own) are considered."""
     needles = [entry.encode() for entry in entries]
+    start = starting.encode() if starting else None
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid() or int(entry) in exclude:
@@ -22,7 +25,8 @@ def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = froz
                 environ = set(handle.read().split(b"\0"))
         except OSError:
             continue
-        if all(needle in environ for needle in needles):
+        if all(needle in environ for needle in needles) and (start is None or any(e.startswith(start)
+                                                                                 for e in environ)):
             found.append(int(entry))
     return found
 
