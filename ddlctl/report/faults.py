@@ -78,10 +78,15 @@ def first_start_after(starts_us: Sequence[int], when: float) -> float | None:
 
 def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[dict], membership: Sequence[dict],
                 run_end: float | None) -> list[str]:
-    """The report's lines for what happened to the job besides restarts: ddlctl's own pauses, a
-    task lost and not replaced, a host's connection lost, workers leaving and rejoining
-    (``run_end``: when the last step ended)."""
+    """The report's lines for what happened to the job besides restarts: hosts whose clocks were
+    off, ddlctl's own pauses, a task lost and not replaced, a host's connection lost, workers
+    leaving and rejoining (``run_end``: when the last step ended)."""
     lines = []
+    for host, offset in sorted((outcome.get("clock_offsets") or {}).items()):
+        if isinstance(offset, (int, float)) and abs(offset) >= 1.0:
+            lines.append(f"the clock of {host} is {abs(offset):.1f}s {'ahead of' if offset > 0 else 'behind'} "
+                         "ddlctl's: its step times and samples are put on ddlctl's clock here (synchronise the hosts' "
+                         "clocks: chrony, systemd-timesyncd)")
     for pause in outcome.get("paused", []):
         began = outcome.get("started_at")
         when = f" from {pause['time'] - began:.0f}s after the start" if began and pause.get("time") else ""
