@@ -219,6 +219,10 @@ def test_steps_too_short_to_sample_leave_figures_over_the_whole_run_and_the_diag
     assert "GPU 0 on h1 mostly idle: busy 0% of the time (idle 100%) over the whole run, start-up included (its " \
            "steps took too little time to be sampled)" in lines, lines
     assert json.loads(json.dumps(summary.to_dict()))["hosts"][0]["whole_run"] is True
+    # two samples (a run of a second or two): their mean is no finding
+    write_telemetry(run, "h1", [0.0] * 2, [2**30] * 2, cpu=95.0)
+    assert not [line for line in summarize(run, warmup_steps=0).diagnosis if "saturated" in line or "idle" in line]
+    write_telemetry(run, "h1", [0.0] * 20, [2**30] * 20, cpu=95.0)
     # steps that span three samples: the figures are theirs, and the pipeline may be blamed
     write_steps(run, "worker:0", [1.0] * 5, start=T0 + 10.2)
     summary = summarize(run, warmup_steps=0)

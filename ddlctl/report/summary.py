@@ -37,7 +37,7 @@ from ddlctl.report.causes import time_by_cause
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_series, shift_steps
 from ddlctl.report.faults import RestartSummary, event_lines, goodput, redone_mask, summarize_restarts
 from ddlctl.report.grouping import figure_range, named, task_range
-from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
+from ddlctl.report.hosts import MIN_WINDOW_SAMPLES, HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.membership import membership_phases
 from ddlctl.report.mfu import task_mfu
 from ddlctl.report.stats import mean, median_of, percentile
@@ -546,8 +546,9 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
             f"{input_bound[0].name} spends"
         lines.append(f"input-bound on {where}: {who} {figure_range([100 * t.input_fraction for t in input_bound])} "
                      f"of each step waiting for input (parallel map, prefetch, more CPU for the input pipeline)")
-    idle_gpus = [(host.host, gpu) for host in summary.hosts for gpu in host.gpus
-                 if gpu.util_mean is not None and gpu.util_mean < GPU_IDLE_UTIL]
+    # (a mean of fewer than MIN_WINDOW_SAMPLES samples, a run of a second or two, is no finding)
+    idle_gpus = [(host.host, gpu) for host in summary.hosts for gpu in host.gpus if host.samples >= MIN_WINDOW_SAMPLES
+                 and gpu.util_mean is not None and gpu.util_mean < GPU_IDLE_UTIL]
     if idle_gpus:
         busy = [gpu.util_mean for _, gpu in idle_gpus]
         which = f"GPU {idle_gpus[0][1].index} on {idle_gpus[0][0]}" if len(idle_gpus) == 1 else \
@@ -567,7 +568,8 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
                      "freed and allocated again each step, or system calls: `perf top -p PID` or "
                      "`strace -c -f -p PID` says which; ddlctl gives tasks MALLOC_TOP_PAD_ unless their "
                      "environment sets a malloc threshold of its own)")
-    saturated = [h for h in summary.hosts if h.cpu_util_mean is not None and h.cpu_util_mean > CPU_SATURATED]
+    saturated = [h for h in summary.hosts if h.samples >= MIN_WINDOW_SAMPLES
+                 and h.cpu_util_mean is not None and h.cpu_util_mean > CPU_SATURATED]
     if saturated:
         # with no step recorded (or steps too short to sample) the mean covers start-up: no cause to guess
         why = "over the whole run (no step recorded to tell its start-up from its work)" if not summary.total_steps \
