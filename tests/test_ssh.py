@@ -376,6 +376,24 @@ def test_ddlctl_stopped_past_the_silence_limit_keeps_its_ssh_hosts_and_their_tas
     assert processes_of_run(only_run_dir(runs).name) == []
 
 
+def test_a_command_that_ends_before_reading_its_input_still_says_why(cluster, hosts_file):
+    """The upload of ddlctl's code to a host whose disk is full: the remote command fails and ends
+    before it has read all it is sent. Sending then meets a closed channel ("Socket is closed",
+    seen under load in CI), and the command's own words and exit status must still come back."""
+    from ddlctl.cluster.hostfile import load_hosts
+    from ddlctl.transport.options import SshOptions
+    from ddlctl.transport.ssh import connect
+
+    host = load_hosts(hosts_file).hosts[0]
+    conn = connect(host, SshOptions(key_file=str(cluster.user_key),
+                                    known_hosts=str(cluster.home / ".ssh" / "known_hosts")))
+    try:  # 64 MiB: far more than the SSH channel's window, so the sender is still sending when it ends
+        status, out, err = conn.run_bytes(["sh", "-c", "echo cannot take it >&2; exit 3"], data=b"x" * (64 << 20))
+    finally:
+        conn.close()
+    assert (status, out, err.strip()) == (3, b"", "cannot take it")
+
+
 @pytest.mark.cluster
 def test_ssh_config_alias_hostname_port_user_identity_and_match_exec(cluster, tmp_path, runs):
     home = tmp_path / "home"

@@ -207,9 +207,12 @@ class SshConnection:
         try:
             channel.settimeout(timeout)
             channel.exec_command(shell_command(argv))
-            if data:
-                channel.sendall(data)
-            channel.shutdown_write()
+            try:
+                if data:
+                    channel.sendall(data)
+                channel.shutdown_write()
+            except OSError:  # ("Socket is closed") the command ended before it read all (a full disk):
+                pass  # what it printed and its exit status, read below, say why
             out = channel.makefile("rb").read()
             err = channel.makefile_stderr("rb").read().decode("utf-8", "replace")
             return channel.recv_exit_status(), out, err
