@@ -11,6 +11,7 @@ import ddlctl
 from ddlctl.cluster.model import Host
 from ddlctl.diskspace import LOW_SPACE_BYTES, size_words
 from ddlctl.errors import LaunchError
+from ddlctl.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
 from ddlctl.runfiles import REMOTE_ROOT
 from ddlctl.transport.base import Transport
 
@@ -68,10 +69,6 @@ def host_problems(facts: Mapping[str, object]) -> list[str]:
     return problems
 
 
-#: A host clock this far (seconds) from this machine's, for certain, is said by ``check``.
-CLOCK_SAID_S = 1.0
-
-
 def host_warnings(facts: Mapping[str, object]) -> list[str]:
     """Warnings from a probe's facts (pure): a clock that is off; little free space where runs keep
     their files there; other users logged in, who could reach the servers."""
@@ -79,9 +76,8 @@ def host_warnings(facts: Mapping[str, object]) -> list[str]:
     offset = facts.get("clock_offset")  # [least, most] the host's clock can be ahead of this machine's
     if isinstance(offset, list) and len(offset) == 2 and (min(offset) >= CLOCK_SAID_S or max(offset) <= -CLOCK_SAID_S):
         ahead = sum(offset) / 2
-        warnings.append(f"its clock is {abs(ahead):.1f}s {'ahead of' if ahead > 0 else 'behind'} this machine's (to "
-                        f"{(offset[1] - offset[0]) / 2:.1f}s): a job puts its step times and samples on this machine's "
-                        "clock for the report, but synchronise the hosts' clocks (chrony, systemd-timesyncd)")
+        warnings.append(f"its clock is {how_far(ahead)} (to {(offset[1] - offset[0]) / 2:.1f}s): a job puts its step "
+                        f"times and samples on this machine's clock for the report, but {SYNCHRONISE}")
     free = facts.get("disk_free")
     if isinstance(free, int) and free < LOW_SPACE_BYTES:
         warnings.append(f"only {size_words(free)} free on the disk of {REMOTE_ROOT} (a run's task folders, output "

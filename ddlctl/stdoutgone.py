@@ -48,11 +48,6 @@ def is_stdout(stream: object) -> bool:
         return False
 
 
-def was_closed() -> bool:
-    """Whether :func:`mark_closed` was called: something meant for stdout was dropped."""
-    return bool(_closed)
-
-
 def closing_note(what: str = "what followed was not shown") -> str | None:
     """The sentence ddlctl ends with when stdout's reader went away (``what``: what was not shown,
     and where it is kept), once; None otherwise."""

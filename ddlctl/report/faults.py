@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddlctl.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
+
 
 @dataclass(frozen=True)
 class RestartSummary:
@@ -83,10 +85,10 @@ def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[di
     leaving and rejoining (``run_end``: when the last step ended)."""
     lines = []
     for host, offset in sorted((outcome.get("clock_offsets") or {}).items()):
-        if isinstance(offset, (int, float)) and abs(offset) >= 1.0:
-            lines.append(f"the clock of {host} is {abs(offset):.1f}s {'ahead of' if offset > 0 else 'behind'} "
-                         "ddlctl's: its step times and samples are put on ddlctl's clock here (synchronise the hosts' "
-                         "clocks: chrony, systemd-timesyncd)")
+        if isinstance(offset, (int, float)) and abs(offset) >= CLOCK_SAID_S:
+            whose = "ddlctl's"
+            lines.append(f"the clock of {host} is {how_far(offset, whose)}: its step times and samples are put on "
+                         f"ddlctl's clock here; {SYNCHRONISE}")
     for pause in outcome.get("paused", []):
         began = outcome.get("started_at")
         when = f" from {pause['time'] - began:.0f}s after the start" if began and pause.get("time") else ""

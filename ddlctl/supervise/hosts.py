@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ddlctl.errors import HostGoneError, LaunchError
+from ddlctl.hostclock import CLOCK_CORRECTED_S, CLOCK_SAID_S, SYNCHRONISE, how_far
 from ddlctl.supervise.job import Job
 from ddlctl.transport.base import AgentSession
-from ddlctl.transport.session import CLOCK_CORRECTED_S
 
-#: A host's clock this far from this machine's (seconds) is said (after this many of its frames told it).
-CLOCK_SAID_S, CLOCK_SAID_AFTER = 1.0, 3
+#: A host's clock is said only once this many of its frames told it (a bound from one or two is loose).
+CLOCK_SAID_AFTER = 3
 
 Reconnect = Callable[[str], AgentSession]
 
@@ -74,10 +74,9 @@ class HostWatch:
         self.clock_offsets[label] = round(offset, 3)
         if abs(offset) >= CLOCK_SAID_S and session.clock_frames >= CLOCK_SAID_AFTER and label not in self.clock_said:
             self.clock_said.add(label)
-            self.job.notify(f"the clock of {label} is {abs(offset):.1f}s {'ahead of' if offset > 0 else 'behind'} this "
-                            "machine's: its task exits, step times and samples are put on this machine's clock "
-                            "(outcome.json clock_offsets), its own logs keep its time; synchronise the hosts' clocks "
-                            "(chrony, systemd-timesyncd)")
+            self.job.notify(f"the clock of {label} is {how_far(offset)}: its task exits, step times and samples are "
+                            "put on this machine's clock (outcome.json clock_offsets), its own logs keep its time; "
+                            + SYNCHRONISE)
 
     def settling(self, labels: Iterable[str], now: float) -> bool:
         """Whether a dropped host's old agent may still be killing its tasks (their ports not free yet)."""

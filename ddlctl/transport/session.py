@@ -26,6 +26,7 @@ from typing import Protocol
 from ddlctl import envvars
 from ddlctl.cluster.model import Host
 from ddlctl.errors import LaunchError
+from ddlctl.hostclock import CLOCK_CORRECTED_S
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.runtime.frames import FrameReader, Kind, Op, encode_command
 from ddlctl.transport.status import ExitStatus
@@ -48,10 +49,6 @@ HELLO_TIMEOUT_S = 60.0
 #: The most one write command carries (base64 in a JSON frame).
 WRITE_PIECE = 1 << 20
 
-#: A host's clock this far from this machine's (seconds) is corrected for: its task exits are
-#: ordered, and its step times and samples reported, on this machine's clock (outcome.json
-#: ``clock_offsets``). Below it, the difference is within what a frame's delay blurs.
-CLOCK_CORRECTED_S = 0.1
 
 
 class Stream(Protocol):
