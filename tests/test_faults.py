@@ -201,6 +201,27 @@ def test_a_python_exception_is_retried_under_any_until_the_budget_is_spent(runs)
     assert len(json.loads((run_dir / "outcome.json").read_text())["restarts"]) == 3
 
 
+def test_an_mwms_worker_that_ends_early_is_the_root_cause_not_the_peer_it_left_waiting(runs):
+    # worker:1 runs out of batches after 5 steps and exits 0; worker:0's next all-reduce fails
+    # naming it, as it names a killed peer: only ddlctl knows it ended on its own, and why that fails
+    done = run_ddlctl("launch", "-s", "mwms", "--workers", "2", "--max-restarts", "2", "--no-telemetry",
+                      "--runs-dir", str(runs), "--", sys.executable, str(PROGRAMS / "ends_early.py"), timeout=180)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "worker:1 on localhost failed: ended on its own (exit code 0, after 5 steps) while its peers went on " \
+           "(worker:0 then failed:" in done.stderr, done.stderr[-3000:]
+    assert "every worker must take the same number of steps" in done.stderr
+    assert "not retried: the same program would end early again" in done.stderr  # a restart ends the same way
+    # the traceback shown is worker:0's, and said to be
+    assert "traceback of worker:0, which reported it:" in done.stderr and "UnavailableError" in done.stderr
+    assert "worker:0's log: " in done.stderr
+    run_dir = only_run_dir(runs)
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["root_cause"]["task"] == "worker:1" and outcome["restarts"] == []
+    error = json.loads((run_dir / "tasks" / "worker-1" / "error.json").read_text())
+    assert (error["cause"], error["reporter"]) == ("ended-early", "worker:0")
+    assert not processes_of_run(run_dir.name)
+
+
 def test_a_silent_host_agent_is_a_lost_host_and_its_tasks_are_restarted_elsewhere(runs):
     # a stopped agent says nothing (like a network gone without a reset): after 15 s of silence the
     # host counts as lost, the old agent is cut off (its tasks die with it) and a new one takes over

@@ -75,6 +75,37 @@ def test_a_killed_peer_that_already_ended_is_a_signal_fault():
     assert (fault.task, fault.cause) == ("worker:1", "signal")
 
 
+def test_a_peer_named_after_it_ended_on_its_own_ended_early_and_is_not_retried():
+    # TensorFlow's words are those for a killed peer ("Socket closed" from task:1); ddlctl knows
+    # worker:1 had ended with exit code 0 after 20 steps (tests/programs/ends_early.py's kind)
+    text = fixture("mwms_worker1_ended_early.worker2.log")
+    roles = {"worker:0": "worker", "worker:1": "worker", "worker:2": "worker"}
+    gone = classify("worker:2", ExitStatus(code=1), text, "mwms", alive={"worker:0"}, known=set(roles))
+    assert (gone.task, gone.cause) == ("worker:1", "signal")  # without knowing how it ended
+    early = classify("worker:2", ExitStatus(code=1), text, "mwms", alive={"worker:0"}, known=set(roles),
+                     finished={"worker:1": 20})
+    assert (early.task, early.cause, early.reporter, early.exit_code) == ("worker:1", "ended-early", "worker:2", 1)
+    assert early.detail.startswith("ended on its own (exit code 0, after 20 steps) while its peers went on "
+                                   "(worker:2 then failed: \"Additional GRPC error information from remote target "
+                                   "/job:worker/replica:0/task:1")
+    assert "under mwms every worker must take the same number of steps" in early.detail
+    # with two workers TensorFlow says the peer "stopped sending heartbeats", as of a hung one
+    text = fixture("mwms_worker1_ended_early.worker0.log")
+    assert classify("worker:0", ExitStatus(code=1), text, "mwms", alive=set(), known=set(MWMS_ROLES)).cause == "hang"
+    early = classify("worker:0", ExitStatus(code=1), text, "mwms", alive=set(), known=set(MWMS_ROLES),
+                     finished={"worker:1": 5})
+    assert (early.task, early.cause) == ("worker:1", "ended-early") and "after 5 steps" in early.detail
+    d = decide("mwms", early, roles, {"worker:0"}, used=0, max_restarts=3)
+    assert d.action == "fail" and "not retried: the same program would end early again" in d.message
+    assert decide("mwms", early, roles, {"worker:0"}, used=0, max_restarts=3, restart_on="any").action == "restart"
+    # a ps chief naming a finished worker: no word about equal steps (ps workers take no steps)
+    chief = fixture("mwms_worker1_ended_early.worker2.log").replace("/job:worker/replica:0/task:1",
+                                                                   "/job:ps/replica:0/task:0")
+    ps = classify("chief:0", ExitStatus(code=1), chief, "ps", alive=set(), known=set(PS_ROLES), finished={"ps:0": None})
+    assert (ps.task, ps.cause) == ("ps:0", "ended-early") and ps.detail.startswith("ended on its own (exit code 0) ")
+    assert "same number of steps" not in ps.detail
+
+
 @pytest.mark.parametrize(("status", "log", "cause"), [
     (KILLED, "", "signal"),
     (ExitStatus(code=137), "", "signal"),

@@ -630,6 +630,19 @@ def test_a_peer_that_names_a_hung_task_gets_it_blamed_not_itself(tmp_path):
     assert (Path(plan.run_dir) / "hang" / "1" / "worker-1.txt").exists(), "its stacks were kept first"
 
 
+def test_a_peer_named_after_it_ended_with_exit_code_0_ended_early_and_is_not_restarted(tmp_path):
+    report = (FIXTURES / "mwms_worker1_ended_early.worker2.log").read_bytes()
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=1.0)})  # ends on its own, exit code 0
+    world.at(1.5, world.crash, "worker:0", 1, report)  # its next all-reduce fails, naming worker:1
+    result, plan = world.run(tmp_path, max_restarts=2)
+    assert (result.failure.task, result.exit_code) == ("worker:1", 1)
+    assert result.failure.message.startswith("ended on its own (exit code 0")
+    assert (result.failure.reporter, result.failure.traceback[0]) == ("worker:0", "Traceback (most recent call last):")
+    assert world.starts.count("worker:1") == 1 and not result.restarts
+    assert states(result)["worker:1"] is TaskState.SUCCEEDED  # its own end was a success
+
+
 def test_a_running_peer_that_reports_a_stopped_task_gets_it_blamed_at_once(tmp_path):
     report = (FIXTURES / "mwms_worker1_stopped_peer_steps_on.worker0.log").read_bytes()
     world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),

@@ -81,11 +81,16 @@ def render_failure(failure: Failure, console: Console) -> None:
     lines = failure.traceback or failure.tail
     if lines:
         label = "traceback" if failure.traceback else "last lines of its output"
+        if failure.reporter:  # not the task at fault's own words: whose they are
+            label = f"{label} of {failure.reporter}, which reported it" if failure.traceback else \
+                f"last lines of {failure.reporter}'s output, which reported it"
         console.print(Text(f"  {label}:", style="red"))
         for line in lines:
             console.print(Text(f"    {line}"), soft_wrap=True)
     if failure.log:
         console.print(Text(f"  full log: {failure.log}"))
+    if failure.reporter_log:
+        console.print(Text(f"  {failure.reporter}'s log: {failure.reporter_log}"))
 
 
 def _ms(value: float | None) -> str:

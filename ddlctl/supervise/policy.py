@@ -55,7 +55,11 @@ NOT_RETRIED = {
                  "SSH and Slurm hosts)",
     "device-oom": "not retried: the same step would run out of memory again; a smaller batch per device (the "
                   "built-in workload's --batch-size), fewer tasks per device, or mixed precision",
+    "ended-early": "not retried: the same program would end early again (--restart-on any retries it)",
 }
+#: What a worker of a synchronous multi-worker job that ended before its peers most likely got wrong.
+SAME_STEPS = ("every worker must take the same number of steps (each step's all-reduce waits for all of them): "
+              "give each as many batches (e.g. repeat the dataset and stop after a fixed number of steps)")
 #: Restart scopes, narrowest first: a restart that takes in another fault takes the wider one.
 SCOPES = ("", "task", "group", "all")
 #: Times a port taken between planning and binding is retried with new ports (not a restart).
@@ -67,7 +71,8 @@ PREEMPTED_CODES = frozenset({42, 143})
 @dataclass(frozen=True)
 class Fault:
     """A task at fault: ``cause`` is signal, oom, preempted, hang, host-lost, peer-restart,
-    disk-full, device-oom, traceback or exit."""
+    disk-full, device-oom, traceback, exit or ended-early (it ended on its own, exit code 0,
+    while its peers still needed it)."""
 
     task: str
     cause: str
@@ -145,23 +150,40 @@ def killed_from_outside(status: ExitStatus) -> bool:
 
 
 def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive: Set[str],
-             known: Set[str], aliases: Mapping[str, str] | None = None) -> Fault:
+             known: Set[str], aliases: Mapping[str, str] | None = None,
+             finished: Mapping[str, int | None] | None = None) -> Fault:
     """The fault behind ``name`` ending with ``status``. A peer that the log blames and that is a
     task of this job (``known``) is at fault instead: hung if it is still running (``alive``);
-    never when ``name`` was killed from outside (a ps chief killed after it had logged, and
-    recovered from, a lost worker is its own fault). ``aliases``: TensorFlow's task names that
-    are not ddlctl's (once workers left the job) -> ddlctl's."""
+    ended early if it had ended on its own with exit code 0 (``finished``: such tasks -> the
+    steps they took, None if unknown); never when ``name`` was killed from outside (a ps chief
+    killed after it had logged, and recovered from, a lost worker is its own fault). ``aliases``:
+    TensorFlow's task names that are not ddlctl's (once workers left the job) -> ddlctl's."""
     cause, detail = own_cause(status, log_text)
     if cause in ("traceback", "exit", "signal") and not status.lost and not killed_from_outside(status):
         blame = blame_peer(log_text, leader_of(strategy))
         peer = (aliases or {}).get(blame.task, blame.task) if blame is not None else None
         if blame is not None and peer != name and peer in known:
+            if peer not in alive and peer in (finished or {}):  # (TensorFlow may say "stopped sending heartbeats")
+                return ended_early(peer, name, (finished or {})[peer], blame.line, strategy)
             if peer in alive or blame.hung:
                 return Fault(task=peer, cause="hang", reporter=name, status=None,
                              detail=f"hung ({name} reports \"{blame.line[:240]}\")")
             return Fault(task=peer, cause="signal", reporter=name, status=None,
                          detail=f"gone ({name} reports \"{blame.line[:240]}\")")
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
+
+
+def ended_early(task: str, reporter: str, steps: int | None, line: str, strategy: str) -> Fault:
+    """``task`` ended on its own (exit code 0, after ``steps``) while its peers still needed it:
+    ``reporter``'s error (``line``) names it. Under MWMS the likeliest reason is a worker given
+    fewer batches than the others (uneven shards, a dataset that ends): the others go on to a step
+    whose all-reduce it never joins."""
+    after = f", after {steps} step{'s' if steps != 1 else ''}" if steps is not None else ""
+    own = facts(strategy)  # workers that run the program and step together (mwms)
+    why = f": under {strategy} {SAME_STEPS}" if own.lockstep and not own.servers else ""
+    return Fault(task=task, cause="ended-early", reporter=reporter, status=None,
+                 detail=f"ended on its own (exit code 0{after}) while its peers went on ({reporter} then failed: "
+                        f"\"{line[:240]}\"){why}")
 
 
 #: The signal a stack request sends (every Python task ddlctl starts has faulthandler take it).

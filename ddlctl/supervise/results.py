@@ -35,6 +35,8 @@ class Failure:
     log: str | None = None
     missing: tuple[str, ...] = ()
     exit_code: int | None = None
+    reporter: str | None = None  # the task whose traceback (and log) is shown, when not ``task``'s own
+    reporter_log: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,15 +90,20 @@ def describe_failure(job: Job, fault: Fault, message: str) -> Failure:
     text = job.log_text(fault.task) if log else ""
     reporter_text = job.log_text(fault.reporter) if fault.reporter != fault.task \
         and fault.reporter in roles else ""
-    traceback = last_traceback(text) or last_traceback(reporter_text)
+    own = last_traceback(text)
+    traceback = own or last_traceback(reporter_text)
     if fault.cause == "host-lost":  # the program did not fail: its output says nothing about why
         text = reporter_text = ""
         traceback = []
+    # what is shown is the reporter's when the task at fault said nothing of it (it was killed,
+    # hung, or ended early): said so, with the reporter's log
+    theirs = bool(reporter_text) and (not own if traceback else not text.strip())
     reason = {"hang": "hang", "host-lost": "host-lost"}.get(fault.cause, "exited")
     return Failure(reason=reason, message=message, task=fault.task, host=task.host if task else None,
                    status=fault.status, traceback=tuple(traceback),
                    tail=tuple(tail_lines(text or reporter_text)), log=str(log) if log else None,
-                   exit_code=fault.exit_code)
+                   exit_code=fault.exit_code, reporter=fault.reporter if theirs else None,
+                   reporter_log=str(job.log_path(fault.reporter)) if theirs else None)
 
 
 def write_error(job: Job, fault: Fault, failure: Failure) -> None:

@@ -304,13 +304,22 @@ class Supervisor:
             return
         task.state = TaskState.FAILED
         alive = self.job.alive()
-        fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles), self.job.aliases)
+        fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles), self.job.aliases,
+                         self._finished())
         session = self.job.sessions.get(task.host)
         if fault.cause == "host-lost" and session is not None and session.lost:  # say why the host went
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
         if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
             fault = self.hangs.named(fault, self.job.clock())
         self._on_fault(fault)
+
+    def _finished(self) -> dict[str, int | None]:
+        """Tasks that ended on their own with exit code 0 -> the highest step each reported (None:
+        none): a peer's error that names one of them blames a task that ended early."""
+        steps = {name: figures[0] for session in self.job.sessions.values()
+                 for name, figures in session.progress().items()}
+        return {t.name: steps.get(t.name) for t in self.job.tasks.values()
+                if not t.is_agent and not t.alive and t.state is TaskState.SUCCEEDED}
 
     def _end_stuck_in_exit(self, task: SupervisedTask, idle_s: float) -> None:
         """``task``'s program has ended, its process has not: end it as the exit its program made."""
