@@ -222,6 +222,21 @@ def test_an_mwms_worker_that_ends_early_is_the_root_cause_not_the_peer_it_left_w
     assert not processes_of_run(run_dir.name)
 
 
+def test_an_mwms_worker_that_ends_before_joining_is_named_at_once_not_after_the_startup_timeout(runs):
+    # "if not the first worker: exit": worker:0's coordination service waits for it to connect (and
+    # would for ever); it says which tasks it waits for: one that has ended is the fault at once
+    started = time.monotonic()
+    done = run_ddlctl("launch", "-s", "mwms", "--workers", "2", "--no-telemetry", "--runs-dir", str(runs), "--",
+                      sys.executable, str(PROGRAMS / "ends_early.py"), "0", timeout=180)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert time.monotonic() - started < 60, "not after the startup timeout (180 s)"
+    assert "worker:1 on localhost failed: ended on its own (exit code 0, after 0 steps) while worker:0 waits for it " \
+           "to join the cluster (\"Waiting for 1/2 tasks to connect. Example stragglers: worker:1\")" in done.stderr, \
+        done.stderr[-3000:]
+    assert "not the first worker: nothing to do here" in done.stderr  # its own last words
+    assert not processes_of_run(only_run_dir(runs).name)
+
+
 def test_a_silent_host_agent_is_a_lost_host_and_its_tasks_are_restarted_elsewhere(runs):
     # a stopped agent says nothing (like a network gone without a reset): after 15 s of silence the
     # host counts as lost, the old agent is cut off (its tasks die with it) and a new one takes over

@@ -196,6 +196,24 @@ def test_a_running_peers_heartbeat_report_names_the_stopped_task_without_a_trace
         "a ps chief's recoverable worker losses name nobody"
 
 
+def test_the_leaders_coordination_service_says_which_tasks_it_still_waits_for():
+    from ddlctl.supervise.tfmessages import LiveReports
+
+    reports = LiveReports()
+    seen = []
+    for line in fixture("mwms_three_workers_connect.worker0.log").splitlines():
+        assert reports.feed(line) is None
+        seen.append(reports.stragglers)
+    # "Waiting for 2/3 ... Example stragglers:" then a name a line; each connection says it anew
+    assert ("worker:1", "worker:2") in seen and ("worker:2",) in seen
+    assert reports.stragglers == () and reports.waiting == "Waiting for 0/3 tasks to connect."
+    never = LiveReports()
+    for line in fixture("mwms_worker1_never_joined.worker0.log").splitlines():
+        never.feed(line)
+    # the names end with the next log line; the last count stands until another comes
+    assert (never.stragglers, never.waiting) == (("worker:1",), "Waiting for 1/2 tasks to connect.")
+
+
 def test_a_server_that_could_not_bind_its_port_is_recognised():
     from ddlctl.supervise.tfmessages import port_taken
 

@@ -643,6 +643,34 @@ def test_a_peer_named_after_it_ended_with_exit_code_0_ended_early_and_is_not_res
     assert states(result)["worker:1"] is TaskState.SUCCEEDED  # its own end was a success
 
 
+def test_a_worker_that_ended_before_joining_is_named_once_the_leader_says_it_waits_for_it(tmp_path):
+    waiting = (FIXTURES / "mwms_worker1_never_joined.worker0.log").read_bytes()
+    for first, then in ((0.2, 1.0), (1.0, 0.2)):  # worker:1 ends before the leader says it waits, or after
+        world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, steps=False),
+                              "worker:1": Behaviour(exit_after=first, steps=False)})  # "not the chief": exit 0
+        world.at(then, world.say, "worker:0", waiting)
+        (tmp_path / str(first)).mkdir()
+        result, _ = world.run(tmp_path / str(first), max_restarts=2, startup_timeout_s=30.0)
+        assert (result.failure.task, result.exit_code) == ("worker:1", 1)
+        assert result.failure.message.startswith("ended on its own (exit code 0) while worker:0 waits for it to join "
+                                                 "the cluster (\"Waiting for 1/2 tasks to connect. Example stragglers: "
+                                                 "worker:1\"): under mwms every worker must create the strategy")
+        assert result.wall_time_s < 6, "not after the startup timeout (30 s), stopping worker:0 included"
+        assert world.starts.count("worker:1") == 1 and not result.hangs
+
+
+def test_a_hang_while_a_worker_has_ended_on_its_own_blames_that_worker(tmp_path):
+    # the leader's words are not shown (TF_CPP_MIN_LOG_LEVEL=1): the hang watch finds it
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, steps=False),
+                          "worker:1": Behaviour(exit_after=0.2, steps=False)})
+    result, _ = world.run(tmp_path, max_restarts=0, hang_timeout_s=None, startup_timeout_s=2.0)
+    assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "exited", 1)
+    assert result.failure.message.startswith("ended on its own (exit code 0) while the others wait for it (worker:0 ")
+    assert "no progress for 2s (threshold 2s: before the first step" in result.failure.message
+    [hang] = result.hangs
+    assert hang["culprit"] == "worker:1"
+
+
 def test_a_running_peer_that_reports_a_stopped_task_gets_it_blamed_at_once(tmp_path):
     report = (FIXTURES / "mwms_worker1_stopped_peer_steps_on.worker0.log").read_bytes()
     world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),

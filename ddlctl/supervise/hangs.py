@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlctl.runfiles import HANG_DIR
+from ddlctl.strategies import strategy as strategy_facts
 from ddlctl.supervise.activity import (
     ActivityWatch,
     CpuActivity,
@@ -28,7 +29,7 @@ from ddlctl.supervise.activity import (
 )
 from ddlctl.supervise.hangwatch import HangWatch, Overdue
 from ddlctl.supervise.job import Job
-from ddlctl.supervise.policy import Fault, leader_of
+from ddlctl.supervise.policy import Fault, ended_early, leader_of
 from ddlctl.supervise.stackread import Standing, stand
 
 #: How long the supervisor waits for the agents' dumps (an agent waits 1.5 s for the stacks).
@@ -159,6 +160,12 @@ class Hangs:
                 self._report(now, overdue, standings, name, standings[name].where, folder, "exit")
             return Finding(ended=tuple((n, now - self.watch.last_progress.get(n, now - overdue.idle_s))
                                        for n in exiting))
+        left = self._left_by(standings)
+        if left is not None:  # the others wait for a worker that will never come: it is the fault
+            self._report(now, overdue, standings, left.task, left.detail, folder)
+            self.watch.rearm(job.clock())
+            return Finding(fault=dataclasses.replace(left, detail=f"{left.detail}; {overdue.describe()}; "
+                                                                  f"stacks in {folder}"))
         gpus, cpus = self.gpu_activity(list(standings), now), self.cpu_activity(list(standings), now)
         culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy), gpus, cpus)
         self._report(now, overdue, standings, culprit, why, folder, activity=(gpus, cpus))
@@ -167,6 +174,18 @@ class Hangs:
         detail += f"; {others}" if others else ""
         return Finding(fault=Fault(task=culprit, cause="hang", reporter=culprit, status=None,
                                    detail=f"{detail}; stacks in {folder})"))
+
+    def _left_by(self, standings: Mapping[str, Standing]) -> Fault | None:
+        """Under a strategy whose workers step together (mwms), the first worker that ended on its own
+        (exit code 0) while the others, standing as ``standings`` says, cannot go on without it."""
+        own = strategy_facts(self.job.strategy)
+        finished = self.job.finished() if own.lockstep and not own.servers else {}
+        if not finished:
+            return None
+        name = min(finished, key=lambda n: self.job.tasks[n].ended or 0.0)
+        waiting = "; ".join(f"{n} {s.where}" for n, s in standings.items())
+        return ended_early(name, next(iter(standings)), finished[name], f"the others wait for it ({waiting})",
+                           self.job.strategy, joined=bool(finished[name]))
 
     def _look_at_lingering(self, now: float, lingering: list[str]) -> Finding | None:
         """Finished tasks that have not exited: ended if their program has; else looked at again later."""

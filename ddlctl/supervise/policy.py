@@ -57,6 +57,9 @@ NOT_RETRIED = {
                   "built-in workload's --batch-size), fewer tasks per device, or mixed precision",
     "ended-early": "not retried: the same program would end early again (--restart-on any retries it)",
 }
+#: What a worker of a synchronous multi-worker job that ended before joining most likely got wrong.
+JOIN_ALL = ("every worker must create the strategy and take every step (each step's all-reduce waits for all of "
+            "them): run the same training on every worker, not on the first alone")
 #: What a worker of a synchronous multi-worker job that ended before its peers most likely got wrong.
 SAME_STEPS = ("every worker must take the same number of steps (each step's all-reduce waits for all of them): "
               "give each as many batches (e.g. repeat the dataset and stop after a fixed number of steps)")
@@ -164,7 +167,8 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
         peer = (aliases or {}).get(blame.task, blame.task) if blame is not None else None
         if blame is not None and peer != name and peer in known:
             if peer not in alive and peer in (finished or {}):  # (TensorFlow may say "stopped sending heartbeats")
-                return ended_early(peer, name, (finished or {})[peer], blame.line, strategy)
+                return ended_early(peer, name, (finished or {})[peer],
+                                   f"its peers went on ({name} then failed: \"{blame.line[:240]}\")", strategy)
             if peer in alive or blame.hung:
                 return Fault(task=peer, cause="hang", reporter=name, status=None,
                              detail=f"hung ({name} reports \"{blame.line[:240]}\")")
@@ -173,17 +177,18 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
 
 
-def ended_early(task: str, reporter: str, steps: int | None, line: str, strategy: str) -> Fault:
-    """``task`` ended on its own (exit code 0, after ``steps``) while its peers still needed it:
-    ``reporter``'s error (``line``) names it. Under MWMS the likeliest reason is a worker given
-    fewer batches than the others (uneven shards, a dataset that ends): the others go on to a step
-    whose all-reduce it never joins."""
+def ended_early(task: str, reporter: str, steps: int | None, said: str, strategy: str, joined: bool = True) -> Fault:
+    """``task`` ended on its own (exit code 0, after ``steps``) while its peers still needed it;
+    ``said``: how that shows ("its peers went on (worker:0 then failed: ...)"), ``reporter`` the
+    task that showed it; ``joined``: whether it had joined the cluster. Under MWMS the likeliest
+    reason is a worker given fewer batches than the others (uneven shards, a dataset that ends):
+    the others go on to a step whose all-reduce it never joins; or, one that never joined, a
+    program that lets one worker alone train."""
     after = f", after {steps} step{'s' if steps != 1 else ''}" if steps is not None else ""
     own = facts(strategy)  # workers that run the program and step together (mwms)
-    why = f": under {strategy} {SAME_STEPS}" if own.lockstep and not own.servers else ""
+    why = f": under {strategy} {SAME_STEPS if joined else JOIN_ALL}" if own.lockstep and not own.servers else ""
     return Fault(task=task, cause="ended-early", reporter=reporter, status=None,
-                 detail=f"ended on its own (exit code 0{after}) while its peers went on ({reporter} then failed: "
-                        f"\"{line[:240]}\"){why}")
+                 detail=f"ended on its own (exit code 0{after}) while {said}{why}")
 
 
 #: The signal a stack request sends (every Python task ddlctl starts has faulthandler take it).

@@ -53,6 +53,7 @@ from ddlctl.supervise.policy import (
     decide,
     decide_during_restart,
     died_of_stack_request,
+    ended_early,
     stuck_in_exit,
     unkillable,
 )
@@ -241,6 +242,8 @@ class Supervisor:
                 blame = task.reports.feed(line.decode("utf-8", "replace"))
                 if blame is not None:
                     self._peer_report(task, blame)
+            if task.reports.stragglers:
+                self._left_waiting(task)
             return
         others = []
         for line in lines:
@@ -299,13 +302,16 @@ class Supervisor:
             self.job.notify(message)
         if status.ok and task.spec.kind == "program":
             task.state = TaskState.SUCCEEDED
+            for other in [t for t in self.job.tasks.values() if t.alive and t.reports.stragglers]:
+                if self._left_waiting(other):
+                    break
             return
         if task.spec.port and port_taken(text) and self.restarts.retry_ports(task.name):
             return
         task.state = TaskState.FAILED
         alive = self.job.alive()
         fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles), self.job.aliases,
-                         self._finished())
+                         self.job.finished())
         session = self.job.sessions.get(task.host)
         if fault.cause == "host-lost" and session is not None and session.lost:  # say why the host went
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
@@ -313,13 +319,21 @@ class Supervisor:
             fault = self.hangs.named(fault, self.job.clock())
         self._on_fault(fault)
 
-    def _finished(self) -> dict[str, int | None]:
-        """Tasks that ended on their own with exit code 0 -> the highest step each reported (None:
-        none): a peer's error that names one of them blames a task that ended early."""
-        steps = {name: figures[0] for session in self.job.sessions.values()
-                 for name, figures in session.progress().items()}
-        return {t.name: steps.get(t.name) for t in self.job.tasks.values()
-                if not t.is_agent and not t.alive and t.state is TaskState.SUCCEEDED}
+    def _left_waiting(self, task: SupervisedTask) -> bool:
+        """Whether ``task``'s coordination service waits for a task that has ended on its own (exit
+        code 0): it never connects, and that is its fault now (else the job waits out the startup
+        timeout and blames the leader)."""
+        if self.job.stopping or not task.alive:
+            return False
+        finished = self.job.finished()
+        for tf_name in task.reports.stragglers:
+            name = self.job.own_name(tf_name)
+            if name in finished:
+                words = f"{task.reports.waiting} Example stragglers: {', '.join(task.reports.stragglers)}"
+                self._on_fault(ended_early(name, task.name, finished[name], f"{task.name} waits for it to join the "
+                                           f"cluster (\"{words}\")", self.job.strategy, joined=False))
+                return True
+        return False
 
     def _end_stuck_in_exit(self, task: SupervisedTask, idle_s: float) -> None:
         """``task``'s program has ended, its process has not: end it as the exit its program made."""

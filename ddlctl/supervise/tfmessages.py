@@ -95,16 +95,29 @@ def blame_peer(text: str, leader: str) -> Blame | None:
     return None
 
 
+#: The coordination service's leader, while tasks have not connected: ``Waiting for 1/2 tasks to
+#: connect.``, then ``Example stragglers:`` and their names, a line each.
+WAITING = re.compile(r"Waiting for (\d+)/(\d+) tasks to connect")
+STRAGGLER = re.compile(r"^\s*" + _TASK + r"\s*$")
+
+
 class LiveReports:
     """Fault reports in a *running* task's output: TensorFlow's coordination service logs that a
     peer "stopped sending heartbeats" as an ``E`` line (the peer's name on the next line) and the
-    reporting process may go on stepping: no traceback ever follows. Fed line by line."""
+    reporting process may go on stepping: no traceback ever follows. Fed line by line. Also the
+    tasks the coordination service (on its leader) last said it waits for (:attr:`stragglers`:
+    TensorFlow's names, "worker:1"; :attr:`waiting`: that line)."""
 
     def __init__(self) -> None:
         self._pending = ""
+        self.stragglers: tuple[str, ...] = ()
+        self.waiting = ""
+        self._listing = False  # the lines after "Example stragglers:" name them
 
     def feed(self, line: str) -> Blame | None:
         """The peer named by ``line`` (with the line before it, when that one began the report)."""
+        if self._listing or "tasks to connect" in line:
+            self._stragglers(line)
         if not self._pending and "heartbeats" not in line:
             return None  # almost every line
         text = f"{self._pending}\n{line}" if self._pending else line
@@ -115,3 +128,15 @@ class LiveReports:
         if "stopped sending heartbeats" in line:
             self._pending = line.strip()
         return None
+
+    def _stragglers(self, line: str) -> None:
+        waiting = WAITING.search(line)
+        if waiting:  # a new count: the names follow ("Waiting for 0/2": none is awaited any more)
+            self.waiting, self.stragglers = line.strip()[waiting.start():], ()
+            self._listing = waiting.group(1) != "0"
+            return
+        named = STRAGGLER.match(line)
+        if named:
+            self.stragglers = (*self.stragglers, f"{named.group(1)}:{named.group(2)}")
+        elif "Example stragglers" not in line:
+            self._listing = False

@@ -1,16 +1,23 @@
-"""MWMS: worker 1 is given fewer batches (5 steps) than worker 0 (200) and ends cleanly, exit code
-0; worker 0 goes on to step 6, whose all-reduce worker 1 never joins (TensorFlow then fails it)."""
+"""MWMS: worker 1 is given fewer batches than worker 0 (200) and ends cleanly, exit code 0, after
+``sys.argv[1]`` steps (default 5): worker 0 goes on to a step whose all-reduce worker 1 never joins
+(TensorFlow then fails it). With 0, worker 1 ends before it creates the strategy, as a program
+that lets the first worker alone train does: worker 0 waits for it to join the cluster."""
 
 import json
 import os
+import sys
 
-import tensorflow as tf
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+steps = (int(sys.argv[1]) if len(sys.argv) > 1 else 5) if index == 1 else 200
+if steps == 0:
+    print("not the first worker: nothing to do here", flush=True)
+    sys.exit(0)
 
-import ddlctl
+import tensorflow as tf  # noqa: E402
+
+import ddlctl  # noqa: E402
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
-index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-steps = 5 if index == 1 else 200
 with strategy.scope():
     weight = tf.Variable(1.0)
 
