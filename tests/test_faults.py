@@ -208,8 +208,8 @@ def test_an_mwms_worker_that_ends_early_is_the_root_cause_not_the_peer_it_left_w
                       "--runs-dir", str(runs), "--", sys.executable, str(PROGRAMS / "ends_early.py"), timeout=180)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "worker:1 on localhost failed: ended on its own (exit code 0, after 5 steps) while its peers went on " \
-           "(worker:0 then failed:" in done.stderr, done.stderr[-3000:]
-    assert "every worker must take the same number of steps" in done.stderr
+           "(worker:0, at step 5, then failed:" in done.stderr, done.stderr[-3000:]
+    assert "every worker must take the same number of steps" in done.stderr  # (worker:0 failed in step 6)
     assert "not retried: the same program would end early again" in done.stderr  # a restart ends the same way
     # the traceback shown is worker:0's, and said to be
     assert "traceback of worker:0, which reported it:" in done.stderr and "UnavailableError" in done.stderr

@@ -89,6 +89,13 @@ def test_a_peer_named_after_it_ended_on_its_own_ended_early_and_is_not_retried()
                                    "(worker:2 then failed: \"Additional GRPC error information from remote target "
                                    "/job:worker/replica:0/task:1")
     assert "under mwms every worker must take the same number of steps" in early.detail
+    # the reporter as far along: it failed in the step after (unrecorded): fewer batches; left
+    # behind (it ran more collectives a step: an evaluation the other did not run), not the steps
+    for reached, words in ((20, "take the same number of steps"),
+                           (12, "run the same collective ops in the same order")):
+        said = classify("worker:2", ExitStatus(code=1), text, "mwms", alive={"worker:0"}, known=set(roles),
+                        finished={"worker:1": 20}, reached=reached).detail
+        assert f"(worker:2, at step {reached}, then failed: " in said and f"every worker must {words}" in said
     # with two workers TensorFlow says the peer "stopped sending heartbeats", as of a hung one
     text = fixture("mwms_worker1_ended_early.worker0.log")
     assert classify("worker:0", ExitStatus(code=1), text, "mwms", alive=set(), known=set(MWMS_ROLES)).cause == "hang"
@@ -104,6 +111,21 @@ def test_a_peer_named_after_it_ended_on_its_own_ended_early_and_is_not_retried()
     ps = classify("chief:0", ExitStatus(code=1), chief, "ps", alive=set(), known=set(PS_ROLES), finished={"ps:0": None})
     assert (ps.task, ps.cause) == ("ps:0", "ended-early") and ps.detail.startswith("ended on its own (exit code 0) ")
     assert "same number of steps" not in ps.detail
+
+
+def test_collectives_that_do_not_match_are_the_programs_bug_not_the_peer_the_transport_names():
+    # worker:1 evaluated (an all-reduce of shape [2]) where worker:0 stepped (shape [1]): TensorFlow's
+    # error comes through the call to worker:0 ("remote target .../task:0"), which is alive and fine
+    text = fixture("mwms_collective_shape_mismatch.worker1.log")
+    fault_ = classify("worker:1", ExitStatus(code=1), text, "mwms", alive={"worker:0"}, known=set(MWMS_ROLES))
+    assert (fault_.task, fault_.cause, fault_.exit_code) == ("worker:1", "collective-mismatch", 1)
+    assert fault_.detail == ("exit code 1: its collective op did not match its peers' (\"Shape mismatch in the "
+                             "collective instance 106. Op at device /job:worker/replica:0/task:1/device:CPU:0 expected "
+                             "shape [2] but another member in the group expected shape [1].\")")
+    d = decide("mwms", fault_, MWMS_ROLES, {"worker:0"}, used=0, max_restarts=3)
+    assert d.action == "fail" and "every worker must run the same collective ops in the same order" in d.message
+    again = decide("mwms", fault_, MWMS_ROLES, {"worker:0"}, used=0, max_restarts=3, restart_on="any")
+    assert again.action == "restart"
 
 
 @pytest.mark.parametrize(("status", "log", "cause"), [

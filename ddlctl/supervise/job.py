@@ -140,11 +140,15 @@ class Job:
         """Names of the training tasks still running (telemetry agents left out)."""
         return {t.name for t in self.tasks.values() if t.alive and not t.is_agent}
 
+    def reached(self) -> dict[str, int]:
+        """Task -> the highest step it reported so far."""
+        return {name: figures[0] for session in self.sessions.values() for name, figures in session.progress().items()}
+
     def finished(self) -> dict[str, int | None]:
         """Tasks that ended on their own with exit code 0 -> the highest step each reported (None:
         none). A peer that waits for one of them, or fails naming it, was left by a task that
         ended early."""
-        steps = {name: figures[0] for session in self.sessions.values() for name, figures in session.progress().items()}
+        steps = self.reached()
         return {t.name: steps.get(t.name) for t in self.tasks.values()
                 if not t.is_agent and not t.alive and t.state is TaskState.SUCCEEDED}
 

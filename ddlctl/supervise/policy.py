@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
 from ddlctl.supervise.rootcause import TRACEBACK_HEAD, device_oom, disk_full, syntax_error
-from ddlctl.supervise.tfmessages import blame_peer, final_error, stale_handle
+from ddlctl.supervise.tfmessages import blame_peer, collective_mismatch, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
 #: Causes retried under ``--restart-on fault``.
@@ -56,10 +56,18 @@ NOT_RETRIED = {
     "device-oom": "not retried: the same step would run out of memory again; a smaller batch per device (the "
                   "built-in workload's --batch-size), fewer tasks per device, or mixed precision",
     "ended-early": "not retried: the same program would end early again (--restart-on any retries it)",
+    "collective-mismatch": "a bug in the program: every worker must run the same collective ops in the same order, on "
+                           "tensors of the same shapes and types (the same steps, evaluations and model on each); not "
+                           "retried under --restart-on fault (--restart-on any retries it)",
 }
 #: What a worker of a synchronous multi-worker job that ended before joining most likely got wrong.
 JOIN_ALL = ("every worker must create the strategy and take every step (each step's all-reduce waits for all of "
             "them): run the same training on every worker, not on the first alone")
+#: What workers of a synchronous multi-worker job got wrong when one ended after as many steps as
+#: the one it left: more collectives on one (TensorFlow pairs a worker's n-th collective with its
+#: peers' n-th of the same shape, whatever op each was).
+SAME_COLLECTIVES = ("every worker must run the same collective ops in the same order (an evaluation, a metric or a "
+                    "checkpoint run on some workers only pairs with other ops of their peers')")
 #: What a worker of a synchronous multi-worker job that ended before its peers most likely got wrong.
 SAME_STEPS = ("every worker must take the same number of steps (each step's all-reduce waits for all of them): "
               "give each as many batches (e.g. repeat the dataset and stop after a fixed number of steps)")
@@ -74,8 +82,8 @@ PREEMPTED_CODES = frozenset({42, 143})
 @dataclass(frozen=True)
 class Fault:
     """A task at fault: ``cause`` is signal, oom, preempted, hang, host-lost, peer-restart,
-    disk-full, device-oom, traceback, exit or ended-early (it ended on its own, exit code 0,
-    while its peers still needed it)."""
+    disk-full, device-oom, collective-mismatch, traceback, exit or ended-early (it ended on its
+    own, exit code 0, while its peers still needed it)."""
 
     task: str
     cause: str
@@ -130,6 +138,10 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     device = device_oom(error) if code != 0 else None
     if device is not None:  # the same step runs out of memory again: a matter of sizes, not a fault
         return "device-oom", f"exit code {code}: {device}"
+    mismatch = collective_mismatch(error) if code != 0 else None
+    if mismatch is not None:  # whichever peer the error's transport names: the program is at fault
+        return "collective-mismatch", f"exit code {code}: its collective op did not match its peers' " \
+                                      f"(\"{mismatch[:300]}\")"
     if code != 0 and TRACEBACK_HEAD in error:
         return "traceback", f"exit code {code} after a Python exception"
     syntax = syntax_error(error) if code != 0 else None
@@ -154,11 +166,12 @@ def killed_from_outside(status: ExitStatus) -> bool:
 
 def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive: Set[str],
              known: Set[str], aliases: Mapping[str, str] | None = None,
-             finished: Mapping[str, int | None] | None = None) -> Fault:
+             finished: Mapping[str, int | None] | None = None, reached: int | None = None) -> Fault:
     """The fault behind ``name`` ending with ``status``. A peer that the log blames and that is a
     task of this job (``known``) is at fault instead: hung if it is still running (``alive``);
     ended early if it had ended on its own with exit code 0 (``finished``: such tasks -> the
-    steps they took, None if unknown); never when ``name`` was killed from outside (a ps chief
+    steps they took, None if unknown; ``reached``: the steps ``name`` took); never when ``name``
+    was killed from outside (a ps chief
     killed after it had logged, and recovered from, a lost worker is its own fault). ``aliases``:
     TensorFlow's task names that are not ddlctl's (once workers left the job) -> ddlctl's."""
     cause, detail = own_cause(status, log_text)
@@ -167,8 +180,10 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
         peer = (aliases or {}).get(blame.task, blame.task) if blame is not None else None
         if blame is not None and peer != name and peer in known:
             if peer not in alive and peer in (finished or {}):  # (TensorFlow may say "stopped sending heartbeats")
+                at = f", at step {reached}," if reached is not None else ""
                 return ended_early(peer, name, (finished or {})[peer],
-                                   f"its peers went on ({name} then failed: \"{blame.line[:240]}\")", strategy)
+                                   f"its peers went on ({name}{at} then failed: \"{blame.line[:240]}\")", strategy,
+                                   reporter_steps=reached)
             if peer in alive or blame.hung:
                 return Fault(task=peer, cause="hang", reporter=name, status=None,
                              detail=f"hung ({name} reports \"{blame.line[:240]}\")")
@@ -177,16 +192,22 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
 
 
-def ended_early(task: str, reporter: str, steps: int | None, said: str, strategy: str, joined: bool = True) -> Fault:
+def ended_early(task: str, reporter: str, steps: int | None, said: str, strategy: str, joined: bool = True,
+                reporter_steps: int | None = None) -> Fault:
     """``task`` ended on its own (exit code 0, after ``steps``) while its peers still needed it;
     ``said``: how that shows ("its peers went on (worker:0 then failed: ...)"), ``reporter`` the
-    task that showed it; ``joined``: whether it had joined the cluster. Under MWMS the likeliest
-    reason is a worker given fewer batches than the others (uneven shards, a dataset that ends):
-    the others go on to a step whose all-reduce it never joins; or, one that never joined, a
-    program that lets one worker alone train."""
+    task that showed it (at ``reporter_steps``); ``joined``: whether it had joined the cluster.
+    Under MWMS: a worker given fewer batches than the others (uneven shards, a dataset that ends)
+    when the reporter got as far; collectives that differ (an evaluation on one worker only) when
+    the reporter was left behind in steps; a program that lets one worker alone train when it
+    never joined."""
     after = f", after {steps} step{'s' if steps != 1 else ''}" if steps is not None else ""
     own = facts(strategy)  # workers that run the program and step together (mwms)
-    why = f": under {strategy} {SAME_STEPS if joined else JOIN_ALL}" if own.lockstep and not own.servers else ""
+    # (a peer left behind in steps ran more collectives per step; one as far along failed in the
+    # step after, unrecorded: fewer batches)
+    behind = steps is not None and reporter_steps is not None and reporter_steps < steps
+    hint = JOIN_ALL if not joined else SAME_COLLECTIVES if behind else SAME_STEPS
+    why = f": under {strategy} {hint}" if own.lockstep and not own.servers else ""
     return Fault(task=task, cause="ended-early", reporter=reporter, status=None,
                  detail=f"ended on its own (exit code 0{after}) while {said}{why}")
 

@@ -311,7 +311,7 @@ class Supervisor:
         task.state = TaskState.FAILED
         alive = self.job.alive()
         fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles), self.job.aliases,
-                         self.job.finished())
+                         self.job.finished(), self.job.reached().get(task.name))
         session = self.job.sessions.get(task.host)
         if fault.cause == "host-lost" and session is not None and session.lost:  # say why the host went
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")

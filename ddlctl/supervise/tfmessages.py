@@ -48,6 +48,24 @@ def stale_handle(text: str) -> str | None:
     return None
 
 
+#: TensorFlow's words when the members of a collective (the workers' all-reduce) disagree on what
+#: it is: different shapes or types (workers that ran different collectives: one evaluates while
+#: another steps, models that differ): a bug of the program, whichever peer the error mentions.
+MISMATCH = re.compile(r"Shape mismatch in the collective instance[^\n]*|Collective instance \d+ [^\n]*but another "
+                      r"member in the group[^\n]*")
+
+
+def collective_mismatch(text: str) -> str | None:
+    """TensorFlow's sentence in ``text`` (a task's final error) that says its collective did not
+    match its peers', up to its first full stop after the mismatch; None if none."""
+    found = MISMATCH.search(text)
+    if found is None:
+        return None
+    words = found.group(0)
+    end = words.find(". ", words.find("another member"))
+    return (words[:end + 1] if end >= 0 else words).strip()
+
+
 PORT_TAKEN = re.compile(r"Could not start gRPC server|Failed to add port to server|Address already in use")
 
 
