@@ -100,6 +100,24 @@ def test_mwms_two_workers_train_in_lockstep(runs):
     assert all(r["achieved_flops_per_s"] > 0 for r in mfu)
     assert "model FLOPs 3.52 MFLOP/sample (3 x forward); achieved worker:0 " in result.stdout
     assert "MFU n/a: no GPU (CPU host)" in result.stdout
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["unjoined"] == [] and "cluster up: every task is listening" in result.stderr
+    assert_nothing_left(run_dir)
+
+
+def test_a_one_machine_program_under_mwms_trains_alone_on_each_worker_and_it_is_said(runs):
+    # MirroredStrategy, not MultiWorkerMirroredStrategy: every worker "succeeds", none joined
+    result = run_ddlctl("launch", "-s", "mwms", "--workers", "2", "--no-telemetry", "--runs-dir", str(runs), "--",
+                        sys.executable, str(PROGRAMS / "trains_alone.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[worker:0-1@localhost] TRAINED_ALONE" in result.stdout  # (the same line from both: shown once)
+    said = ("worker:0, worker:1 took steps without listening on their ports (TF_CONFIG): their program did not join "
+            "the mwms cluster (it creates no tf.distribute.MultiWorkerMirroredStrategy, or not from TF_CONFIG): each "
+            "worker trains alone, on its own copy of the model")
+    assert f"ddlctl: {said}" in result.stderr and f"• {said}" in result.stdout  # said, and in the report
+    assert "cluster up" not in result.stderr
+    run_dir = only_run_dir(runs)
+    assert json.loads((run_dir / "outcome.json").read_text())["unjoined"] == ["worker:0", "worker:1"]
     assert_nothing_left(run_dir)
 
 

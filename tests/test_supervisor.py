@@ -671,6 +671,33 @@ def test_a_hang_while_a_worker_has_ended_on_its_own_blames_that_worker(tmp_path)
     assert hang["culprit"] == "worker:1"
 
 
+def test_workers_that_step_without_ever_listening_trained_alone_and_it_is_said(tmp_path):
+    # a program with MirroredStrategy under -s mwms: each worker trains, none joins the cluster
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=4.0, listen_after=None),
+                          "worker:1": Behaviour(exit_after=4.0, listen_after=None)})
+    result, _ = world.run(tmp_path)
+    assert result.ok and result.unjoined == ("worker:0", "worker:1")
+    said = [m for m in world.messages if "without listening" in m]
+    assert said == ["worker:0, worker:1 took steps without listening on their ports (TF_CONFIG): their program did "
+                    "not join the mwms cluster (it creates no tf.distribute.MultiWorkerMirroredStrategy, or not from "
+                    "TF_CONFIG): each worker trains alone, on its own copy of the model"]
+    assert not [m for m in world.messages if m.startswith("cluster up")], "no task listened"
+    # a short job (ended within 2 s of its first step): said as the job ends
+    short = mwms_world(**{"worker:0": Behaviour(exit_after=1.0, listen_after=None),
+                          "worker:1": Behaviour(exit_after=1.0)})
+    (tmp_path / "short").mkdir()
+    result, _ = short.run(tmp_path / "short")
+    assert result.unjoined == ("worker:0",) and [m for m in short.messages if "without listening" in m] == [
+        "worker:0 took steps without listening on its port (TF_CONFIG): its program did not join the mwms cluster "
+        "(it creates no tf.distribute.MultiWorkerMirroredStrategy, or not from TF_CONFIG): each worker trains alone, "
+        "on its own copy of the model"]
+    # those that join (they listen 0.2 s after their start) are not said
+    joined = mwms_world()
+    (tmp_path / "joined").mkdir()
+    result, _ = joined.run(tmp_path / "joined")
+    assert result.ok and result.unjoined == () and any(m.startswith("cluster up") for m in joined.messages)
+
+
 def test_a_running_peer_that_reports_a_stopped_task_gets_it_blamed_at_once(tmp_path):
     report = (FIXTURES / "mwms_worker1_stopped_peer_steps_on.worker0.log").read_bytes()
     world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),

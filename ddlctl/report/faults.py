@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddlctl.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
+from ddlctl.supervise.joined import alone
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[di
             whose = "ddlctl's"
             lines.append(f"the clock of {host} is {how_far(offset, whose)}: its step times and samples are put on "
                          f"ddlctl's clock here; {SYNCHRONISE}")
+    unjoined = [str(name) for name in outcome.get("unjoined") or []]
+    if unjoined:
+        lines.append(alone("mwms", unjoined))  # (the one strategy whose workers must join on their own)
     for pause in outcome.get("paused", []):
         began = outcome.get("started_at")
         when = f" from {pause['time'] - began:.0f}s after the start" if began and pause.get("time") else ""

@@ -70,6 +70,7 @@ class JobResult:
     left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
     paused: tuple[dict, ...] = ()  # each time ddlctl itself did not run (stopped, suspended): time, seconds
     clock_offsets: Mapping[str, float] = field(default_factory=dict)  # host -> its clock less this machine's
+    unjoined: tuple[str, ...] = ()  # workers that took steps without joining the cluster (trained alone)
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -138,7 +139,8 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                telemetry_gaps: Sequence[str], restarts: Sequence[dict], degraded: Sequence[dict],
                hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None,
                membership: Sequence[dict] = (), left_running: Sequence[dict] = (),
-               paused: Sequence[dict] = (), clock_offsets: Mapping[str, float] | None = None) -> JobResult:
+               paused: Sequence[dict] = (), clock_offsets: Mapping[str, float] | None = None,
+               unjoined: Sequence[str] = ()) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -148,7 +150,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
                      hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at,
                      membership=tuple(membership), left_running=tuple(left_running), paused=tuple(paused),
-                     clock_offsets=dict(clock_offsets or {}))
+                     clock_offsets=dict(clock_offsets or {}), unjoined=tuple(unjoined))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -183,6 +185,7 @@ def outcome_record(result: JobResult) -> dict:
         "left_running": list(result.left_running),
         "paused": list(result.paused),
         "clock_offsets": dict(result.clock_offsets),
+        "unjoined": list(result.unjoined),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

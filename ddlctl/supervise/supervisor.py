@@ -45,6 +45,7 @@ from ddlctl.supervise.elastic import Elastic
 from ddlctl.supervise.hangs import Hangs
 from ddlctl.supervise.hosts import HostWatch, Reconnect
 from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
+from ddlctl.supervise.joined import JoinWatch
 from ddlctl.supervise.policy import (
     UNKILLABLE_S,
     Decision,
@@ -95,6 +96,7 @@ class Supervisor:
         self.restarts = Restarts(self.job, self.hosts)
         self.hangs = Hangs(self.job)
         self.elastic = Elastic(self.job, self.hosts, self.restarts)
+        self.joined = JoinWatch(self.job, self.job.notify)
         self.failure: Failure | None = None
         self.telemetry_gaps: list[str] = []
         self.degraded: list[dict] = []
@@ -123,6 +125,7 @@ class Supervisor:
             self._start_all()
             while self._active():
                 self._tick()
+            self.joined.at_end()
         finally:
             self._restore_signal_handlers(previous)
             self.elastic.close()
@@ -137,7 +140,7 @@ class Supervisor:
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
                           started_at=started_at, membership=self.job.membership, left_running=self.left_running,
-                          paused=self.paused, clock_offsets=self.hosts.clock_offsets)
+                          paused=self.paused, clock_offsets=self.hosts.clock_offsets, unjoined=self.joined.unjoined)
 
     def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""
@@ -192,6 +195,7 @@ class Supervisor:
             return
         self.hangs.feed(now)
         self.elastic.tick(now)
+        self.joined.tick(now)
         self._probe_ports(now)
         self._check_startup_timeout(now)
         # while a replacement server starts, its peers may wait for it (a ps chief with no other
@@ -405,7 +409,8 @@ class Supervisor:
         if not self.all_ready_noted and tasks and all(t.state is not TaskState.STARTING for t in tasks):
             self.all_ready_noted = True
             self.hangs.watch.arm(now)  # a job that never steps at all is hung too
-            if any(t.spec.port for t in tasks):
+            ports = [t for t in tasks if t.spec.port]
+            if ports and all(t.proc.listening for t in ports):  # (not when some ended without listening)
                 waited = now - min(t.started for t in tasks)
                 self.job.notify(f"cluster up: every task is listening ({waited:.1f}s after start)")
 
