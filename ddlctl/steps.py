@@ -209,19 +209,47 @@ def _cannot_record(path: Path | None, exc: OSError) -> None:
           "recording this task's steps there", file=sys.stderr, flush=True)
 
 
+def _append_phase_line(record: dict) -> None:
+    """One line in the task's ``phases.jsonl`` under ddlctl (nothing outside it; a full disk: none)."""
+    task_dir = os.environ.get(envvars.TASK_DIR)
+    if task_dir:
+        with contextlib.suppress(OSError), \
+                open(Path(task_dir) / TASK_PHASES, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """Time a phase that is not a training step (``name`` in :data:`PHASES`), e.g. a checkpoint
-    save: ``with ddlctl.phase("checkpoint"): manager.save()``. One JSON line in the task's
-    ``phases.jsonl`` (``{"phase", "start_us", "duration_s"}``) under ddlctl; nothing otherwise."""
+    save: ``with ddlctl.phase("checkpoint"): manager.save()``. Two JSON lines in the task's
+    ``phases.jsonl`` under ddlctl (nothing otherwise): ``{"phase", "start_us", "open": true}`` as it
+    begins (the hang watch then allows it :data:`ddlctl.supervise.hangwatch.OPEN_PHASE_S` without a
+    step) and ``{"phase", "start_us", "duration_s"}`` as it ends, whichever way."""
     if name not in PHASES:
         raise ValueError(f"unknown phase {name!r}: one of {', '.join(PHASES)}")
-    task_dir = os.environ.get(envvars.TASK_DIR)
     wall, start = time.time(), time.monotonic()
-    yield
-    if task_dir:
-        line = json.dumps({"phase": name, "start_us": int(wall * 1e6),
-                           "duration_s": round(time.monotonic() - start, 9)}) + "\n"
-        with contextlib.suppress(OSError), \
-                open(Path(task_dir) / TASK_PHASES, "a", encoding="utf-8") as handle:  # (a full disk: not recorded)
-            handle.write(line)
+    _append_phase_line({"phase": name, "start_us": int(wall * 1e6), "open": True})
+    try:
+        yield
+    finally:
+        _append_phase_line({"phase": name, "start_us": int(wall * 1e6),
+                            "duration_s": round(time.monotonic() - start, 9)})
+
+
+#: At most one beat a second from a process (each is a line in ``phases.jsonl``).
+BEAT_S = 1.0
+_beats = {"last": float("-inf")}
+_beat_lock = threading.Lock()
+
+
+def beat(kind: str) -> None:
+    """Say that the task is at work outside its step records (``kind``: "eval" for a batch of an
+    evaluation, "train" for a ps closure done): ``{"beat", "t"}`` in ``phases.jsonl``, at most one
+    a second; the hang watch counts a beat as progress (a long evaluation is not a hang). Safe
+    from any thread; nothing outside ddlctl."""
+    now = time.monotonic()
+    with _beat_lock:
+        if now - _beats["last"] < BEAT_S:
+            return
+        _beats["last"] = now
+    _append_phase_line({"beat": kind, "t": round(time.time(), 3)})

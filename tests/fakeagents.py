@@ -178,6 +178,7 @@ class FakeSession:
         self.counts: dict[str, tuple[int, float]] = {}
         self.totals: dict[str, tuple[int, int | None]] = {}
         self.credit: dict[str, dict[str, int]] = {}
+        self.busy: dict[str, tuple[int, str | None]] = {}  # task -> (phase lines, open phase)
         self.dumps: dict[str, dict] = {}
         self.files: dict[str, bytes] = {}  # path -> bytes (its "file system")
         self.mtimes: dict[str, int] = {}
@@ -230,6 +231,9 @@ class FakeSession:
 
     def credits(self) -> dict[str, dict[str, int]]:
         return self.credit
+
+    def activity(self) -> dict[str, tuple[int, str | None]]:
+        return self.busy
 
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         return False

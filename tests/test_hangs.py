@@ -47,6 +47,35 @@ def test_a_fixed_timeout_watches_each_task_on_its_own_and_rearms_after_a_restart
     assert HangWatch(0).overdue(10**9, ["worker:0"]) is None, "0 = off"
 
 
+def test_a_task_in_a_phase_its_program_declared_gets_half_an_hour_and_its_phase_lines_are_progress(tmp_path):
+    import json
+
+    from ddlctl.runtime.stepfollow import PhaseFile
+    from ddlctl.supervise.hangwatch import OPEN_PHASE_S
+
+    # an earlier attempt died inside a checkpoint (begun, never ended): not this attempt's phase
+    path = tmp_path / "phases.jsonl"
+    path.write_text(json.dumps({"phase": "checkpoint", "start_us": 1, "open": True}) + "\n")
+    follow = PhaseFile(str(path))
+    assert (follow.poll(), follow.open) == (1, None)
+    with path.open("a") as out:  # this attempt: a beat, then a checkpoint begins (half a line so far)
+        out.write(json.dumps({"beat": "eval", "t": 5.0}) + "\n" + json.dumps({"phase": "checkpoint", "start_us": 9,
+                                                                               "open": True}) + "\n{\"pha")
+    assert (follow.poll(), follow.open) == (3, "checkpoint")
+    with path.open("a") as out:
+        out.write('se": "checkpoint", "start_us": 9, "duration_s": 70.5}\n')
+    assert (follow.poll(), follow.open) == (4, None)
+    # the watch: a fixed 10 s, but 30 min while the program says it checkpoints
+    watch = HangWatch(10)
+    watch.update("worker:0", 5, now=0)
+    watch.in_phase("worker:0", "checkpoint")
+    assert watch.overdue(600, ["worker:0"]) is None
+    assert watch.threshold("worker:0") == (OPEN_PHASE_S, "in its checkpoint phase: 30 min allowed")
+    assert watch.overdue(OPEN_PHASE_S + 1, ["worker:0"]).tasks == ("worker:0",), "a hang inside it is still found"
+    watch.in_phase("worker:0", None)
+    assert watch.overdue(11, ["worker:0"]) is not None
+
+
 def test_the_adaptive_threshold_is_ten_times_the_p99_interval_with_a_sixty_second_floor():
     watch = HangWatch(None, startup_s=180)
     watch.arm(0)

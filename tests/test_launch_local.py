@@ -122,6 +122,26 @@ def test_a_one_machine_program_under_mwms_trains_alone_on_each_worker_and_it_is_
 
 
 @pytest.mark.parametrize("strategy", ["ps", "mwms"])
+def test_model_fit_at_work_between_its_step_records_is_not_a_hang(runs, strategy):
+    # ps: an epoch is one record (no batch callbacks there), 2 epochs of ~9 s; mwms: quick steps,
+    # then an evaluation of ~9 s. Both longer than --hang-timeout: hung, exit 124, before the
+    # hook's beats (a ps closure done, an evaluation batch) counted as progress
+    args = ("2", "110", "80") if strategy == "ps" else ("1", "5", "80", "110")
+    result = run_ddlctl("launch", "-s", strategy, "--workers", "1" if strategy == "ps" else "2", "--hang-timeout",
+                        "6", "--no-telemetry", "--runs-dir", str(runs), "--",
+                        sys.executable, str(PROGRAMS / "fit_slow.py"), *args, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FIT_SLOW_DONE" in result.stdout and "hang:" not in result.stderr
+    trainer = "chief-0" if strategy == "ps" else "worker-0"
+    phases = [json.loads(line) for line in
+              (only_run_dir(runs) / "tasks" / trainer / "phases.jsonl").read_text().splitlines()]
+    beats = [p["t"] for p in phases if "beat" in p]
+    assert len(beats) >= 8 and {p["beat"] for p in phases if "beat" in p} == {"train" if strategy == "ps" else "eval"}
+    assert max(b - a for a, b in zip(beats, beats[1:], strict=False)) < 3, "a beat a second while at work"
+    assert_nothing_left(only_run_dir(runs))
+
+
+@pytest.mark.parametrize("strategy", ["ps", "mwms"])
 def test_model_fit_program_works_with_tf_keras(runs, strategy):
     balance = ["--balance", "speed"] if strategy == "mwms" else []  # model.fit cannot be balanced: told so
     workers = "1" if strategy == "ps" else "2"  # (under ps the chief fits: one worker is enough)

@@ -116,3 +116,27 @@ def test_a_resumed_fit_numbers_its_steps_from_the_epoch_it_resumes_at(tmp_path, 
     reached = [r["step"] + r.get("steps", 1) - 1 for r in records]  # a record names its block's first step
     assert reached[-1] == records[-1]["total"] == 20
     assert records[0]["step"] == 13 and reached == ([16, 20] if per_epoch else list(range(13, 21)))
+
+
+def test_a_phase_says_when_it_begins_and_ends_and_beats_come_at_most_once_a_second(tmp_path, monkeypatch):
+    import ddlctl
+    from ddlctl import steps
+    from ddlctl.report.stepfile import read_phases
+
+    monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path))
+    with pytest.raises(OSError), ddlctl.phase("checkpoint"):  # a save that fails ends the phase too
+        began = json.loads((tmp_path / "phases.jsonl").read_text())
+        raise OSError("disk full")
+    assert began["phase"] == "checkpoint" and began["open"] is True
+    ended = json.loads((tmp_path / "phases.jsonl").read_text().splitlines()[1])
+    assert ended["phase"] == "checkpoint" and ended["start_us"] == began["start_us"] and "open" not in ended
+    assert list(read_phases(tmp_path / "phases.jsonl")) == ["checkpoint"], "the report reads the end alone"
+    assert len(read_phases(tmp_path / "phases.jsonl")["checkpoint"]) == 1
+    clock = [100.0]
+    monkeypatch.setattr(steps.time, "monotonic", lambda: clock[0])
+    monkeypatch.setitem(steps._beats, "last", float("-inf"))
+    for at in (100.0, 100.4, 100.9, 101.0, 101.5, 102.2):
+        clock[0] = at
+        steps.beat("eval")
+    beats = [json.loads(line) for line in (tmp_path / "phases.jsonl").read_text().splitlines()[2:]]
+    assert [b["beat"] for b in beats] == ["eval"] * 3, "at 100, 101 and 102.2"

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from ddlctl import envvars
 from ddlctl.flops import record_model_flops
-from ddlctl.steps import StepRecorder, shared_recorder
+from ddlctl.steps import StepRecorder, beat, shared_recorder
 
 MARK = "_ddlctl_step_timer"
 
@@ -78,6 +78,12 @@ def step_timer_class(base: type) -> type:
         def on_train_end(self, logs: dict | None = None) -> None:
             self.recorder.flush()
 
+        def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            beat("eval")  # a long validation is work, not a hang
+
+        def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            beat("eval")
+
     StepTimer.__name__ = StepTimer.__qualname__ = "StepTimer"
     return StepTimer
 
@@ -87,6 +93,10 @@ def epoch_timer_class(base: type) -> type:
     """An epoch-level timer (batch hooks are refused under ParameterServerStrategy)."""
 
     class EpochStepTimer(_TimerState, base):  # type: ignore[misc, valid-type]
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            super().on_train_begin(logs)
+            beat_on_closures()  # an epoch's steps are one record: its closures say it is at work
+
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
             self._epoch_begins(epoch)
             self._start, self._wall = time.monotonic(), time.time()
@@ -97,6 +107,32 @@ def epoch_timer_class(base: type) -> type:
 
     EpochStepTimer.__name__ = EpochStepTimer.__qualname__ = "EpochStepTimer"
     return EpochStepTimer
+
+
+def beat_on_closures() -> bool:
+    """Make each closure a ps coordinator's workers finish (a step or a block of steps of
+    ``model.fit``, a batch of its evaluation) a beat (:func:`ddlctl.steps.beat`): under
+    ParameterServerStrategy Keras refuses batch-level callbacks, and an epoch is one record, so
+    without beats an epoch longer than the hang threshold read as a hang. Once per process; False
+    where TensorFlow's ClusterCoordinator has no ``Worker._process_closure`` to wrap."""
+    try:
+        from tensorflow.python.distribute.coordinator import cluster_coordinator
+    except ImportError:
+        return False
+    worker = getattr(cluster_coordinator, "Worker", None)
+    process = getattr(worker, "_process_closure", None)
+    if process is None:
+        return False
+    if getattr(process, MARK, False):
+        return True
+
+    def process_closure(self, closure):  # noqa: ANN001, ANN202
+        process(self, closure)
+        beat("train")
+
+    setattr(process_closure, MARK, True)
+    worker._process_closure = process_closure  # type: ignore[union-attr]
+    return True
 
 
 def _uses_parameter_servers(model: object) -> bool:

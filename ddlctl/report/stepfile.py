@@ -158,7 +158,8 @@ def read_phases(path: Path) -> dict[str, list[tuple[float, float]]]:
         return {}
     phases: dict[str, list[tuple[float, float]]] = {}
     for record in records:
-        if isinstance(record, dict) and record.get("phase") and isinstance(record.get("start_us"), (int, float)):
+        if isinstance(record, dict) and record.get("phase") and isinstance(record.get("start_us"), (int, float)) \
+                and not record.get("open"):  # (a phase's begin: its end has the duration)
             at = record["start_us"] / 1e6
             phases.setdefault(str(record["phase"]), []).append((at, at + float(record.get("duration_s") or 0)))
     return phases

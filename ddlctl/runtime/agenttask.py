@@ -12,12 +12,12 @@ import subprocess
 import time
 
 from ddlctl import envvars
-from ddlctl.runfiles import TASK_STEPS
+from ddlctl.runfiles import TASK_PHASES, TASK_STEPS
 from ddlctl.runtime import cgroup, procsetup
 from ddlctl.runtime.devices import visible_devices
 from ddlctl.runtime.prefork import ForkedProcess, Zygote
 from ddlctl.runtime.procs import processes_with
-from ddlctl.runtime.stepfollow import StepFile
+from ddlctl.runtime.stepfollow import PhaseFile, StepFile
 
 # gRPC channel arguments for every task of a TensorFlow cluster, unless the host or the user set
 # their own. Tasks start in any order: a task that connects to a peer still importing TensorFlow
@@ -152,7 +152,8 @@ class Task:
         self.killed = False  # ddlctl sent it SIGKILL
         self.eof = False
         self.steps = StepFile(os.path.join(self.task_dir, TASK_STEPS)) if self.task_dir else None
-        self.reported_steps = -1
+        self.phases = PhaseFile(os.path.join(self.task_dir, TASK_PHASES)) if self.task_dir else None
+        self.reported_steps: tuple = ()
         self.port = int(spec.get("port") or 0)
         self.listening = not self.port
 

@@ -416,21 +416,23 @@ class HostAgent:
                 self.send({"k": Kind.LISTENING, "task": task.name, "t": time.time()})
 
     def report_steps(self) -> None:
-        counts, last, totals, credits = {}, {}, {}, {}
+        counts, last, totals, credits, activity, phases = {}, {}, {}, {}, {}, {}
         for task in self.tasks.values():
-            if task.steps is not None:
-                count = task.steps.poll()
-                if count != task.reported_steps:
-                    task.reported_steps = count
+            if task.steps is not None and task.phases is not None:
+                count, busy = task.steps.poll(), task.phases.poll()
+                if (count, busy, task.phases.open) != task.reported_steps:
+                    task.reported_steps = (count, busy, task.phases.open)
                     counts[task.name] = count
                     last[task.name] = task.steps.last
+                    activity[task.name] = busy  # work outside the steps: phases, beats
+                    phases[task.name] = task.phases.open
                     if task.steps.total is not None:
                         totals[task.name] = task.steps.total
                     if task.steps.credits:
                         credits[task.name] = dict(task.steps.credits)
         if counts:
             self.send({"k": Kind.STEPS, "t": time.time(), "counts": counts, "last": last, "totals": totals,
-                       "credits": credits})
+                       "credits": credits, "activity": activity, "open": phases})
 
     def run(self) -> int:
         def on_signal(signum: int, _frame: object) -> None:

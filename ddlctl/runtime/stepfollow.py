@@ -46,3 +46,44 @@ class StepFile:
             self.count += steps
         self.offset += complete
         return self.count
+
+
+class PhaseFile:
+    """Follows a task's ``phases.jsonl`` (:func:`ddlctl.phase`, :func:`ddlctl.steps.beat`), reading
+    only what is new: ``activity`` the lines written (each a sign of work outside the step
+    records: a phase begun or ended, a beat; an earlier attempt's lines count too, as its steps
+    do) and ``open`` the phase this attempt began and has not ended yet (its name; None: none; a
+    phase an earlier attempt left open when it died is not this one's)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.expanduser(path)
+        self.offset = 0
+        self.activity = 0
+        self.open: str | None = None
+        try:
+            self.earlier = os.path.getsize(self.path)  # what earlier attempts wrote
+        except OSError:
+            self.earlier = 0
+
+    def poll(self) -> int:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:
+            return self.activity
+        complete = chunk.rfind(b"\n") + 1
+        at = self.offset
+        for line in chunk[:complete].splitlines(keepends=True):
+            at += len(line)
+            if not line.strip():
+                continue
+            self.activity += 1
+            try:
+                record = json.loads(line)
+                if record.get("phase") and at > self.earlier:
+                    self.open = str(record["phase"]) if record.get("open") else None
+            except (ValueError, TypeError, AttributeError):
+                pass
+        self.offset += complete
+        return self.activity

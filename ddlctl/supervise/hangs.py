@@ -119,17 +119,21 @@ class Hangs:
         self.activity = ActivityWatch()  # the telemetry agents' readings (the supervisor adds them)
 
     def feed(self, now: float) -> None:
-        """Progress as the host agents last reported it: each task's step records, and each ps
-        worker's share of the chief's. A task past its declared last step is done stepping."""
+        """Progress as the host agents last reported it: each task's step records and the lines
+        of its phases file (phases, beats), and each ps worker's share of the chief's; the phase
+        each task is in. A task past its declared last step is done stepping."""
         for session in self.job.sessions.values():
             counts = session.step_counts()
             progress = session.progress()
             credits = session.credits()
+            activity = session.activity()
             for name, (count, _t) in counts.items():
                 task = self.job.tasks.get(name)
                 if task is None or task.is_agent:
                     continue
-                self.watch.update(name, count, now)
+                busy, phase = activity.get(name, (0, None))
+                self.watch.update(name, count + busy, now)  # (work outside the steps is progress too)
+                self.watch.in_phase(name, phase)
                 last, total = progress.get(name, (0, None))
                 finished = total is not None and last >= total
                 if finished:

@@ -14,6 +14,11 @@ Thresholds (:meth:`HangWatch.threshold`):
   it has :data:`WARM` such intervals; before that, after ``max(10 x its longest interval, 60 s)``
   (a task that stepped a few times and stopped is named within the floor too).
 
+Progress also counts the lines of the task's ``phases.jsonl``: a phase begun or ended
+(``ddlctl.phase``) and beats (:func:`ddlctl.steps.beat`: a batch of a Keras evaluation, a ps
+closure done), so a long evaluation that goes on is no hang; a task inside a phase its program
+declared (begun, not ended: a checkpoint save) gets :data:`OPEN_PHASE_S` at least.
+
 A task past its declared last step is done stepping: what it does then (saving, evaluating) is
 no hang. It is only *lingering* (:meth:`HangWatch.lingering`) once its threshold has passed since
 its last step without it exiting, and again after each further threshold: then its stacks say
@@ -31,6 +36,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+#: A task in a phase its program declared (``ddlctl.phase("checkpoint")``, begun and not ended) is
+#: hung only after this long without progress (or its usual threshold, if longer): a checkpoint
+#: save or an evaluation may take minutes without a step.
+OPEN_PHASE_S = 1800.0
 FLOOR_S = 60.0
 FACTOR = 10.0
 WARM = 5
@@ -70,6 +79,14 @@ class HangWatch:
         self.finished: set[str] = set()  # done stepping (its declared total reached)
         self.looked_at: dict[str, float] = {}  # a finished task's stacks were last read then
         self.armed_at: float | None = None
+        self.phases: dict[str, str] = {}  # task -> the phase its program said it began and has not ended
+
+    def in_phase(self, task: str, phase: str | None) -> None:
+        """``task``'s program is in ``phase`` now (None: in none)."""
+        if phase:
+            self.phases[task] = phase
+        else:
+            self.phases.pop(task, None)
 
     @property
     def enabled(self) -> bool:
@@ -121,7 +138,15 @@ class HangWatch:
             self.looked_at.pop(task, None)
 
     def threshold(self, task: str | None) -> tuple[float, str]:
-        """(seconds, which rule) for ``task`` (None: the job before any progress)."""
+        """(seconds, which rule) for ``task`` (None: the job before any progress); a task in a
+        declared phase gets :data:`OPEN_PHASE_S` at least."""
+        limit, rule = self._threshold(task)
+        phase = self.phases.get(task) if task is not None else None
+        if phase and limit < OPEN_PHASE_S:
+            return OPEN_PHASE_S, f"in its {phase} phase: {OPEN_PHASE_S / 60:g} min allowed"
+        return limit, rule
+
+    def _threshold(self, task: str | None) -> tuple[float, str]:
         if task is None or task not in self.stepped:
             return max(self.startup_s, self.timeout_s or 0.0), "before the first step: the startup timeout"
         if self.timeout_s:

@@ -66,6 +66,9 @@ class AgentSession(Protocol):
     def credits(self) -> Mapping[str, Mapping[str, int]]:
         """Task -> worker -> the steps that worker ran for it (a ps chief's records say)."""
 
+    def activity(self) -> Mapping[str, tuple[int, str | None]]:
+        """Task -> (lines of its phases file so far, the phase it is in: None if none)."""
+
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         """Lose (and cut off) the session when the agent said nothing for ``limit_s``."""
 

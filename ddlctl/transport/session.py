@@ -169,6 +169,7 @@ class HostSession:
         self._steps: dict[str, tuple[int, float]] = {}  # task -> (steps recorded so far, when it last grew)
         self._credits: dict[str, dict[str, int]] = {}  # task -> worker -> steps it ran (ps chief)
         self._progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
+        self._activity: dict[str, tuple[int, str | None]] = {}  # task -> (phase lines and beats, open phase)
         self._dumps: dict[str, dict] = {}
         self.ports_reply: dict | None = None
         self._replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
@@ -258,6 +259,9 @@ class HostSession:
             for name, count in header.get("counts", {}).items():
                 self._steps[name] = (int(count), when)
                 self._progress[name] = (int(last.get(name, count)), totals.get(name))
+            opened = header.get("open") or {}
+            for name, busy in (header.get("activity") or {}).items():
+                self._activity[name] = (int(busy), opened.get(name))
             for name, credits in (header.get("credits") or {}).items():
                 self._credits[name] = {str(w): int(n) for w, n in credits.items()}
         elif kind == Kind.DUMP:
@@ -373,6 +377,7 @@ class HostSession:
         task = AgentTask(spec, self)
         self._tasks[spec.name] = task
         self._steps.pop(spec.name, None)
+        self._activity.pop(spec.name, None)
         if self.lost:
             task._end(ExitStatus(lost=True), time.time())
             return task
@@ -391,6 +396,10 @@ class HostSession:
     def credits(self) -> Mapping[str, Mapping[str, int]]:
         """Task -> the steps each worker ran for it, as its records say (a ps chief's; else empty)."""
         return self._credits
+
+    def activity(self) -> Mapping[str, tuple[int, str | None]]:
+        """Task -> (lines of its phases file so far: work outside its steps, the phase it is in)."""
+        return self._activity
 
     def progress(self) -> Mapping[str, tuple[int, int | None]]:
         """Task -> (highest step reached, declared total)."""
