@@ -2,7 +2,11 @@
 
 With ``steps_per_execution`` > 1, Keras calls batch hooks once per block of steps: one record then
 covers the block (``"steps": k``), and the summary says so. Under ParameterServerStrategy tf-keras
-refuses batch-level callbacks, so there the timer records one block per epoch instead.
+refuses batch-level callbacks: there the timer records each training closure the coordinator's
+workers finish (a step, or a block of ``steps_per_execution``), said to be the worker's that ran
+it (``"worker"``), from a wrap of TensorFlow's ``Worker._process_closure``; one block per epoch
+where that method is missing. Evaluation and prediction batches (and every ps closure) are beats:
+the hang watch counts them as progress.
 
 Step numbers count from the epoch ``fit`` starts at (``initial_epoch``, or the one
 ``BackupAndRestore`` resumes from) when the steps per epoch are known, so a resumed run's records
@@ -12,8 +16,10 @@ reach the declared total (epochs x steps) as the run does: progress, ETAs and th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import time
 from functools import lru_cache
 
@@ -95,26 +101,57 @@ def epoch_timer_class(base: type) -> type:
     class EpochStepTimer(_TimerState, base):  # type: ignore[misc, valid-type]
         def on_train_begin(self, logs: dict | None = None) -> None:
             super().on_train_begin(logs)
-            beat_on_closures()  # an epoch's steps are one record: its closures say it is at work
+            self._lock = threading.Lock()
+            self._closures = 0  # training closures recorded in the epoch under way
+            if watch_closures():
+                CLOSURE_LISTENERS.append(self._closure_done)
+
+        def _closure_done(self, worker: int | None, wall: float, seconds: float, closure: object) -> None:
+            """A closure of training steps ran on worker ``worker``: a record of its steps, said to
+            be that worker's (evaluation closures are beats only)."""
+            if "train_function" not in _function_name(closure):
+                return
+            steps = _steps_per_execution(getattr(self, "model", None))
+            with self._lock:
+                first, self.global_step = self.global_step + 1, self.global_step + steps
+                self._closures += 1
+                samples = self.batch_size * steps if self.batch_size else None
+                self.recorder.record(first, wall, seconds, samples, steps=steps,
+                                     worker=f"worker:{worker}" if worker is not None else None)
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-            self._epoch_begins(epoch)
+            with self._lock:
+                self._epoch_begins(epoch)
+                self._closures = 0
             self._start, self._wall = time.monotonic(), time.time()
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-            self._record(int((self.params or {}).get("steps") or 1))
+            with self._lock:
+                if not self._closures:  # (no closure hook: the epoch is one record)
+                    self._record(int((self.params or {}).get("steps") or 1))
+            self.recorder.flush()
+
+        def on_train_end(self, logs: dict | None = None) -> None:
+            with contextlib.suppress(ValueError):
+                CLOSURE_LISTENERS.remove(self._closure_done)
             self.recorder.flush()
 
     EpochStepTimer.__name__ = EpochStepTimer.__qualname__ = "EpochStepTimer"
     return EpochStepTimer
 
 
-def beat_on_closures() -> bool:
+#: Who hears of each closure a ps coordinator's workers finish: (worker index, wall-clock start,
+#: seconds, the closure) -> None (the ``model.fit`` timers under ps, while they run).
+CLOSURE_LISTENERS: list = []
+
+
+def watch_closures() -> bool:
     """Make each closure a ps coordinator's workers finish (a step or a block of steps of
-    ``model.fit``, a batch of its evaluation) a beat (:func:`ddlctl.steps.beat`): under
-    ParameterServerStrategy Keras refuses batch-level callbacks, and an epoch is one record, so
-    without beats an epoch longer than the hang threshold read as a hang. Once per process; False
-    where TensorFlow's ClusterCoordinator has no ``Worker._process_closure`` to wrap."""
+    ``model.fit``, a batch of its evaluation) a beat (:func:`ddlctl.steps.beat`) and a call of
+    each of :data:`CLOSURE_LISTENERS`: under ParameterServerStrategy Keras refuses batch-level
+    callbacks, so an epoch was one record, and one longer than the hang threshold read as a hang.
+    Once per process; False where TensorFlow's ClusterCoordinator has no
+    ``Worker._process_closure`` to wrap (the epoch records stay)."""
     try:
         from tensorflow.python.distribute.coordinator import cluster_coordinator
     except ImportError:
@@ -126,13 +163,33 @@ def beat_on_closures() -> bool:
     if getattr(process, MARK, False):
         return True
 
-    def process_closure(self, closure):  # noqa: ANN001, ANN202
-        process(self, closure)
+    def process_closure(self, closure):  # noqa: ANN001, ANN202 - TensorFlow's Worker and Closure
+        wall, start = time.time(), time.monotonic()
+        process(self, closure)  # runs it on the worker and fetches its result (errors are kept, not raised)
         beat("train")
+        for listener in list(CLOSURE_LISTENERS):
+            with contextlib.suppress(Exception):  # a timer's failure must not fail the coordinator's thread
+                listener(getattr(self, "worker_index", None), wall, time.monotonic() - start, closure)
 
     setattr(process_closure, MARK, True)
     worker._process_closure = process_closure  # type: ignore[union-attr]
     return True
+
+
+def _function_name(closure: object) -> str:
+    """The name of the function a closure runs ("__inference_train_function_123"), or ""."""
+    function = getattr(closure, "_concrete_function", None)
+    name = getattr(function, "name", "") or ""
+    return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+
+
+def _steps_per_execution(model: object) -> int:
+    """The steps one call of a Keras model's train function runs (``steps_per_execution``: 1 unless set)."""
+    value = getattr(model, "_steps_per_execution", None)
+    try:
+        return max(1, int(value.numpy() if hasattr(value, "numpy") else value or 1))  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        return 1
 
 
 def _uses_parameter_servers(model: object) -> bool:

@@ -496,8 +496,8 @@ def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple
     kernel = {name: mean(figures[2]) for name, figures in procs.items()}
     if lead is None or not lead.worker:
         note = ("steps per worker are unknown: under ps the coordinator runs every step, and this program's "
-                "closures do not say which worker ran them (ddlctl's built-in workload does: see docs/report.md "
-                "'Work per worker'); CPU per worker is shown instead")
+                "closures do not say which worker ran them (ddlctl's built-in workload and model.fit do: see "
+                "docs/report.md 'Work per worker'); CPU per worker is shown instead")
         return tuple(WorkerWork(w["name"], w.get("host"), None, None, None, None, cpu.get(w["name"]),
                                 kernel.get(w["name"])) for w in workers), note
     counted: dict[str, int] = {}
