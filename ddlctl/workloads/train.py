@@ -318,8 +318,11 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
                 retries += 1
                 if not stale_handle(str(exc)) or retries > MAX_BLOCK_RETRIES:
                     raise
+                # this block was queued, then cancelled with the rest; a worker may have taken it first
+                # (running closures are not cancelled) and read its examples: said, as a block run twice
                 print(f"a block failed on a worker that outlived the chief it ran for ({type(exc).__name__}): "
-                      "the queued blocks are scheduled again", flush=True)
+                      f"the queued blocks are scheduled again; block at step {first + 1} scheduled again (a worker "
+                      "may have run it already)", flush=True)
 
     pace = Pace(args.min_step_ms)
     while done < len(planned):
