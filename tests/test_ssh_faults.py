@@ -240,7 +240,8 @@ def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_
     # every id read; twice only by closures the lost worker had begun (ps is at-least-once: TensorFlow's
     # coordinator runs them again elsewhere) or blocks the chief scheduled again, saying so
     chief = (job.run_dir / "tasks" / "chief-0" / "output.log").read_text()
-    again = {int(n) - 1 for n in re.findall(r"block at step (\d+) (?:lost with its worker|scheduled again)",
+    # (each way the chief says it: lost with its worker, came back without results, scheduled again)
+    again = {int(n) - 1 for n in re.findall(r"block at step (\d+) (?:lost with its|came back without|scheduled again)",
                                             chief)}
     logs = {w: (job.run_dir / "tasks" / w / "output.log").read_text() for w in ("worker-0", "worker-1", "worker-2")}
     read = [i for text in logs.values() for i in ids_by_attempt(text)[0][1]]  # (servers: what their closures read)
