@@ -17,13 +17,15 @@ from ddlctl.telemetry.nvml import GPU_FIELDS
 T0 = 1_700_000_000.0
 
 
-def write_steps(run: Path, task: str, durations, samples=100, start=T0, sync=None, host="h1"):
+def write_steps(run: Path, task: str, durations, samples=100, start=T0, sync=None, host="h1", total=None):
     folder = run / "tasks" / task.replace(":", "-")
     folder.mkdir(parents=True, exist_ok=True)
     t = start
     with open(folder / "steps.jsonl", "w") as f:
         for i, d in enumerate(durations, start=1):
             record = {"task": task, "step": i, "start_us": int(round(t * 1e6)), "duration_s": d, "samples": samples}
+            if total is not None:
+                record["total"] = total
             if sync is not None:
                 record["sync_s"] = sync
                 record["input_s"] = sync / 2
@@ -136,6 +138,22 @@ def test_straggler_by_median_step_time(tmp_path):
     summary = summarize(run, warmup_steps=0)
     assert {t.name: t.straggler for t in summary.tasks} == {"a:0": False, "b:0": False, "c:0": True}
     assert any(line.startswith("straggler: c:0 on h2") for line in summary.diagnosis)
+
+
+def test_tasks_that_succeeded_before_the_last_step_they_declared_are_named_with_how_far_they_got(tmp_path):
+    # model.fit whose dataset ran out: exit code 0 after 16 of epochs x steps_per_epoch = 60
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {f"worker:{i}": "h1" for i in range(4)})
+    for name, steps in (("worker:0", 16), ("worker:1", 16), ("worker:2", 60), ("worker:3", 10)):
+        write_steps(run, name, [0.05] * steps, total=60)
+    states = {"worker:0": "succeeded", "worker:1": "succeeded", "worker:2": "succeeded", "worker:3": "failed"}
+    (run / "outcome.json").write_text(json.dumps({"tasks": [{"name": n, "state": s} for n, s in states.items()]}))
+    summary = summarize(run)
+    assert {t.name: t.last_step for t in summary.tasks} == {"worker:0": 16, "worker:1": 16, "worker:2": 60,
+                                                            "worker:3": 10}
+    [line] = [line for line in summary.diagnosis if line.startswith("ended before the last step declared")]
+    assert line.startswith("ended before the last step declared, with exit code 0: worker:0-1 after 16 of 60 steps "
+                           "(an early-stopping callback; or, in model.fit, input that ran out")  # not the failed one
 
 
 def test_straggler_by_late_arrival_in_synchronous_training(tmp_path):
@@ -414,7 +432,7 @@ def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_
     (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang],
                                                   "left_running": [left]}))
     summary = summarize(run)
-    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 9
+    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 10
     assert list(summary.to_dict()["left_running"]) == [left]
     console = Console(record=True, width=200)
     render_report(summary, console)

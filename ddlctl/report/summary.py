@@ -90,6 +90,7 @@ class TaskSummary:
     rss_peak_bytes: int | None = None
     steps_in_flight_mean: float | None = None  # summed step time / span: > 1 when steps overlap (ps)
     total_steps_declared: int | None = None
+    last_step: int | None = None  # the highest step it recorded (of a block: its last)
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,9 @@ class RunSummary:
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
         total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
         plus time_by_cause and mfu (7), plus membership and membership_phases (8), plus left_running
-        (9))."""
+        (9), plus per-task last_step (10))."""
         data = asdict(self)
-        data = {"schema": 9, **data}
+        data = {"schema": 10, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -300,7 +301,8 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
             loss=results.get(steps.name, {}).get("loss"), accuracy=results.get(steps.name, {}).get("accuracy"),
             cpu_mean=mean(cpu), kernel_cpu_mean=mean(kernel),
             rss_peak_bytes=int(max(rss)) if len(rss) else None,
-            steps_in_flight_mean=_in_flight(steps, kept), total_steps_declared=steps.total))
+            steps_in_flight_mean=_in_flight(steps, kept), total_steps_declared=steps.total,
+            last_step=max(steps.step) + steps.block - 1 if len(steps.step) else None))
 
     throughput, record_rate = _rates(list(windows.values()))
     step_rate = None
@@ -540,6 +542,16 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
     for task in summary.tasks:
         if task.straggler:
             lines.append(f"straggler: {task.name} on {task.host}: {task.straggler_reason}")
+    short = [t for t in summary.tasks if t.state == "succeeded" and t.total_steps_declared and t.last_step is not None
+             and t.last_step < t.total_steps_declared]
+    if short:  # a success that trained less than it meant to (model.fit whose input ran out, a loop cut short)
+        alike: dict[tuple[int, int], list[str]] = {}
+        for t in short:
+            alike.setdefault((int(t.last_step or 0), int(t.total_steps_declared or 0)), []).append(t.name)
+        who = "; ".join(f"{task_range(names)} after {last} of {total} steps" for (last, total), names in alike.items())
+        lines.append(f"ended before the last step declared, with exit code 0: {who} (an early-stopping callback; or, "
+                     "in model.fit, input that ran out before epochs x steps_per_epoch batches: Keras then says "
+                     "'Your input ran out of data': repeat() the dataset, or ask for fewer steps)")
     if input_bound:
         where = named(sorted({str(t.host) for t in input_bound}), "hosts")
         who = f"{task_range(t.name for t in input_bound)} spend" if len(input_bound) > 1 else \

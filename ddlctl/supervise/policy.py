@@ -171,9 +171,9 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
     task of this job (``known``) is at fault instead: hung if it is still running (``alive``);
     ended early if it had ended on its own with exit code 0 (``finished``: such tasks -> the
     steps they took, None if unknown; ``reached``: the steps ``name`` took); never when ``name``
-    was killed from outside (a ps chief
-    killed after it had logged, and recovered from, a lost worker is its own fault). ``aliases``:
-    TensorFlow's task names that are not ddlctl's (once workers left the job) -> ddlctl's."""
+    was killed from outside (a ps chief killed after it had logged, and recovered from, a lost
+    worker is its own fault). ``aliases``: TensorFlow's task names that are not ddlctl's (once
+    workers left the job) -> ddlctl's."""
     cause, detail = own_cause(status, log_text)
     if cause in ("traceback", "exit", "signal") and not status.lost and not killed_from_outside(status):
         blame = blame_peer(log_text, leader_of(strategy))
