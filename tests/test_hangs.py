@@ -79,7 +79,7 @@ def test_a_task_in_a_phase_its_program_declared_gets_half_an_hour_and_its_phase_
 def test_the_adaptive_threshold_is_ten_times_the_p99_interval_with_a_sixty_second_floor():
     watch = HangWatch(None, startup_s=180)
     watch.arm(0)
-    assert watch.threshold("worker:0") == (180, "before the first step: the startup timeout")
+    assert watch.threshold("worker:0") == (180, "before the first step: the startup timeout (--startup-timeout)")
     for step in range(1, 4):
         watch.update("worker:0", step, now=step * 2.0)
     assert watch.threshold("worker:0") == (60, "the 60s floor (not warm yet: 2 of 5 step intervals)"), \
@@ -124,7 +124,7 @@ def test_a_job_that_never_made_progress_is_hung_after_the_startup_threshold():
     watch.arm(0)
     assert watch.overdue(29, ["worker:0"]) is None
     late = watch.overdue(31, ["worker:0"])
-    assert late.tasks == () and late.rule == "before the first step: the startup timeout"
+    assert late.tasks == () and late.rule == "before the first step: the startup timeout (--startup-timeout)"
     assert p99([3.0, 1.0, 2.0]) == 3.0 and p99([1.0] * 99 + [50.0]) == 1.0
 
 

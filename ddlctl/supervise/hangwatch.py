@@ -41,6 +41,9 @@ from dataclasses import dataclass
 #: save or an evaluation may take minutes without a step.
 OPEN_PHASE_S = 1800.0
 FLOOR_S = 60.0
+#: The rule before a task's first step, with the option that sets it (a program that prepares its
+#: data for minutes before its first step needs a longer one).
+STARTUP_RULE = "before the first step: the startup timeout (--startup-timeout)"
 FACTOR = 10.0
 WARM = 5
 KEEP = 256
@@ -148,7 +151,7 @@ class HangWatch:
 
     def _threshold(self, task: str | None) -> tuple[float, str]:
         if task is None or task not in self.stepped:
-            return max(self.startup_s, self.timeout_s or 0.0), "before the first step: the startup timeout"
+            return max(self.startup_s, self.timeout_s or 0.0), STARTUP_RULE
         if self.timeout_s:
             return self.timeout_s, f"--hang-timeout {self.timeout_s:g}s"
         gaps = self.gaps.get(task, ())
