@@ -56,6 +56,7 @@ def test_ps_chief_two_workers_one_ps_train_and_the_evaluator_evaluates_checkpoin
         assert "ddlctl server:" in (run_dir / "tasks" / name / "output.log").read_text()
     assert "[chief:0@localhost] final loss" in result.stderr
     outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["unjoined"] == [], "the chief of a ps program joins its cluster"
     assert {t["name"]: t["state"] for t in outcome["tasks"]} == {
         "chief:0": "succeeded", "worker:0": "stopped", "worker:1": "stopped", "ps:0": "stopped",
         "evaluator:0": "stopped"}
@@ -105,20 +106,27 @@ def test_mwms_two_workers_train_in_lockstep(runs):
     assert_nothing_left(run_dir)
 
 
-def test_a_one_machine_program_under_mwms_trains_alone_on_each_worker_and_it_is_said(runs):
-    # MirroredStrategy, not MultiWorkerMirroredStrategy: every worker "succeeds", none joined
-    result = run_ddlctl("launch", "-s", "mwms", "--workers", "2", "--no-telemetry", "--runs-dir", str(runs), "--",
-                        sys.executable, str(PROGRAMS / "trains_alone.py"))
+@pytest.mark.parametrize("strategy", ["mwms", "ps"])
+def test_a_one_machine_program_trains_alone_and_it_is_said(runs, strategy):
+    # MirroredStrategy, not the strategy of -s: every mwms worker "succeeds" with a model of its own;
+    # a ps chief trains while its worker and ps task wait idle
+    result = run_ddlctl("launch", "-s", strategy, "--workers", "2" if strategy == "mwms" else "1", "--no-telemetry",
+                        "--runs-dir", str(runs), "--", sys.executable, str(PROGRAMS / "trains_alone.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     shown = sorted(line.split("]")[0] for line in result.stdout.splitlines() if "TRAINED_ALONE" in line)
-    assert shown in (["[worker:0-1@localhost"], ["[worker:0@localhost", "[worker:1@localhost"]), shown
+    assert shown in ((["[worker:0-1@localhost"], ["[worker:0@localhost", "[worker:1@localhost"]) if strategy == "mwms"
+                     else (["[chief:0@localhost"],)), shown
     said = ("worker:0, worker:1 took steps without listening on their ports (TF_CONFIG): their program did not join "
             "the mwms cluster (it creates no tf.distribute.MultiWorkerMirroredStrategy, or not from TF_CONFIG): each "
-            "worker trains alone, on its own copy of the model")
+            "worker trains alone, on its own copy of the model") if strategy == "mwms" else (
+        "chief:0 took steps without listening on its port (TF_CONFIG): its program did not join the ps cluster "
+        "(it creates no tf.distribute.ParameterServerStrategy, or not from TF_CONFIG): the workers and ps tasks "
+        "waited idle")
     assert f"ddlctl: {said}" in result.stderr and f"• {said}" in result.stdout  # said, and in the report
     assert "cluster up" not in result.stderr
     run_dir = only_run_dir(runs)
-    assert json.loads((run_dir / "outcome.json").read_text())["unjoined"] == ["worker:0", "worker:1"]
+    assert json.loads((run_dir / "outcome.json").read_text())["unjoined"] == (
+        ["worker:0", "worker:1"] if strategy == "mwms" else ["chief:0"])
     assert_nothing_left(run_dir)
 
 

@@ -80,7 +80,7 @@ def first_start_after(starts_us: Sequence[int], when: float) -> float | None:
 
 
 def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[dict], membership: Sequence[dict],
-                run_end: float | None) -> list[str]:
+                run_end: float | None, strategy: str = "mwms") -> list[str]:
     """The report's lines for what happened to the job besides restarts: hosts whose clocks were
     off, ddlctl's own pauses, a task lost and not replaced, a host's connection lost, workers
     leaving and rejoining (``run_end``: when the last step ended)."""
@@ -92,7 +92,7 @@ def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[di
                          f"ddlctl's clock here; {SYNCHRONISE}")
     unjoined = [str(name) for name in outcome.get("unjoined") or []]
     if unjoined:
-        lines.append(alone("mwms", unjoined))  # (the one strategy whose workers must join on their own)
+        lines.append(alone(strategy, unjoined))
     for pause in outcome.get("paused", []):
         began = outcome.get("started_at")
         when = f" from {pause['time'] - began:.0f}s after the start" if began and pause.get("time") else ""

@@ -603,7 +603,8 @@ def _with_diagnosis(summary: RunSummary, outcome: dict, run_end: float | None = 
             lines.append(f"telemetry gap on {host.host}: no samples for {end - start:.1f}s")
     for gap in outcome.get("telemetry_gaps", []):
         lines.append(gap)
-    lines.extend(event_lines(outcome, summary.degraded, summary.hosts_lost, summary.membership, run_end))
+    lines.extend(event_lines(outcome, summary.degraded, summary.hosts_lost, summary.membership, run_end,
+                             summary.strategy))
     note = balance_note(summary.balance)
     if note:
         lines.append(note)

@@ -1,10 +1,11 @@
-"""Workers that train without joining the cluster ddlctl started for them.
+"""Programs that train without joining the cluster ddlctl started for them.
 
 Under MWMS every worker is the user's program, and it joins the cluster when it creates
 ``tf.distribute.MultiWorkerMirroredStrategy`` from ``TF_CONFIG``: its TensorFlow server then listens
-on the worker's port from that moment to its end, well before its first step. A program that
-creates another strategy (``MirroredStrategy``, none at all) trains all the same, on its own copy
-of the model: every worker "succeeds", with models that differ, and nothing failed to say so.
+on the worker's port from that moment to its end, well before its first step; under ps the chief
+does so when it creates ``ParameterServerStrategy``. A program that creates another strategy
+(``MirroredStrategy``, none at all) trains all the same, alone: every mwms worker "succeeds" with
+a model of its own, a ps chief while its workers and ps tasks wait idle, and nothing failed to say so.
 Its host agent sees that the task never listens on its port (it looks every 0.2 s); a worker that
 takes steps and has not listened ``UNJOINED_S`` after its first one, or has ended without ever
 listening (and without TensorFlow's "Started server" line, should the look have missed a short
@@ -28,13 +29,21 @@ UNJOINED_S = 2.0
 SERVER_STARTED = "Started server with target:"
 
 
+#: The tasks that must join the cluster themselves, by strategy: the program's own processes that
+#: take part in it (under ps the workers and ps tasks are ddlctl's servers: the chief connects).
+JOINING_ROLES = {"mwms": "worker", "ps": "chief"}
+
+
 def alone(strategy: str, names: list[str]) -> str:
-    """What ddlctl says of workers ``names`` that trained without joining the cluster."""
-    which = ", ".join(names)
-    return (f"{which} took steps without listening on {'its port' if len(names) == 1 else 'their ports'} "
-            f"(TF_CONFIG): {'its' if len(names) == 1 else 'their'} program did not join the {strategy} cluster "
-            f"(it creates no tf.distribute.MultiWorkerMirroredStrategy, or not from TF_CONFIG): each worker "
-            f"trains alone, on its own copy of the model")
+    """What ddlctl says of tasks ``names`` (mwms workers, a ps chief) that trained without joining
+    the cluster."""
+    which, one = ", ".join(names), len(names) == 1
+    own = facts(strategy).tf_class or "strategy"
+    after = ("the workers and ps tasks waited idle" if strategy == "ps" else
+             "each worker trains alone, on its own copy of the model")
+    return (f"{which} took steps without listening on {'its port' if one else 'their ports'} (TF_CONFIG): "
+            f"{'its' if one else 'their'} program did not join the {strategy} cluster (it creates no "
+            f"tf.distribute.{own}, or not from TF_CONFIG): {after}")
 
 
 class JoinWatch:
@@ -43,10 +52,8 @@ class JoinWatch:
     def __init__(self, job: Job, notify: Callable[[str], None]) -> None:
         self.job = job
         self.notify = notify
-        own = facts(job.strategy)
-        workers = [t for t in job.plan.tasks if t.kind == "program" and t.port and t.role == "worker"]
-        # (the program's own processes form the cluster: not ps, whose workers are ddlctl's servers)
-        self.enabled = own.multi_host and not own.servers and len(workers) >= 2
+        self.role = JOINING_ROLES.get(job.strategy)
+        self.enabled = self.role is not None and sum(1 for t in job.plan.tasks if t.port) >= 2  # (a cluster)
         self.first_step: dict[tuple[str, float], float] = {}  # (task, its start) -> when a step was first seen
         self.unjoined: list[str] = []
 
@@ -54,7 +61,7 @@ class JoinWatch:
         return {name: count for name, count in self.job.reached().items() if count >= 1}
 
     def _candidates(self) -> list[SupervisedTask]:
-        return [t for t in self.job.tasks.values() if t.spec.kind == "program" and t.spec.role == "worker"
+        return [t for t in self.job.tasks.values() if t.spec.kind == "program" and t.spec.role == self.role
                 and t.spec.port and not t.proc.listening and t.name not in self.unjoined]
 
     def tick(self, now: float) -> None:
