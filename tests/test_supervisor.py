@@ -691,6 +691,14 @@ def test_workers_that_step_without_ever_listening_trained_alone_and_it_is_said(t
         "worker:0 took steps without listening on its port (TF_CONFIG): its program did not join the mwms cluster "
         "(it creates no tf.distribute.MultiWorkerMirroredStrategy, or not from TF_CONFIG): each worker trains alone, "
         "on its own copy of the model"]
+    # a restarted worker reads its earlier attempt's steps before it listens again: not said
+    again = mwms_world()
+    again.at(1.0, again.kill, "worker:1")
+    for name in ("worker:0", "worker:1"):
+        again.retries[(name, 1)] = Behaviour(exit_after=8.0, listen_after=4.0, steps=False, ignores_term=True)
+    (tmp_path / "again").mkdir()
+    result, _ = again.run(tmp_path / "again", max_restarts=1)
+    assert result.ok and result.unjoined == () and restarts_of(result) == {"worker:0": 1, "worker:1": 1}
     # those that join (they listen 0.2 s after their start) are not said
     joined = mwms_world()
     (tmp_path / "joined").mkdir()

@@ -27,8 +27,6 @@ if TYPE_CHECKING:  # (the report imports this module's words: nothing of the sup
 UNJOINED_S = 2.0
 #: TensorFlow's line when a task's server starts (shown unless TF_CPP_MIN_LOG_LEVEL hides it).
 SERVER_STARTED = "Started server with target:"
-
-
 #: The tasks that must join the cluster themselves, by strategy: the program's own processes that
 #: take part in it (under ps the workers and ps tasks are ddlctl's servers: the chief connects).
 JOINING_ROLES = {"mwms": "worker", "ps": "chief"}
@@ -54,15 +52,19 @@ class JoinWatch:
         self.notify = notify
         self.role = JOINING_ROLES.get(job.strategy)
         self.enabled = self.role is not None and sum(1 for t in job.plan.tasks if t.port) >= 2  # (a cluster)
-        self.first_step: dict[tuple[str, float], float] = {}  # (task, its start) -> when a step was first seen
+        self.first_step: dict[str, float] = {}  # task -> when a step of it was first seen
+        self.first_started: dict[str, float] = {}  # task -> the start of its first attempt
         self.unjoined: list[str] = []
 
     def _stepped(self) -> dict[str, int]:
         return {name: count for name, count in self.job.reached().items() if count >= 1}
 
     def _candidates(self) -> list[SupervisedTask]:
+        """Joining tasks in their first attempt that have not listened (a later attempt reads the
+        steps of earlier ones before it listens; a program that trains alone is found in its first)."""
         return [t for t in self.job.tasks.values() if t.spec.kind == "program" and t.spec.role == self.role
-                and t.spec.port and not t.proc.listening and t.name not in self.unjoined]
+                and t.spec.port and not t.proc.listening and t.name not in self.unjoined
+                and self.first_started.setdefault(t.name, t.started) == t.started]
 
     def tick(self, now: float) -> None:
         """Workers stepping for :data:`UNJOINED_S` without listening: said now."""
@@ -72,7 +74,7 @@ class JoinWatch:
         found = []
         for task in self._candidates():
             if task.name in stepped and task.alive:
-                since = self.first_step.setdefault((task.name, task.started), now)
+                since = self.first_step.setdefault(task.name, now)
                 if now - since >= UNJOINED_S:
                     found.append(task.name)
         self._say(found)
