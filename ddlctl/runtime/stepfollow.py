@@ -7,6 +7,20 @@ import json
 import os
 
 
+def new_lines(follower: StepFile | PhaseFile) -> list[bytes]:
+    """The whole lines (newline kept) written to ``follower.path`` since its ``offset``, which moves
+    past them (a line still being written waits for the next call; a file not there yet: none)."""
+    try:
+        with open(follower.path, "rb") as handle:
+            handle.seek(follower.offset)
+            chunk = handle.read()
+    except OSError:
+        return []
+    complete = chunk.rfind(b"\n") + 1
+    follower.offset += complete
+    return chunk[:complete].splitlines(keepends=True)
+
+
 class StepFile:
     """Follows a task's ``steps.jsonl``, reading only what is new: ``count`` training steps
     recorded (a record of a block counts its ``steps``), ``last`` the highest step number reached
@@ -23,14 +37,7 @@ class StepFile:
         self.credits: dict[str, int] = {}
 
     def poll(self) -> int:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
-            return self.count
-        complete = chunk.rfind(b"\n") + 1
-        for line in chunk[:complete].splitlines():
+        for line in new_lines(self):
             if not line.strip():
                 continue
             try:
@@ -44,7 +51,6 @@ class StepFile:
             except (ValueError, TypeError, KeyError, AttributeError):
                 steps = 1  # an unreadable line still counts as a record
             self.count += steps
-        self.offset += complete
         return self.count
 
 
@@ -66,15 +72,8 @@ class PhaseFile:
             self.earlier = 0
 
     def poll(self) -> int:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
-            return self.activity
-        complete = chunk.rfind(b"\n") + 1
         at = self.offset
-        for line in chunk[:complete].splitlines(keepends=True):
+        for line in new_lines(self):
             at += len(line)
             if not line.strip():
                 continue
@@ -85,5 +84,4 @@ class PhaseFile:
                     self.open = str(record["phase"]) if record.get("open") else None
             except (ValueError, TypeError, AttributeError):
                 pass
-        self.offset += complete
         return self.activity
