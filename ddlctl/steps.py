@@ -232,8 +232,14 @@ def phase(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _append_phase_line({"phase": name, "start_us": int(wall * 1e6),
-                            "duration_s": round(time.monotonic() - start, 9)})
+        record_phase(name, wall, time.monotonic() - start)
+
+
+def record_phase(name: str, start_wall_s: float, duration_s: float) -> None:
+    """A phase that has ended (``name`` in :data:`PHASES`; begun at wall-clock ``start_wall_s``):
+    ``{"phase", "start_us", "duration_s"}`` in ``phases.jsonl`` under ddlctl (the report's time by
+    cause counts it). ddlctl's ``model.fit`` hook records each validation so."""
+    _append_phase_line({"phase": name, "start_us": int(start_wall_s * 1e6), "duration_s": round(duration_s, 9)})
 
 
 #: At most one beat a second from a process (each is a line in ``phases.jsonl``).

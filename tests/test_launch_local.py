@@ -147,6 +147,11 @@ def test_model_fit_at_work_between_its_step_records_is_not_a_hang(runs, strategy
     beats = [p["t"] for p in phases if "beat" in p]
     assert len(beats) >= 8 and {p["beat"] for p in phases if "beat" in p} == {"train" if strategy == "ps" else "eval"}
     assert max(b - a for a, b in zip(beats, beats[1:], strict=False)) < 3, "a beat a second while at work"
+    if strategy == "mwms":  # its validation is an eval phase: the report's time by cause counts it
+        [validation] = [p for p in phases if p.get("phase") == "eval"]
+        assert validation["duration_s"] > 5 and "open" not in validation
+        causes = json.loads((only_run_dir(runs) / "summary.json").read_text())["time_by_cause"]
+        assert causes["eval_s"] > 5 and "evaluation" in causes["line"]
     assert_nothing_left(only_run_dir(runs))
 
 

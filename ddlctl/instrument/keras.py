@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from ddlctl import envvars
 from ddlctl.flops import record_model_flops
-from ddlctl.steps import StepRecorder, beat, shared_recorder
+from ddlctl.steps import StepRecorder, beat, record_phase, shared_recorder
 
 MARK = "_ddlctl_step_timer"
 
@@ -50,6 +50,15 @@ class _TimerState:
         if self.recorder.total is None and epochs and steps:
             self.recorder.total = int(epochs) * int(steps)
         record_model_flops(getattr(self, "model", None))  # model FLOPs for the report (never raises)
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self._eval_wall, self._eval_start = time.time(), time.monotonic()
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        """A validation of ``fit`` is an "eval" phase for the report's time by cause."""
+        if getattr(self, "_eval_start", None) is not None:
+            record_phase("eval", self._eval_wall, time.monotonic() - self._eval_start)
+            self._eval_start = None
 
     def _record(self, steps: int) -> None:
         """One record for the block of ``steps`` that began at ``_start``, named by its first step."""
