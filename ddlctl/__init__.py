@@ -23,6 +23,16 @@ def phase(name: str):  # noqa: ANN201 - a context manager
     return _phase(name)
 
 
+def beat(kind: str = "eval") -> None:
+    """Tell ddlctl the program is at work outside its training steps (``kind``: "eval", a batch of
+    an evaluation; "train"): call it in a long loop that takes no step, and the hang watch counts
+    it as progress (at most one a second is kept; see :func:`ddlctl.steps.beat`). ddlctl's
+    ``model.fit`` hook beats by itself."""
+    from ddlctl.steps import beat as _beat
+
+    _beat(kind)
+
+
 def set_total_steps(total: int) -> None:
     """Tell ddlctl how many steps this program will run, so ``launch`` and ``profile`` show a
     progress bar with an ETA (``$DDLCTL_TOTAL_STEPS`` does the same without code)."""

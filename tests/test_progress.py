@@ -137,6 +137,6 @@ def test_a_phase_says_when_it_begins_and_ends_and_beats_come_at_most_once_a_seco
     monkeypatch.setitem(steps._beats, "last", float("-inf"))
     for at in (100.0, 100.4, 100.9, 101.0, 101.5, 102.2):
         clock[0] = at
-        steps.beat("eval")
+        ddlctl.beat()  # (the public name of steps.beat; "eval" by default)
     beats = [json.loads(line) for line in (tmp_path / "phases.jsonl").read_text().splitlines()[2:]]
     assert [b["beat"] for b in beats] == ["eval"] * 3, "at 100, 101 and 102.2"
