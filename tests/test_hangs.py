@@ -230,6 +230,12 @@ def test_blame_goes_to_the_stopped_then_to_user_code_then_to_the_first_to_stop()
     assert hang_culprit(alone, progress, "worker:0")[:2] == ("worker:0", "it stopped making progress")
     assert hang_culprit({"ps:0": standing("ps:0", "waiting"), "chief:0": standing("chief:0", "waiting")},
                         {}, "chief:0")[0] == "chief:0", "nobody says more: the coordination leader"
+    # the leader's coordination service says whom it still waits for: that one, not the leader
+    told = {"worker:1": "worker:0's coordination service still waits for it to join the cluster"}
+    never = {n: standing(n, "waiting") for n in ("worker:0", "worker:1")}
+    assert hang_culprit(never, {}, "worker:0", waited_for=told)[:2] == ("worker:1", told["worker:1"])
+    never["worker:0"] = standing("worker:0", "stopped")
+    assert hang_culprit(never, {}, "worker:0", waited_for=told)[0] == "worker:0", "a stopped process still comes first"
 
 
 # -- GPUs over a stall (ddlctl.supervise.activity) --------------------------------------------------

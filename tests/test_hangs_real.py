@@ -160,3 +160,17 @@ def test_a_task_blocked_in_the_kernel_is_blamed_by_its_state_and_left_once_sigki
                  "the thawed task to die of its pending SIGKILL")
         group.rmdir()
     nothing_left(job)
+
+
+def test_a_worker_that_cannot_reach_the_leader_is_blamed_not_the_leader_waiting_for_it(runs):
+    # (a firewall between hosts, as a TF_CONFIG naming a dead port makes it): both wait in
+    # TensorFlow before any step; the leader's coordination service says whom it waits for
+    job = Job(runs, "-s", "mwms", "--no-telemetry", "--startup-timeout", "30", "--grace", "2", "--",
+              sys.executable, str(PROGRAMS / "cannot_reach_leader.py"))
+    assert job.wait() == 124, job.stderr()[-3000:]
+    outcome = job.outcome()
+    assert (outcome["root_cause"]["task"], outcome["root_cause"]["reason"]) == ("worker:1", "hang")
+    assert "worker:1 on localhost failed: hung (worker:0's coordination service still waits for it to join the " \
+           "cluster (\"Waiting for 1/2 tasks to connect. Example stragglers: worker:1\"): it runs but never " \
+           "connected: can it reach worker:0 at localhost:" in job.stderr(), job.stderr()[-3000:]
+    nothing_left(job)

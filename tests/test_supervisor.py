@@ -706,6 +706,18 @@ def test_workers_that_step_without_ever_listening_trained_alone_and_it_is_said(t
     assert result.ok and result.unjoined == () and any(m.startswith("cluster up") for m in joined.messages)
 
 
+def test_a_running_worker_the_leader_still_waits_for_is_blamed_at_the_startup_timeout_not_the_leader(tmp_path):
+    waiting = (FIXTURES / "mwms_worker1_never_joined.worker0.log").read_bytes()
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, steps=False),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True, steps=False)})
+    world.at(0.5, world.say, "worker:0", waiting)  # and worker:1 never connects (a firewall between them)
+    result, _ = world.run(tmp_path, hang_timeout_s=None, startup_timeout_s=3.0)
+    assert (result.failure.task, result.failure.reason, result.exit_code) == ("worker:1", "hang", 124)
+    assert result.failure.message.startswith("hung (worker:0's coordination service still waits for it to join the "
+                                             "cluster (\"Waiting for 1/2 tasks to connect. Example stragglers: "
+                                             "worker:1\"): it runs but never connected: can it reach worker:0 at ")
+
+
 def test_a_running_peer_that_reports_a_stopped_task_gets_it_blamed_at_once(tmp_path):
     report = (FIXTURES / "mwms_worker1_stopped_peer_steps_on.worker0.log").read_bytes()
     world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True),

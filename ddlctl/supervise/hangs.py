@@ -47,7 +47,8 @@ class Finding:
 
 def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, float],
                  leader: str, gpus: Mapping[str, GpuActivity | None] | None = None,
-                 cpus: Mapping[str, CpuActivity | None] | None = None) -> tuple[str, str, str]:
+                 cpus: Mapping[str, CpuActivity | None] | None = None,
+                 waited_for: Mapping[str, str] | None = None) -> tuple[str, str, str]:
     """(task to blame, why, why not the others) when the tasks of ``standings`` stopped.
 
     In order: a stopped process (state T); a process blocked in the kernel (state D: a dead network
@@ -57,10 +58,12 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
     the others' GPUs ran kernels all along (``gpus``: what each task's GPUs did over the stall; the
     others wait for it in a collective, which spins on the GPU); a task whose process kept a CPU
     busy while the others' idled (``cpus``: each task's CPU over the stall; waiting for a peer
-    costs no CPU; not where a task has GPU readings); the first to stop making progress
-    (``last_progress``); the coordination ``leader``. Ties go to the one that stopped first. What
-    the culprit's GPUs did is said with the reason."""
-    gpus, cpus = gpus or {}, cpus or {}
+    costs no CPU; not where a task has GPU readings); a task the coordination service still waits
+    for (``waited_for``: task -> why: it runs but never connected: it cannot reach the leader, or
+    uses another TF_CONFIG); the first to stop making progress (``last_progress``); the
+    coordination ``leader``. Ties go to the one that stopped first. What the culprit's GPUs did is
+    said with the reason."""
+    gpus, cpus, waited_for = gpus or {}, cpus or {}, waited_for or {}
 
     def first(names: list[str]) -> str:
         return sorted(names, key=lambda n: last_progress.get(n, float("-inf")))[0]
@@ -92,6 +95,9 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
         rest = max(a.cpu_mean for n, a in cpus.items() if n != culprit and n in standings and a is not None)
         why = (f"{cpus[culprit].describe()}, the others' at most {rest:.0f}%: it works or "  # type: ignore[union-attr]
                f"spins in native code and they wait for it; its main thread {standings[culprit].where}")
+    elif [n for n in waited_for if n in standings]:
+        culprit = first([n for n in waited_for if n in standings])
+        why = waited_for[culprit]
     elif any(n in last_progress for n in standings):
         culprit = first([n for n in standings if n in last_progress])
         why = "it stopped making progress first" if len(standings) > 1 else "it stopped making progress"
@@ -171,13 +177,35 @@ class Hangs:
             return Finding(fault=dataclasses.replace(left, detail=f"{left.detail}; {overdue.describe()}; "
                                                                   f"stacks in {folder}"))
         gpus, cpus = self.gpu_activity(list(standings), now), self.cpu_activity(list(standings), now)
-        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy), gpus, cpus)
+        culprit, why, others = hang_culprit(standings, self.watch.last_progress, leader_of(job.strategy), gpus, cpus,
+                                            self._waited_for())
         self._report(now, overdue, standings, culprit, why, folder, activity=(gpus, cpus))
         self.watch.rearm(job.clock())
         detail = f"hung ({why}; {overdue.describe()}"
         detail += f"; {others}" if others else ""
         return Finding(fault=Fault(task=culprit, cause="hang", reporter=culprit, status=None,
                                    detail=f"{detail}; stacks in {folder})"))
+
+    def _waited_for(self) -> dict[str, str]:
+        """Running tasks that a running task's coordination service still waits for (its last
+        "Waiting for k/n tasks to connect" named them) -> why that blames them."""
+        found: dict[str, str] = {}
+        for task in self.job.tasks.values():
+            if not (task.alive and task.reports.stragglers):
+                continue
+            words = f"{task.reports.waiting} Example stragglers: {', '.join(task.reports.stragglers)}"
+            role, _, index = task.name.partition(":")
+            cluster = (task.spec.tf_config or {}).get("cluster") or {}
+            at = cluster.get(role, [])[int(index)] if index.isdigit() and int(index) < len(cluster.get(role, [])) \
+                else task.spec.host.name
+            for tf_name in task.reports.stragglers:
+                name = self.job.own_name(tf_name)
+                if name in self.job.tasks and self.job.tasks[name].alive:
+                    found.setdefault(name, f"{task.name}'s coordination service still waits for it to join the "
+                                           f"cluster (\"{words}\"): it runs but never connected: can it reach "
+                                           f"{task.name} at {at} (a firewall, a name that does not resolve there), "
+                                           "and does it use the TF_CONFIG ddlctl wrote?")
+        return found
 
     def _left_by(self, standings: Mapping[str, Standing]) -> Fault | None:
         """Under a strategy whose workers step together (mwms), the first worker that ended on its own
