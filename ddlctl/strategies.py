@@ -21,6 +21,12 @@ class Strategy:
     batch_split: bool  # each step's batch is split over the workers (--balance speed can weigh the split)
     tf_class: str | None  # the tf.distribute class the built-in workload uses (None: ddlctl's pipeline)
 
+    @property
+    def program_lockstep(self) -> bool:
+        """Its workers are the program's own processes and step together (mwms): one that ends
+        early, or never joins, leaves the others waiting for ever."""
+        return self.lockstep and not self.servers
+
 
 TABLE: dict[str, Strategy] = {s.name: s for s in (
     Strategy("ps", multi_host=True, servers=True, leader="chief:0", lockstep=False, group_restart=False,

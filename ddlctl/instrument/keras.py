@@ -112,6 +112,7 @@ def epoch_timer_class(base: type) -> type:
             super().on_train_begin(logs)
             self._lock = threading.Lock()
             self._closures = 0  # training closures recorded in the epoch under way
+            self._block = _steps_per_execution(getattr(self, "model", None))  # steps a closure runs
             if watch_closures():
                 CLOSURE_LISTENERS.append(self._closure_done)
 
@@ -120,7 +121,7 @@ def epoch_timer_class(base: type) -> type:
             be that worker's (evaluation closures are beats only)."""
             if "train_function" not in _function_name(closure):
                 return
-            steps = _steps_per_execution(getattr(self, "model", None))
+            steps = self._block
             with self._lock:
                 first, self.global_step = self.global_step + 1, self.global_step + steps
                 self._closures += 1

@@ -193,11 +193,9 @@ class Hangs:
         for task in self.job.tasks.values():
             if not (task.alive and task.reports.stragglers):
                 continue
-            words = f"{task.reports.waiting} Example stragglers: {', '.join(task.reports.stragglers)}"
-            role, _, index = task.name.partition(":")
-            cluster = (task.spec.tf_config or {}).get("cluster") or {}
-            at = cluster.get(role, [])[int(index)] if index.isdigit() and int(index) < len(cluster.get(role, [])) \
-                else task.spec.host.name
+            words = task.reports.waiting_words()
+            peers = ((task.spec.tf_config or {}).get("cluster") or {}).get(task.spec.role, [])  # (its own address)
+            at = peers[task.spec.index] if task.spec.index < len(peers) else task.spec.host.name
             for tf_name in task.reports.stragglers:
                 name = self.job.own_name(tf_name)
                 if name in self.job.tasks and self.job.tasks[name].alive:
@@ -210,8 +208,7 @@ class Hangs:
     def _left_by(self, standings: Mapping[str, Standing]) -> Fault | None:
         """Under a strategy whose workers step together (mwms), the first worker that ended on its own
         (exit code 0) while the others, standing as ``standings`` says, cannot go on without it."""
-        own = strategy_facts(self.job.strategy)
-        finished = self.job.finished() if own.lockstep and not own.servers else {}
+        finished = self.job.finished() if strategy_facts(self.job.strategy).program_lockstep else {}
         if not finished:
             return None
         name = min(finished, key=lambda n: self.job.tasks[n].ended or 0.0)

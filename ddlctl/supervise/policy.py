@@ -202,12 +202,11 @@ def ended_early(task: str, reporter: str, steps: int | None, said: str, strategy
     the reporter was left behind in steps; a program that lets one worker alone train when it
     never joined."""
     after = f", after {steps} step{'s' if steps != 1 else ''}" if steps is not None else ""
-    own = facts(strategy)  # workers that run the program and step together (mwms)
     # (a peer left behind in steps ran more collectives per step; one as far along failed in the
     # step after, unrecorded: fewer batches)
     behind = steps is not None and reporter_steps is not None and reporter_steps < steps
     hint = JOIN_ALL if not joined else SAME_COLLECTIVES if behind else SAME_STEPS
-    why = f": under {strategy} {hint}" if own.lockstep and not own.servers else ""
+    why = f": under {strategy} {hint}" if facts(strategy).program_lockstep else ""
     return Fault(task=task, cause="ended-early", reporter=reporter, status=None,
                  detail=f"ended on its own (exit code 0{after}) while {said}{why}")
 

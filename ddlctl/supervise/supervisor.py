@@ -333,9 +333,9 @@ class Supervisor:
         for tf_name in task.reports.stragglers:
             name = self.job.own_name(tf_name)
             if name in finished:
-                words = f"{task.reports.waiting} Example stragglers: {', '.join(task.reports.stragglers)}"
                 self._on_fault(ended_early(name, task.name, finished[name], f"{task.name} waits for it to join the "
-                                           f"cluster (\"{words}\")", self.job.strategy, joined=False))
+                                           f"cluster (\"{task.reports.waiting_words()}\")", self.job.strategy,
+                                           joined=False))
                 return True
         return False
 

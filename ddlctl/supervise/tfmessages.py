@@ -147,6 +147,10 @@ class LiveReports:
             self._pending = line.strip()
         return None
 
+    def waiting_words(self) -> str:
+        """The coordination service's last count and the tasks it named, as one quotable line."""
+        return f"{self.waiting} Example stragglers: {', '.join(self.stragglers)}"
+
     def _stragglers(self, line: str) -> None:
         waiting = WAITING.search(line)
         if waiting:  # a new count: the names follow ("Waiting for 0/2": none is awaited any more)
