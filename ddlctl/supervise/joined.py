@@ -35,7 +35,7 @@ JOINING_ROLES = {"mwms": "worker", "ps": "chief"}
 def alone(strategy: str, names: list[str]) -> str:
     """What ddlctl says of tasks ``names`` (mwms workers, a ps chief) that trained without joining
     the cluster."""
-    which, one = ", ".join(names), len(names) == 1
+    which, one = ", ".join(sorted(names)), len(names) == 1
     own = facts(strategy).tf_class or "strategy"
     after = ("the workers and ps tasks waited idle" if strategy == "ps" else
              "each worker trains alone, on its own copy of the model")
@@ -90,5 +90,5 @@ class JoinWatch:
 
     def _say(self, names: list[str]) -> None:
         if names:
-            self.unjoined.extend(names)
+            self.unjoined = sorted([*self.unjoined, *names])  # (found apart under load: kept in order)
             self.notify(alone(self.job.strategy, names))
