@@ -103,11 +103,13 @@ def launch(
     ] = DEFAULT_RESTART_ON,
     hang_timeout: Annotated[float | None, typer.Option(
         "--hang-timeout", metavar="SECONDS", min=0,
-        help="Time a training task may make no progress (no step; under ps a worker: no block run) before "
-             "it counts as hung: every task's stacks are saved, the task at fault is named and handled as a "
-             "fault. Default: adaptive, max(10 x the task's p99 step interval, 60 s); before a task's first "
-             "step the startup timeout applies. A task whose program has ended but whose process has not "
-             "exited this long after its last step is ended as the exit its program made. 0: off.")] = None,
+        help="Time a training task may make no progress (no step, no evaluation batch of model.fit, no "
+             "ddlctl.beat(); under ps a worker: no block run) before it counts as hung: every task's stacks are "
+             "saved, the task at fault is named and handled as a fault. Default: adaptive, max(10 x the task's "
+             "p99 step interval, 60 s); before a task's first step the startup timeout applies; inside a "
+             "ddlctl.phase the program declared, 30 min at least. A task whose program has ended but whose "
+             "process has not exited this long after its last step is ended as the exit its program made. 0: "
+             "off.")] = None,
     host_timeout: Annotated[float, typer.Option(
         "--host-timeout", metavar="SECONDS", min=0, help="Time to keep reconnecting to a host whose SSH "
                                                          "connection dropped before the job fails naming it.")] = 60.0,
