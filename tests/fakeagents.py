@@ -57,6 +57,8 @@ class Behaviour:
     total: int | None = None  # its declared last step: it stops stepping there (and runs on till exit_after)
     past_python: bool = False  # stuck in native teardown: a stack request's SIGUSR2 kills it (no handler left)
     blocked: bool = False  # in the kernel (state D, a dead NFS): stops stepping, and no signal ends it
+    prepares_for: float = 0.0  # takes no step this long after start (it prepares its data)
+    busy: float = 0.0  # the share of a CPU its processes use (dumps say so: CPU seconds, like an agent's)
 
 
 class FakeTask:
@@ -130,7 +132,7 @@ class FakeTask:
         if self.spec.kind == "agent":
             self._sample(now)
         done = b.total is not None and self.steps >= b.total
-        if b.steps and self.spec.kind == "program" and not self.stalled(now) and not done:
+        if b.steps and self.spec.kind == "program" and not self.stalled(now) and not done and age >= b.prepares_for:
             live = [w for w in b.runs_on if self.session.world.latest[w].status is None]  # the lost: rescheduled
             worker = live[self.steps % len(live)] if live else None
             if worker is not None and (self.session.world.latest[worker].stalled(now)
@@ -248,7 +250,9 @@ class FakeSession:
             bland = ('Current thread 0x1 (most recent call first):\n'
                      '  File "/site-packages/tensorflow/x.py", line 1 in wait\n')
             self.dumps[name] = {"procs": [[task.pid, state, " ".join(task.spec.argv)]],
-                                "stacks": None if task.behaviour.stopped else (task.behaviour.stack or bland)}
+                                "stacks": None if task.behaviour.stopped else (task.behaviour.stack or bland),
+                                "cpu_s": task.behaviour.busy * (self.world.now - task.started_at), "io_bytes": 0,
+                                "at": self.world.now}
             if task.behaviour.blocked:
                 self.dumps[name].update(stacks="", wchan={str(task.pid): "nfs_wait_on_request"})
             if task.behaviour.past_python:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ddlctl.supervise.hangs import hang_culprit
 from ddlctl.supervise.hangwatch import HangWatch, p99
+from ddlctl.supervise.preparing import at_work
 from ddlctl.supervise.stackread import Standing, stand, threads
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -333,3 +334,51 @@ def test_the_gpus_nvml_saw_a_tasks_processes_use_come_before_its_plans():
     assert watch.gpu("a", (1,), 0.5, 10.0, "worker:1").gpus == (3,)
     assert watch.gpu("a", (1,), 0.5, 10.0, "worker:0").gpus == (1,), "not seen by NVML: the plan's"
     assert watch.gpu("a", (1,), 0.5, 10.0).state == "idle"
+
+
+# -- at work before beginning (ddlctl.supervise.preparing) -------------------------------------------
+
+def looked(stacks: str, cpu_s: float, io_bytes: int = 0, at: float = 0.0, state: str = "S") -> dict:
+    return {"procs": [[100, state, "python train.py"]], "stacks": stacks, "cpu_s": cpu_s, "io_bytes": io_bytes,
+            "at": at}
+
+
+OWN = dump([("/home/me/prepare.py", 12, "tokenize"), ("/home/me/train.py", 30, "<module>")])
+IN_PANDAS = dump([(f"{SITE}/pandas/io/parsers/readers.py", 620, "read_csv"), ("/home/me/train.py", 8, "<module>")])
+IN_TF = dump([(f"{SITE}/tensorflow/python/eager/execute.py", 53, "quick_execute"), ("/home/me/train.py", 40, "step")])
+IN_TF_ELSEWHERE = dump([(f"{SITE}/tensorflow/python/data/ops/iterator_ops.py", 800, "__next__"),
+                        ("/home/me/train.py", 22, "<module>")])
+IMPORTING = dump([(f"{SITE}/tensorflow/python/ops/array_ops.py", 17, "<module>"),
+                  ("<frozen importlib._bootstrap>", 1176, "_find_and_load"), ("/home/me/train.py", 1, "<module>")])
+
+
+def test_busy_in_its_own_code_or_another_library_or_importing_is_at_work_and_says_where_and_how_busy():
+    work = at_work("worker:1", looked(OWN, 10.0), looked(OWN, 14.5, at=5.0))
+    assert work is not None and work.describe() == "in its own code at me/prepare.py:12 in tokenize, 90% of a CPU"
+    work = at_work("worker:1", looked(IN_PANDAS, 0.0), looked(IN_PANDAS, 2.0, at=4.0))
+    assert work is not None and work.where.startswith("in pandas (parsers/readers.py:620 in read_csv, called from "
+                                                      "me/train.py")
+    work = at_work("worker:1", looked(IMPORTING, 0.0), looked(IMPORTING, 4.0, at=5.0))
+    assert work is not None and work.where.startswith("importing, in TensorFlow (ops/array_ops.py:17")
+
+
+def test_reading_or_writing_without_cpu_is_at_work_too_a_download_say():
+    work = at_work("chief:0", looked(OWN, 1.0, io_bytes=0), looked(OWN, 1.2, io_bytes=10 * 2**20, at=5.0))
+    assert work is not None and work.describe().endswith("4% of a CPU and 2.0 MiB/s read and written")
+    assert at_work("chief:0", looked(OWN, 1.0, io_bytes=0), looked(OWN, 1.2, io_bytes=2**16, at=5.0)) is None
+
+
+def test_busy_at_one_place_in_tensorflow_waits_rather_than_works_unless_its_stack_moved():
+    # a collective spinning (NCCL on a GPU host), an input pipeline spinning in native code
+    assert at_work("worker:0", looked(IN_TF, 0.0), looked(IN_TF, 5.0, at=5.0)) is None
+    work = at_work("worker:0", looked(IN_TF, 0.0), looked(IN_TF_ELSEWHERE, 5.0, at=5.0))
+    assert work is not None and work.where.startswith("in TensorFlow (ops/iterator_ops.py:800 in __next__")
+
+
+def test_idle_stopped_blocked_or_unreadable_tasks_are_not_at_work():
+    assert at_work("w", looked(OWN, 10.0), looked(OWN, 10.5, at=5.0)) is None  # 10% of a CPU: a sleep, a lock
+    assert at_work("w", looked(OWN, 0.0), looked(OWN, 5.0, at=5.0, state="T")) is None
+    assert at_work("w", looked(OWN, 0.0), looked(OWN, 5.0, at=5.0, state="D")) is None
+    assert at_work("w", running(OWN), looked(OWN, 5.0, at=5.0)) is None  # no counters (an older agent)
+    assert at_work("w", looked(OWN, 0.0, at=5.0), looked(OWN, 5.0, at=5.0)) is None  # no time between
+    assert at_work("w", None, looked(OWN, 5.0, at=5.0)) is None

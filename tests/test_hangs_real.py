@@ -174,3 +174,26 @@ def test_a_worker_that_cannot_reach_the_leader_is_blamed_not_the_leader_waiting_
            "cluster (\"Waiting for 1/2 tasks to connect. Example stragglers: worker:1\"): it runs but never " \
            "connected: can it reach worker:0 at localhost:" in job.stderr(), job.stderr()[-3000:]
     nothing_left(job)
+
+
+def test_a_worker_reading_its_data_before_it_listens_and_before_its_first_step_is_waited_for_not_failed(runs):
+    # 18 s of reading twice, against a startup timeout of 15 s: before, "never started listening"
+    # and then "hung (its main thread is in its own code ...)", exit 124
+    job = Job(runs, "-s", "mwms", "--no-telemetry", "--startup-timeout", "15", "--grace", "2", "--",
+              sys.executable, str(PROGRAMS / "prepares_data.py"))
+    assert job.wait() == 0, job.stderr()[-3000:]
+    said = [line for line in job.stderr().splitlines() if "preparing, not hung" in line]
+    assert len(said) == 2, job.stderr()[-3000:]
+    assert said[0].startswith("ddlctl: not listening on its port after 15s, but at work: worker:1 (in its own code "
+                              "at programs/prepares_data.py:"), said
+    assert said[1].startswith("ddlctl: no first step after 15s, but at work: worker:1 (in its own code at "
+                              "programs/prepares_data.py:"), said
+    assert all(" MiB/s read and written)" in line for line in said), said
+    outcome = job.outcome()
+    assert [event["before"] for event in outcome["preparing"]] == ["listening", "first step"]
+    assert all(event["tasks"][0]["io_bytes_s"] > 2**20 for event in outcome["preparing"]), outcome["preparing"]
+    assert not outcome["hangs"] and "worker:1 done" in log(job, "worker-1")
+    report = (runs.parent / "ddlctl.out").read_text()
+    assert "worker:1 was at work before listening on its port " in report and \
+        "worker:1 was at work before its first step " in report, report
+    nothing_left(job)

@@ -155,6 +155,34 @@ def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
         s.close()
 
 
+def test_dumps_count_each_tasks_cpu_seconds_and_the_bytes_it_moved(tmp_path):
+    s = session(tmp_path)
+    try:
+        busy = s.start(spec("worker:0", "import os\nout = open(os.devnull, 'wb')\nprint('ready', flush=True)\n"
+                                        "while True:\n    out.write(bytes(1 << 16))\n", tmp_path / "w0"), 1)
+        idle = s.start(spec("worker:1", "import time; print('ready', flush=True); time.sleep(60)", tmp_path / "w1"), 1)
+        names = ["worker:0", "worker:1"]
+        assert s.wait_for(lambda: all(b"ready" in b"".join(t.chunks) for t in (busy, idle)), 20)
+
+        def look() -> dict:
+            s.request_dump(names)
+            assert s.wait_for(lambda: all(s.dump_of(n) for n in names), 10)
+            return {n: s.dump_of(n) for n in names}
+
+        first = look()
+        time.sleep(1.0)
+        second = look()
+        seconds = second["worker:0"]["at"] - first["worker:0"]["at"]
+        assert seconds >= 1.0
+        moved = {n: (second[n]["cpu_s"] - first[n]["cpu_s"], second[n]["io_bytes"] - first[n]["io_bytes"])
+                 for n in names}
+        assert moved["worker:0"][0] > 0.1 * seconds and moved["worker:0"][1] > 2**20, moved
+        assert moved["worker:1"][0] < 0.05 and moved["worker:1"][1] < 2**16, moved
+    finally:
+        s.shutdown()
+        s.close()
+
+
 def test_ports_still_free_are_kept_taken_ones_replaced_and_listening_is_reported(tmp_path):
     s = session(tmp_path)
     holder = socket.socket()

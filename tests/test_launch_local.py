@@ -250,6 +250,8 @@ def test_startup_timeout_names_the_task_that_never_joined(runs):
     assert "startup timeout" in result.stderr
     assert "worker:1 on localhost" in result.stderr
     assert "worker:0 on localhost" not in result.stderr, "worker:0 did start listening"
+    # where it stood (looked at twice, idle: not preparing): its sleep
+    assert "programs/never_joins.py:11 in <module>)" in result.stderr and "preparing" not in result.stderr
     assert_nothing_left(only_run_dir(runs))
 
 

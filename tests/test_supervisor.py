@@ -512,6 +512,78 @@ def test_a_job_that_never_steps_is_hung_after_the_startup_timeout_by_default(tmp
     assert 8.0 <= result.hangs[0]["idle_s"] <= 8.2
 
 
+TOKENIZING = """Current thread 0x1 (most recent call first):
+  File "/home/me/prepare.py", line 12 in tokenize
+  File "/home/me/train.py", line 30 in <module>
+"""
+
+
+def test_a_worker_preparing_its_data_before_its_first_step_is_waited_for_and_said_not_blamed(tmp_path):
+    # worker:1 tokenizes for 20 s before its first step (its CPU busy in its own code); worker:0
+    # waits for it in the first all-reduce, idle
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=25.0, ignores_term=True, prepares_for=20.0),
+                          "worker:1": Behaviour(exit_after=25.0, ignores_term=True, prepares_for=20.0, busy=0.9,
+                                                stack=TOKENIZING)})
+    result, _ = world.run(tmp_path, hang_timeout_s=None, startup_timeout_s=8.0)
+    assert result.ok and not result.hangs, result.failure
+    said = [m for m in world.messages if "preparing, not hung" in m]
+    assert said[0] == ("no first step after 8s, but at work: worker:1 (in its own code at me/prepare.py:12 in "
+                       "tokenize, 90% of a CPU): preparing, not hung; looked at again in 8s (for up to 30 min after "
+                       "its start; --startup-timeout for longer)"), said
+    assert len(said) == 2 and [event["before"] for event in result.preparing] == ["first step", "first step"]
+    assert result.preparing[0]["tasks"] == [{"task": "worker:1", "where": "in its own code at me/prepare.py:12 "
+                                                                          "in tokenize", "cpu": 0.9, "io_bytes_s": 0}]
+
+
+def test_before_the_first_step_an_idle_task_or_one_busy_at_one_place_in_tensorflow_is_hung_on_time(tmp_path):
+    # busy without moving in TensorFlow: a collective spinning on a GPU host, a filter spinning in
+    # tf.data: it may wait, not work; and an idle one in its own code (a sleep, a lock) is stuck
+    for busy, stack, culprit in ((0.0, TOKENIZING, "worker:1"), (1.0, None, "worker:0")):
+        world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, steps=False),
+                              "worker:1": Behaviour(exit_after=None, ignores_term=True, steps=False, busy=busy,
+                                                    stack=stack)})
+        (tmp_path / str(busy)).mkdir()
+        result, _ = world.run(tmp_path / str(busy), hang_timeout_s=None, startup_timeout_s=8.0)
+        assert (result.failure.reason, result.exit_code, result.failure.task) == ("hang", 124, culprit)
+        assert 8.0 <= result.hangs[0]["idle_s"] <= 8.2, "the looks are taken ahead: the verdict comes on time"
+        assert not result.preparing and not [m for m in world.messages if "at work" in m]
+
+
+def test_a_task_that_prepares_before_it_listens_gets_its_startup_timeout_again_and_an_idle_one_fails_where_it_stands(
+        tmp_path):
+    world = mwms_world(**{"worker:1": Behaviour(exit_after=25.0, ignores_term=True, listen_after=20.0, busy=0.5,
+                                                stack=TOKENIZING)})
+    (tmp_path / "busy").mkdir()
+    result, _ = world.run(tmp_path / "busy", startup_timeout_s=8.0)
+    assert result.ok, result.failure
+    said = [m for m in world.messages if "preparing, not hung" in m]
+    assert len(said) == 2 and said[0].startswith("not listening on its port after 8s, but at work: worker:1 (in its "
+                                                 "own code at me/prepare.py:12 in tokenize, 50% of a CPU)")
+    assert [event["before"] for event in result.preparing] == ["listening", "listening"]
+    world = mwms_world(**{"worker:1": Behaviour(exit_after=25.0, ignores_term=True, listen_after=20.0,
+                                                stack=TOKENIZING)})
+    (tmp_path / "idle").mkdir()
+    result, _ = world.run(tmp_path / "idle", startup_timeout_s=8.0)
+    assert result.failure.reason == "startup-timeout" and not result.preparing
+    assert result.failure.message.startswith("startup timeout: 1 task(s) never started listening within 8s: worker:1 "
+                                             "on node2 (port "), result.failure.message
+    assert result.failure.message.endswith("; me/prepare.py:12 in tokenize)")
+
+
+def test_a_task_at_work_for_half_an_hour_without_beginning_is_judged_by_its_timeout_again(tmp_path, monkeypatch):
+    # a busy loop of its own before its first step looks like preparing: it is given up to
+    # PREPARING_MAX_S (shortened here), then hung
+    from ddlctl.supervise import hangs
+    monkeypatch.setattr(hangs, "PREPARING_MAX_S", 30.0)
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, steps=False),
+                          "worker:1": Behaviour(exit_after=None, ignores_term=True, steps=False, busy=1.0,
+                                                stack=TOKENIZING)})
+    result, _ = world.run(tmp_path, hang_timeout_s=None, startup_timeout_s=8.0)
+    assert (result.failure.reason, result.failure.task) == ("hang", "worker:1")
+    assert "its main thread is in its own code at me/prepare.py:12 in tokenize" in result.failure.message
+    assert len(result.preparing) == 3 and result.hangs[0]["idle_s"] <= 8.2 and 30.0 <= result.wall_time_s <= 40.0
+
+
 # the main thread of a process whose program has ended (a real dump: tests/programs/stuck_in_exit.py)
 EXITING = """Thread 0x00007f2a1c9fe640 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 324 in wait

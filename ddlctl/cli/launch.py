@@ -88,8 +88,12 @@ def launch(
         show_default=False)] = None,
     startup_timeout: Annotated[float, typer.Option(
         "--startup-timeout", metavar="SECONDS", min=0, help="Time for every task to start listening on its "
-                                                            "port; the job fails naming the missing ones. 0: wait "
-                                                            "forever.")] = 180.0,
+                                                            "port (and before its first step, the hang watch's "
+                                                            "threshold); the job fails naming the missing ones. A "
+                                                            "task found at work then (its CPU busy, or reading and "
+                                                            "writing, outside a wait in TensorFlow: preparing its "
+                                                            "data) gets it again, up to 30 min after its start. 0: "
+                                                            "wait forever.")] = 180.0,
     grace: Annotated[float, typer.Option(
         "--grace", metavar="SECONDS", min=0, help="Time between SIGTERM and SIGKILL when stopping tasks.")] = 5.0,
     max_restarts: Annotated[int, typer.Option(

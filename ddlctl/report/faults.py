@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ddlctl.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
 from ddlctl.supervise.joined import alone
+from ddlctl.supervise.preparing import Work
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,15 @@ def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[di
     unjoined = [str(name) for name in outcome.get("unjoined") or []]
     if unjoined:
         lines.append(alone(strategy, unjoined))
+    for event in outcome.get("preparing") or []:
+        began = outcome.get("started_at")
+        when = f" {event['time'] - began:.0f}s after the start" if began and event.get("time") else ""
+        before = "listening on its port" if event.get("before") == "listening" else "its first step"
+        for task in event.get("tasks") or []:
+            work = Work(str(task.get("task")), str(task.get("where")), float(task.get("cpu") or 0.0),
+                        float(task.get("io_bytes_s") or 0.0))
+            lines.append(f"{work.task} was at work before {before}{when} ({work.describe()}): preparing, waited "
+                         "for, not judged hung")
     for pause in outcome.get("paused", []):
         began = outcome.get("started_at")
         when = f" from {pause['time'] - began:.0f}s after the start" if began and pause.get("time") else ""

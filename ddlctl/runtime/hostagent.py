@@ -51,6 +51,7 @@ from ddlctl.runtime.procs import (
     listening_sockets,
     port_free,
     wait_channel,
+    work_done,
 )
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "KILL": signal.SIGKILL}
@@ -315,7 +316,9 @@ class HostAgent:
                     offsets[path] = os.path.getsize(path)
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGUSR2)
-            report[name] = {"procs": procs, "offsets": offsets, "wchan": blocked}
+            cpu_s, io_bytes = work_done([pid for pid, _state, _cmd in procs])
+            report[name] = {"procs": procs, "offsets": offsets, "wchan": blocked, "cpu_s": round(cpu_s, 2),
+                            "io_bytes": io_bytes, "at": round(time.monotonic(), 3)}
         self.dumps.append((now + (DUMP_WAIT_S if any(r["offsets"] for r in report.values()) else 0), report))
 
     def finish_dumps(self, now: float) -> None:
@@ -329,7 +332,8 @@ class HostAgent:
                         handle.seek(offset)
                         stacks.append(handle.read().decode("utf-8", "replace"))
                 self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"], "stacks": "".join(stacks),
-                           "wchan": entry.get("wchan") or {}})
+                           "wchan": entry.get("wchan") or {},
+                           **{key: entry[key] for key in ("cpu_s", "io_bytes", "at") if key in entry}})
 
     # -- the loop -------------------------------------------------------------------------------
 

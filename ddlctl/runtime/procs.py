@@ -49,6 +49,30 @@ def group_processes(pgid: int) -> list[tuple[int, str, str]]:
     return found
 
 
+def work_done(pids: list[int]) -> tuple[float, int]:
+    """(CPU seconds, bytes read and written) that processes ``pids`` have used so far: user and
+    system time with that of their ended children (``/proc/PID/stat``), and every byte their
+    ``read``/``write`` calls moved, files, pipes and sockets alike (``/proc/PID/io``; 0 where the
+    kernel hides it). Two readings a few seconds apart say whether a process is at work."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    cpu, moved = 0.0, 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                stat = handle.read().decode("utf-8", "replace")
+            fields = stat[stat.rfind(")") + 2:].split()
+            cpu += sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks  # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            continue
+        try:
+            with open(f"/proc/{pid}/io", "rb") as handle:
+                counters = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
+            moved += int(counters.get(b"rchar", b"0")) + int(counters.get(b"wchar", b"0"))
+        except (OSError, ValueError):
+            pass
+    return cpu, moved
+
+
 def wait_channel(pid: int) -> str:
     """The kernel function process ``pid`` sleeps in (``/proc/PID/wchan``: "nfs_wait_on_request",
     "io_schedule", ...), or "" when unknown (hidden, gone, or running)."""

@@ -30,6 +30,7 @@ from ddlctl.supervise.activity import (
 from ddlctl.supervise.hangwatch import HangWatch, Overdue
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.policy import Fault, ended_early, leader_of
+from ddlctl.supervise.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
 from ddlctl.supervise.stackread import Standing, stand
 
 #: How long the supervisor waits for the agents' dumps (an agent waits 1.5 s for the stacks).
@@ -123,6 +124,8 @@ class Hangs:
         self.reports: list[dict] = []  # one per hang handled (outcome.json "hangs")
         self.said_joining: set[tuple[str, float]] = set()  # finished tasks said to wait for a thread
         self.activity = ActivityWatch()  # the telemetry agents' readings (the supervisor adds them)
+        self.looks = Looks(self._dump)  # whether tasks before their first step are at work
+        self.preparing: list[dict] = []  # one per time tasks were found at work (outcome.json "preparing")
 
     def feed(self, now: float) -> None:
         """Progress as the host agents last reported it: each task's step records and the lines
@@ -157,8 +160,17 @@ class Hangs:
         names = sorted(n for n in job.alive() if job.tasks[n].exit_as is None)
         overdue = self.watch.overdue(now, names) if names else None
         if overdue is None:
+            interval = interval_for(self.watch.threshold(None)[0])
+            soon = self.watch.overdue(now + interval, names) if names else None
+            starting = self._all_starting(soon, names) if soon is not None else []
+            if starting:  # the first look, ahead of the threshold
+                self.looks.look(self._fresh(starting, now), now, interval)
+            else:
+                self.looks.reset()
             lingering = self.watch.lingering(now, names) if names else []
             return self._look_at_lingering(now, lingering) if lingering else None
+        if self._preparing(now, overdue, names):
+            return None
         job.notify(f"hang: {overdue.describe()}; collecting every task's stacks")
         folder, standings = self._stand(names)
         if self._ended_meanwhile(names):
@@ -185,6 +197,31 @@ class Hangs:
         detail += f"; {others}" if others else ""
         return Finding(fault=Fault(task=culprit, cause="hang", reporter=culprit, status=None,
                                    detail=f"{detail}; stacks in {folder})"))
+
+    def _preparing(self, now: float, overdue: Overdue, names: list[str]) -> bool:
+        """Whether the overdue tasks have all yet to take a first step and one of them is at work
+        (:mod:`~.preparing`: two looks a few seconds apart; True meanwhile): a task that prepares
+        holds up the others, and nothing is hung yet. Said, and every clock starts again."""
+        fresh = self._fresh(self._all_starting(overdue, names), now)
+        found = self.looks.look(fresh, now, interval_for(self.watch.threshold(None)[0])) if fresh else {}
+        if found is None:
+            return True
+        if not found:
+            return False
+        self.job.notify(preparing_line(found, "no first step", overdue.idle_s, overdue.threshold_s))
+        self.preparing.append({"time": time.time(), "before": "first step", "waited_s": round(overdue.idle_s, 1),
+                               "tasks": [work.record() for _, work in sorted(found.items())]})
+        self.watch.rearm(now)
+        return True
+
+    def _all_starting(self, overdue: Overdue, names: list[str]) -> list[str]:
+        """The tasks of ``names`` yet to take a first step, if every ``overdue`` task is one (else none)."""
+        starting = [n for n in names if n not in self.watch.stepped]
+        return starting if starting and all(n in starting for n in overdue.tasks) else []
+
+    def _fresh(self, names: list[str], now: float) -> list[str]:
+        """The tasks of ``names`` that may still be found at work (started under half an hour ago)."""
+        return [n for n in names if now - self.job.tasks[n].started < PREPARING_MAX_S]
 
     def _waited_for(self) -> dict[str, str]:
         """Running tasks that a running task's coordination service still waits for (its last
@@ -251,6 +288,10 @@ class Hangs:
         self._report(now, Overdue((name,), idle, limit, f"after its last step: {rule}"), {name: standing}, name,
                      standing.where, folder, "exit")
         return idle
+
+    def where_replies(self, names: list[str]) -> dict[str, dict | None]:
+        """The host agents' dumps of ``names`` (processes, stacks, CPU and I/O counters; nothing saved)."""
+        return self._dump(names)
 
     def where(self, names: list[str]) -> dict[str, Standing]:
         """Where each task of ``names`` stands now (its processes and stacks; nothing saved)."""

@@ -78,6 +78,7 @@ class SupervisedTask:
     handled: bool = True  # its end needs no decision (set False while it runs)
     exit_as: ExitStatus | None = None  # ended by ddlctl, stuck in its exit: the exit its program made
     dump_asked: bool = False  # ddlctl asked for its stacks (a SIGUSR2 to its Python processes)
+    startup_from: float | None = None  # the startup timeout counts from here (found at work before listening)
 
     @property
     def alive(self) -> bool:

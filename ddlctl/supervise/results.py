@@ -71,6 +71,7 @@ class JobResult:
     paused: tuple[dict, ...] = ()  # each time ddlctl itself did not run (stopped, suspended): time, seconds
     clock_offsets: Mapping[str, float] = field(default_factory=dict)  # host -> its clock less this machine's
     unjoined: tuple[str, ...] = ()  # workers that took steps without joining the cluster (trained alone)
+    preparing: tuple[dict, ...] = ()  # each time tasks that had not begun were found at work, not hung
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -140,7 +141,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None,
                membership: Sequence[dict] = (), left_running: Sequence[dict] = (),
                paused: Sequence[dict] = (), clock_offsets: Mapping[str, float] | None = None,
-               unjoined: Sequence[str] = ()) -> JobResult:
+               unjoined: Sequence[str] = (), preparing: Sequence[dict] = ()) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -150,7 +151,8 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      telemetry_gaps=tuple(telemetry_gaps), restarts=tuple(restarts), degraded=tuple(degraded),
                      hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at,
                      membership=tuple(membership), left_running=tuple(left_running), paused=tuple(paused),
-                     clock_offsets=dict(clock_offsets or {}), unjoined=tuple(unjoined))
+                     clock_offsets=dict(clock_offsets or {}), unjoined=tuple(unjoined),
+                     preparing=tuple(sorted(preparing, key=lambda event: event.get("time") or 0.0)))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -186,6 +188,7 @@ def outcome_record(result: JobResult) -> dict:
         "paused": list(result.paused),
         "clock_offsets": dict(result.clock_offsets),
         "unjoined": list(result.unjoined),
+        "preparing": list(result.preparing),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

@@ -48,6 +48,11 @@ class Frame:
         return f"{self.path}:{self.line} in {self.function}"
 
     @property
+    def importing(self) -> bool:
+        """Whether this is the import system loading a module (``_find_and_load``)."""
+        return self.path.startswith("<frozen importlib") and self.function == "_find_and_load"
+
+    @property
     def kind(self) -> str:
         """"stdlib", "library" (installed packages, ddlctl's instrumentation) or "user"."""
         if any(part in self.path for part in (*_LIBRARY, *_DDLCTL_INTERNAL)):
@@ -66,6 +71,8 @@ class Standing:
     # library), "joining" (its program has ended, a thread has not), "exiting" (its program has ended,
     # the interpreter is shutting down), "unknown", "gone"
     where: str  # "train.py:88 in on_batch_end", "waiting in TensorFlow (execute.py:53 in quick_execute)"
+    library: str = ""  # "waiting": the library its main thread is in ("TensorFlow", "numpy", ...)
+    frames: tuple[Frame, ...] = ()  # its main thread's frames (innermost first), where a stack was read
 
 
 def threads(text: str) -> list[list[Frame]]:
@@ -133,15 +140,18 @@ def stand(task: str, reply: dict | None) -> Standing:
         return Standing(task, "unknown", "no Python stack (not a Python task ddlctl started)")
     if frames[-1].function == "_shutdown" and frames[-1].path.endswith("threading.py"):
         return Standing(task, "joining", "its program has ended but waits for a thread that has not ended (one "
-                                         f"not started as a daemon): {_busy_thread(blocks, frames)}")
+                                         f"not started as a daemon): {_busy_thread(blocks, frames)}",
+                        frames=tuple(frames))
     innermost = next((f for f in frames if f.kind != "stdlib"), None)
     if innermost is None:
-        return Standing(task, "waiting", f"in the standard library ({frames[0]})")
+        return Standing(task, "waiting", f"in the standard library ({frames[0]})", "the standard library",
+                        tuple(frames))
     if innermost.kind == "user":
-        return Standing(task, "user", _short(innermost))
+        return Standing(task, "user", _short(innermost), frames=tuple(frames))
     user = next((f for f in frames if f.kind == "user"), None)
     tail = f", called from {_short(user)}" if user is not None else ""
-    return Standing(task, "waiting", f"waiting in {_library_name(innermost)} ({_short(innermost)}{tail})")
+    library = _library_name(innermost)
+    return Standing(task, "waiting", f"waiting in {library} ({_short(innermost)}{tail})", library, tuple(frames))
 
 
 def _busy_thread(blocks: list[list[Frame]], main: list[Frame]) -> str:

@@ -58,6 +58,7 @@ from ddlctl.supervise.policy import (
     stuck_in_exit,
     unkillable,
 )
+from ddlctl.supervise.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
 from ddlctl.supervise.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
 from ddlctl.supervise.tasklog import TaskLog
@@ -102,6 +103,8 @@ class Supervisor:
         self.degraded: list[dict] = []
         self.left_running: list[dict] = []  # tasks SIGKILL could not end
         self.paused: list[dict] = []  # each time ddlctl itself did not run (Ctrl-Z, SIGSTOP, suspended)
+        self.starting = Looks(self.hangs.where_replies)  # whether tasks not listening yet are at work
+        self.preparing: list[dict] = []  # tasks not listening yet found at work (the hang watch keeps its own)
         self.signals: list[int] = []
         self.killed_at: float | None = None
         self.killed_now = False
@@ -140,7 +143,8 @@ class Supervisor:
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
                           started_at=started_at, membership=self.job.membership, left_running=self.left_running,
-                          paused=self.paused, clock_offsets=self.hosts.clock_offsets, unjoined=self.joined.unjoined)
+                          paused=self.paused, clock_offsets=self.hosts.clock_offsets, unjoined=self.joined.unjoined,
+                          preparing=[*self.preparing, *self.hangs.preparing])
 
     def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""
@@ -432,14 +436,40 @@ class Supervisor:
                 task.started += gap
 
     def _check_startup_timeout(self, now: float) -> None:
+        """Tasks that have not listened on their port within the startup timeout fail the job,
+        unless they are at work (:mod:`~.preparing`): then their timeout starts again."""
         timeout = self.job.options.startup_timeout_s
         if not timeout:
             return
-        missing = [t for t in self.job.tasks.values()
-                   if t.state is TaskState.STARTING and t.alive and now - t.started >= timeout]
+        def missing_at(when: float) -> list[SupervisedTask]:
+            return [t for t in self.job.tasks.values()
+                    if t.state is TaskState.STARTING and t.alive and when - (t.startup_from or t.started) >= timeout]
+
+        missing, interval = missing_at(now), interval_for(timeout)
+        fresh = [t.name for t in missing or missing_at(now + interval) if now - t.started < PREPARING_MAX_S]
         if not missing:
+            if fresh:  # the first look, ahead of the timeout
+                self.starting.look(fresh, now, interval)
+            else:
+                self.starting.reset()
             return
-        names = ", ".join(f"{t.name} on {t.host} (port {t.spec.port})" for t in missing)
+        found = self.starting.look(fresh, now, interval) if fresh else {}
+        if found is None:
+            return
+        if found:
+            waited = max(now - (self.job.tasks[n].startup_from or self.job.tasks[n].started) for n in found)
+            self.job.notify(preparing_line(found, "not listening on its port", waited, timeout))
+            self.preparing.append({"time": time.time(), "before": "listening", "waited_s": round(waited, 1),
+                                   "tasks": [work.record() for _, work in sorted(found.items())]})
+            for name in found:
+                self.job.tasks[name].startup_from = now
+            missing = [t for t in missing if t.name not in found]
+            if not missing:
+                return
+        standings = self.starting.standings
+        names = ", ".join(f"{t.name} on {t.host} (port {t.spec.port}" +
+                          (f"; {standings[t.name].where}" if t.name in standings and standings[t.name].frames else "")
+                          + ")" for t in missing)
         self.failure = Failure(
             reason="startup-timeout",
             message=f"startup timeout: {len(missing)} task(s) never started listening within "
