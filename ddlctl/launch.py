@@ -444,9 +444,10 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
             for feed in samples:
                 feed(host, record)
 
-        def on_progress(figures: Mapping[str, tuple[int, int | None]]) -> None:
+        def on_progress(figures: Mapping[str, tuple[int, int | None]],
+                        activity: Mapping[str, tuple[int, str | None]]) -> None:
             if live is not None:
-                live.on_progress(figures)
+                live.on_progress(figures, activity)
             if metrics is not None:
                 metrics.on_progress(figures, supervisor.status())
 

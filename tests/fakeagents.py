@@ -410,7 +410,7 @@ class World:
         self._pid += 1
         return self._pid
 
-    def tick(self, _progress: object = None) -> None:
+    def tick(self, _progress: object = None, _activity: object = None) -> None:
         """One supervisor tick: events due, then every task's life moves on. A job that has not
         ended after ``REAL_LIMIT_S`` of real time fails the test instead of hanging it (the fake
         clock races ahead while a real-time thread works, so no fake-time bound would do)."""

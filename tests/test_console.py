@@ -63,6 +63,16 @@ def test_a_task_whose_steps_stop_is_shown_stalled_until_it_steps_again_but_not_o
     assert "9 (none for 11s)" in console.export_text()
     state.update("h", {"type": "sample", "t": 14.0, "gpus": [], "steps": {"worker:0": 10, "worker:1": 10}})
     assert "none for" not in state.line(), "it stepped again"
+    # work between steps (an evaluation's batches beat, ddlctl.beat) and a phase the program declared
+    state.update("h", {"type": "sample", "t": 15.0, "gpus": [], "steps": {"worker:0": 10, "worker:1": 10}})
+    state.activity({"worker:1": (0, None)})
+    state.update("h", {"type": "sample", "t": 27.0, "gpus": [], "steps": {"worker:0": 10, "worker:1": 10}})
+    state.activity({"worker:1": (6, None)})  # beats since its last step
+    assert "worker:1 10 steps (at work, none for 13s)" in state.line(), state.line()
+    state.update("h", {"type": "sample", "t": 40.0, "gpus": [], "steps": {"worker:0": 10, "worker:1": 10}})
+    assert "worker:1 10 steps (none for 26s)" in state.line(), "no beat for 13 s: a stall again"
+    state.activity({"worker:1": (7, "checkpoint")})
+    assert "worker:1 10 steps (in checkpoint, none for 26s)" in state.line()
     fresh = LiveState()  # start-up (no step yet) is not a stall, however long
     fresh.update("h", {"type": "sample", "t": 0.0, "gpus": [], "steps": {"worker:0": 0}})
     fresh.update("h", {"type": "sample", "t": 60.0, "gpus": [], "steps": {"worker:0": 0}})

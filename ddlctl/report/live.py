@@ -73,6 +73,9 @@ class _TaskFigures:
     moved_t: float | None = None  # when its count last went up (sample time)
     seen_t: float | None = None  # its latest sample
     finished: bool = False  # past its declared last step
+    busy: int = 0  # its phases file's lines so far (phases begun or ended, beats: work between steps)
+    busy_t: float | None = None  # its latest sample when that count last went up
+    phase: str | None = None  # the phase its program declared and is in (a checkpoint save)
 
     def stalled_s(self) -> float | None:
         """Seconds since its last step, once over :data:`STALL_SHOWN_S` (None: stepping, finished,
@@ -83,9 +86,17 @@ class _TaskFigures:
         return idle if idle >= STALL_SHOWN_S else None
 
     def stall_text(self) -> str:
-        """`` (none for 45s)`` for a stalled task, else nothing."""
+        """`` (none for 45s)`` for a stalled task, `` (in checkpoint, none for 45s)`` for one inside a
+        phase its program declared, `` (at work, none for 45s)`` for one whose work between steps
+        goes on (an evaluation's batches, ``ddlctl.beat``), else nothing."""
         stalled = self.stalled_s()
-        return "" if stalled is None else f" (none for {stalled:.0f}s)"
+        if stalled is None:
+            return ""
+        if self.phase:
+            return f" (in {self.phase}, none for {stalled:.0f}s)"
+        assert self.moved_t is not None and self.seen_t is not None
+        working = self.busy_t is not None and self.busy_t > self.moved_t and self.seen_t - self.busy_t < STALL_SHOWN_S
+        return f" ({'at work, ' if working else ''}none for {stalled:.0f}s)"
 
 
 @dataclass
@@ -118,6 +129,17 @@ class LiveState:
         for task, figures in (record.get("procs") or {}).items():  # [cpu %, rss, kernel cpu %] per task
             entry = self.tasks.setdefault(task, _TaskFigures())
             entry.cpu = float(figures[0]) if figures and figures[0] is not None else None
+
+    def activity(self, activity: Mapping[str, tuple[int, str | None]]) -> None:
+        """Take the host agents' per-task (lines of its phases file, the phase it is in), as the
+        hang watch reads them: work between steps shows as work, not a stall."""
+        for task, (busy, phase) in activity.items():
+            entry = self.tasks.get(task)
+            if entry is None:
+                continue
+            if busy != entry.busy:
+                entry.busy, entry.busy_t = busy, entry.seen_t
+            entry.phase = phase
 
     def progress(self, figures: Mapping[str, tuple[int, int | None]], t: float) -> None:
         """Take the host agents' per-task (highest step, declared total)."""
@@ -221,9 +243,12 @@ class LiveView:
         if self.live is None and self.plain and record.get("type") == "sample":
             self._plain_line()
 
-    def on_progress(self, figures: Mapping[str, tuple[int, int | None]]) -> None:
+    def on_progress(self, figures: Mapping[str, tuple[int, int | None]],
+                    activity: Mapping[str, tuple[int, str | None]] | None = None) -> None:
         done, total = job_progress(figures)
         with self.lock:
+            if activity:
+                self.state.activity(activity)
             if done == self.state.done and total == self.state.total:
                 return
             self.state.progress(figures, time.monotonic())

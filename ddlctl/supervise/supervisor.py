@@ -80,7 +80,8 @@ class Supervisor:
                  options: SupervisorOptions, notify: Callable[[str], None] = lambda _msg: None,
                  on_sample: Callable[[str, dict], None] | None = None,
                  reconnect: Reconnect | None = None,
-                 on_progress: Callable[[dict[str, tuple[int, int | None]]], None] | None = None,
+                 on_progress: Callable[[dict[str, tuple[int, int | None]], dict[str, tuple[int, str | None]]], None]
+                 | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  hard_exit: Callable[[int], None] = os._exit) -> None:
         def say(message: str) -> None:  # task lines held for merging come out before ddlctl's words
@@ -90,7 +91,7 @@ class Supervisor:
         self.job = Job(plan, options, dict(sessions), say, clock)
         self.writer = writer
         self.on_sample = on_sample
-        self.on_progress = on_progress  # (task -> (highest step, declared total)) as the agents report it
+        self.on_progress = on_progress  # (task -> (highest step, declared total), task -> (work lines, phase))
         self.hard_exit = hard_exit  # the third signal: leave at once (the agents still kill every task)
         self.selector = selectors.DefaultSelector()
         self.hosts = HostWatch(self.job, reconnect, self._attach, self._detach)
@@ -192,8 +193,9 @@ class Supervisor:
         self.hosts.watch(now)
         self._poll_exits(now)
         if self.on_progress is not None:
-            self.on_progress({name: figures for session in self.job.sessions.values()
-                              for name, figures in session.progress().items()})
+            sessions = self.job.sessions.values()
+            self.on_progress({name: figures for session in sessions for name, figures in session.progress().items()},
+                             {name: busy for session in sessions for name, busy in session.activity().items()})
         if self.job.stopping:
             self._escalate(now)
             return
