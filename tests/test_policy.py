@@ -407,3 +407,17 @@ def test_a_device_that_ran_out_of_memory_is_said_and_not_retried_as_a_fault():
     older = "Traceback (most recent call last):\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     assert classify("worker:0", ExitStatus(code=1), older, "one_device", alive=set(), known={"worker:0"}).detail == \
         "exit code 1: out of memory on the GPU (tried to allocate 2.00 GiB)"
+
+
+def test_a_program_reading_its_missing_standard_input_is_told_how_to_give_it_what_it_asks():
+    # input() with a prompt: the traceback's header follows the prompt on its line (a real log)
+    log = ('dataset? Traceback (most recent call last):\n  File "/tmp/bad/reads.py", line 1, in <module>\n'
+           '    name = input("dataset? ")\n           ^^^^^^^^^^^^^^^^^^\nEOFError: EOF when reading a line\n')
+    fault = classify("worker:0", ExitStatus(code=1), log, "one_device", set(), {"worker:0"})
+    assert fault.cause == "traceback" and fault.detail == (
+        "exit code 1 after a Python exception: it read its standard input, and tasks have none (ddlctl gives them "
+        "/dev/null, on every host): give it what it asks as arguments after --, environment variables (--env) or a "
+        "file")
+    other = classify("worker:0", ExitStatus(code=1), log.replace("EOFError: EOF when reading a line", "ValueError: x"),
+                     "one_device", set(), {"worker:0"})
+    assert other.detail == "exit code 1 after a Python exception"

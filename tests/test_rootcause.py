@@ -62,3 +62,9 @@ def test_a_syntax_error_in_the_script_is_its_report_and_a_bug_in_the_program(tmp
     assert last_traceback(text + "a line of a peer's\n") == block
     fault = classify("worker:0", ExitStatus(code=0), text, "mwms", alive=set(), known={"worker:0"})
     assert fault.cause == "exit"
+
+
+def test_a_traceback_after_output_that_did_not_end_its_line_is_found():
+    log = 'loading\ndataset? Traceback (most recent call last):\n  File "r.py", line 1, in <module>\nEOFError: EOF\n'
+    assert last_traceback(log) == ["Traceback (most recent call last):", '  File "r.py", line 1, in <module>',
+                                   "EOFError: EOF"]

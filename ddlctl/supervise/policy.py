@@ -35,12 +35,13 @@ restart (``checkpoint_unshared``) fail the job.
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
-from ddlctl.supervise.rootcause import TRACEBACK_HEAD, device_oom, disk_full, syntax_error
+from ddlctl.supervise.rootcause import TRACEBACK_HEAD, device_oom, disk_full, last_traceback, syntax_error
 from ddlctl.supervise.tfmessages import blame_peer, collective_mismatch, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
@@ -143,6 +144,8 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
         return "collective-mismatch", f"exit code {code}: its collective op did not match its peers' " \
                                       f"(\"{mismatch[:300]}\")"
     if code != 0 and TRACEBACK_HEAD in error:
+        if NO_STDIN.fullmatch((last_traceback(error) or [""])[-1].strip()):
+            return "traceback", f"exit code {code} after a Python exception: {NO_STDIN_HINT}"
         return "traceback", f"exit code {code} after a Python exception"
     syntax = syntax_error(error) if code != 0 else None
     if syntax is not None:  # the script itself could not be compiled: a bug in the program too
@@ -150,6 +153,12 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     if code == 0:
         return "exit", "exited with code 0 although ddlctl did not stop it"
     return "exit", f"exit code {code}"
+
+
+#: ``input()`` (or ``sys.stdin.readline``) at the end of the standard input every task is given.
+NO_STDIN = re.compile(r"EOFError: EOF when reading a line")
+NO_STDIN_HINT = ("it read its standard input, and tasks have none (ddlctl gives them /dev/null, on every host): "
+                 "give it what it asks as arguments after --, environment variables (--env) or a file")
 
 
 #: Signals a process never sends itself because of a peer: a task they killed was killed from

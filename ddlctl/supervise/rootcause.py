@@ -91,12 +91,13 @@ def last_traceback(text: str, max_lines: int = 60) -> list[str]:
     error in the script Python ran, which has no traceback: its report)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     lines = text.split("\n")
-    starts = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEAD]
+    # (the header may follow output that did not end its line: a prompt of ``input()``)
+    starts = [i for i, line in enumerate(lines) if line.rstrip().endswith(TRACEBACK_HEAD)]
     if not starts:
         syntax = syntax_error(text)
         return syntax.group(0).split("\n") if syntax is not None else []
     start = starts[-1]
-    block = [lines[start]]
+    block = [TRACEBACK_HEAD]
     for line in lines[start + 1:]:
         block.append(line)
         if line and not line[0].isspace():  # the exception line ends the traceback
