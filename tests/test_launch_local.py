@@ -248,6 +248,21 @@ def test_sigint_stops_every_task_within_10s(runs):
             proc.kill()
 
 
+def test_a_program_that_is_not_there_or_a_command_not_found_is_not_started_said_and_not_retried(runs, tmp_path):
+    cases = ((("python", str(tmp_path / "nowhere" / "train.py")), 2,
+              f"failed: not started: the program {tmp_path / 'nowhere' / 'train.py'} is not on "),
+             (("no-such-command-here",), 127, "failed: not started: cannot start 'no-such-command-here': No such file "
+                                              "or directory"))
+    for command, code, said in cases:
+        started = time.monotonic()
+        result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--max-restarts", "2", "--runs-dir",
+                            str(runs / str(code)), "--", *command, timeout=120)
+        assert result.returncode == code and said in result.stderr, result.stderr[-2000:]
+        assert "not retried: it would not start again" in result.stderr and "restarting" not in result.stderr
+        assert time.monotonic() - started < 30, "refused by the host agent: nothing imported TensorFlow"
+        assert_nothing_left(only_run_dir(runs / str(code)))
+
+
 def test_startup_timeout_names_the_task_that_never_joined(runs):
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--startup-timeout",
                         "10", "--grace", "1", "--runs-dir", str(runs), "--", sys.executable,

@@ -421,3 +421,19 @@ def test_a_program_reading_its_missing_standard_input_is_told_how_to_give_it_wha
     other = classify("worker:0", ExitStatus(code=1), log.replace("EOFError: EOF when reading a line", "ValueError: x"),
                      "one_device", set(), {"worker:0"})
     assert other.detail == "exit code 1 after a Python exception"
+
+
+def test_a_task_its_host_agent_could_not_start_is_not_started_whatever_its_code_and_a_program_saying_so_is_not():
+    said = "ddlctl: the program /w/train.py is not on h2 (tasks run train.py from /w): put it at the same path\n"
+    fault = classify("worker:1", ExitStatus(code=2), said, "mwms", {"worker:0"}, {"worker:0", "worker:1"})
+    assert (fault.cause, fault.task) == ("not-started", "worker:1")
+    assert fault.detail == "not started: the program /w/train.py is not on h2 (tasks run train.py from /w): put it " \
+                           "at the same path"
+    alive = {"worker:0"}
+    assert decide("mwms", fault, MWMS_ROLES, alive, 0, 3, "any").action == "restart", "--restart-on any retries it"
+    failed = decide("mwms", fault, MWMS_ROLES, alive, 0, 3, "fault")
+    assert failed.action == "fail" and failed.message.endswith("not retried: it would not start again (--restart-on "
+                                                                "any retries it)")
+    # a program of the user's that printed such a line, then ran: its own exit
+    ran = classify("worker:1", ExitStatus(code=2), said + "usage: train.py [-h]\n", "mwms", set(), {"worker:1"})
+    assert ran.cause == "exit"

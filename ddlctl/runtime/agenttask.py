@@ -15,7 +15,7 @@ from ddlctl import envvars
 from ddlctl.runfiles import TASK_PHASES, TASK_STEPS
 from ddlctl.runtime import cgroup, procsetup
 from ddlctl.runtime.devices import visible_devices
-from ddlctl.runtime.prefork import ForkedProcess, Zygote
+from ddlctl.runtime.prefork import ForkedProcess, Zygote, command_form
 from ddlctl.runtime.procs import processes_with
 from ddlctl.runtime.stepfollow import PhaseFile, StepFile
 
@@ -79,6 +79,24 @@ class BadEnvironment(ValueError):
     """A task's spec holds an environment entry no process can be given."""
 
 
+class MissingProgram(ValueError):
+    """A task's command runs a Python script that is not on this host."""
+
+
+def missing_program(argv: list[str], cwd: str) -> str | None:
+    """Why ``python SCRIPT ...`` cannot run in ``cwd`` (the script is not there), or None."""
+    form = command_form(argv)
+    if form is None or form[1] != "script" or not os.path.isdir(cwd):  # (a missing folder is said as such)
+        return None
+    path = os.path.join(cwd, os.path.expanduser(form[2]))
+    if os.path.isfile(path):
+        return None
+    import socket
+
+    return (f"the program {os.path.normpath(path)} is not on {socket.gethostname()} (tasks run {form[2]} from "
+            f"{cwd}): put it at the same path on every host, or give this host workdir= in the hosts file")
+
+
 class Task:
     """One task process and what the agent knows about it."""
 
@@ -126,6 +144,9 @@ class Task:
             self.note = (f"starting in {home}, not in {cwd}: {why} (workdir= in the hosts file chooses where "
                          "tasks start)")
             cwd = home
+        missing = missing_program(list(spec["argv"]), cwd or os.getcwd())
+        if missing is not None:
+            raise MissingProgram(missing)
         self.cgroup = None
         # CPU affinity: TensorFlow sizes its thread pools to the CPUs a process may run on
         cpus = cgroup.check_cpus(spec["cpus"]) if spec.get("cpus") else None

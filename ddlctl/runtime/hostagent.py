@@ -40,7 +40,7 @@ import sys
 import time
 
 from ddlctl.runtime import oom, prefork, procsetup
-from ddlctl.runtime.agenttask import BadEnvironment, Task, start_error
+from ddlctl.runtime.agenttask import BadEnvironment, MissingProgram, Task, start_error
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
 from ddlctl.runtime.prefork import Zygote
@@ -195,6 +195,9 @@ class HostAgent:
             task.spawn()
         except BadEnvironment as exc:
             self.send({"k": Kind.START_FAILED, "task": name, "error": f"environment: {exc}", "code": 2})
+            return
+        except MissingProgram as exc:  # (Python itself would say "can't open file", exit code 2)
+            self.send({"k": Kind.START_FAILED, "task": name, "error": str(exc), "code": 2})
             return
         except OSError as exc:
             self.send({"k": Kind.START_FAILED, "task": name, "error": start_error(spec, exc),
