@@ -7,6 +7,9 @@ Standard library only, on purpose: the host agent and the instrumentation import
 import re
 
 RUN_ID = "DDLCTL_RUN_ID"  # the run's id (every process of a run carries it: ``ddlctl stop`` finds them)
+#: One launch's own key (random, every process of one ``ddlctl launch`` carries it): what tells two
+#: launches given the same ``--run-id`` apart (the second is refused while the first runs).
+LAUNCH = "DDLCTL_LAUNCH"
 TASK = "DDLCTL_TASK"  # the task's name, ``role:index``
 TASK_DIR = "DDLCTL_TASK_DIR"  # the task's folder on its host: steps.jsonl, result.json ...
 STRATEGY = "DDLCTL_STRATEGY"  # ps, mwms, model, mirrored, central_storage, one_device

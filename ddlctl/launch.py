@@ -329,6 +329,8 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         hosts = [h for h in cluster.hosts if h.label in used]
         connected.sessions = open_sessions(connected.transports, hosts, run_id,
                                            Path(request.run_dir) / "agents", counts)
+        require_own_run_id(run_id, {h.label: connected.sessions[h.label].hello.get("run_elsewhere") or []
+                                    for h in hosts})
         reports = [HostReport(h.label, h.source, facts=connected.sessions[h.label].hello.get("probe") or {})
                    for h in hosts if not h.is_local]
         # a local host's tasks use the controller's Python unless python= names another: probe that one
@@ -346,6 +348,20 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         connected.close()
         raise
     return make_plan(cluster, request, ports), connected
+
+
+def require_own_run_id(run_id: str, elsewhere: Mapping[str, Sequence]) -> None:
+    """Refuse a run id that processes of another launch carry on a host (``elsewhere``: host ->
+    [pid, command] its agent found): two launches of one id would end each other's processes and
+    share their folders on remote hosts."""
+    found = {host: found for host, found in elsewhere.items() if found}
+    if not found:
+        return
+    where = "; ".join(f"{host}: " + ", ".join(f"pid {pid} ({command})" for pid, command in processes)
+                      for host, processes in sorted(found.items()))
+    raise ConfigError(f"run id {run_id} is in use: processes of another launch with it still run ({where})",
+                      f"choose another --run-id (or leave it out: each run gets a fresh one); if they are "
+                      f"leftovers of an ended run, `ddlctl stop {run_id}` ends them")
 
 
 def launch(config: LaunchConfig, out: Console, err: Console) -> int:

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -181,6 +182,23 @@ def test_dumps_count_each_tasks_cpu_seconds_and_the_bytes_it_moved(tmp_path):
     finally:
         s.shutdown()
         s.close()
+
+
+def test_processes_of_a_run_id_are_another_launchs_unless_they_carry_this_launchs_key():
+    from ddlctl.runtime.procs import run_elsewhere
+
+    env = {**os.environ, "DDLCTL_RUN_ID": "r-elsewhere", "DDLCTL_LAUNCH": "k1"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        wait = time.monotonic() + 10
+        while not run_elsewhere("r-elsewhere", "k2") and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert [pid for pid, _command in run_elsewhere("r-elsewhere", "k2")] == [child.pid]
+        assert "time.sleep(30)" in run_elsewhere("r-elsewhere", "k2")[0][1]
+        assert run_elsewhere("r-elsewhere", "k1") == [] and run_elsewhere("r-other", "k2") == []
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_ports_still_free_are_kept_taken_ones_replaced_and_listening_is_reported(tmp_path):

@@ -293,6 +293,33 @@ def test_two_launches_at_once_both_succeed(tmp_path):
     assert len(ports) == 2 and len(set(ports)) == 2, ports
 
 
+def test_a_run_id_another_launch_still_uses_is_refused_and_that_launch_is_left_alone(tmp_path):
+    # before: the second launch ran, and its host agent ended the first one's telemetry agent (the
+    # same run id and task name); remote hosts gave both the same task folders
+    program = ("import subprocess, sys, time\n"
+               "daemon = subprocess.Popen(['sleep', '305'], start_new_session=True)\n"
+               "print('up', flush=True); time.sleep(6)\nprint('alive', daemon.poll() is None, flush=True)\n")
+    first = subprocess.Popen(ddlctl_cmd("launch", "-s", "one_device", "--run-id", "shared-id", "--runs-dir",
+                                        str(tmp_path / "a"), "--", sys.executable, "-c", program),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in first.stdout:
+            if "up" in line:
+                break
+        second = run_ddlctl("launch", "-s", "one_device", "--run-id", "shared-id", "--runs-dir", str(tmp_path / "b"),
+                            "--", sys.executable, "-c", "print(1)", timeout=120)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert "run id shared-id is in use: processes of another launch with it still run (localhost: pid " \
+            in second.stderr and "import subprocess" in second.stderr, second.stderr[-2000:]
+        rest = first.communicate(timeout=120)[0]
+        assert first.returncode == 0 and "telemetry agent on localhost stopped" not in rest, rest[-2000:]
+        assert "alive True" in rest, "its task's daemon lived to the task's end, and no longer"
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert processes_of_run("shared-id") == []
+
+
 def test_sigterm_to_ddlctl_stops_everything(runs):
     proc = subprocess.Popen(
         ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "1", "--steps", "100000",
@@ -549,24 +576,3 @@ def test_what_a_task_started_in_sessions_of_its_own_ends_with_it(tmp_path):
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], alive
     assert processes_of_run(only_run_dir(runs).name) == []
-
-
-def test_ending_a_runs_leftovers_leaves_another_run_of_the_same_name_alone(tmp_path):
-    """Two launches given the same --run-id in two runs folders, at once: the first ends (its task's
-    daemon with it, and ddlctl's look for its run's leftovers after it) while the second's task,
-    of the same name, trains on, its own daemon with it, to its end."""
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
-    program = ("import subprocess, sys, time\n"
-               "daemon = subprocess.Popen(['sleep', '305'], start_new_session=True)\n"
-               "time.sleep(float(sys.argv[1]))\nprint('alive', daemon.poll() is None, flush=True)\n")
-    later = subprocess.Popen(ddlctl_cmd("launch", "-s", "one_device", "--no-telemetry", "--run-id", "same",
-                                        "--runs-dir", str(tmp_path / "b"), "--", sys.executable, "-c", program, "8"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
-    first = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--run-id", "same", "--runs-dir",
-                       str(tmp_path / "a"), "--", sys.executable, "-c", program, "1", timeout=120)
-    assert first.returncode == 0, first.stderr[-2000:]
-    out, err = later.communicate(timeout=120)
-    assert later.returncode == 0, err[-3000:]
-    assert "[worker:0@localhost] alive True" in out, out[-2000:]
-    assert "process(es) of this run still running" not in first.stderr  # (the second run's are not the first's)
-    assert processes_of_run("same") == []

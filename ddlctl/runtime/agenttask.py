@@ -268,8 +268,9 @@ class Task:
         if not run_id:
             return []
         ours = [f"{envvars.RUN_ID}={run_id}", f"{envvars.TASK}={self.name}"]
-        if self.env.get(envvars.TASK_DIR):  # (another run of the same --run-id elsewhere is not this one)
-            ours.append(f"{envvars.TASK_DIR}={self.env[envvars.TASK_DIR]}")
+        for key in (envvars.TASK_DIR, envvars.LAUNCH):  # (another run of the same --run-id is not this one)
+            if self.env.get(key):
+                ours.append(f"{key}={self.env[key]}")
         killed = []
         for pid in processes_with(ours, exclude):
             with contextlib.suppress(OSError):

@@ -39,6 +39,7 @@ import stat
 import sys
 import time
 
+from ddlctl import envvars
 from ddlctl.runtime import oom, prefork, procsetup
 from ddlctl.runtime.agenttask import BadEnvironment, MissingProgram, Task, start_error
 from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
@@ -50,6 +51,7 @@ from ddlctl.runtime.procs import (
     group_processes,
     listening_sockets,
     port_free,
+    run_elsewhere,
     wait_channel,
     work_done,
 )
@@ -451,9 +453,13 @@ class HostAgent:
 
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(signum, on_signal)
+        run_id, launch = os.environ.get(envvars.RUN_ID), os.environ.get(envvars.LAUNCH)
         self.send({"k": Kind.HELLO, "pid": os.getpid(), "t": time.time(), "probe": self.probe,
                    "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0],
-                   "code": code_bundle_path(), "slurm_step": slurm_step()})
+                   "code": code_bundle_path(), "slurm_step": slurm_step(),
+                   # the run id must be this launch's alone here (another launch of it would end our
+                   # processes, and share our folders on this host)
+                   "run_elsewhere": run_elsewhere(run_id, launch) if run_id and launch else []})
         next_beat = next_steps = next_ports = time.monotonic()
         while True:
             live = [t for t in self.tasks.values() if t.fd >= 0 and not t.eof]

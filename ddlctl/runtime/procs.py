@@ -31,6 +31,26 @@ def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = froz
     return found
 
 
+def run_elsewhere(run_id: str, launch: str, limit: int = 5) -> list[tuple[int, str]]:
+    """(pid, command) of up to ``limit`` processes here that carry ``DDLCTL_RUN_ID=run_id`` but not
+    ``DDLCTL_LAUNCH=launch``: another launch given the same run id (or what it left running)."""
+    run, mine = f"DDLCTL_RUN_ID={run_id}".encode(), f"DDLCTL_LAUNCH={launch}".encode()
+    found: list[tuple[int, str]] = []
+    for pid in processes_with([run.decode()]):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if mine in handle.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        found.append((pid, command[:80]))
+        if len(found) >= limit:
+            break
+    return found
+
+
 def group_processes(pgid: int) -> list[tuple[int, str, str]]:
     """(pid, state letter, command) of every process in process group ``pgid``."""
     found = []

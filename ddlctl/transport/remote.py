@@ -63,10 +63,10 @@ def upload_args(data: bytes, python: str) -> list[str]:
 
 def bundled_agent_argv(python: str, run_id: str, ports: int | None) -> list[str]:
     """The argv that starts a host agent of run ``run_id`` from the shipped code bundle."""
-    from ddlctl.transport.session import agent_argv
+    from ddlctl.transport.session import agent_argv, launch_key
 
     return ["sh", "-c", RUN_BUNDLED, "sh", bundle_path(), "env", f"{envvars.RUN_ID}={run_id}",
-            f"{envvars.SAFE_PATH}=1", *agent_argv(python, ports)]
+            f"{envvars.LAUNCH}={launch_key()}", f"{envvars.SAFE_PATH}=1", *agent_argv(python, ports)]
 
 
 def shell_command(argv: Sequence[str]) -> str:

@@ -12,7 +12,9 @@ ends), never as an exit code of the program.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -526,12 +528,19 @@ def agent_argv(python: str, ports: int | None) -> list[str]:
     return [python, "-m", "ddlctl.runtime.hostagent", *([] if ports is None else ["--ports", str(ports)])]
 
 
+@functools.cache
+def launch_key() -> str:
+    """This launch's key (:data:`ddlctl.envvars.LAUNCH`): the same for every host agent it starts."""
+    return secrets.token_hex(8)
+
+
 def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | None = None,
                        ports: int | None = None) -> HostSession:
     """Start a host agent on this machine (a subprocess in its own session)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
-    env = {**own_python_env(), envvars.RUN_ID: run_id}  # the agent's environment is its tasks' base
+    # the agent's environment is its tasks' base
+    env = {**own_python_env(), envvars.RUN_ID: run_id, envvars.LAUNCH: launch_key()}
     with open(stderr_path, "ab") as stderr:
         popen = subprocess.Popen(agent_argv(python or sys.executable, ports),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
