@@ -12,7 +12,6 @@ ends), never as an exit code of the program.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import secrets
 import signal
@@ -528,10 +527,13 @@ def agent_argv(python: str, ports: int | None) -> list[str]:
     return [python, "-m", "ddlctl.runtime.hostagent", *([] if ports is None else ["--ports", str(ports)])]
 
 
-@functools.cache
+#: This process's launch key (made once, at import: host agents are opened from several threads at once).
+_LAUNCH_KEY = secrets.token_hex(8)
+
+
 def launch_key() -> str:
     """This launch's key (:data:`ddlctl.envvars.LAUNCH`): the same for every host agent it starts."""
-    return secrets.token_hex(8)
+    return _LAUNCH_KEY
 
 
 def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | None = None,
