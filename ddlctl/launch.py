@@ -34,7 +34,13 @@ from ddlctl.planning.plan import (
     make_plan,
     needs_port,
 )
-from ddlctl.preflight import HostReport, probe_transports, require_one_tensorflow, require_usable
+from ddlctl.preflight import (
+    HostReport,
+    probe_transports,
+    require_one_tensorflow,
+    require_own_run_id,
+    require_usable,
+)
 from ddlctl.rundir import make_dir, new_run_id, write_plan, write_whole
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
 from ddlctl.supervise.collapse import CollapsingWriter
@@ -348,20 +354,6 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         connected.close()
         raise
     return make_plan(cluster, request, ports), connected
-
-
-def require_own_run_id(run_id: str, elsewhere: Mapping[str, Sequence]) -> None:
-    """Refuse a run id that processes of another launch carry on a host (``elsewhere``: host ->
-    [pid, command] its agent found): two launches of one id would end each other's processes and
-    share their folders on remote hosts."""
-    found = {host: found for host, found in elsewhere.items() if found}
-    if not found:
-        return
-    where = "; ".join(f"{host}: " + ", ".join(f"pid {pid} ({command})" for pid, command in processes)
-                      for host, processes in sorted(found.items()))
-    raise ConfigError(f"run id {run_id} is in use: processes of another launch with it still run ({where})",
-                      f"choose another --run-id (or leave it out: each run gets a fresh one); if they are "
-                      f"leftovers of an ended run, `ddlctl stop {run_id}` ends them")
 
 
 def launch(config: LaunchConfig, out: Console, err: Console) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import ddlctl
 from ddlctl.cluster.model import Host
 from ddlctl.diskspace import LOW_SPACE_BYTES, size_words
-from ddlctl.errors import LaunchError
+from ddlctl.errors import ConfigError, LaunchError
 from ddlctl.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
 from ddlctl.runfiles import REMOTE_ROOT
 from ddlctl.transport.base import Transport
@@ -161,3 +161,17 @@ def require_one_tensorflow(hosts: Sequence[Host], reports: Sequence[HostReport])
         raise LaunchError(mismatch, "install one TensorFlow version on every host (`python -m pip install "
                           "tensorflow==VERSION` where it differs), or give python= in the hosts file an "
                           "interpreter that has it; `ddlctl check` shows each host's")
+
+
+def require_own_run_id(run_id: str, elsewhere: Mapping[str, Sequence]) -> None:
+    """Refuse a run id that processes of another launch carry on a host (``elsewhere``: host ->
+    [pid, command] its agent found): two launches of one id would end each other's processes and
+    share their folders on remote hosts."""
+    found = {host: found for host, found in elsewhere.items() if found}
+    if not found:
+        return
+    where = "; ".join(f"{host}: " + ", ".join(f"pid {pid} ({command})" for pid, command in processes)
+                      for host, processes in sorted(found.items()))
+    raise ConfigError(f"run id {run_id} is in use: processes of another launch with it still run ({where})",
+                      f"choose another --run-id (or leave it out: each run gets a fresh one); if they are "
+                      f"leftovers of an ended run, `ddlctl stop {run_id}` ends them")
