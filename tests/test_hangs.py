@@ -382,3 +382,19 @@ def test_idle_stopped_blocked_or_unreadable_tasks_are_not_at_work():
     assert at_work("w", running(OWN), looked(OWN, 5.0, at=5.0)) is None  # no counters (an older agent)
     assert at_work("w", looked(OWN, 0.0, at=5.0), looked(OWN, 5.0, at=5.0)) is None  # no time between
     assert at_work("w", None, looked(OWN, 5.0, at=5.0)) is None
+
+
+def test_a_task_its_zygote_has_not_forked_is_at_work_by_the_zygotes_import_and_one_forked_meanwhile_too():
+    forking = {"procs": [], "stacks": "", "forking": True}
+    busy = at_work("w", {**forking, "cpu_s": 1.0, "io_bytes": 0, "at": 0.0},
+                   {**forking, "cpu_s": 4.0, "io_bytes": 0, "at": 5.0})
+    assert busy is not None and busy.describe() == "not started yet: its host's zygote imports TensorFlow for it, " \
+                                                   "60% of a CPU"
+    assert at_work("w", {**forking, "cpu_s": 1.0, "io_bytes": 0, "at": 0.0},
+                   {**forking, "cpu_s": 1.1, "io_bytes": 0, "at": 5.0}) is None  # a zygote stuck, idle
+    started = at_work("w", {**forking, "cpu_s": 9.0, "io_bytes": 0, "at": 0.0}, looked(OWN, 0.2, at=5.0))
+    assert started is not None and started.record() == {
+        "task": "w", "where": "started meanwhile (its host's zygote had imported TensorFlow for it)", "cpu": None,
+        "io_bytes_s": None}
+    assert at_work("w", {**forking, "cpu_s": 9.0, "io_bytes": 0, "at": 0.0},
+                   looked(OWN, 0.2, at=5.0, state="T")) is None

@@ -177,21 +177,22 @@ def test_a_worker_that_cannot_reach_the_leader_is_blamed_not_the_leader_waiting_
 
 
 def test_a_worker_reading_its_data_before_it_listens_and_before_its_first_step_is_waited_for_not_failed(runs):
-    # 18 s of reading twice, against a startup timeout of 15 s: before, "never started listening"
+    # 12 s of reading twice, against a startup timeout of 10 s: before, "never started listening"
     # and then "hung (its main thread is in its own code ...)", exit 124
-    job = Job(runs, "-s", "mwms", "--no-telemetry", "--startup-timeout", "15", "--grace", "2", "--",
-              sys.executable, str(PROGRAMS / "prepares_data.py"))
+    job = Job(runs, "-s", "mwms", "--no-telemetry", "--startup-timeout", "10", "--grace", "2", "--",
+              sys.executable, str(PROGRAMS / "prepares_data.py"), env={**os.environ, "PREP_S": "12"})
     assert job.wait() == 0, job.stderr()[-3000:]
     said = [line for line in job.stderr().splitlines() if "preparing, not hung" in line]
-    assert len(said) == 2, job.stderr()[-3000:]
-    assert said[0].startswith("ddlctl: not listening on its port after 15s, but at work: worker:1 (in its own code "
-                              "at programs/prepares_data.py:"), said
-    assert said[1].startswith("ddlctl: no first step after 15s, but at work: worker:1 (in its own code at "
-                              "programs/prepares_data.py:"), said
-    assert all(" MiB/s read and written)" in line for line in said), said
+    # (under load its zygote may still import TensorFlow at the first timeout: at work too, said so)
+    reading = [line for line in said if "in its own code at programs/prepares_data.py:" in line]
+    assert len(reading) == 2 and len(said) <= 3, job.stderr()[-3000:]
+    assert reading[0].startswith("ddlctl: not listening on its port after 10s, but at work: worker:1 ("), said
+    assert reading[1].startswith("ddlctl: no first step after 10s, but at work: worker:1 ("), said
+    assert all(" MiB/s read and written)" in line for line in reading), said
     outcome = job.outcome()
-    assert [event["before"] for event in outcome["preparing"]] == ["listening", "first step"]
-    assert all(event["tasks"][0]["io_bytes_s"] > 2**20 for event in outcome["preparing"]), outcome["preparing"]
+    events = [e for e in outcome["preparing"] if "prepares_data.py" in e["tasks"][0]["where"]]
+    assert [event["before"] for event in events] == ["listening", "first step"], outcome["preparing"]
+    assert all(event["tasks"][0]["io_bytes_s"] > 2**20 for event in events), outcome["preparing"]
     assert not outcome["hangs"] and "worker:1 done" in log(job, "worker-1")
     report = (runs.parent / "ddlctl.out").read_text()
     assert "worker:1 was at work before listening on its port " in report and \

@@ -275,3 +275,33 @@ def test_a_shutdown_while_the_zygote_imports_starts_nothing_and_leaves_nothing(t
     finally:
         session.close()
     assert nothing_left("prefork-test")
+
+
+def test_a_task_whose_zygote_still_imports_tensorflow_is_at_work_by_the_zygotes_cpu(tmp_path):
+    # (a loaded host or a slow disk: the import may outlast a startup timeout; the task is starting)
+    if prefork.gpu_host():
+        return
+    from ddlctl.supervise.preparing import at_work
+
+    session = open_local_session(HOST, "prefork-test", tmp_path / "agents")
+    try:
+        task = session.start(spec("worker:0", (sys.executable, str(PROGRAMS / "forked.py"), "sleep"), tmp_path / "w0"),
+                             5)
+        looks = []
+        for _ in range(2):
+            session.request_dump(["worker:0"])
+            assert session.wait_for(lambda: session.dump_of("worker:0") is not None, 10)
+            looks.append(session.dump_of("worker:0"))
+            time.sleep(1.0)
+        assert [look.get("forking") for look in looks] == [True, True], looks
+        work = at_work("worker:0", *looks)
+        assert work is not None and work.where == "not started yet: its host's zygote imports TensorFlow for it"
+        assert work.cpu > 0.25, work
+        assert session.wait_for(lambda: task.pids(), 60), "then forked"
+        session.request_dump(["worker:0"])
+        assert session.wait_for(lambda: session.dump_of("worker:0") is not None, 10)
+        assert "forking" not in session.dump_of("worker:0")
+    finally:
+        session.shutdown()
+        session.close()
+    assert nothing_left("prefork-test")

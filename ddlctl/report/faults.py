@@ -99,8 +99,9 @@ def event_lines(outcome: dict, degraded: Sequence[dict], hosts_lost: Sequence[di
         when = f" {event['time'] - began:.0f}s after the start" if began and event.get("time") else ""
         before = "listening on its port" if event.get("before") == "listening" else "its first step"
         for task in event.get("tasks") or []:
-            work = Work(str(task.get("task")), str(task.get("where")), float(task.get("cpu") or 0.0),
-                        float(task.get("io_bytes_s") or 0.0))
+            cpu, io = task.get("cpu"), task.get("io_bytes_s")
+            work = Work(str(task.get("task")), str(task.get("where")), None if cpu is None else float(cpu),
+                        None if io is None else float(io))
             lines.append(f"{work.task} was at work before {before}{when} ({work.describe()}): preparing, waited "
                          "for, not judged hung")
     for pause in outcome.get("paused", []):

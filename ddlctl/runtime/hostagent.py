@@ -321,9 +321,13 @@ class HostAgent:
                     offsets[path] = os.path.getsize(path)
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGUSR2)
-            cpu_s, io_bytes = work_done([pid for pid, _state, _cmd in procs])
+            zygote = self.forking.get(name)
+            importing = zygote is not None and zygote.proc is not None and zygote.proc.poll() is None
+            # (not started yet: its zygote still imports TensorFlow for it; that process's work is its own)
+            cpu_s, io_bytes = work_done([zygote.proc.pid] if importing else [pid for pid, _state, _cmd in procs])
             report[name] = {"procs": procs, "offsets": offsets, "wchan": blocked, "cpu_s": round(cpu_s, 2),
-                            "io_bytes": io_bytes, "at": round(time.monotonic(), 3)}
+                            "io_bytes": io_bytes, "at": round(time.monotonic(), 3),
+                            **({"forking": True} if importing else {})}
         self.dumps.append((now + (DUMP_WAIT_S if any(r["offsets"] for r in report.values()) else 0), report))
 
     def finish_dumps(self, now: float) -> None:
@@ -338,7 +342,7 @@ class HostAgent:
                         stacks.append(handle.read().decode("utf-8", "replace"))
                 self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"], "stacks": "".join(stacks),
                            "wchan": entry.get("wchan") or {},
-                           **{key: entry[key] for key in ("cpu_s", "io_bytes", "at") if key in entry}})
+                           **{key: entry[key] for key in ("cpu_s", "io_bytes", "at", "forking") if key in entry}})
 
     # -- the loop -------------------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ else than at the first look. A busy process whose main thread stays at one place
 wait rather than work (a collective spins on a GPU host, an input pipeline spins in native code):
 it is not counted. Neither is one that sleeps, waits on a lock or a pipe, is stopped or blocked.
 
+A task its host's zygote has not forked yet (the zygote still imports TensorFlow: a loaded host, a
+slow disk) is at work by the zygote's readings, and one forked between the looks is at work too.
+
 A task is given this benefit for :data:`PREPARING_MAX_S` after its start at most; after that its
 usual timeout decides (``--startup-timeout`` sets a longer one). Pure functions and a small state
 machine for the supervisor's tick loop: :meth:`Looks.look` answers None until the second look.
@@ -40,18 +43,19 @@ class Work:
 
     task: str
     where: str  # "in its own code at prep.py:18 in tokenize", "in pandas (...)", "importing (...)"
-    cpu: float  # share of one CPU between the looks
-    io: float  # bytes read and written a second
+    cpu: float | None  # share of one CPU between the looks (None: not measured, it started meanwhile)
+    io: float | None  # bytes read and written a second
 
     def describe(self) -> str:
-        figures = [f"{self.cpu * 100:.0f}% of a CPU"]
-        if self.io >= BUSY_IO:
+        figures = [] if self.cpu is None else [f"{self.cpu * 100:.0f}% of a CPU"]
+        if self.io is not None and self.io >= BUSY_IO:
             figures.append(f"{self.io / 2**20:.1f} MiB/s read and written")
-        return f"{self.where}, {' and '.join(figures)}"
+        return ", ".join([self.where, " and ".join(figures)] if figures else [self.where])
 
     def record(self) -> dict:
         """For ``outcome.json``."""
-        return {"task": self.task, "where": self.where, "cpu": round(self.cpu, 2), "io_bytes_s": round(self.io)}
+        return {"task": self.task, "where": self.where, "cpu": None if self.cpu is None else round(self.cpu, 2),
+                "io_bytes_s": None if self.io is None else round(self.io)}
 
 
 def at_work(task: str, first: Mapping | None, second: Mapping | None) -> Work | None:
@@ -65,6 +69,14 @@ def at_work(task: str, first: Mapping | None, second: Mapping | None) -> Work | 
         return None
     cpu = (float(second["cpu_s"]) - float(first["cpu_s"])) / seconds
     io = (int(second["io_bytes"]) - int(first["io_bytes"])) / seconds
+    if first.get("forking"):  # not forked at the first look: its zygote's import was its work
+        if not second.get("forking"):  # (the readings are of two processes: not comparable)
+            started = stand(task, dict(second)).state in ("user", "waiting")
+            return Work(task, "started meanwhile (its host's zygote had imported TensorFlow for it)", None, None) \
+                if started else None
+        busy = cpu >= BUSY_CPU or io >= BUSY_IO
+        return Work(task, "not started yet: its host's zygote imports TensorFlow for it", cpu, max(0.0, io)) \
+            if busy else None
     before, now = stand(task, dict(first)), stand(task, dict(second))
     if now.state not in ("user", "waiting") or not (cpu >= BUSY_CPU or io >= BUSY_IO):
         return None
