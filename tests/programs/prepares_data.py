@@ -10,7 +10,7 @@ import numpy as np
 
 import ddlctl
 
-SECONDS = float(os.environ.get("PREP_S", "18"))
+SECONDS = float(os.environ.get("PREP_S", "12"))
 ME = os.environ["DDLCTL_TASK"]
 DATA = os.path.join(os.environ.get("DDLCTL_TASK_DIR") or ".", "shard.bin")
 
