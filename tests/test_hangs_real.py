@@ -183,16 +183,20 @@ def test_a_worker_reading_its_data_before_it_listens_and_before_its_first_step_i
               sys.executable, str(PROGRAMS / "prepares_data.py"), env={**os.environ, "PREP_S": "12"})
     assert job.wait() == 0, job.stderr()[-3000:]
     said = [line for line in job.stderr().splitlines() if "preparing, not hung" in line]
-    # (under load its zygote may still import TensorFlow at the first timeout: at work too, said so)
-    reading = [line for line in said if "in its own code at programs/prepares_data.py:" in line]
-    assert len(reading) == 2 and len(said) <= 3, job.stderr()[-3000:]
-    assert reading[0].startswith("ddlctl: not listening on its port after 10s, but at work: worker:1 ("), said
-    assert reading[1].startswith("ddlctl: no first step after 10s, but at work: worker:1 ("), said
-    assert all(" MiB/s read and written)" in line for line in reading), said
+    # (under load its host's zygote may still import TensorFlow at the first timeout, or have
+    # forked it just before: at work too, said so; CI59 saw "started meanwhile", then it listened)
+    listening = [line for line in said if line.startswith("ddlctl: not listening on its port after 10s, but at "
+                                                          "work: ") and "worker:1 (" in line]
+    first_step = [line for line in said if line.startswith("ddlctl: no first step after ")]
+    assert listening and len(listening) + len(first_step) == len(said), job.stderr()[-3000:]
+    assert all("(in its own code at programs/prepares_data.py:" in line or "zygote" in line for line in listening)
+    assert len(first_step) == 1 and first_step[0].startswith("ddlctl: no first step after 10s, but at work: worker:1 "
+                                                             "(in its own code at programs/prepares_data.py:"), said
+    assert " MiB/s read and written)" in first_step[0], said
     outcome = job.outcome()
-    events = [e for e in outcome["preparing"] if "prepares_data.py" in e["tasks"][0]["where"]]
-    assert [event["before"] for event in events] == ["listening", "first step"], outcome["preparing"]
-    assert all(event["tasks"][0]["io_bytes_s"] > 2**20 for event in events), outcome["preparing"]
+    assert [event["before"] for event in outcome["preparing"]][-1] == "first step", outcome["preparing"]
+    assert {event["before"] for event in outcome["preparing"][:-1]} == {"listening"}, outcome["preparing"]
+    assert outcome["preparing"][-1]["tasks"][0]["io_bytes_s"] > 2**20, outcome["preparing"]
     assert not outcome["hangs"] and "worker:1 done" in log(job, "worker-1")
     report = (runs.parent / "ddlctl.out").read_text()
     assert "worker:1 was at work before listening on its port " in report and \
