@@ -424,8 +424,10 @@ def test_a_program_reading_its_missing_standard_input_is_told_how_to_give_it_wha
 
 
 def test_a_task_its_host_agent_could_not_start_is_not_started_whatever_its_code_and_a_program_saying_so_is_not():
-    said = "ddlctl: the program /w/train.py is not on h2 (tasks run train.py from /w): put it at the same path\n"
-    fault = classify("worker:1", ExitStatus(code=2), said, "mwms", {"worker:0"}, {"worker:0", "worker:1"})
+    why = "the program /w/train.py is not on h2 (tasks run train.py from /w): put it at the same path"
+    said = f"ddlctl: {why}\n"  # (what the task's output shows)
+    fault = classify("worker:1", ExitStatus(code=2, not_started=why), said, "mwms", {"worker:0"},
+                     {"worker:0", "worker:1"})
     assert (fault.cause, fault.task) == ("not-started", "worker:1")
     assert fault.detail == "not started: the program /w/train.py is not on h2 (tasks run train.py from /w): put it " \
                            "at the same path"
@@ -434,6 +436,7 @@ def test_a_task_its_host_agent_could_not_start_is_not_started_whatever_its_code_
     failed = decide("mwms", fault, MWMS_ROLES, alive, 0, 3, "fault")
     assert failed.action == "fail" and failed.message.endswith("not retried: it would not start again (--restart-on "
                                                                 "any retries it)")
-    # a program of the user's that printed such a line, then ran: its own exit
+    # a program of the user's that printed such a line (it ran): its own exit
     ran = classify("worker:1", ExitStatus(code=2), said + "usage: train.py [-h]\n", "mwms", set(), {"worker:1"})
     assert ran.cause == "exit"
+    assert classify("worker:1", ExitStatus(code=2), said, "mwms", set(), {"worker:1"}).cause == "exit"

@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -91,8 +92,6 @@ def missing_program(argv: list[str], cwd: str) -> str | None:
     path = os.path.join(cwd, os.path.expanduser(form[2]))
     if os.path.isfile(path):
         return None
-    import socket
-
     return (f"the program {os.path.normpath(path)} is not on {socket.gethostname()} (tasks run {form[2]} from "
             f"{cwd}): put it at the same path on every host, or give this host workdir= in the hosts file")
 

@@ -160,11 +160,10 @@ class Hangs:
         names = sorted(n for n in job.alive() if job.tasks[n].exit_as is None)
         overdue = self.watch.overdue(now, names) if names else None
         if overdue is None:
-            interval = interval_for(self.watch.threshold(None)[0])
-            soon = self.watch.overdue(now + interval, names) if names else None
+            soon = self.watch.overdue(now + self._look_interval(), names) if names else None
             starting = self._all_starting(soon, names) if soon is not None else []
             if starting:  # the first look, ahead of the threshold
-                self.looks.look(self._fresh(starting, now), now, interval)
+                self.looks.look(self._fresh(starting, now), now, self._look_interval())
             else:
                 self.looks.reset()
             lingering = self.watch.lingering(now, names) if names else []
@@ -203,7 +202,7 @@ class Hangs:
         (:mod:`~.preparing`: two looks a few seconds apart; True meanwhile): a task that prepares
         holds up the others, and nothing is hung yet. Said, and every clock starts again."""
         fresh = self._fresh(self._all_starting(overdue, names), now)
-        found = self.looks.look(fresh, now, interval_for(self.watch.threshold(None)[0])) if fresh else {}
+        found = self.looks.look(fresh, now, self._look_interval()) if fresh else {}
         if found is None:
             return True
         if not found:
@@ -213,6 +212,10 @@ class Hangs:
                                "tasks": [work.record() for _, work in sorted(found.items())]})
         self.watch.rearm(now)
         return True
+
+    def _look_interval(self) -> float:
+        """Seconds between the two looks at tasks before their first step (the startup threshold's)."""
+        return interval_for(self.watch.threshold(None)[0])
 
     def _all_starting(self, overdue: Overdue, names: list[str]) -> list[str]:
         """The tasks of ``names`` yet to take a first step, if every ``overdue`` task is one (else none)."""

@@ -129,9 +129,8 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
         return "preempted", f"exit code {code} (preemption: checkpoint written, restart to resume)"
     if code > 128 and code - 128 in (6, 9, 15):  # a shell's report of a signal death
         return "signal", f"exit code {code} (killed by {signal_name(code - 128)})"
-    said = [line for line in log_text.splitlines() if line.strip()]
-    if code in NOT_STARTED_CODES and said and all(line.startswith("ddlctl: ") for line in said):
-        return "not-started", f"not started: {said[-1].removeprefix('ddlctl: ')}"  # (its host agent's words)
+    if status.not_started:  # its host agent's words
+        return "not-started", f"not started: {status.not_started}"
     error = final_error(log_text)
     stale = stale_handle(error) if code != 0 else None
     if stale:  # a consequence of a peer's restart, not a bug: retried as a fault
@@ -159,9 +158,6 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     return "exit", f"exit code {code}"
 
 
-#: Exit codes of a task its host agent could not start (it wrote why, as its only output): a script
-#: that is not there or a bad environment entry (2), a command that cannot run (126) or is not found (127).
-NOT_STARTED_CODES = frozenset({2, 126, 127})
 #: ``input()`` (or ``sys.stdin.readline``) at the end of the standard input every task is given.
 NO_STDIN = re.compile(r"EOFError: EOF when reading a line")
 NO_STDIN_HINT = ("it read its standard input, and tasks have none (ddlctl gives them /dev/null, on every host): "

@@ -251,7 +251,7 @@ class HostSession:
         elif kind == Kind.START_FAILED and task is not None:
             task.chunks.append(f"ddlctl: {header.get('error')}\n".encode())
             self._pids_changed = True  # (it has none: the supervisor still counts it as started)
-            task._end(ExitStatus(code=int(header.get("code", 127))), time.time())
+            task._end(ExitStatus(code=int(header.get("code", 127)), not_started=str(header.get("error"))), time.time())
         elif kind == Kind.LISTENING and task is not None:
             task.listening = True
         elif kind == Kind.STEPS:

@@ -18,12 +18,14 @@ def signal_name(number: int) -> str:
 class ExitStatus:
     """How a process ended: an exit ``code``, the ``signal`` that killed it, or ``lost``: the
     connection to its host ended (its host agent kills it then; its own status is unknown).
-    ``oom``: what says that the signal was the kernel's out-of-memory killer's."""
+    ``oom``: what says that the signal was the kernel's out-of-memory killer's. ``not_started``:
+    why its host agent could not start it (the code is then the agent's: 2, 126, 127)."""
 
     code: int | None = None
     signal: int | None = None
     lost: bool = False
     oom: str | None = None
+    not_started: str | None = None
 
     @classmethod
     def from_returncode(cls, returncode: int) -> ExitStatus:
