@@ -177,26 +177,32 @@ def test_a_worker_that_cannot_reach_the_leader_is_blamed_not_the_leader_waiting_
 
 
 def test_a_worker_reading_its_data_before_it_listens_and_before_its_first_step_is_waited_for_not_failed(runs):
-    # 12 s of reading twice, against a startup timeout of 10 s: before, "never started listening"
-    # and then "hung (its main thread is in its own code ...)", exit 124
+    # 12 s of reading before listening and 20 s before the first step, against a startup timeout of
+    # 10 s: before, "never started listening" and then "hung (its main thread is in its own code
+    # ...)", exit 124
     job = Job(runs, "-s", "mwms", "--no-telemetry", "--startup-timeout", "10", "--grace", "2", "--",
-              sys.executable, str(PROGRAMS / "prepares_data.py"), env={**os.environ, "PREP_S": "12"})
+              sys.executable, str(PROGRAMS / "prepares_data.py"), env={**os.environ, "PREP_S": "12", "PREP2_S": "20"})
     assert job.wait() == 0, job.stderr()[-3000:]
     said = [line for line in job.stderr().splitlines() if "preparing, not hung" in line]
     # (under load its host's zygote may still import TensorFlow at the first timeout, or have
     # forked it just before: at work too, said so; CI59 saw "started meanwhile", then it listened)
     listening = [line for line in said if line.startswith("ddlctl: not listening on its port after 10s, but at "
                                                           "work: ") and "worker:1 (" in line]
-    first_step = [line for line in said if line.startswith("ddlctl: no first step after ")]
-    assert listening and len(listening) + len(first_step) == len(said), job.stderr()[-3000:]
+    first_step = [line for line in said if line.startswith("ddlctl: no first step after 10s, but at work: worker:1 (")]
+    assert listening and first_step and len(listening) + len(first_step) == len(said), job.stderr()[-3000:]
     assert all("(in its own code at programs/prepares_data.py:" in line or "zygote" in line for line in listening)
-    assert len(first_step) == 1 and first_step[0].startswith("ddlctl: no first step after 10s, but at work: worker:1 "
-                                                             "(in its own code at programs/prepares_data.py:"), said
-    assert " MiB/s read and written)" in first_step[0], said
+    # the first-step clock starts once ddlctl sees the whole cluster listening, which under load
+    # may be seconds after worker:1 began its second reading, or before its strategy's creation
+    # returned (then a look may find it moving on in TensorFlow: at work too); reading 20 s, it
+    # is found reading at one look or another whatever the load (a suite run saw a single look,
+    # whose second half fell after a 12 s reading: "in TensorFlow (eager/execute.py ...)")
+    reading = [line for line in first_step if "(in its own code at programs/prepares_data.py:" in line]
+    assert reading and all(" MiB/s read and written)" in line for line in reading), said
     outcome = job.outcome()
-    assert [event["before"] for event in outcome["preparing"]][-1] == "first step", outcome["preparing"]
-    assert {event["before"] for event in outcome["preparing"][:-1]} == {"listening"}, outcome["preparing"]
-    assert outcome["preparing"][-1]["tasks"][0]["io_bytes_s"] > 2**20, outcome["preparing"]
+    before = [event["before"] for event in outcome["preparing"]]
+    assert before == sorted(before, key=lambda b: b == "first step") and before[-1] == "first step", before
+    assert any(event["before"] == "first step" and event["tasks"][0]["io_bytes_s"] > 2**20
+               and event["tasks"][0]["where"].startswith("in its own code") for event in outcome["preparing"])
     assert not outcome["hangs"] and "worker:1 done" in log(job, "worker-1")
     report = (runs.parent / "ddlctl.out").read_text()
     assert "worker:1 was at work before listening on its port " in report and \

@@ -1,7 +1,8 @@
-"""An MWMS program that reads its data set for ``PREP_S`` seconds before it begins: worker:1 before it
-creates the strategy (so before it listens on its port) and again before its first step; worker:0
-waits for it, idle (in the strategy's creation, then in the first all-reduce). The reading is a
-loop over a 1 MiB file (what a program reading shards from a disk does, with little CPU)."""
+"""An MWMS program that reads its data set before it begins: worker:1 for ``PREP_S`` seconds before it
+creates the strategy (so before it listens on its port) and for ``PREP2_S`` (default: the same)
+before its first step; worker:0 waits for it, idle (in the strategy's creation, then in the first
+all-reduce). The reading is a loop over a 1 MiB file (what a program reading shards from a disk
+does, with little CPU)."""
 
 import os
 import time
@@ -11,6 +12,7 @@ import numpy as np
 import ddlctl
 
 SECONDS = float(os.environ.get("PREP_S", "12"))
+SECONDS_BEFORE_STEPPING = float(os.environ.get("PREP2_S", SECONDS))
 ME = os.environ["DDLCTL_TASK"]
 DATA = os.path.join(os.environ.get("DDLCTL_TASK_DIR") or ".", "shard.bin")
 
@@ -33,7 +35,7 @@ import tensorflow as tf  # noqa: E402 (as a program that prepares first would)
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 if ME == "worker:1":
-    print(f"{ME} read {read_data_set(SECONDS) >> 20} MiB before its first step", flush=True)
+    print(f"{ME} read {read_data_set(SECONDS_BEFORE_STEPPING) >> 20} MiB before its first step", flush=True)
 with strategy.scope():
     weight = tf.Variable(1.0)
 
