@@ -526,3 +526,27 @@ def test_a_ps_chiefs_step_records_credit_the_workers_that_ran_them(tmp_path):
     with path.open("a") as handle:
         handle.write("}\n")
     assert steps.poll() == 40 and steps.credits == {"worker:0": 20, "worker:1": 20}
+
+
+def test_descendants_are_found_below_a_process_children_first_leaving_out_skipped_subtrees():
+    from ddlctl.runtime import procs
+
+    # 1 -> 2 -> 3; 1 -> 4 -> 5 -> 6; 7 (another tree) -> 8
+    table = {2: 1, 3: 2, 4: 1, 5: 4, 6: 5, 8: 7, 1: 0, 7: 0}
+    assert sorted(procs.descendants(1, table=table)) == [2, 3, 4, 5, 6]
+    assert sorted(procs.descendants(1, skip={4}, table=table)) == [2, 3]  # a zygote and what it forks
+    found = procs.descendants(1, table=table)
+    assert found.index(4) < found.index(5) < found.index(6)  # a parent before its children
+    # the real table: this test's process has a child, which has one of its own
+    child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while not procs.descendants(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        below, table = procs.descendants(os.getpid()), procs.parents()
+        assert child.pid in below and any(table.get(pid) == child.pid for pid in below), below
+    finally:
+        for pid in procs.descendants(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()

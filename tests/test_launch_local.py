@@ -547,12 +547,14 @@ def test_a_reader_that_closes_stdout_costs_the_display_not_the_job_its_cause_or_
 def test_what_a_task_started_in_sessions_of_its_own_ends_with_it(tmp_path):
     """Daemons a program starts outside its process group (``start_new_session=True``, ``setsid``
     in a shell, a double fork) carry the run in their environment: they end with the task that
-    started them, as under Slurm, instead of outliving ddlctl (they did: reparented to init)."""
+    started them, as under Slurm, instead of outliving ddlctl (they did: reparented to init). One
+    started with an empty environment (``env -i``) is found as the orphan its host agent adopted."""
     escape = tmp_path / "escape.py"
     escape.write_text(
         "import os, subprocess, sys, time\n"
         "pids = [subprocess.Popen(['sleep', '301'], start_new_session=True).pid]\n"
         "subprocess.Popen(['sh', '-c', 'setsid sleep 302 & echo $! > ' + sys.argv[1] + '/shell.pid']).wait()\n"
+        "subprocess.Popen(['sh', '-c', 'env -i setsid sleep 304 & echo $! > ' + sys.argv[1] + '/bare.pid']).wait()\n"
         "reader, writer = os.pipe()\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
@@ -563,7 +565,7 @@ def test_what_a_task_started_in_sessions_of_its_own_ends_with_it(tmp_path):
         "    os._exit(0)\n"
         "pids.append(int(os.read(reader, 32)))\n"
         "time.sleep(0.5)\n"
-        "pids.append(int(open(sys.argv[1] + '/shell.pid').read()))\n"
+        "pids += [int(open(sys.argv[1] + name).read()) for name in ('/shell.pid', '/bare.pid')]\n"
         "print('escaped', *pids, flush=True)\n")
     runs = tmp_path / "runs"
     done = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs), "--",
@@ -571,7 +573,7 @@ def test_what_a_task_started_in_sessions_of_its_own_ends_with_it(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if "escaped" in line]
     pids = [int(p) for p in line.split()[2:]]
-    assert len(pids) == 3
+    assert len(pids) == 4
     time.sleep(0.5)  # (SIGKILL is delivered at once; the kernel may take a moment to take a process down)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], alive

@@ -46,6 +46,7 @@ from ddlctl.runtime.frames import MAGIC, Kind, Op, encode_frame
 from ddlctl.runtime.hostfiles import pack_folders, prune_folder, write_json
 from ddlctl.runtime.prefork import Zygote
 from ddlctl.runtime.procs import (
+    descendants,
     fresh_port,
     group_listens,
     group_processes,
@@ -388,6 +389,8 @@ class HostAgent:
                     task.status, task.exited_at = status, time.time()
                     task.signal(signal.SIGKILL)  # what the task left in its group
                     task.sweep(self.own_pids())  # and what it started outside it (setsid daemons)
+                    if all(t.status is not None for t in self.tasks.values()):
+                        self.end_strays()  # ... even with its environment cleared (env -i)
             if task.status is not None and not task.eof and task.exited_at is not None \
                     and time.time() - task.exited_at > DRAIN_S:
                 task.eof = True  # something outside its group holds the pipe: stop waiting
@@ -412,6 +415,21 @@ class HostAgent:
             zygotes = {z.proc.pid for z in self.zygotes.values() if z.proc is not None and z.proc.poll() is None}
             prefork.reap_orphans(zygotes | {t.popen.pid for t in self.tasks.values()
                                             if t.popen is not None and t.status is None})
+
+    def end_strays(self) -> list[int]:
+        """SIGKILL every process below this agent but its zygotes (and what they are forking) and
+        its running tasks: what tasks started outside their process groups and left behind, orphans
+        this subreaper adopted, found whatever their environment says (a daemon started with
+        ``env -i`` carries no run id). Called when no task of this agent runs (an orphan cannot tell
+        which task it came from) and as the agent ends. The pids killed."""
+        if not self.subreaper:
+            return []
+        killed = []
+        for pid in descendants(os.getpid(), skip=self.own_pids()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
 
     def own_pids(self) -> set[int]:
         """This agent's own processes: itself, its zygotes, its tasks still running (never swept)."""
@@ -457,6 +475,8 @@ class HostAgent:
 
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(signum, on_signal)
+        # what a task leaves behind, orphaned, becomes this agent's child (a zygote's forks too)
+        self.subreaper = procsetup.become_subreaper()
         run_id, launch = os.environ.get(envvars.RUN_ID), os.environ.get(envvars.LAUNCH)
         self.send({"k": Kind.HELLO, "pid": os.getpid(), "t": time.time(), "probe": self.probe,
                    "ssh_connection": os.environ.get("SSH_CONNECTION"), "python": sys.version.split()[0],
@@ -504,6 +524,7 @@ class HostAgent:
                 if self.stopping:
                     self.send({"k": Kind.BYE})
                     break
+        self.end_strays()
         self.close_zygotes()
         return 0
 

@@ -31,6 +31,37 @@ def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = froz
     return found
 
 
+def parents() -> dict[int, int]:
+    """pid -> parent pid of every process here (``/proc/PID/stat``)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+            found[int(entry)] = int(stat[stat.rfind(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def descendants(root: int, skip: set[int] | frozenset[int] = frozenset(),
+                table: dict[int, int] | None = None) -> list[int]:
+    """Every process below ``root`` (children first), leaving out the processes of ``skip`` and
+    everything below them."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in (parents() if table is None else table).items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in skip and child != root:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
 def run_elsewhere(run_id: str, launch: str, limit: int = 5) -> list[tuple[int, str]]:
     """(pid, command) of up to ``limit`` processes here that carry ``DDLCTL_RUN_ID=run_id`` but not
     ``DDLCTL_LAUNCH=launch``: another launch given the same run id (or what it left running)."""
