@@ -53,6 +53,7 @@ from ddlctl.transport.fleet import (
     Connected,
     collect_remote_files,
     connection_source_address,
+    end_remote_leftovers,
     make_transports,
     open_sessions,
     reconnector,
@@ -472,6 +473,8 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
             connected.sessions = supervisor.sessions  # reconnected hosts have new ones
             for session in connected.sessions.values():
                 session.shutdown()
+            for line in end_remote_leftovers(plan, connected.transports, [e["host"] for e in supervisor.hosts.lost]):
+                notify(line)
     finally:
         connected.close()  # (a local host agent has ended once this returns)
         ended = end_leftovers(plan)

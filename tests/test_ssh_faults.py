@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import processes_of_run, run_ddlctl
@@ -89,6 +90,10 @@ def test_a_host_that_stays_down_fails_the_job_naming_it_when_too_few_workers_wou
     assert f"host {label} did not come back within --host-timeout 4s" in job.stderr()
     assert "left the job" not in job.stderr() and outcome["membership"] == []
     assert "connection refused" in job.stderr()
+    # what its tasks may have left there cannot be ended now: said, with what does it later
+    said = job.stderr().replace("\n", " ")
+    assert f"could not reach {label} to end what this run may have left running there (" in said and \
+        f"): ddlctl stop {job.run_dir}" in said, said[-3000:]
     report = job.stderr().split("ddlctl: job failed")[0] + (runs.parent / "ddlctl.out").read_text()
     assert "exit code 255" not in report, "a lost connection is not a program's exit code"
     assert "failed (connection to its host lost)" in report
@@ -403,3 +408,28 @@ def test_a_group_restart_copies_the_checkpoint_to_hosts_that_do_not_share_it(tmp
                     ).samefile(apart.host_home(apart.hosts[0]) / ".ddlctl" / "runs" / job.run_dir.name / "checkpoints")
     finally:
         apart.stop()
+
+
+def test_a_daemon_left_on_a_host_whose_agent_was_killed_is_ended_there_with_the_job(cluster, tmp_path, runs):
+    """A host agent SIGKILLed cannot end what its task started outside its process group. Once
+    the job has ended, ddlctl ends what this launch left on that host (found by the run and the
+    launch in its environment, over SSH) and names it; before, it ran on until ``ddlctl stop``."""
+    program = ("import subprocess, time, ddlctl\n"
+               "daemon = subprocess.Popen(['sleep', '306'], start_new_session=True)\n"
+               "print('daemon', daemon.pid, flush=True)\n"
+               "for i in range(600):\n    with ddlctl.step():\n        time.sleep(0.05)\n")
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt", cluster.hosts[:1])
+    job = Job(runs, "--hosts", str(hosts), "-s", "one_device", "--no-telemetry", "--grace", "1", "--max-restarts",
+              "0", "--", sys.executable, "-c", program, env=cluster.env)
+    wait_for(lambda: remote_steps(job, "worker-0") >= 5 or job.proc.poll() is not None, 120, "steps")
+    daemon = int(wait_for(lambda: re.search(rb"daemon (\d+)", (runs.parent / "ddlctl.out").read_bytes()), 30,
+                          "the daemon's pid").group(1))
+    (agent,) = [p for p in processes_of_run(job.run_dir.name) if "ddlctl.runtime.hostagent" in " ".join(p.cmdline())]
+    agent.kill()
+    assert job.wait() != 0, job.stderr()[-3000:]
+    said = job.stderr().replace("\n", " ")
+    host = f"{cluster.hosts[0].address}:{cluster.hosts[0].port}"
+    assert f"ended 1 process(es) of this run still running on {host} after its host agent was lost (started by " \
+           f"a task outside its process group): {daemon} (sleep 306)" in said, said[-3000:]
+    assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
+    assert processes_of_run(job.run_dir.name) == []

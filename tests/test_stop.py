@@ -80,3 +80,33 @@ def test_the_remote_kill_runs_where_ddlctl_is_not_installed_and_ends_only_that_r
     finally:
         other.kill()
         mine.kill()
+
+
+def test_the_remote_kill_of_a_launchs_leftovers_ends_that_launchs_processes_alone_and_spares_its_agents(tmp_path):
+    """What launch runs on a host whose agent was lost (``killrun.py RUN_ID LAUNCH``): only that
+    launch's processes (another launch given the same run id is not touched), named, and never a
+    host agent of it that still runs (it ends its own)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ddlctl import envvars
+    from ddlctl.runtime import killrun
+
+    assert killrun.LAUNCH == envvars.LAUNCH and killrun.AGENT == "ddlctl.runtime.hostagent"
+    source = (Path(killrun.__file__)).read_text()
+    ours = {**os.environ, envvars.RUN_ID: "run-a", envvars.LAUNCH: "k1"}
+    leftover = subprocess.Popen(["sleep", "61"], env=ours, start_new_session=True)
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", killrun.AGENT], env=ours,
+                             start_new_session=True)
+    other = subprocess.Popen(["sleep", "62"], env={**ours, envvars.LAUNCH: "k2"}, start_new_session=True)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", source, "run-a", "k1"], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [[leftover.pid, "sleep 61"]]
+        assert leftover.wait(timeout=10) == -9 and other.poll() is None and agent.poll() is None
+    finally:
+        for proc in (leftover, agent, other):
+            proc.kill()
+            proc.wait()

@@ -1,4 +1,5 @@
-"""Kill every process of one run on this host: ``python -m ddlctl.runtime.killrun RUN_ID``.
+"""Kill every process of one run on this host: ``python -m ddlctl.runtime.killrun RUN_ID [LAUNCH]``
+(with ``LAUNCH``, only that launch's: what a launch leaves behind on a host whose agent was killed).
 
 A process belongs to the run when its environment holds ``DDLCTL_RUN_ID=<run id>`` (ddlctl sets
 it for every task): never a name pattern, so other people's jobs on the same host are untouched,
@@ -16,30 +17,47 @@ import os
 import signal
 import sys
 
-#: ``ddlctl.envvars.RUN_ID`` (not imported: see above; tests/test_stop.py checks they agree)
+#: ``ddlctl.envvars.RUN_ID`` and ``.LAUNCH`` (not imported: see above; tests/test_stop.py checks they agree)
 RUN_ID = "DDLCTL_RUN_ID"
+LAUNCH = "DDLCTL_LAUNCH"
+#: In a host agent's command line.
+AGENT = "ddlctl.runtime.hostagent"
 
 
-def run_processes(run_id: str) -> list[int]:
-    """Pids whose environment carries ``DDLCTL_RUN_ID=run_id`` (this process excluded)."""
-    needle = f"{RUN_ID}={run_id}".encode()
+def run_processes(run_id: str, launch: str | None = None) -> list[int]:
+    """Pids whose environment carries ``DDLCTL_RUN_ID=run_id`` (and ``DDLCTL_LAUNCH=launch``
+    when given; this process excluded)."""
+    needles = [f"{RUN_ID}={run_id}".encode()] + ([f"{LAUNCH}={launch}".encode()] if launch else [])
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(entry))
+                environ = handle.read().split(b"\0")
         except OSError:
             continue
+        if all(needle in environ for needle in needles):
+            found.append(int(entry))
     return found
 
 
-def kill_run(run_id: str) -> list[int]:
-    """SIGKILL the run's processes (and their process groups); the pids killed."""
+def command_of(pid: int, limit: int = 60) -> str:
+    """The command line of ``pid`` (its first ``limit`` characters; "" when gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:limit]
+    except OSError:
+        return ""
+
+
+def kill_run(run_id: str, launch: str | None = None) -> list[int]:
+    """SIGKILL the run's processes (and their process groups); the pids killed. With ``launch``,
+    that launch's leftovers: a host agent of it still running is spared (it ends its own)."""
     killed = []
-    for pid in run_processes(run_id):
+    for pid in run_processes(run_id, launch):
+        if launch and AGENT in command_of(pid, 1 << 16):
+            continue
         with contextlib.suppress(OSError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
         try:
@@ -53,4 +71,8 @@ def kill_run(run_id: str) -> list[int]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(kill_run(sys.argv[1])))
+    if len(sys.argv) > 2:  # a launch's leftovers: named, for ddlctl to say what it ended
+        commands = {pid: command_of(pid) for pid in run_processes(sys.argv[1], sys.argv[2])}
+        print(json.dumps([[pid, commands.get(pid, "")] for pid in kill_run(sys.argv[1], sys.argv[2])]))
+    else:
+        print(json.dumps(kill_run(sys.argv[1])))

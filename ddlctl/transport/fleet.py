@@ -23,7 +23,7 @@ from ddlctl.planning.plan import REMOTE_ROOT, Plan, TaskSpec
 from ddlctl.transport.base import Transport
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.local import LocalTransport
-from ddlctl.transport.session import HostSession
+from ddlctl.transport.session import HostSession, launch_key
 
 if TYPE_CHECKING:
     from ddlctl.slurm.allocation import Allocation
@@ -168,3 +168,24 @@ def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> lis
         each_host(hosts, lambda host: sessions[host.label].prune(remote_run, keep=("checkpoints",)))
     return [f"the files of {label}'s task folders did not come back "
             f"({error.message}): they stay in {remote_run} there" for label, error in failed.items()]
+
+
+def end_remote_leftovers(plan: Plan, transports: Mapping[str, Transport], lost: Sequence[str]) -> list[str]:
+    """Once the job has ended: on each remote host of ``lost`` (its agent's session ended
+    unexpectedly: the agent killed, the connection dropped), SIGKILL what this launch left running
+    there (a task's daemon started outside its process group, which only its agent could end).
+    A sentence per host where something was ended or that could not be reached."""
+    remote = [host for host in plan.cluster.hosts
+              if host.label in set(lost) and hasattr(transports.get(host.label), "end_leftovers")]
+
+    def sweep(host: Host) -> str | None:
+        try:
+            ended = transports[host.label].end_leftovers(plan.run_id, launch_key())  # type: ignore[attr-defined]
+        except LaunchError as exc:
+            return (f"could not reach {host.label} to end what this run may have left running there "
+                    f"({exc.message}): ddlctl stop {plan.run_dir}")
+        return (f"ended {len(ended)} process(es) of this run still running on {host.label} after its host agent was "
+                f"lost (started by a task outside its process group): {', '.join(ended)}") if ended else None
+
+    results = each_host(remote, sweep)
+    return [line if isinstance(line, str) else line.message for line in results.values() if line]

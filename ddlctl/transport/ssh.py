@@ -420,6 +420,31 @@ class SshTransport:
                        f"stdout {out.strip()[-200:]!r} stderr {err.strip()[-300:]!r}")
         raise LaunchError(f"{self.host.label}: {problem}")
 
+    def end_leftovers(self, run_id: str, launch: str) -> list[str]:
+        """SIGKILL what this launch left running on the host (tasks' daemons whose host agent was
+        killed and could not end them): ``"PID (command)"`` of each. Connects again (once, within
+        ``--connect-timeout``) when the connection is gone; raises :class:`LaunchError` saying why
+        when the host cannot be reached."""
+        from ddlctl.runtime import killrun
+
+        argv = [self.python, "-c", Path(killrun.__file__).read_text(), run_id, launch]
+        problem = ""
+        for attempt in range(2):
+            try:
+                if attempt:
+                    with contextlib.suppress(Exception):
+                        self.conn.close()
+                    self.conn = connect(self.host, self.options)
+                status, out, err = self.conn.run(argv, timeout=30)
+            except (paramiko.SSHException, OSError, EOFError, LaunchError) as exc:
+                problem = str(getattr(exc, "message", exc))
+                continue
+            if status == 0:
+                with contextlib.suppress(ValueError, IndexError):
+                    return [f"{pid} ({command})" for pid, command in json.loads(out.splitlines()[-1])]
+            problem = f"exit {status}: {err.strip()[-200:]}"
+        raise LaunchError(problem)
+
     def close(self) -> None:
         self.conn.close()
 
