@@ -57,6 +57,7 @@ from ddlctl.transport.fleet import (
     make_transports,
     open_sessions,
     reconnector,
+    reopen_lost,
     with_ssh_addresses,
 )
 from ddlctl.transport.local import LocalTransport
@@ -464,16 +465,19 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
                                 on_sample=on_sample if samples else None,
                                 on_progress=on_progress if live is not None or metrics is not None else None,
                                 reconnect=reconnector(plan, connected.transports))
+        unreached: dict[str, str] = {}
         try:
             with live if live is not None else contextlib.nullcontext():
                 result = supervisor.run()
+            unreached = reopen_lost(plan, connected.transports, supervisor.sessions)  # their files back
             for missing in collect_remote_files(plan, supervisor.sessions):
                 notify(missing)
         finally:
             connected.sessions = supervisor.sessions  # reconnected hosts have new ones
             for session in connected.sessions.values():
                 session.shutdown()
-            for line in end_remote_leftovers(plan, connected.transports, [e["host"] for e in supervisor.hosts.lost]):
+            lost = [event["host"] for event in supervisor.hosts.lost]
+            for line in end_remote_leftovers(plan, connected.transports, lost, unreached):
                 notify(line)
     finally:
         connected.close()  # (a local host agent has ended once this returns)

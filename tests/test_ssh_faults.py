@@ -413,7 +413,8 @@ def test_a_group_restart_copies_the_checkpoint_to_hosts_that_do_not_share_it(tmp
 def test_a_daemon_left_on_a_host_whose_agent_was_killed_is_ended_there_with_the_job(cluster, tmp_path, runs):
     """A host agent SIGKILLed cannot end what its task started outside its process group. Once
     the job has ended, ddlctl ends what this launch left on that host (found by the run and the
-    launch in its environment, over SSH) and names it; before, it ran on until ``ddlctl stop``."""
+    launch in its environment, over SSH) and names it; before, it ran on until ``ddlctl stop``.
+    The task's folder comes back all the same (before, it stayed on the host: "connection closed")."""
     program = ("import subprocess, time, ddlctl\n"
                "daemon = subprocess.Popen(['sleep', '306'], start_new_session=True)\n"
                "print('daemon', daemon.pid, flush=True)\n"
@@ -433,3 +434,6 @@ def test_a_daemon_left_on_a_host_whose_agent_was_killed_is_ended_there_with_the_
            f"a task outside its process group): {daemon} (sleep 306)" in said, said[-3000:]
     assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
     assert processes_of_run(job.run_dir.name) == []
+    # its task folder came back through a new agent there (its steps are in the report)
+    assert "did not come back" not in said and job.steps("worker-0") >= 5, said[-3000:]
+    assert not (REMOTE_RUNS / job.run_dir.name / "tasks").exists()

@@ -107,6 +107,17 @@ def reconnector(plan: Plan, transports: dict[str, Transport]):  # noqa: ANN201
     return reconnect
 
 
+def reopen_lost(plan: Plan, transports: Mapping[str, Transport], sessions: dict[str, HostSession]) -> dict[str, str]:
+    """Once the job has ended: a new agent on each SSH host whose agent's session was lost and not
+    reconnected (the agent killed, the connection dropped), to bring its task folders back; put
+    in ``sessions``. The hosts that could not be reached, with why (their files are said missing)."""
+    lost = [host for host in plan.hosts if (session := sessions.get(host.label)) is not None and session.lost
+            and hasattr(transports.get(host.label), "end_leftovers")]
+    reached = each_host(lost, lambda host: transports[host.label].reopen(plan.run_id, Path(plan.run_dir) / "agents"))
+    sessions.update({label: session for label, session in reached.items() if isinstance(session, HostSession)})
+    return {label: error.message for label, error in reached.items() if isinstance(error, LaunchError)}
+
+
 class ChunkReader(io.RawIOBase):
     """A readable file over an iterator of byte chunks (a stream read as it arrives)."""
 
@@ -170,16 +181,20 @@ def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> lis
             f"({error.message}): they stay in {remote_run} there" for label, error in failed.items()]
 
 
-def end_remote_leftovers(plan: Plan, transports: Mapping[str, Transport], lost: Sequence[str]) -> list[str]:
+def end_remote_leftovers(plan: Plan, transports: Mapping[str, Transport], lost: Sequence[str],
+                         unreached: Mapping[str, str]) -> list[str]:
     """Once the job has ended: on each remote host of ``lost`` (its agent's session ended
     unexpectedly: the agent killed, the connection dropped), SIGKILL what this launch left running
     there (a task's daemon started outside its process group, which only its agent could end).
-    A sentence per host where something was ended or that could not be reached."""
+    ``unreached``: hosts just found unreachable, with why (not tried again). A sentence per host
+    where something was ended or that could not be reached."""
     remote = [host for host in plan.cluster.hosts
               if host.label in set(lost) and hasattr(transports.get(host.label), "end_leftovers")]
 
     def sweep(host: Host) -> str | None:
         try:
+            if host.label in unreached:
+                raise LaunchError(unreached[host.label])
             ended = transports[host.label].end_leftovers(plan.run_id, launch_key())  # type: ignore[attr-defined]
         except LaunchError as exc:
             return (f"could not reach {host.label} to end what this run may have left running there "
