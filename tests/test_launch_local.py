@@ -186,6 +186,8 @@ def test_model_fit_program_works_with_tf_keras(runs, strategy):
                (only_run_dir(runs) / "tasks" / trainer / "steps.jsonl").read_text().splitlines()]
     if strategy == "ps":  # tf-keras refuses batch callbacks under ps: a record per closure its worker finished
         assert [r["step"] for r in records] == list(range(1, 61)) and {r["worker"] for r in records} == {"worker:0"}
+        # samples too: the batch of the dataset its DatasetCreator made (before: null, no samples/s)
+        assert {r["samples"] for r in records} == {32}, records[:3]
     else:
         assert len(records) == 60 and records[-1]["step"] == 60, "3 epochs x 20 steps"
     assert all(r["duration_s"] > 0 for r in records)

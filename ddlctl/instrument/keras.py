@@ -225,29 +225,69 @@ def step_timer(batch_size: int | None = None, keras_module: object = None) -> ob
 
 
 def guess_batch_size(args: tuple, kwargs: dict) -> int | None:
-    """Samples per step of a ``fit`` call, when it can be told: ``batch_size``, the static batch
-    dimension of a tf.data dataset, or Keras' default of 32 for arrays. None when unknown."""
+    """Samples per step of a ``fit`` call, when it can be told: ``batch_size``, the batch size of a
+    tf.data dataset (:func:`dataset_batch`), or Keras' default of 32 for arrays. None when unknown."""
     if kwargs.get("batch_size"):
         return int(kwargs["batch_size"])
     x = args[0] if args else kwargs.get("x")
     if x is None:
         return None
-    spec = getattr(x, "element_spec", None)
-    if spec is not None:
-        first = spec[0] if isinstance(spec, (tuple, list)) else spec
-        if isinstance(first, dict):
-            first = next(iter(first.values()), None)
-        dims = getattr(getattr(first, "shape", None), "as_list", lambda: None)()
-        if dims and dims[0]:
-            return int(dims[0])
-        size = getattr(x, "_batch_size", None)
-        try:
-            return int(size) if size is not None else None
-        except (TypeError, ValueError):
-            return None
+    if getattr(x, "element_spec", None) is not None:
+        return dataset_batch(x)
     if hasattr(x, "shape") and len(args) < 3:
         return 32  # Keras' default batch size for arrays
     return None
+
+
+def dataset_batch(dataset: object) -> int | None:
+    """A tf.data dataset's batch size, when it can be told: its static batch dimension, else the
+    constant its ``batch()`` was given, looked for through the datasets it is built on (a
+    ``prefetch`` or ``repeat`` after the batch; a dataset being traced holds it as a graph constant)."""
+    spec = getattr(dataset, "element_spec", None)
+    first = spec[0] if isinstance(spec, (tuple, list)) and spec else spec
+    if isinstance(first, dict):
+        first = next(iter(first.values()), None)
+    dims = getattr(getattr(first, "shape", None), "as_list", lambda: None)()
+    if dims and dims[0]:
+        return int(dims[0])
+    tf = sys.modules.get("tensorflow")
+    for _ in range(32):
+        if dataset is None:
+            return None
+        size = getattr(dataset, "_batch_size", None)
+        if size is not None:
+            with contextlib.suppress(Exception):  # (not a constant: None)
+                value = tf.get_static_value(size) if tf is not None else size
+                return int(value) if value is not None else None
+            return None
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None
+
+
+@contextlib.contextmanager
+def _creator_batch(x: object, timer: _TimerState) -> object:
+    """While ``fit`` runs: learn the batch size from the dataset a ``DatasetCreator`` (ps) makes
+    when fit builds its per-worker datasets (the dataset function runs, traced, on the chief)."""
+    make = getattr(x, "dataset_fn", None)
+    if timer.batch_size is not None or not callable(make):
+        yield
+        return
+
+    def dataset_fn(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        dataset = make(*args, **kwargs)
+        if timer.batch_size is None:
+            timer.batch_size = dataset_batch(dataset)
+        return dataset
+
+    try:
+        x.dataset_fn = dataset_fn  # type: ignore[attr-defined]
+    except AttributeError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        x.dataset_fn = make  # type: ignore[attr-defined]
 
 
 def patch_fit(module: object) -> bool:
@@ -265,14 +305,18 @@ def patch_fit(module: object) -> bool:
                   "(docs/heterogeneous.md).", file=sys.stderr, flush=True)
         positional = len(args) > 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
         callbacks = list((args[5] if positional else kwargs.get("callbacks")) or [])
+        timer = None
         if not any(getattr(cb, MARK, False) for cb in callbacks):
             make = epoch_timer_class if _uses_parameter_servers(self) else step_timer_class
-            callbacks.append(make(module.callbacks.Callback)(batch_size=guess_batch_size(args, kwargs)))
+            timer = make(module.callbacks.Callback)(batch_size=guess_batch_size(args, kwargs))
+            callbacks.append(timer)
         if positional:
             args = (*args[:5], callbacks, *args[6:])
         else:
             kwargs["callbacks"] = callbacks
-        return fit(self, *args, **kwargs)
+        x = args[0] if args else kwargs.get("x")
+        with _creator_batch(x, timer) if timer is not None else contextlib.nullcontext():
+            return fit(self, *args, **kwargs)
 
     setattr(fit_with_step_timer, MARK, True)
     fit_with_step_timer.__doc__ = fit.__doc__
