@@ -8,7 +8,6 @@ import importlib.util
 import json
 import math
 import os
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from ddlctl.preflight import (
     require_own_run_id,
     require_usable,
 )
-from ddlctl.rundir import make_dir, new_run_id, write_plan, write_whole
+from ddlctl.rundir import make_dir, new_run_id, remove_unused, write_plan, write_whole
 from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
 from ddlctl.supervise.collapse import CollapsingWriter
 from ddlctl.supervise.noise import is_startup_noise
@@ -53,6 +52,7 @@ from ddlctl.transport.fleet import (
     Connected,
     collect_remote_files,
     connection_source_address,
+    end_leftovers,
     end_remote_leftovers,
     make_transports,
     open_sessions,
@@ -327,6 +327,7 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
     if req.bench:
         request = measure_first(source, config.ssh, request, console, allocation)
     connected = Connected(make_transports(cluster, config.ssh, allocation), allocation=allocation)
+    fresh = not Path(request.run_dir).exists()
     try:
         cluster = with_ssh_addresses(cluster, connected.transports)
         cluster = with_reachable_addresses(cluster, connection_source_address(connected.transports))
@@ -354,6 +355,8 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         ports = choose_ports(cluster, request, connected.transports, chosen)
     except BaseException:
         connected.close()
+        if fresh:  # refused before it began: no empty run folder is left behind
+            remove_unused(request.run_dir)
         raise
     return make_plan(cluster, request, ports), connected
 
@@ -485,31 +488,6 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
         if ended:
             notify(ended)
     return result
-
-
-def end_leftovers(plan: Plan) -> str | None:
-    """The job has ended and this machine's host agents with it: a process here that still carries
-    the run's id is a leftover (a daemon a task started outside its process group, whose host agent
-    was killed before it could end it). SIGKILL them; a sentence naming them, or None."""
-    if not any(host.is_local for host in plan.cluster.hosts):
-        return None
-    from ddlctl.runtime.procs import processes_with
-
-    ended = []
-    # (its task folders here are the run's own: another run given the same --run-id is not touched)
-    folder = f"{envvars.TASK_DIR}={Path(plan.run_dir).expanduser()}/"
-    for pid in processes_with([f"{envvars.RUN_ID}={plan.run_id}"], starting=folder):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:60]
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
-        ended.append(f"{pid} ({command})")
-    if not ended:
-        return None
-    return (f"ended {len(ended)} process(es) of this run still running on this machine after its tasks and host agents "
-            f"had ended (started by a task outside its process group): {', '.join(ended)}")
 
 
 def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_report: bool = False,

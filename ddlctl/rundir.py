@@ -101,3 +101,23 @@ def task_dirs(run_dir: str | Path) -> list[Path]:
     """``tasks/<role>-<i>`` folders of a run, sorted."""
     root = Path(run_dir) / TASKS_DIR
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def remove_unused(run_dir: str | Path) -> bool:
+    """Remove a run folder a launch made but refused to use before its plan was written (a run id
+    in use, a host without TensorFlow): only when all it holds is empty host agent logs, so a log
+    that says something, and anything another launch put there, stays. Whether it was removed."""
+    root = Path(run_dir)
+    try:
+        files = [p for p in root.rglob("*") if not p.is_dir()]
+        if any(not (p.parent.name == "agents" and p.name.startswith("hostagent-") and p.stat().st_size == 0)
+               for p in files):
+            return False
+        for path in files:
+            path.unlink()
+        for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            folder.rmdir()
+        root.rmdir()
+    except OSError:
+        return False
+    return True

@@ -313,6 +313,7 @@ def test_a_run_id_another_launch_still_uses_is_refused_and_that_launch_is_left_a
         assert second.returncode == 2, second.stderr[-2000:]
         assert "run id shared-id is in use: processes of another launch with it still run (localhost: pid " \
             in second.stderr and "import subprocess" in second.stderr, second.stderr[-2000:]
+        assert list((tmp_path / "b").iterdir()) == [], "refused before it began: no run folder is left"
         rest = first.communicate(timeout=120)[0]
         assert first.returncode == 0 and "telemetry agent on localhost stopped" not in rest, rest[-2000:]
         assert "alive True" in rest, "its task's daemon lived to the task's end, and no longer"

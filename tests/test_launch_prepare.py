@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from rich.console import Console
 
@@ -52,3 +53,22 @@ def test_run_files_read_while_the_job_runs_are_replaced_whole(tmp_path):
     write_whole(path, '{"a": 2}\n')
     assert path.read_text() == '{"a": 2}\n'
     assert list(tmp_path.iterdir()) == [path], "no partial file is left beside it"
+
+
+def test_a_refused_launchs_run_folder_is_removed_only_when_it_holds_nothing_but_empty_agent_logs(tmp_path):
+    from ddlctl.rundir import remove_unused
+
+    def folder(name: str, **files: str) -> Path:
+        run = tmp_path / name
+        (run / "agents").mkdir(parents=True)
+        for file, text in files.items():
+            (run / "agents" / file).write_text(text)
+        return run
+
+    empty = folder("empty", **{"hostagent-localhost.log": "", "hostagent-10.0.0.2.log": ""})
+    assert remove_unused(empty) and not empty.exists()
+    said = folder("said", **{"hostagent-localhost.log": "", "hostagent-h2.log": "Traceback ...\n"})
+    assert not remove_unused(said) and (said / "agents" / "hostagent-localhost.log").exists()
+    other = folder("other", **{"hostagent-localhost.log": ""})
+    (other / "plan.json").write_text("{}")  # another launch's, given the same folder
+    assert not remove_unused(other) and (other / "plan.json").exists()

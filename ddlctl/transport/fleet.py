@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import shutil
+import signal
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddlctl import envvars
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.diskspace import write_failure
 from ddlctl.errors import LaunchError
@@ -179,6 +182,31 @@ def collect_remote_files(plan: Plan, sessions: Mapping[str, HostSession]) -> lis
         each_host(hosts, lambda host: sessions[host.label].prune(remote_run, keep=("checkpoints",)))
     return [f"the files of {label}'s task folders did not come back "
             f"({error.message}): they stay in {remote_run} there" for label, error in failed.items()]
+
+
+def end_leftovers(plan: Plan) -> str | None:
+    """The job has ended and this machine's host agents with it: a process here that still carries
+    the run's id is a leftover (a daemon a task started outside its process group, whose host agent
+    was killed before it could end it). SIGKILL them; a sentence naming them, or None."""
+    if not any(host.is_local for host in plan.cluster.hosts):
+        return None
+    from ddlctl.runtime.procs import processes_with
+
+    ended = []
+    # (its task folders here are the run's own: another run given the same --run-id is not touched)
+    folder = f"{envvars.TASK_DIR}={Path(plan.run_dir).expanduser()}/"
+    for pid in processes_with([f"{envvars.RUN_ID}={plan.run_id}"], starting=folder):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:60]
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        ended.append(f"{pid} ({command})")
+    if not ended:
+        return None
+    return (f"ended {len(ended)} process(es) of this run still running on this machine after its tasks and host agents "
+            f"had ended (started by a task outside its process group): {', '.join(ended)}")
 
 
 def end_remote_leftovers(plan: Plan, transports: Mapping[str, Transport], lost: Sequence[str],
