@@ -54,12 +54,18 @@ def command_of(pid: int, limit: int = 60) -> str:
 def kill_run(run_id: str, launch: str | None = None) -> list[int]:
     """SIGKILL the run's processes (and their process groups); the pids killed. With ``launch``,
     that launch's leftovers: a host agent of it still running is spared (it ends its own)."""
-    killed = []
-    for pid in run_processes(run_id, launch):
-        if launch and AGENT in command_of(pid, 1 << 16):
-            continue
+    pids = run_processes(run_id, launch)
+    spared = {pid for pid in pids if launch and AGENT in command_of(pid, 1 << 16)}
+    spared_groups = set()
+    for pid in spared:
         with contextlib.suppress(OSError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
+            spared_groups.add(os.getpgid(pid))
+    killed = []
+    for pid in (p for p in pids if p not in spared):
+        with contextlib.suppress(OSError):
+            group = os.getpgid(pid)
+            if group not in spared_groups:
+                os.killpg(group, signal.SIGKILL)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
