@@ -385,6 +385,12 @@ class World:
         """The task blocks in the kernel (state D): it stops stepping and no signal ends it."""
         self.task(name).behaviour.blocked = True
 
+    def enter_phase(self, name: str, phase: str | None) -> None:
+        """The task's program begins a declared phase (``ddlctl.phase``; None: ends the one it is in)."""
+        busy = self.task(name).session.busy
+        lines, _ = busy.get(name, (0, None))
+        busy[name] = (lines + 1, phase)
+
     def stop(self, name: str) -> None:
         """SIGSTOP: it stops stepping, ignores TERM and shows state T."""
         self.task(name).behaviour.stopped = True

@@ -208,3 +208,26 @@ def test_a_worker_reading_its_data_before_it_listens_and_before_its_first_step_i
     assert "worker:1 was at work before listening on its port " in report and \
         "worker:1 was at work before its first step " in report, report
     nothing_left(job)
+
+
+def test_a_task_stopped_inside_a_declared_phase_is_hung_at_its_usual_threshold_not_after_the_phases_half_hour(runs):
+    """A declared phase (a checkpoint save) may go on without a step for 30 min; a process stopped
+    (or blocked in the kernel: a save to a dead network filesystem) inside it does no work. Before,
+    it was found after those 30 min; now at its usual threshold and two looks."""
+    program = ("import os, signal, time, ddlctl\n"
+               "for i in range(10):\n    with ddlctl.step():\n        time.sleep(0.05)\n"
+               "with ddlctl.phase('checkpoint'):\n"
+               "    print('saving', flush=True)\n    os.kill(os.getpid(), signal.SIGSTOP)\n")
+    job = Job(runs, "-s", "one_device", "--hang-timeout", "4", "--max-restarts", "0", *QUICK, "--",
+              sys.executable, "-c", program)
+    stalled = stalled_at(job, "worker-0", "saving")
+    assert job.wait(120) == 124, job.stderr()[-3000:]
+    took = time.time() - stalled
+    outcome = job.outcome()
+    assert (outcome["root_cause"]["task"], outcome["root_cause"]["reason"]) == ("worker:0", "hang")
+    said = job.stderr().replace("\n", " ")
+    assert "in its checkpoint phase, but its process is stopped (state T): the phase's 30 min are for work" in said, \
+        said[-3000:]
+    assert "worker:0 on localhost failed: hung (its process is stopped (state T)" in said, said[-3000:]
+    assert took < 4 + 5 + 30, f"found {took:.0f}s after the stop"  # threshold, two looks, a loaded machine
+    nothing_left(job)

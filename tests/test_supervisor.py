@@ -389,6 +389,34 @@ def test_a_hang_blames_the_stopped_process_and_saves_every_tasks_stacks(tmp_path
     assert " T " in (dumps / "worker-1.txt").read_text()
 
 
+def test_a_task_in_a_declared_phase_is_given_its_half_hour_unless_its_process_is_stopped_or_blocked(tmp_path):
+    # a checkpoint phase with no step for 20 s against a 3 s threshold: work, waited for (its
+    # process answers in its own code at the looks), and the job ends well
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True)})
+    for name in ("worker:0", "worker:1"):
+        world.at(1.0, world.enter_phase, name, "checkpoint")
+        world.at(21.0, world.crash, name, 0, b"saved\n")
+    result, _ = world.run(tmp_path, hang_timeout_s=3.0)
+    assert (result.ok, result.exit_code, result.hangs) == (True, 0, ()), (result.failure, world.messages)
+    # stopped (SIGSTOP) or blocked in the kernel (a save to a dead NFS) inside it: hung at its
+    # threshold and two looks, not after the phase's 30 min
+    for fault, state in ((World.stop, "its process is stopped (state T)"), (World.block, "blocked in the kernel")):
+        world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True),
+                              "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True)})
+        for name in ("worker:0", "worker:1"):  # (worker:0 goes on saving)
+            world.at(1.0, world.enter_phase, name, "checkpoint")
+        world.at(2.0, fault, world, "worker:1")
+        (tmp_path / state[:9]).mkdir()
+        result, _ = world.run(tmp_path / state[:9], hang_timeout_s=3.0)
+        assert (result.ok, result.exit_code) == (False, 124), world.messages
+        assert (result.failure.reason, result.failure.task) == ("hang", "worker:1"), result.failure
+        assert state in result.failure.message and "in its checkpoint phase, but " in result.failure.message
+        (said,) = [m for m in world.messages if m.startswith("hang: worker:1: no progress for ")]
+        idle = float(said.split("no progress for ")[1].split("s")[0])
+        assert 3.0 < idle < 3.0 + 2 * 5.0 + 2.0, said  # its threshold, then two looks 5 s apart
+
+
 def test_a_hang_without_a_stopped_process_blames_the_first_to_stop_stepping(tmp_path):
     world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=2.0, ignores_term=True),
                           "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True)})

@@ -111,7 +111,8 @@ def launch(
              "ddlctl.beat(); under ps a worker: no block run) before it counts as hung: every task's stacks are "
              "saved, the task at fault is named and handled as a fault. Default: adaptive, max(10 x the task's "
              "p99 step interval, 60 s); before a task's first step the startup timeout applies; inside a "
-             "ddlctl.phase the program declared, 30 min at least. A task whose program has ended but whose "
+             "ddlctl.phase the program declared, 30 min at least (unless its process is stopped or blocked in "
+             "the kernel there). A task whose program has ended but whose "
              "process has not exited this long after its last step is ended as the exit its program made. 0: "
              "off.")] = None,
     host_timeout: Annotated[float, typer.Option(

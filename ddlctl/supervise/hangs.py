@@ -27,7 +27,7 @@ from ddlctl.supervise.activity import (
     busy_among_idle,
     idle_among_busy,
 )
-from ddlctl.supervise.hangwatch import HangWatch, Overdue
+from ddlctl.supervise.hangwatch import OPEN_PHASE_S, HangWatch, Overdue
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.policy import Fault, ended_early, leader_of
 from ddlctl.supervise.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
@@ -125,6 +125,8 @@ class Hangs:
         self.said_joining: set[tuple[str, float]] = set()  # finished tasks said to wait for a thread
         self.activity = ActivityWatch()  # the telemetry agents' readings (the supervisor adds them)
         self.looks = Looks(self._dump)  # whether tasks before their first step are at work
+        self.phase_looks = Looks(self._dump)  # whether tasks long in a declared phase are stuck there
+        self.phase_next: dict[str, float] = {}  # a task found going on in its phase: looked at again then
         self.preparing: list[dict] = []  # one per time tasks were found at work (outcome.json "preparing")
 
     def feed(self, now: float) -> None:
@@ -159,6 +161,8 @@ class Hangs:
         job = self.job
         names = sorted(n for n in job.alive() if job.tasks[n].exit_as is None)
         overdue = self.watch.overdue(now, names) if names else None
+        if overdue is None and names:
+            overdue = self._stuck_in_phase(now, names)
         if overdue is None:
             soon = self.watch.overdue(now + self._look_interval(), names) if names else None
             starting = self._all_starting(soon, names) if soon is not None else []
@@ -212,6 +216,28 @@ class Hangs:
                                "tasks": [work.record() for _, work in sorted(found.items())]})
         self.watch.rearm(now)
         return True
+
+    def _stuck_in_phase(self, now: float, names: list[str]) -> Overdue | None:
+        """Tasks in a declared phase past the threshold they would have outside it whose process is
+        stopped or blocked in the kernel at two looks (:mod:`~.preparing`'s): hung now, not after
+        the phase's half hour. One that goes on is looked at again after another such threshold."""
+        held = [h for h in self.watch.held_in_phase(now, names) if now >= self.phase_next.get(h[0], 0.0)]
+        if not held:
+            self.phase_looks.reset()
+            return None
+        found = self.phase_looks.look([task for task, *_ in held], now)
+        if found is None:
+            return None
+        standings = self.phase_looks.standings
+        stuck = [h for h in held if h[0] not in found and standings[h[0]].state in ("stopped", "blocked")]
+        for task, _phase, _idle, limit in held:
+            self.phase_next[task] = now + limit
+        if not stuck:
+            return None
+        task, phase, idle, limit = max(stuck, key=lambda h: h[2])
+        return Overdue(tuple(h[0] for h in stuck), idle, limit,
+                       f"in its {phase} phase, but {standings[task].where}: the phase's "
+                       f"{OPEN_PHASE_S / 60:g} min are for work")
 
     def _look_interval(self) -> float:
         """Seconds between the two looks at tasks before their first step (the startup threshold's)."""

@@ -17,7 +17,9 @@ Thresholds (:meth:`HangWatch.threshold`):
 Progress also counts the lines of the task's ``phases.jsonl``: a phase begun or ended
 (``ddlctl.phase``) and beats (:func:`ddlctl.steps.beat`: a batch of a Keras evaluation, a ps
 closure done), so a long evaluation that goes on is no hang; a task inside a phase its program
-declared (begun, not ended: a checkpoint save) gets :data:`OPEN_PHASE_S` at least.
+declared (begun, not ended: a checkpoint save) gets :data:`OPEN_PHASE_S` at least, unless its
+process is found stopped or blocked in the kernel once past its usual threshold
+(:meth:`HangWatch.held_in_phase`; a save to a dead network filesystem).
 
 A task past its declared last step is done stepping: what it does then (saving, evaluating) is
 no hang. It is only *lingering* (:meth:`HangWatch.lingering`) once its threshold has passed since
@@ -139,6 +141,21 @@ class HangWatch:
             self.stepped.discard(task)
             self.finished.discard(task)
             self.looked_at.pop(task, None)
+
+    def held_in_phase(self, now: float, watched: Iterable[str]) -> list[tuple[str, str, float, float]]:
+        """(task, phase, seconds without progress, its threshold outside the phase) of the tasks of
+        ``watched`` in a declared phase for longer than they would be allowed outside it: a phase
+        gets :data:`OPEN_PHASE_S`, but one whose process is stopped or blocked is worth a look now."""
+        if not self.enabled:
+            return []
+        held = []
+        for task in watched:
+            phase = self.phases.get(task)
+            if phase and task in self.last_progress and task not in self.finished:
+                limit = self._threshold(task)[0]
+                if limit < OPEN_PHASE_S and now - self.last_progress[task] > limit:
+                    held.append((task, phase, now - self.last_progress[task], limit))
+        return held
 
     def threshold(self, task: str | None) -> tuple[float, str]:
         """(seconds, which rule) for ``task`` (None: the job before any progress); a task in a
