@@ -59,6 +59,7 @@ class Behaviour:
     blocked: bool = False  # in the kernel (state D, a dead NFS): stops stepping, and no signal ends it
     prepares_for: float = 0.0  # takes no step this long after start (it prepares its data)
     busy: float = 0.0  # the share of a CPU its processes use (dumps say so: CPU seconds, like an agent's)
+    io: float = 0.0  # bytes a second its processes read and write (dumps say so, like an agent's)
 
 
 class FakeTask:
@@ -251,7 +252,8 @@ class FakeSession:
                      '  File "/site-packages/tensorflow/x.py", line 1 in wait\n')
             self.dumps[name] = {"procs": [[task.pid, state, " ".join(task.spec.argv)]],
                                 "stacks": None if task.behaviour.stopped else (task.behaviour.stack or bland),
-                                "cpu_s": task.behaviour.busy * (self.world.now - task.started_at), "io_bytes": 0,
+                                "cpu_s": task.behaviour.busy * (self.world.now - task.started_at),
+                                "io_bytes": int(task.behaviour.io * (self.world.now - task.started_at)),
                                 "at": self.world.now}
             if task.behaviour.blocked:
                 self.dumps[name].update(stacks="", wchan={str(task.pid): "nfs_wait_on_request"})

@@ -415,6 +415,18 @@ def test_a_task_in_a_declared_phase_is_given_its_half_hour_unless_its_process_is
         (said,) = [m for m in world.messages if m.startswith("hang: worker:1: no progress for ")]
         idle = float(said.split("no progress for ")[1].split("s")[0])
         assert 3.0 < idle < 3.0 + 2 * 5.0 + 2.0, said  # its threshold, then two looks 5 s apart
+    # blocked in the kernel but writing (a large save to a slow disk waits there between writes):
+    # going on, waited for
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True),
+                          "worker:1": Behaviour(exit_after=None, stalls_at=1.0, ignores_term=True, io=8e6)})
+    for name in ("worker:0", "worker:1"):
+        world.at(1.0, world.enter_phase, name, "checkpoint")
+        world.at(21.0, world.crash, name, 0, b"saved\n")
+    world.at(2.0, world.block, "worker:1")
+    world.at(20.0, lambda: setattr(world.task("worker:1").behaviour, "blocked", False))
+    (tmp_path / "writing").mkdir()
+    result, _ = world.run(tmp_path / "writing", hang_timeout_s=3.0)
+    assert (result.ok, result.exit_code, result.hangs) == (True, 0, ()), (result.failure, world.messages)
 
 
 def test_a_hang_without_a_stopped_process_blames_the_first_to_stop_stepping(tmp_path):

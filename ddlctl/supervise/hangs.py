@@ -219,8 +219,9 @@ class Hangs:
 
     def _stuck_in_phase(self, now: float, names: list[str]) -> Overdue | None:
         """Tasks in a declared phase past the threshold they would have outside it whose process is
-        stopped or blocked in the kernel at two looks (:mod:`~.preparing`'s): hung now, not after
-        the phase's half hour. One that goes on is looked at again after another such threshold."""
+        stopped, or blocked in the kernel without reading or writing, at two looks
+        (:mod:`~.preparing`'s): hung now, not after the phase's half hour. One that goes on is
+        looked at again after another such threshold."""
         held = [h for h in self.watch.held_in_phase(now, names) if now >= self.phase_next.get(h[0], 0.0)]
         if not held:
             self.phase_looks.reset()
@@ -229,7 +230,9 @@ class Hangs:
         if found is None:
             return None
         standings = self.phase_looks.standings
-        stuck = [h for h in held if h[0] not in found and standings[h[0]].state in ("stopped", "blocked")]
+        # (blocked but moving bytes: a large save to a slow disk waits in the kernel between writes)
+        stuck = [h for h in held if h[0] not in found and (standings[h[0]].state == "stopped" or (
+            standings[h[0]].state == "blocked" and self.phase_looks.idle[h[0]]))]
         for task, _phase, _idle, limit in held:
             self.phase_next[task] = now + limit
         if not stuck:

@@ -61,14 +61,10 @@ class Work:
 def at_work(task: str, first: Mapping | None, second: Mapping | None) -> Work | None:
     """What two dump replies of ``task`` (the first taken before the second) say of it: at work,
     or None (idle, waiting in one place, stopped, blocked, gone, or no readings to compare)."""
-    if not first or not second or any(key not in reply for key in ("cpu_s", "io_bytes", "at")
-                                      for reply in (first, second)):
+    moved = rates(first, second)
+    if first is None or second is None or moved is None:
         return None
-    seconds = float(second["at"]) - float(first["at"])
-    if seconds <= 0:
-        return None
-    cpu = (float(second["cpu_s"]) - float(first["cpu_s"])) / seconds
-    io = (int(second["io_bytes"]) - int(first["io_bytes"])) / seconds
+    cpu, io = moved
     if first.get("forking"):  # not forked at the first look: its zygote's import was its work
         if not second.get("forking"):  # (the readings are of two processes: not comparable)
             started = stand(task, dict(second)).state in ("user", "waiting")
@@ -84,6 +80,26 @@ def at_work(task: str, first: Mapping | None, second: Mapping | None) -> Work | 
     if now.state == "waiting" and now.library in WAITS_IN and not importing and before.frames == now.frames:
         return None
     return Work(task, _where(now, importing), cpu, max(0.0, io))
+
+
+def rates(first: Mapping | None, second: Mapping | None) -> tuple[float, float] | None:
+    """(share of a CPU, bytes read and written a second) between two dump replies of one task, or
+    None without the readings."""
+    if not first or not second or any(key not in reply for key in ("cpu_s", "io_bytes", "at")
+                                      for reply in (first, second)):
+        return None
+    seconds = float(second["at"]) - float(first["at"])
+    if seconds <= 0:
+        return None
+    return ((float(second["cpu_s"]) - float(first["cpu_s"])) / seconds,
+            (int(second["io_bytes"]) - int(first["io_bytes"])) / seconds)
+
+
+def idle_between(first: Mapping | None, second: Mapping | None) -> bool:
+    """Whether a task did no work between two looks (under :data:`BUSY_CPU` and :data:`BUSY_IO`;
+    no readings: not known to work)."""
+    moved = rates(first, second)
+    return moved is None or (moved[0] < BUSY_CPU and moved[1] < BUSY_IO)
 
 
 def _where(standing: Standing, importing: bool) -> str:
@@ -121,6 +137,8 @@ class Looks:
         self.first: tuple[float, dict[str, dict | None]] | None = None
         #: where each task stood at the last second look
         self.standings: dict[str, Standing] = {}
+        #: whether each task did no work between the last two looks (:func:`idle_between`)
+        self.idle: dict[str, bool] = {}
 
     def look(self, names: list[str], now: float, interval: float = LOOK_AGAIN_S) -> dict[str, Work] | None:
         """None while the second look is not due (the first is taken now if none is pending for
@@ -136,6 +154,7 @@ class Looks:
         self.first = None
         second = self.dump(names)
         self.standings = {name: stand(name, second.get(name)) for name in names}
+        self.idle = {name: idle_between(first.get(name), second.get(name)) for name in names}
         return {name: work for name in names if (work := at_work(name, first.get(name), second.get(name)))}
 
     def reset(self) -> None:
