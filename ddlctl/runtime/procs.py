@@ -10,12 +10,13 @@ import struct
 
 
 def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = frozenset(),
-                   starting: str | None = None) -> list[int]:
+                   starting: str | None = None, without: str | None = None) -> list[int]:
     """Pids (but this process and ``exclude``) whose environment holds every ``KEY=VALUE`` of
-    ``entries`` (and, with ``starting``, an entry that begins so): only processes whose environment
-    we may read (our own) are considered."""
+    ``entries`` (with ``starting``, an entry that begins so; with ``without``, not that entry): only
+    processes whose environment we may read (our own) are considered."""
     needles = [entry.encode() for entry in entries]
     start = starting.encode() if starting else None
+    unwanted = without.encode() if without else None
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid() or int(entry) in exclude:
@@ -25,24 +26,44 @@ def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = froz
                 environ = set(handle.read().split(b"\0"))
         except OSError:
             continue
-        if all(needle in environ for needle in needles) and (start is None or any(e.startswith(start)
-                                                                                 for e in environ)):
+        if all(needle in environ for needle in needles) and unwanted not in environ \
+                and (start is None or any(e.startswith(start) for e in environ)):
             found.append(int(entry))
     return found
 
 
+def command_line(pid: int, limit: int = 80) -> str:
+    """The command line of ``pid``, its first ``limit`` characters ("" when gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:limit]
+    except OSError:
+        return ""
+
+
+def stat_of(pid: int | str) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) of ``/proc/PID/stat`` (state, parent, group, ... CPU
+    times: ``man 5 proc``), or None when gone. The name may hold spaces and parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    close = stat.rfind(")")
+    return stat[stat.find("(") + 1:close], stat[close + 2:].split()
+
+
+def _pids() -> list[str]:
+    return [entry for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 def parents() -> dict[int, int]:
-    """pid -> parent pid of every process here (``/proc/PID/stat``)."""
+    """pid -> parent pid of every process here."""
     found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-            found[int(entry)] = int(stat[stat.rfind(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
+    for entry in _pids():
+        stat = stat_of(entry)
+        if stat is not None and len(stat[1]) > 1:
+            found[int(entry)] = int(stat[1][1])
     return found
 
 
@@ -65,38 +86,17 @@ def descendants(root: int, skip: set[int] | frozenset[int] = frozenset(),
 def run_elsewhere(run_id: str, launch: str, limit: int = 5) -> list[tuple[int, str]]:
     """(pid, command) of up to ``limit`` processes here that carry ``DDLCTL_RUN_ID=run_id`` but not
     ``DDLCTL_LAUNCH=launch``: another launch given the same run id (or what it left running)."""
-    run, mine = f"DDLCTL_RUN_ID={run_id}".encode(), f"DDLCTL_LAUNCH={launch}".encode()
-    found: list[tuple[int, str]] = []
-    for pid in processes_with([run.decode()]):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                if mine in handle.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                command = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        except OSError:
-            continue
-        found.append((pid, command[:80]))
-        if len(found) >= limit:
-            break
-    return found
+    found = processes_with([f"DDLCTL_RUN_ID={run_id}"], without=f"DDLCTL_LAUNCH={launch}")
+    return [(pid, command) for pid in found[:limit] if (command := command_line(pid))]
 
 
 def group_processes(pgid: int) -> list[tuple[int, str, str]]:
     """(pid, state letter, command) of every process in process group ``pgid``."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        close = stat.rfind(")")
-        fields = stat[close + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            found.append((int(entry), fields[0], stat[stat.find("(") + 1:close]))
+    for entry in _pids():
+        stat = stat_of(entry)
+        if stat is not None and len(stat[1]) > 2 and int(stat[1][2]) == pgid:
+            found.append((int(entry), stat[1][0], stat[0]))
     return found
 
 
@@ -108,12 +108,10 @@ def work_done(pids: list[int]) -> tuple[float, int]:
     ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     cpu, moved = 0.0, 0
     for pid in pids:
+        stat = stat_of(pid)
         try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                stat = handle.read().decode("utf-8", "replace")
-            fields = stat[stat.rfind(")") + 2:].split()
-            cpu += sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks  # utime stime cutime cstime
-        except (OSError, ValueError, IndexError):
+            cpu += sum(int(stat[1][i]) for i in (11, 12, 13, 14)) / ticks  # utime stime cutime cstime
+        except (TypeError, ValueError, IndexError):  # (gone: None)
             continue
         try:
             with open(f"/proc/{pid}/io", "rb") as handle:

@@ -124,8 +124,8 @@ class Hangs:
         self.reports: list[dict] = []  # one per hang handled (outcome.json "hangs")
         self.said_joining: set[tuple[str, float]] = set()  # finished tasks said to wait for a thread
         self.activity = ActivityWatch()  # the telemetry agents' readings (the supervisor adds them)
-        self.looks = Looks(self._dump)  # whether tasks before their first step are at work
-        self.phase_looks = Looks(self._dump)  # whether tasks long in a declared phase are stuck there
+        self.looks = Looks(self.dump)  # whether tasks before their first step are at work
+        self.phase_looks = Looks(self.dump)  # whether tasks long in a declared phase are stuck there
         self.phase_next: dict[str, float] = {}  # a task found going on in its phase: looked at again then
         self.preparing: list[dict] = []  # one per time tasks were found at work (outcome.json "preparing")
 
@@ -287,7 +287,7 @@ class Hangs:
 
     def _look_at_lingering(self, now: float, lingering: list[str]) -> Finding | None:
         """Finished tasks that have not exited: ended if their program has; else looked at again later."""
-        replies = self._dump(lingering)
+        replies = self.dump(lingering)
         if self._ended_meanwhile(lingering):
             return None
         standings = {n: stand(n, replies.get(n)) for n in lingering}
@@ -321,13 +321,9 @@ class Hangs:
                      standing.where, folder, "exit")
         return idle
 
-    def where_replies(self, names: list[str]) -> dict[str, dict | None]:
-        """The host agents' dumps of ``names`` (processes, stacks, CPU and I/O counters; nothing saved)."""
-        return self._dump(names)
-
     def where(self, names: list[str]) -> dict[str, Standing]:
         """Where each task of ``names`` stands now (its processes and stacks; nothing saved)."""
-        replies = self._dump(names)
+        replies = self.dump(names)
         return {n: stand(n, replies.get(n)) for n in names}
 
     def _ended_meanwhile(self, names: list[str]) -> bool:
@@ -346,7 +342,7 @@ class Hangs:
 
     def _stand(self, names: list[str]) -> tuple[Path, dict[str, Standing]]:
         """Every task's stacks saved, and where each one stood."""
-        replies = self._dump(names)
+        replies = self.dump(names)
         return self._save(replies), {n: stand(n, replies.get(n)) for n in names}
 
     def cpu_activity(self, names: list[str], now: float) -> dict[str, CpuActivity | None]:
@@ -380,8 +376,9 @@ class Hangs:
                        else None, "gpu": (a := gpus.get(n)) and a.record(),
                        "cpu": (c := cpus.get(n)) and c.record()} for n, s in standings.items()]})
 
-    def _dump(self, names: list[str]) -> dict[str, dict | None]:
-        """Ask the host agents for the processes (and Python stacks) of ``names``. Waits
+    def dump(self, names: list[str]) -> dict[str, dict | None]:
+        """Ask the host agents for the processes (and Python stacks, CPU and I/O counters; nothing
+        saved) of ``names``. Waits
         :data:`DUMP_WAIT_S` at most (the loop pauses meanwhile)."""
         job = self.job
         by_host: dict[str, list[str]] = {}

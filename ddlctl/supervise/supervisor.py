@@ -104,7 +104,7 @@ class Supervisor:
         self.degraded: list[dict] = []
         self.left_running: list[dict] = []  # tasks SIGKILL could not end
         self.paused: list[dict] = []  # each time ddlctl itself did not run (Ctrl-Z, SIGSTOP, suspended)
-        self.starting = Looks(self.hangs.where_replies)  # whether tasks not listening yet are at work
+        self.starting = Looks(self.hangs.dump)  # whether tasks not listening yet are at work
         self.preparing: list[dict] = []  # tasks not listening yet found at work (the hang watch keeps its own)
         self.signals: list[int] = []
         self.killed_at: float | None = None

@@ -115,7 +115,7 @@ def reopen_lost(plan: Plan, transports: Mapping[str, Transport], sessions: dict[
     reconnected (the agent killed, the connection dropped), to bring its task folders back; put
     in ``sessions``. The hosts that could not be reached, with why (their files are said missing)."""
     lost = [host for host in plan.hosts if (session := sessions.get(host.label)) is not None and session.lost
-            and hasattr(transports.get(host.label), "end_leftovers")]
+            and _sweepable(transports, host.label)]
     reached = each_host(lost, lambda host: transports[host.label].reopen(plan.run_id, Path(plan.run_dir) / "agents"))
     sessions.update({label: session for label, session in reached.items() if isinstance(session, HostSession)})
     return {label: error.message for label, error in reached.items() if isinstance(error, LaunchError)}
@@ -190,15 +190,14 @@ def end_leftovers(plan: Plan) -> str | None:
     was killed before it could end it). SIGKILL them; a sentence naming them, or None."""
     if not any(host.is_local for host in plan.cluster.hosts):
         return None
-    from ddlctl.runtime.procs import processes_with
+    from ddlctl.runtime.procs import command_line, processes_with
 
     ended = []
     # (its task folders here are the run's own: another run given the same --run-id is not touched)
     folder = f"{envvars.TASK_DIR}={Path(plan.run_dir).expanduser()}/"
     for pid in processes_with([f"{envvars.RUN_ID}={plan.run_id}"], starting=folder):
+        command = command_line(pid, 60)
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:60]
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
@@ -216,19 +215,26 @@ def end_remote_leftovers(plan: Plan, transports: Mapping[str, Transport], lost: 
     there (a task's daemon started outside its process group, which only its agent could end).
     ``unreached``: hosts just found unreachable, with why (not tried again). A sentence per host
     where something was ended or that could not be reached."""
-    remote = [host for host in plan.cluster.hosts
-              if host.label in set(lost) and hasattr(transports.get(host.label), "end_leftovers")]
+    lost_labels = set(lost)
+    remote = [host for host in plan.cluster.hosts if host.label in lost_labels and _sweepable(transports, host.label)]
 
     def sweep(host: Host) -> str | None:
-        try:
-            if host.label in unreached:
-                raise LaunchError(unreached[host.label])
-            ended = transports[host.label].end_leftovers(plan.run_id, launch_key())  # type: ignore[attr-defined]
-        except LaunchError as exc:
-            return (f"could not reach {host.label} to end what this run may have left running there "
-                    f"({exc.message}): ddlctl stop {plan.run_dir}")
-        return (f"ended {len(ended)} process(es) of this run still running on {host.label} after its host agent was "
-                f"lost (started by a task outside its process group): {', '.join(ended)}") if ended else None
+        problem = unreached.get(host.label)
+        if problem is None:
+            try:
+                ended = transports[host.label].end_leftovers(plan.run_id, launch_key())  # type: ignore[attr-defined]
+            except LaunchError as exc:
+                problem = exc.message
+            else:
+                return (f"ended {len(ended)} process(es) of this run still running on {host.label} after its host "
+                        f"agent was lost (started by a task outside its process group): {', '.join(ended)}") \
+                    if ended else None
+        return (f"could not reach {host.label} to end what this run may have left running there ({problem}): "
+                f"ddlctl stop {plan.run_dir}")
 
-    results = each_host(remote, sweep)
-    return [line if isinstance(line, str) else line.message for line in results.values() if line]
+    return [line if isinstance(line, str) else line.message for line in each_host(remote, sweep).values() if line]
+
+
+def _sweepable(transports: Mapping[str, Transport], label: str) -> bool:
+    """Whether ``label``'s transport can reach its host again after its agent is lost (SSH)."""
+    return hasattr(transports.get(label), "end_leftovers")
