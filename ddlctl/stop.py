@@ -13,7 +13,7 @@ from ddlctl.cluster.model import Host
 from ddlctl.errors import ConfigError, LaunchError
 from ddlctl.rundir import check_private
 from ddlctl.runfiles import PLAN_FILE
-from ddlctl.runtime.killrun import kill_run
+from ddlctl.runtime.killrun import kill_run, script
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _WORD = re.compile(r"^[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*$")  # one word: no space, control character or leading '-'
@@ -133,7 +133,7 @@ def stop(run_dir: str, ssh: object | None, console: Console) -> int:
     remote = [h for h in hosts if not h.is_local]
     unreachable = 0
     if remote:
-        source = (Path(__file__).parent / "runtime" / "killrun.py").read_text()
+        source = script()
         connections = connect_each(remote, ssh if isinstance(ssh, SshOptions) else SshOptions())
 
         def kill_remote(host: Host) -> str:

@@ -76,6 +76,12 @@ def kill_run(run_id: str, launch: str | None = None) -> list[int]:
     return killed
 
 
+def script() -> str:
+    """This file's text: what ``python -c`` runs on a host (for ddlctl's side, which has the file)."""
+    with open(__file__, encoding="utf-8") as handle:
+        return handle.read()
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2:  # a launch's leftovers: named, for ddlctl to say what it ended
         commands = {pid: command_of(pid) for pid in run_processes(sys.argv[1], sys.argv[2])}

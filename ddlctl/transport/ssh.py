@@ -427,7 +427,7 @@ class SshTransport:
         when the host cannot be reached."""
         from ddlctl.runtime import killrun
 
-        argv = [self.python, "-c", Path(killrun.__file__).read_text(), run_id, launch]
+        argv = [self.python, "-c", killrun.script(), run_id, launch]
         problem = ""
         for attempt in range(2):
             try:
