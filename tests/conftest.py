@@ -81,9 +81,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
 #: see docs/testing.md), longest first. Workers take whole files (``--dist loadfile``) in collection
 #: order (``--no-loadscope-reorder``): the long files start first and a short one ends each worker's
 #: share. (pytest-xdist's own order, by number of tests, left these, which have few tests, for last.)
-LONGEST_FIRST = ("test_model_parallel.py", "test_faults.py", "test_ssh_faults.py", "test_launch_local.py",
-                 "test_slurm.py", "test_compare.py", "test_ssh.py", "test_hangs_real.py", "test_profile.py",
-                 "test_partition.py", "test_console.py", "test_cli.py", "test_heterogeneous.py")
+LONGEST_FIRST = ("test_hangs_real.py", "test_model_parallel.py", "test_faults.py", "test_launch_local.py",
+                 "test_ssh_faults.py", "test_slurm.py", "test_ssh.py", "test_compare.py", "test_partition.py",
+                 "test_profile.py", "test_prefork.py", "test_heterogeneous.py", "test_cli.py", "test_console.py",
+                 "test_hostagent.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
