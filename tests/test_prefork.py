@@ -116,6 +116,21 @@ def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
     assert prefork.zygote_key([py, "train.py"], worker) != prefork.zygote_key([py, "-u", "train.py"], worker)
     legacy = {**worker, "TF_USE_LEGACY_KERAS": "1"}  # read when TensorFlow is imported: its own zygote
     assert prefork.zygote_key([py, "train.py"], worker) != prefork.zygote_key([py, "train.py"], legacy)
+    # under ps, the servers (workers, ps) and the program (the chief) of one host share a zygote: one
+    # TensorFlow import for all of them (the built-in workload as a command; before, the program's
+    # DDLCTL_AUTO_STEPS, the model.fit hook's switch, gave it a zygote of its own)
+    from ddlctl.cluster.model import local_cluster
+    from ddlctl.planning.plan import LaunchRequest, make_plan
+
+    for command in ((py, "-m", "ddlctl.workloads"), None):
+        req = LaunchRequest(strategy="ps", run_id="r1", run_dir=str(tmp_path), local_python=py,
+                            default_workdir=str(tmp_path), workers=2, command=command)
+        keys = set()
+        for task in make_plan(local_cluster(3), req, {}).tasks:
+            env = dict(task.env)
+            prefork.import_environment(list(task.argv), env)
+            keys.add(prefork.zygote_key(list(task.argv), env))
+        assert len(keys) == 1, (command, keys)
     # an interpreter given relative to the task's folder (".venv/bin/python") is the one there
     relative = os.path.relpath(py, tmp_path)
     assert prefork.zygote_key([relative, "train.py"], worker, str(tmp_path)) == \

@@ -439,8 +439,10 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
                                                    if w.role == "worker"])
         if multi and request.command and request.legacy_keras:
             env["TF_USE_LEGACY_KERAS"] = "1"
-        if request.command and request.auto_steps and not server:
-            env[envvars.AUTO_STEPS] = "1"  # transports put the model.fit hook on PYTHONPATH
+        if request.command and request.auto_steps:  # transports put the model.fit hook on PYTHONPATH
+            # (a ps server never fits, but given the same environment as the program beside it,
+            # it is forked from that program's zygote: one TensorFlow import less on its host)
+            env[envvars.AUTO_STEPS] = "1"
         if not request.prefork:
             env[envvars.PREFORK] = "0"
         env.update(request.env)
