@@ -66,8 +66,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--top", type=int, default=25, help="tests to list")
-    parser.add_argument("command", nargs="*", default=[sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist",
-                                                       "loadfile", "-m", "not timing", "-p", "no:cacheprovider"])
+    parser.add_argument("command", nargs="*", default=[sys.executable, "-m", "pytest", "-q", "-n", "4", "--dist",
+                                                       "loadfile", "--no-loadscope-reorder", "-m", "not timing",
+                                                       "-p", "no:cacheprovider"])
     args = parser.parse_args()
     started = time.monotonic()
     before = psutil.cpu_times()
