@@ -192,6 +192,8 @@ class FakeSession:
         self.clock_offset: float | None = None
         self.clock_frames = 0
         self._pids_changed = False
+        # step reports held back (``World.starve``): what ddlctl saw last, until a stack request
+        self.held: tuple[dict, dict] | None = None
         # always readable: the supervisor's select returns at once and every tick runs immediately
         self._read_end, self._write_end = os.pipe()
         os.write(self._write_end, b"x")
@@ -227,10 +229,10 @@ class FakeSession:
         return changed
 
     def step_counts(self) -> dict[str, tuple[int, float]]:
-        return self.counts
+        return self.held[0] if self.held else self.counts
 
     def progress(self) -> dict[str, tuple[int, int | None]]:
-        return self.totals
+        return self.held[1] if self.held else self.totals
 
     def credits(self) -> dict[str, dict[str, int]]:
         return self.credit
@@ -245,6 +247,7 @@ class FakeSession:
         """Nothing is silent here."""
 
     def request_dump(self, names: list[str]) -> None:
+        self.held = None  # a host agent reports its step counts before it answers a stack request
         for name in names:
             task = self.tasks[name]
             state = "T" if task.behaviour.stopped else "D" if task.behaviour.blocked else "S"
@@ -392,6 +395,12 @@ class World:
         busy = self.task(name).session.busy
         lines, _ = busy.get(name, (0, None))
         busy[name] = (lines + 1, phase)
+
+    def starve(self, label: str) -> None:
+        """The host's agent gets no CPU for a while (a loaded machine): its step reports stop
+        reaching ddlctl, and what was stepped meanwhile comes at its next stack request."""
+        session = self.sessions[label]
+        session.held = (dict(session.counts), dict(session.totals))
 
     def stop(self, name: str) -> None:
         """SIGSTOP: it stops stepping, ignores TERM and shows state T."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -151,6 +152,26 @@ def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
         assert "waiting_here" in s.dump_of("worker:0")["stacks"]
         assert [state for _pid, state, _cmd in s.dump_of("worker:1")["procs"]] == ["T"]
         assert live.poll() is None, "SIGUSR2 went only to a process that registered for it"
+    finally:
+        s.shutdown()
+        s.close()
+
+
+def test_a_dump_comes_after_the_step_counts_it_should_be_read_with(tmp_path):
+    # the agent reports step counts each second; a stack request answered in between came before
+    # the steps just taken, and ddlctl judged the stacks (a task ending) with a stale count
+    s = session(tmp_path)
+    try:
+        # (its records written as ddlctl.step writes them, by a shell: no stack dumper, so a stack
+        # request is answered at once, not after the 1.5 s a dumper is given)
+        record = '{"task": "worker:0", "step": %d, "start_us": 1, "duration_s": 0.001, "samples": null}'
+        script = "".join(f"echo '{record % i}' >> \"$DDLCTL_TASK_DIR/steps.jsonl\"; " for i in range(1, 6))
+        shell = dataclasses.replace(spec("worker:0", "", tmp_path / "w0"), argv=("sh", "-c", f"{script}echo ready; sleep 60"))
+        task = s.start(shell, 1)
+        assert s.wait_for(lambda: b"ready" in b"".join(task.chunks), 20)
+        s.request_dump(["worker:0"])
+        assert s.wait_for(lambda: s.dump_of("worker:0") is not None, 10)
+        assert s.step_counts()["worker:0"][0] == 5
     finally:
         s.shutdown()
         s.close()

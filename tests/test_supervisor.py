@@ -732,6 +732,21 @@ def test_a_task_that_never_declared_its_steps_and_hangs_in_its_exit_after_an_exc
     assert hang["culprit"] == "worker:1"
 
 
+def test_steps_that_reach_ddlctl_only_with_the_stacks_are_progress_not_a_hang(tmp_path):
+    # both hosts' agents starved on a loaded machine: no step report for longer than the threshold,
+    # but the workers stepped meanwhile to their last step and are ending; their counts come with
+    # the stacks (a real run under load: both recorded "stuck in their exit" before, just done)
+    world = mwms_world(**{f"worker:{i}": Behaviour(total=40, exit_after=4.0, ignores_term=True, stack=EXITING)
+                          for i in range(2)})
+    for host in ("node1", "node2"):
+        world.at(1.0, world.starve, host)
+    result, plan = world.run(tmp_path, hang_timeout_s=2.0, max_restarts=0)
+    assert (result.ok, result.hangs, result.exit_code) == (True, (), 0), world.messages
+    said = [m for m in world.messages if "reached ddlctl meanwhile" in m]
+    assert said and "worker:0, worker:1: progress recorded before the stacks were taken" in said[0], world.messages
+    assert [world.task(f"worker:{i}").signals for i in range(2)] == [[], []], "each ended on its own"
+
+
 def test_a_peer_that_names_a_hung_task_gets_it_blamed_not_itself(tmp_path):
     heartbeat = (FIXTURES / "mwms_worker1_stopped.worker0.log").read_bytes()
     world = mwms_world(**{"worker:1": Behaviour(exit_after=None, ignores_term=True)})

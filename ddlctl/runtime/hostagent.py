@@ -334,6 +334,8 @@ class HostAgent:
     def finish_dumps(self, now: float) -> None:
         due = [d for d in self.dumps if d[0] <= now]
         self.dumps = [d for d in self.dumps if d[0] > now]
+        if due:  # the step counts first: ddlctl has them when it reads the stacks (a step just taken
+            self.report_steps()  # is progress, whatever the stacks say)
         for _, report in due:
             for name, entry in report.items():
                 stacks = []

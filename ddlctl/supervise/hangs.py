@@ -175,8 +175,9 @@ class Hangs:
         if self._preparing(now, overdue, names):
             return None
         job.notify(f"hang: {overdue.describe()}; collecting every task's stacks")
+        known = dict(self.watch.counts)
         folder, standings = self._stand(names)
-        if self._ended_meanwhile(names):
+        if self._ended_meanwhile(names) or self._progressed_meanwhile(names, known):
             return None
         exiting = [n for n in overdue.tasks or names if standings[n].state == "exiting"]
         if exiting:  # not hung in training: ended (the others still overdue are looked at next)
@@ -325,6 +326,18 @@ class Hangs:
         """Where each task of ``names`` stands now (its processes and stacks; nothing saved)."""
         replies = self.dump(names)
         return {n: stand(n, replies.get(n)) for n in names}
+
+    def _progressed_meanwhile(self, names: list[str], known: Mapping[str, int]) -> bool:
+        """Whether a task of ``names`` made progress that reached ddlctl while its stacks were taken
+        (``known``: the watch's counts before): its step records came late (a host agent reports
+        them each second, and before it answers a stack request; a loaded host is late), so the
+        watch's view was stale, not the task. Said; the watch looks again as usual."""
+        self.feed(self.job.clock())
+        moved = [n for n in names if self.watch.counts.get(n, 0) > known.get(n, 0)]
+        if moved:
+            self.job.notify(f"{', '.join(moved)}: progress recorded before the stacks were taken reached ddlctl "
+                            f"meanwhile (its host's reports came late): not hung")
+        return bool(moved)
 
     def _ended_meanwhile(self, names: list[str]) -> bool:
         """Whether a task of ``names`` ended while its stacks were taken: its exit decides, not
