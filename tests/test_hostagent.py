@@ -166,7 +166,8 @@ def test_a_dump_comes_after_the_step_counts_it_should_be_read_with(tmp_path):
         # request is answered at once, not after the 1.5 s a dumper is given)
         record = '{"task": "worker:0", "step": %d, "start_us": 1, "duration_s": 0.001, "samples": null}'
         script = "".join(f"echo '{record % i}' >> \"$DDLCTL_TASK_DIR/steps.jsonl\"; " for i in range(1, 6))
-        shell = dataclasses.replace(spec("worker:0", "", tmp_path / "w0"), argv=("sh", "-c", f"{script}echo ready; sleep 60"))
+        shell = dataclasses.replace(spec("worker:0", "", tmp_path / "w0"),
+                                    argv=("sh", "-c", f"{script}echo ready; sleep 60"))
         task = s.start(shell, 1)
         assert s.wait_for(lambda: b"ready" in b"".join(task.chunks), 20)
         s.request_dump(["worker:0"])
