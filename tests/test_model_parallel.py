@@ -46,7 +46,11 @@ def check_partition(data: dict, saved) -> None:  # noqa: ANN001 - a Path
         work = [sum(layer["cost_s"] for layer in data["layers"][s["first"]:s["last"] + 1]) for s in stages]
         assert work[2] < max(work[:2]), (work, stages)
     assert plans["optimal"]["bottleneck_s"] <= plans["greedy"]["bottleneck_s"] + 1e-12
-    assert data["chosen"] in ("optimal", "greedy")
+    # the plan saved is the one predicted fastest: usually greedy's or the exact one, but one random
+    # draw may come within a few % of them here (22.2 against 21.3 ms seen) and, with layers timed on
+    # a loaded machine, below them: the exact plan minimises the slowest stage, not the whole step
+    feasible = [p["step_time_s"] for p in data["plans"] if p["feasible"]]
+    assert plans[data["chosen"]]["step_time_s"] == min(feasible) and len(feasible) == 3, data["plans"]
     spread = data["random_expected"]  # random placement over many draws: its expected step
     assert spread["draws"] == 200 and spread["p10_step_s"] <= spread["mean_step_s"] <= spread["p90_step_s"]
     assert plans["optimal"]["step_time_s"] < spread["mean_step_s"]
