@@ -336,7 +336,7 @@ class Hangs:
         moved = [n for n in names if self.watch.counts.get(n, 0) > known.get(n, 0)]
         if moved:
             self.job.notify(f"{', '.join(moved)}: progress recorded before the stacks were taken reached ddlctl "
-                            f"meanwhile (its host's reports came late): not hung")
+                            f"meanwhile (a loaded host reports late): not hung")
         return bool(moved)
 
     def _ended_meanwhile(self, names: list[str]) -> bool:
