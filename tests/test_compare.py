@@ -182,8 +182,11 @@ def test_every_execution_mode_trains_to_the_same_accuracy(runs):
     assert accuracies["pipelined"] == pytest.approx(accuracies["linear"], abs=0.01)
     assert accuracies["pipelined"] == pytest.approx(accuracies["python-feed"], abs=0.01)
     assert accuracies["pipelined"] > 0.3
-    # python-feed builds batches in Python: most of its step is waiting for input
-    assert input_share["python-feed"] > 0.5 > input_share["linear"], input_share
+    # python-feed builds batches in Python: most of its step is waiting for input, far more than a
+    # linear step's share (23% on an idle machine; beside two CPU hogs and four test workers, 51%
+    # against python-feed's 99%: the machine's load moves the share, not the order)
+    assert input_share["python-feed"] > 0.5 and input_share["python-feed"] > input_share["linear"] + 0.25, \
+        input_share
 
 
 def consumed_ids(run_dir, task):
