@@ -324,6 +324,24 @@ def test_check_reports_every_host_and_fails_on_unusable_ones(cluster, tmp_path):
         assert f"TensorFlow is not installed for {system_python}" in result.stderr
 
 
+def test_a_missing_python_is_named_on_a_host_that_does_not_have_ddlctls_code_yet(tmp_path):
+    # the upload checks what arrived with the host's Python: without one, it said "cannot copy
+    # ddlctl's code ... the code bundle arrived damaged (... no hash: /no/such/python failed)" (and
+    # the check above said either, by which host's upload came first into the shared home)
+    cluster = SshTestCluster(tmp_path / "ssh", 1, separate_homes=True)
+    try:
+        host = cluster.hosts[0]
+        hosts = tmp_path / "hosts.txt"
+        hosts.write_text(f"{host.address} port={host.port} python=/no/such/python\n")
+        result = run_ddlctl("check", "--hosts", str(hosts), "--json", env=cluster.env, timeout=120)
+    finally:
+        cluster.stop()
+    assert result.returncode == 1, result.stderr
+    [report] = json.loads(result.stdout)
+    assert report["problems"][0].endswith("Python '/no/such/python' not found on the host"), report
+    assert not list((cluster.host_home(cluster.hosts[0]) / ".ddlctl" / "code").glob("*.tmp"))
+
+
 @pytest.mark.cluster
 def test_stop_kills_a_run_whose_controller_is_frozen(cluster, hosts_file, runs):
     proc = start_endless_run(cluster, hosts_file, runs)

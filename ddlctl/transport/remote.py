@@ -41,7 +41,9 @@ FIND_BUNDLE = EXPAND_1 + f'if {BUNDLE_THERE}; then touch "$p"; printf %s "$p"; e
 #: unique temporary name, its size and SHA-256 checked (by the host's own Python: no tool assumed),
 #: then renamed (hosts may share a file system, and another launch may be writing the same bundle);
 #: a damaged upload is removed and said; bundles unused for 30 days are removed; prints the path.
+#: A PYTHON that is not there exits 127, as ``env PYTHON`` does.
 UPLOAD_BUNDLE = (EXPAND_1 + 'set -e; mkdir -p "$(dirname "$p")"; t="$p.$2.tmp"; cat > "$t"; '
+                 'command -v "$5" > /dev/null 2>&1 || { rm -f "$t"; echo "$5: not found" >&2; exit 127; }; '
                  'n=$(wc -c < "$t" | tr -d " "); '
                  'h=$("$5" -c "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], \'rb\').read())'
                  '.hexdigest())" "$t") || h="(no hash: $5 failed)"; '

@@ -240,6 +240,8 @@ class SshConnection:
         # a unique temporary name, renamed into place: hosts may share a file system, and another
         # launch may be putting the same bundle there at the same moment
         status, out, err = self.sh(UPLOAD_BUNDLE, *upload_args(data, python), data=data, timeout=120)
+        if status == 127:  # (before, "the code bundle arrived damaged ... no hash": the check could not run)
+            raise no_python(self.host, python)
         if status != 0 or not out.startswith(b"/"):
             self.sh(EXPAND_1 + 'rm -f "$p".*.tmp', bundle_path())
             raise LaunchError(f"{self.host.label}: cannot copy ddlctl's code to {bundle_path()}: {err.strip()}",
@@ -248,6 +250,12 @@ class SshConnection:
 
     def close(self) -> None:
         self.client.close()
+
+
+def no_python(host: Host, python: str) -> LaunchError:
+    """The error for a host without the Python ddlctl was told to use there."""
+    return LaunchError(f"{host.label}: Python {python!r} not found on the host",
+                       f"install Python 3.10+ there, or set python= for this host ({host.source})")
 
 
 def connect(host: Host, options: SshOptions) -> SshConnection:
@@ -407,9 +415,8 @@ class SshTransport:
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 problem = f"the probe could not run: {exc}"
                 continue
-            if status == 127 or "No such file" in err:
-                raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on the host",
-                                  f"install Python 3.10+ there, or set python= for this host ({self.host.source})")
+            if status == 127:  # (env's exit for a command it cannot find; any other "No such file" is
+                raise no_python(self.host, self.python)  # the probe's own trouble, said below with its words)
             lines = [line for line in out.splitlines() if line.strip()]
             if status == 0 and lines:
                 try:  # the last line: a login shell may print before the command runs
