@@ -142,8 +142,11 @@ def test_model_fit_at_work_between_its_step_records_is_not_a_hang(runs, strategy
     # after the first epoch as work, not as a stall
     args = ("2", "110", "80") if strategy == "ps" else ("2", "5", "80", "200")
     command = ("launch", "--no-telemetry") if strategy == "ps" else ("profile",)
+    # (mwms: 8 s, half its evaluation; at 6 s, beside two CPU hogs and four test workers, a gap
+    # without a step or a beat went past it once, a worker in model.fit and its peer in an all-reduce)
+    timeout = "6" if strategy == "ps" else "8"
     result = run_ddlctl(*command, "-s", strategy, "--workers", "1" if strategy == "ps" else "2", "--hang-timeout",
-                        "6", "--runs-dir", str(runs), "--",
+                        timeout, "--runs-dir", str(runs), "--",
                         sys.executable, str(PROGRAMS / "fit_slow.py"), *args, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FIT_SLOW_DONE" in result.stdout and "hang:" not in result.stderr
