@@ -365,8 +365,7 @@ class HostSession:
         why = self.lost or f"no answer within {HELLO_TIMEOUT_S:g}s"
         self.close()
         if "No such file" in said or "not found" in said:
-            raise LaunchError(f"{self.host.label}: Python {self.python!r} not found on the host",
-                              f"install Python 3.10+ there, or set python= for this host ({self.host.source})")
+            raise no_python(self.host, self.python)
         raise LaunchError(f"{self.host.label}: the ddlctl host agent did not start ({why})"
                           + (f": {said}" if said else ""),
                           f"check python= for this host ({self.host.source}) and that it is Python 3.10+")
@@ -520,6 +519,12 @@ def task_command(spec: TaskSpec, grace_s: float, pythonpath: Sequence[str]) -> d
             "mkdirs": [spec.task_dir], "port": spec.port or 0,
             "cpu_quota": spec.host.cpu_quota if spec.kind != "agent" else None,
             "cpus": list(spec.host.cpus) if spec.host.cpus and spec.kind != "agent" else None}
+
+
+def no_python(host: Host, python: str) -> LaunchError:
+    """The error for a host without the Python ddlctl was told to use there."""
+    return LaunchError(f"{host.label}: Python {python!r} not found on the host",
+                       f"install Python 3.10+ there, or set python= for this host ({host.source})")
 
 
 def agent_argv(python: str, ports: int | None) -> list[str]:

@@ -41,7 +41,7 @@ from ddlctl.transport.remote import (
     start_bundled_agent,
     upload_args,
 )
-from ddlctl.transport.session import HostSession
+from ddlctl.transport.session import HostSession, no_python
 
 
 def _import_paramiko():  # noqa: ANN202 - the module
@@ -250,12 +250,6 @@ class SshConnection:
 
     def close(self) -> None:
         self.client.close()
-
-
-def no_python(host: Host, python: str) -> LaunchError:
-    """The error for a host without the Python ddlctl was told to use there."""
-    return LaunchError(f"{host.label}: Python {python!r} not found on the host",
-                       f"install Python 3.10+ there, or set python= for this host ({host.source})")
 
 
 def connect(host: Host, options: SshOptions) -> SshConnection:
