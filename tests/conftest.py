@@ -13,6 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 
+# pytest rewrites the asserts of every test module it collects (5-6 CPU-seconds for this suite, in
+# each pytest-xdist worker and again in the timing part's process) and caches the result only where
+# Python writes bytecode: under PYTHONDONTWRITEBYTECODE=1 (this machine kind's environment) every
+# collection rewrote them all again. pytest's own process writes its cache; what it starts (ddlctl,
+# TensorFlow tasks) still has the variable and writes nothing.
+sys.dont_write_bytecode = False
+
 
 def ddlctl_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ddlctl", *args]
