@@ -5,16 +5,24 @@ parallel part of the suite) while sampling every process's CPU time twice a seco
     python benchmarks/suite_cpu.py -- pytest -q tests/test_faults.py
     python benchmarks/suite_cpu.py -- pytest -q tests/test_ssh_faults.py -k group_restart   # one test's cost
 
-An ``atexit`` hook would miss most of it: TensorFlow tasks end by SIGTERM/SIGKILL. Processes under
-sshd or slurmd do not inherit ``PYTEST_CURRENT_TEST``; they are counted by run id or not at all.
+An ``atexit`` hook would miss most of it: TensorFlow tasks end by SIGTERM/SIGKILL. A process is
+counted to the test named by ``PYTEST_CURRENT_TEST`` in its environment, else to its parent's test
+(a host agent's environment is cleared: its zygote and tasks are its children), else to its run id
+(processes under sshd or slurmd), which is then found in the run folders under pytest's basetemp:
+the test whose temporary folder holds that run's folder. Slurm's daemons inherit the environment of
+the test that started the file's test cluster: their job steps are counted to that test.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import getpass
+import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -31,14 +39,45 @@ def kind_of(cmdline: str) -> str:
     return next((name for needle, name in KINDS if needle in cmdline), "other")
 
 
+def test_of(p: psutil.Process, parent_test: str) -> str:
+    """The test a process is counted to: its environment's, its parent's, or ``run RUN_ID``."""
+    try:
+        env = p.environ()
+    except (psutil.Error, OSError):
+        env = {}
+    return (env.get("PYTEST_CURRENT_TEST", "").split(" ")[0] or parent_test
+            or (f"run {env['DDLCTL_RUN_ID']}" if "DDLCTL_RUN_ID" in env else ""))
+
+
+def tests_of_runs(basetemp: str) -> dict[str, str]:
+    """Run id -> the test whose temporary folder holds that run's folder (pytest's ``basetemp``:
+    ``popen-gwN/TESTNAME0/.../RUN_ID``)."""
+    found: dict[str, str] = {}
+    for root, dirs, _ in os.walk(basetemp):
+        for name in dirs:
+            if re.match(r"\d{8}-\d{6}-", name):
+                test = re.search(r"(?:popen-gw\d+/)?(test_[^/]+)", root[len(basetemp):])
+                found[name] = test.group(1) if test else root
+        if root.count(os.sep) - basetemp.count(os.sep) > 6:
+            dirs[:] = []
+    return found
+
+
+def _folder_name(test: str) -> str:
+    """The name pytest gives a test's temporary folder (less its number): non-word characters
+    replaced, 30 characters at most."""
+    return re.sub(r"\W", "_", test.split("::")[-1])[:30]
+
+
 def sample(proc: subprocess.Popen, interval: float) -> dict:
     """(pid, start) -> (cpu seconds, kind, test) until ``proc`` ends; processes older than ``proc``
     count only the CPU they use from then on."""
     seen: dict[tuple[int, float], tuple[float, str, str]] = {}
     base: dict[tuple[int, float], float] = {}
+    test_of_pid: dict[int, str] = {}
     born = psutil.Process(proc.pid).create_time()
     while proc.poll() is None:
-        for p in psutil.process_iter(["pid", "cmdline", "cpu_times", "create_time"]):
+        for p in psutil.process_iter(["pid", "ppid", "cmdline", "cpu_times", "create_time"]):
             info = p.info
             if not info["cpu_times"] or not info["cmdline"]:
                 continue
@@ -49,14 +88,9 @@ def sample(proc: subprocess.Popen, interval: float) -> dict:
             old = seen.get(key)
             if old is not None and cpu <= old[0]:
                 continue
-            test = old[2] if old else ""
-            if not test:
-                try:
-                    env = p.environ()
-                    test = env.get("PYTEST_CURRENT_TEST", "").split(" ")[0] or \
-                        (f"run {env['DDLCTL_RUN_ID']}" if "DDLCTL_RUN_ID" in env else "")
-                except (psutil.Error, OSError):
-                    pass
+            test = (old[2] if old else "") or test_of(p, test_of_pid.get(info["ppid"], ""))
+            if test:
+                test_of_pid[info["pid"]] = test
             seen[key] = (cpu, kind_of(" ".join(info["cmdline"])), test)
         time.sleep(interval)
     return seen
@@ -84,9 +118,14 @@ def main() -> int:
     by_kind: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     by_test: collections.Counter[str] = collections.Counter()
+    runs = tests_of_runs(os.path.join(tempfile.gettempdir(), f"pytest-of-{getpass.getuser()}", "pytest-current"))
+    named = {_folder_name(test): test for _, _, test in seen.values() if "::" in test}
     for cpu, kind, test in seen.values():
         by_kind[kind] += cpu
         count[kind] += 1
+        if test.startswith("run "):  # a test's run: by its folder, the test's name as pytest shortens it
+            folder = runs.get(test[4:], "")
+            test = named.get(re.sub(r"\d+$", "", folder), folder or test)
         by_test[test or "(unknown)"] += cpu
     total = sum(by_kind.values())
     print(f"\nwall {wall:.0f} s, machine idle {idle:.0%}, machine busy {busy:.1f} CPU-s, sampled CPU {total:.0f} s, "
