@@ -285,9 +285,11 @@ def test_two_launches_at_once_both_succeed(tmp_path):
     procs = []
     for i in range(2):
         run_root = tmp_path / f"runs{i}"
+        # (two launches side by side, not TensorFlow: tasks that listen on their address and step
+        # for 3 s without it; two TensorFlow jobs on the same hosts at once: test_ssh.py)
         procs.append((run_root, subprocess.Popen(
-            ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "1", "--steps", "20",
-                       "--runs-dir", str(run_root)),
+            ddlctl_cmd("launch", "--strategy", "mwms", "--workers", "1", "--runs-dir", str(run_root), "--",
+                       sys.executable, str(PROGRAMS / "idle_server.py"), "30"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     ports = []
     for run_root, proc in procs:

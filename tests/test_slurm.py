@@ -354,8 +354,10 @@ def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
 @needs_slurm
 def test_ctrl_c_of_submit_follow_leaves_the_job_running_and_stop_cancels_it(idle, runs):
     env = {**idle.env, "NO_COLOR": "1"}
+    # (what Ctrl-C and stop do to a submitted job, not TensorFlow: its tasks listen and step without
+    # it; unpaced TensorFlow workers trained on both nodes from their second step to the stop)
     proc = subprocess.Popen(ddlctl_cmd("submit", "--nodes", "2", "--runs-dir", str(runs), "--follow", "-s", "mwms",
-                                       "--steps", "100000"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       *IDLE), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
     run_dir = wait_for(lambda: next(runs.iterdir(), None), 60, "the run directory")
     wait_for(lambda: (run_dir / "submit.json").exists(), 60, "the submission")
