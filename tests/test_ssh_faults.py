@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import processes_of_run, run_ddlctl
+from tests.conftest import PROGRAMS, processes_of_run, run_ddlctl
 from tests.faults import Job, step_count, wait_for
 from tests.sshd import SshTestCluster, sshd_available
 
@@ -62,10 +62,12 @@ def remote_steps(job: Job, task: str) -> int:
     return step_count(REMOTE_RUNS / job.run_dir.name / "tasks" / task / "steps.jsonl")
 
 
-def start_mwms(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
+def start_idle(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
+    """An mwms job on every host whose tasks listen and step without TensorFlow, once worker:0 stepped
+    30 times (what ddlctl does about a host, not what TensorFlow does about a peer)."""
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
-    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "300", "--no-telemetry", "--grace", "2",
-              "--startup-timeout", "120", *extra, env=cluster.env)
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--no-telemetry", "--grace", "2", "--startup-timeout", "120",
+              *extra, "--", sys.executable, str(PROGRAMS / "idle_server.py"), env=cluster.env)
     wait_for(lambda: remote_steps(job, "worker-0") >= 30 or job.proc.poll() is not None, 180, "training")
     assert job.proc.poll() is None, job.stderr()[-3000:]
     return job
@@ -74,7 +76,7 @@ def start_mwms(cluster, tmp_path, runs, *extra: str) -> Job:  # noqa: ANN001
 def test_a_host_that_stays_down_fails_the_job_naming_it_when_too_few_workers_would_remain(cluster, tmp_path, runs):
     # connections dropped and sshd stopped: it does not come back within --host-timeout, and without
     # it 2 workers would remain of --min-workers 3: the job fails naming it (a restart remained)
-    job = start_mwms(cluster, tmp_path, runs, "--max-restarts", "2", "--host-timeout", "4", "--min-workers", "3")
+    job = start_idle(cluster, tmp_path, runs, "--max-restarts", "2", "--host-timeout", "4", "--min-workers", "3")
     down = cluster.hosts[2]
     assert down.drop_connections(stop_listener=True) >= 1
     dropped = time.monotonic()
@@ -275,8 +277,6 @@ def test_min_workers_model_fit_resumes_its_backup_on_fewer_workers_and_again_on_
     """Keras's BackupAndRestore across a change of worker count: the interrupted epoch again on the
     worker that remains, then, once the host is back, both from the epoch after the last one the
     lone worker completed (growing back waits for BackupAndRestore's own checkpoint, a folder down)."""
-    from tests.conftest import PROGRAMS
-
     hosts = cluster.hosts_file(tmp_path / "hosts.txt", cluster.hosts[:2])
     job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "1", "--min-workers", "1",
               *ELASTIC, "--env", "FIT_EPOCHS=9", "--", sys.executable, str(PROGRAMS / "fit_backup.py"), env=cluster.env)
