@@ -477,8 +477,8 @@ def test_a_disk_that_fills_neither_stops_ddlctl_nor_loses_output_and_is_the_root
     it, the root cause is the full disk (not "a bug in the program"), the files of the run ddlctl
     cannot write are said, none left half-written; a launch onto the full disk is refused."""
     runs = small_disk / "runs"
-    result = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs), "--",
-                        sys.executable, str(PROGRAMS / "fill_disk.py"), "2000", timeout=120)
+    result = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs), "--env",
+                        "FILL_AFTER_LOG=1", "--", sys.executable, str(PROGRAMS / "fill_disk.py"), "2000", timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     shown = re.findall(r"^\[worker:0@localhost\] line (\d+) ", result.stdout, re.M)
     assert [int(i) for i in shown] == [*range(1000, 3000), *range(4000, 6000)], "every line shown, in order"

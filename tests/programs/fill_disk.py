@@ -23,6 +23,15 @@ def work(first: int) -> None:
 
 
 work(1)
+# FILL_AFTER_LOG=1 (a task of this machine, whose folder holds the output.log ddlctl writes): the
+# disk fills once these lines are in it (on a loaded machine ddlctl's writes came after the
+# filler's: an empty output.log, though the lines came before). A remote task's output is not
+# written on its host.
+log, last = folder / "output.log", f"line {1000 + LINES - 1} ".encode()
+deadline = time.monotonic() + 60
+while os.environ.get("FILL_AFTER_LOG") and time.monotonic() < deadline \
+        and not (log.exists() and last in log.read_bytes()):
+    time.sleep(0.05)
 filler = os.open(folder / "filler.bin", os.O_WRONLY | os.O_CREAT, 0o600)
 try:
     while True:
