@@ -89,8 +89,7 @@ def sample(proc: subprocess.Popen, interval: float) -> dict:
             if old is not None and cpu <= old[0]:
                 continue
             test = (old[2] if old else "") or test_of(p, test_of_pid.get(info["ppid"], ""))
-            if test:
-                test_of_pid[info["pid"]] = test
+            test_of_pid[info["pid"]] = test  # (a pid used again is another process's from now on)
             seen[key] = (cpu, kind_of(" ".join(info["cmdline"])), test)
         time.sleep(interval)
     return seen

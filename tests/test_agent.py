@@ -73,7 +73,7 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
         # as 1,742% of a CPU): none above what this machine's CPUs can give
         readings = [r["procs"][w] for r in samples for w in ("worker:0", "worker:1") if w in r.get("procs", {})]
         assert all(cpu <= 105 * os.cpu_count() and kernel <= cpu + 5 for cpu, _, kernel in readings), readings
-        # the shares over the last samples that saw both (one sample of a loaded machine holds a
+        # the shares over the samples that saw both (one sample of a loaded machine holds a
         # few 10 ms ticks of a task: 2 of CPU and 1 of them the kernel's was read, exactly half)
         def total(task: str) -> tuple[float, float]:
             return sum(r["procs"][task][0] for r in seen), sum(r["procs"][task][2] for r in seen)
