@@ -58,14 +58,15 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
             assert hello["gpu_note"]
         with steps.open("a") as f:
             f.write('{"step": 1}\n{"step": 2}\n{"step": 3')  # the third line is not complete yet
-        samples = []
+        samples, seen = [], []  # seen: the samples with both tasks' CPU
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             record = json.loads(agent.stdout.readline())
             samples.append(record)
-            seen = [r for r in samples if all(r.get("procs", {}).get(w, [0])[0] > 0 for w in ("worker:0", "worker:1"))]
-            if len(samples) > 4 and len(seen) >= 4 and seen[-1] is record:
-                break
+            if all(record.get("procs", {}).get(w, [0])[0] > 0 for w in ("worker:0", "worker:1")):
+                seen.append(record)
+                if len(samples) > 4 and len(seen) >= 4:
+                    break
         last = samples[-1]
         assert last["type"] == "sample" and 0 <= last["cpu"] <= 100
         assert last["mem_total"] > last["mem_used"] > 0

@@ -77,11 +77,9 @@ def test_custom_loop_with_ddlctl_step(runs):
 
 def test_agent_death_leaves_a_gap_and_the_job_goes_on(runs):
     # (the telemetry agent is the subject, not TensorFlow: a task that steps for 6 s without it)
-    stepping = ("import time, ddlctl\nddlctl.set_total_steps(60)\nfor i in range(60):\n"
-                "    with ddlctl.step():\n        time.sleep(0.1)\n")
     proc = subprocess.Popen(
         ddlctl_cmd("launch", "--strategy", "one_device", "--sample-interval", "0.3", "--runs-dir", str(runs),
-                   "--", sys.executable, "-c", stepping),
+                   "--", sys.executable, str(PROGRAMS / "idle_server.py"), "60"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
