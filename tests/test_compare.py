@@ -168,8 +168,9 @@ def test_every_execution_mode_trains_to_the_same_accuracy(runs):
     # --pipeline is the old spelling of --execution pipelined
     for mode, flag in (("pipelined", "--pipeline"), ("linear", "--execution=linear"),
                        ("python-feed", "--execution=python-feed")):
-        result = run_ddlctl("launch", "--strategy", "one_device", "--steps", "40", flag, "--no-telemetry",
-                            "--runs-dir", str(runs / mode))
+        # (batches of 16: at 64, python-feed building them in Python was the test's largest cost)
+        result = run_ddlctl("launch", "--strategy", "one_device", "--steps", "40", "--batch-size", "16", flag,
+                            "--no-telemetry", "--runs-dir", str(runs / mode))
         assert result.returncode == 0, result.stderr[-2000:]
         folder = only_run_dir(runs / mode) / "tasks" / "worker-0"
         done = json.loads((folder / "result.json").read_text())
@@ -183,8 +184,9 @@ def test_every_execution_mode_trains_to_the_same_accuracy(runs):
     assert accuracies["pipelined"] == pytest.approx(accuracies["python-feed"], abs=0.01)
     assert accuracies["pipelined"] > 0.3
     # python-feed builds batches in Python: most of its step is waiting for input, far more than a
-    # linear step's share (23% on an idle machine; beside two CPU hogs and four test workers, 51%
-    # against python-feed's 99%: the machine's load moves the share, not the order)
+    # linear step's share (batches of 64: 23% on an idle machine; beside two CPU hogs and four test
+    # workers, 51% against python-feed's 99%: the machine's load moves the share, not the order;
+    # batches of 16, idle: 13% against 96%)
     assert input_share["python-feed"] > 0.5 and input_share["python-feed"] > input_share["linear"] + 0.25, \
         input_share
 
