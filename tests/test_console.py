@@ -147,7 +147,7 @@ def test_in_a_terminal_the_live_region_redraws_in_place_above_scrolling_output(t
     done = tmp_path / "exit-code"
     # paced (40 ms a step at least): seconds of live display on any machine, for 120 steps of CPU
     command = (f"cd {ROOT} && {sys.executable} -m ddlctl profile -s ps --workers 1 --runs-dir {tmp_path / 'runs'} "
-               f"-- {sys.executable} -m ddlctl.workloads --steps 120 --min-step-ms 40; "
+               f"-- {sys.executable} -m ddlctl.workloads --steps 120 --batch-size 16 --min-step-ms 40; "
                f"echo $? > {done}; sleep 300")
     _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", command)
     try:

@@ -40,7 +40,9 @@ def test_profile_flags_exactly_the_slowed_worker(runs):
 
 
 def test_report_from_a_copied_run_directory_gives_the_same_answer(runs, tmp_path):
-    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--steps", "30", "--runs-dir", str(runs))
+    # (what the report reads, not TensorFlow: tasks that listen and step 30 times without it)
+    result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--runs-dir", str(runs), "--",
+                        sys.executable, str(PROGRAMS / "idle_server.py"), "30")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     live = json.loads((run_dir / "summary.json").read_text())

@@ -236,8 +236,11 @@ def test_a_crashed_task_is_the_root_cause_with_its_own_exit_code(idle, runs):
 
 @needs_slurm
 def test_a_ps_worker_killed_then_its_nodes_agent_step_killed_are_each_restarted_through_a_step(idle, runs):
-    proc, run_dir = running_launch(idle, runs, "-s", "ps", "--steps", "400", "--max-restarts", "2", task="chief-0",
-                                   count=20, nodes=2)
+    # (paced, at least 40 ms a step, in batches of 16: 400 steps last 16 s or more on any machine, time
+    # for both faults, at a quarter of an unpaced default batch's CPU)
+    proc, run_dir = running_launch(idle, runs, "-s", "ps", "--max-restarts", "2", "--", sys.executable, "-m",
+                                   "ddlctl.workloads", "--steps", "400", "--batch-size", "16", "--min-step-ms", "40",
+                                   task="chief-0", count=20, nodes=2)
     plan = {t["name"]: t["host"] for t in json.loads((run_dir / "plan.json").read_text())["tasks"]}
     node = plan["worker:1"]
     assert [name for name, host in plan.items() if host == node] == ["worker:1"], plan
@@ -332,8 +335,9 @@ def test_dry_run_shows_each_nodes_srun_command_and_starts_nothing(idle, runs):
 @needs_slurm
 def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
-    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "2", "--time", "10", "--runs-dir", str(runs), "--follow",
-                                     "-s", "mwms", "--steps", "12", "--env", "DB_URL=postgres://u:pw@db/x"),
+    # (one node, one task: launch --slurm across nodes is the tests' above)
+    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--time", "10", "--runs-dir", str(runs), "--follow",
+                                     "-s", "one_device", "--steps", "12", "--env", "DB_URL=postgres://u:pw@db/x"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     job = done.stdout.split()[0]

@@ -100,12 +100,15 @@ def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, 
         planted = bare.host_home(bare.hosts[0]) / bundle_path().removeprefix("~/")
         planted.parent.mkdir(parents=True)
         planted.write_bytes(bundle[:len(bundle) // 2])
-        result = ssh_launch(bare, "--hosts", str(hosts), "-s", "mwms", "--steps", "16", "--runs-dir", str(runs))
+        # (what is copied, not TensorFlow: tasks that import ddlctl from the bundle, listen and step)
+        result = ssh_launch(bare, "--hosts", str(hosts), "-s", "mwms", "--runs-dir", str(runs), "--",
+                            sys.executable, str(PROGRAMS / "idle_server.py"), "16")
         assert result.returncode == 0, result.stderr[-3000:]
         run_dir = only_run_dir(runs)
         for i, host in enumerate(bare.hosts):
             records = (run_dir / "tasks" / f"worker-{i}" / "steps.jsonl").read_text().splitlines()
-            assert len(records) == 16 and json.loads(records[-1])["total"] == 16
+            assert [json.loads(r)["step"] for r in records] == list(range(1, 17))
+            assert f"worker:{i} listening at" in (run_dir / "tasks" / f"worker-{i}" / "output.log").read_text()
             home = bare.host_home(host) / ".ddlctl"
             assert len(list((home / "code").glob("ddlctl-*.zip"))) == 1, "the code bundle, cached by content"
             [zipped] = (home / "code").glob("ddlctl-*.zip")
@@ -115,7 +118,7 @@ def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, 
             assert (home / "code" / f"{zipped.name}.sha256").read_text().strip() == hashlib.sha256(sent).hexdigest()
             left = sorted(p.name for p in (home / "runs" / run_dir.name).iterdir()) \
                 if (home / "runs" / run_dir.name).exists() else []
-            assert left == (["checkpoints"] if i == 0 else []), (host.address, left)
+            assert left == [], (host.address, left)
         assert processes_of_run(run_dir.name) == []
     finally:
         bare.stop()
@@ -282,20 +285,32 @@ def test_sigkill_to_ddlctl_leaves_nothing_on_any_host(cluster, hosts_file, runs)
 @pytest.mark.cluster
 def test_two_mwms_runs_across_the_same_ssh_hosts_at_once_do_not_disturb_each_other(cluster, tmp_path):
     two = cluster.hosts_file(tmp_path / "two.txt", cluster.hosts[:2])
+    # the first trains with TensorFlow; the second's tasks listen on their addresses and step for 15 s
+    # without it, beside the first (what two runs share is hosts, agents' folders and ports)
+    commands = ((), ("--", sys.executable, str(PROGRAMS / "idle_server.py"), "150"))
     procs = []
-    for i in range(2):
+    for i, command in enumerate(commands):
         procs.append((tmp_path / f"r{i}", subprocess.Popen(
-            ddlctl_cmd("launch", "--hosts", str(two), "--strategy", "mwms", "--steps",
-                       str(STEPS_OVER_SSH["mwms"]), "--runs-dir", str(tmp_path / f"r{i}")),
+            ddlctl_cmd("launch", "--hosts", str(two), "--strategy", "mwms", "--runs-dir", str(tmp_path / f"r{i}"),
+                       *(("--steps", str(STEPS_OVER_SSH["mwms"])) if not command else command)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)))
-    ports = set()
-    for root, proc in procs:
+    ports, spans = set(), []
+    for i, (root, proc) in enumerate(procs):
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]
-        check_ssh_run(cluster, only_run_dir(root), "mwms", cluster.hosts[:2])
-        plan = json.loads((only_run_dir(root) / "plan.json").read_text())
+        run_dir = only_run_dir(root)
+        if i == 0:
+            check_ssh_run(cluster, run_dir, "mwms", cluster.hosts[:2])
+        records = [[json.loads(line) for line in (run_dir / "tasks" / f"worker-{w}" / "steps.jsonl").read_text()
+                    .splitlines()] for w in (0, 1)]
+        assert [len(r) for r in records] == ([STEPS_OVER_SSH["mwms"]] * 2 if i == 0 else [150, 150])
+        spans.append((min(r[0]["start_us"] for r in records), max(r[-1]["start_us"] for r in records)))
+        assert processes_of_run(run_dir.name) == []
+        plan = json.loads((run_dir / "plan.json").read_text())
         ports |= {(t["host"], t["port"]) for t in plan["tasks"]}
     assert len(ports) == 4
+    (trained_from, trained_to), (idle_from, idle_to) = spans
+    assert idle_from < trained_to and trained_from < idle_to, "both stepped at once"
 
 
 def test_check_reports_every_host_and_fails_on_unusable_ones(cluster, tmp_path):
