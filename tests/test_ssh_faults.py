@@ -156,10 +156,11 @@ def ids_that_count(attempts: dict[str, list[tuple[int, list[int]]]], outcome: di
 
 def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_rejoins_each_sample_read_once(
         cluster, tmp_path, runs):
-    # 96: split evenly over 3 workers and over 2. A checkpoint every 40 steps; at most 16.7 steps a
-    # second, the host was taken back at step 168 on an idle machine (a loaded one runs fewer steps
-    # through the same events): 280 leaves two checkpoints' worth after the next one
-    batch, steps, every = 96, 280, 40
+    # 48: split evenly over 3 workers and over 2 (and a step's CPU half of 96's). A checkpoint every
+    # 40 steps; at most 16.7 steps a second, the host was taken back at step 168 on an idle machine (a
+    # loaded one runs fewer steps through the same events): 280 leaves two checkpoints' worth after
+    # the next one
+    batch, steps, every = 48, 280, 40
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "2", "--min-workers", "2",
               *ELASTIC, "--", *ids_workload(batch, steps), "--checkpoint-every", str(every), env=cluster.env)
@@ -221,7 +222,9 @@ def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_re
 def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_it_rejoins_when_back(
         cluster, tmp_path, runs):
     # chief, ps and worker:0 on the first host; worker:1 and worker:2 on one host each
-    batch, steps = 64, 360  # at most 16.7 steps a second: worker:2 rejoined at step 228 on an idle machine
+    # at most 16.7 steps a second: worker:2 rejoined at step 228 on an idle machine; batches of 16 (a
+    # step's CPU a quarter of 64's)
+    batch, steps = 16, 360
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
     job = Job(runs, "--hosts", str(hosts), "-s", "ps", "--max-restarts", "1", "--min-workers", "2",
               *ELASTIC, "--", *ids_workload(batch, steps), "--steps-per-call", "4", env=cluster.env)
