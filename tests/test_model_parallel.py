@@ -32,6 +32,11 @@ def check_partition(data: dict, saved) -> None:  # noqa: ANN001 - a Path
     names = [layer["name"] for layer in data["layers"]]
     assert names[0] == "flatten" and names[-1] == "logits" and len(names) == 14
     assert all(layer["cost_s"] > 0 for layer in data["layers"][1:])  # measured, not declared
+    # the eleven dense layers after the first compute the same (configuration, input, weights): timed
+    # once, their times are one; the first (another input, no input gradient) is timed on its own
+    equal = {(layer["cost_s"], layer["update_s"]) for layer in data["layers"][2:-1]}
+    assert len(data["layers"][2:-1]) == 11 and len(equal) == 1, data["layers"]
+    assert (data["layers"][1]["cost_s"], data["layers"][1]["update_s"]) not in equal
     dense = next(layer for layer in data["layers"] if layer["name"] == "dense_1")
     assert dense["param_bytes"] == (512 * 512 + 512) * 4 * 3  # weights + bias, float32, with Adam's 2 slots
     plans = {p["algorithm"]: p for p in data["plans"]}

@@ -340,6 +340,39 @@ def test_the_cost_model_on_plans_worked_out_by_hand():
     assert [s.layers for s in whole.stages] == [0, 4] and whole.step_time_s == pytest.approx(2.0)
 
 
+class _Described:
+    """A layer as :func:`same_step` sees one: its Keras configuration, its weights."""
+
+    def __init__(self, name: str, units: int, weights: tuple = ((4, 4),)) -> None:
+        self.name, self.units = name, units
+        self.trainable_variables = [type("W", (), {"shape": shape, "dtype": "float32"})() for shape in weights]
+
+    def get_config(self) -> dict:
+        return {"name": self.name, "units": self.units}
+
+
+class _Undescribed(_Described):
+    def get_config(self) -> dict:
+        raise NotImplementedError("Applies could not be serialized: its argument fn is a function")
+
+
+def test_layers_that_compute_the_same_are_timed_once_and_no_others():
+    """Equal but for their names: the same step (profile times the second with the first's times).
+    Another configuration, input shape, weights or input gradient: another step; a layer Keras
+    cannot describe, or a Stack's piece (a closure): never the same as anything."""
+    from ddlctl.planning.profile_model import same_step
+
+    x = type("X", (), {"shape": (8, 4), "dtype": "float32"})()
+    first = same_step(_Described("dense_1", 4), x, True)
+    assert first is not None and same_step(_Described("dense_2", 4), x, True) == first
+    others = [same_step(_Described("dense_2", 8), x, True), same_step(_Described("dense_2", 4), x, False),
+              same_step(_Described("dense_2", 4, ((4, 5),)), x, True),
+              same_step(_Described("dense_2", 4), type("X", (), {"shape": (8, 5), "dtype": "float32"})(), True)]
+    assert first not in others and len(set(others)) == len(others)
+    assert same_step(_Undescribed("applies", 4), x, True) is None
+    assert same_step(type("Piece", (), {"trainable_variables": []})(), x, True) is None
+
+
 def test_an_error_of_the_model_function_or_its_module_is_said_with_where_it_happened(tmp_path, monkeypatch):
     """``--model MODULE:FUNCTION`` whose module or function fails: a clear error (exit 2) naming the
     exception and its place in the user's file, not "internal error in ddlctl"; in a task (said=False)

@@ -287,12 +287,13 @@ def test_two_mwms_runs_across_the_same_ssh_hosts_at_once_do_not_disturb_each_oth
     two = cluster.hosts_file(tmp_path / "two.txt", cluster.hosts[:2])
     # the first trains with TensorFlow; the second's tasks listen on their addresses and step for 15 s
     # without it, beside the first (what two runs share is hosts, agents' folders and ports)
-    commands = ((), ("--", sys.executable, str(PROGRAMS / "idle_server.py"), "150"))
+    commands = (("--steps", str(STEPS_OVER_SSH["mwms"])),
+                ("--", sys.executable, str(PROGRAMS / "idle_server.py"), "150"))
     procs = []
     for i, command in enumerate(commands):
         procs.append((tmp_path / f"r{i}", subprocess.Popen(
             ddlctl_cmd("launch", "--hosts", str(two), "--strategy", "mwms", "--runs-dir", str(tmp_path / f"r{i}"),
-                       *(("--steps", str(STEPS_OVER_SSH["mwms"])) if not command else command)),
+                       *command),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)))
     ports, spans = set(), []
     for i, (root, proc) in enumerate(procs):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -104,7 +105,9 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
     after the other in one call, as a pipeline step runs them: small matrix products are less
     efficient per row (on 2 CPU cores, 8 micro-batches of 32 rows took 1.9x the time of one batch
     of 256). Each layer is timed at least ``repeats`` times and for at least ``MIN_PROFILE_S``; then
-    the whole model's step is timed in one call and the layers' times scaled to add up to it."""
+    the whole model's step is timed in one call and the layers' times scaled to add up to it. A
+    layer that computes what one timed before it does (:func:`same_step`: a deep stack of equal
+    blocks) takes that one's times instead of being traced and timed again."""
     from ddlctl.runtime.tfenv import quiet_own_retracing, quiet_tensorflow_logs
 
     quiet_tensorflow_logs()
@@ -118,8 +121,16 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
     measured = []
     overhead = _call_overhead(tf, x, repeats)
     needs_input_grad = False  # nothing before the first layer with weights needs a gradient
+    timed: dict[tuple, tuple[float, float]] = {}  # same_step(...) -> (cost, update) of a layer timed
     for layer in model_layers(model):
         variables = list(layer.trainable_variables)
+        key = same_step(layer, x, needs_input_grad)
+        if key is not None and key in timed:
+            y = layer(x, training=True)  # (its output: the next layer's input, and its size)
+            needs_input_grad = needs_input_grad or bool(variables)
+            measured.append(Layer(layer.name, timed[key][0], *_bytes(np, layer, y), timed[key][1]))
+            x = y
+            continue
         optimizer = None
         if variables:  # the step's update too: Adam with a zero learning rate (the weights stay as they are)
             import keras
@@ -135,8 +146,27 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
         cost = max(statistics.median(times) - overhead, min(times) / 10)
         update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
         measured.append(Layer(layer.name, cost, *_bytes(np, layer, y), min(update, cost)))
+        if key is not None:
+            timed[key] = (cost, min(update, cost))
         x = y
     return _scaled_to_whole(tf, model, measured, batch_size, m, repeats, reference)
+
+
+def same_step(layer: object, x: object, input_grad: bool) -> tuple | None:
+    """What decides a layer's step in :func:`profile`: its class, its Keras configuration but its
+    name, the shapes and types of its input (``x``) and weights, and whether its input's gradient is
+    taken. Two layers with the same computes the same thing at the same cost. None where that is
+    not known: a layer without a configuration (a :class:`ddlctl.stack.Stack`'s piece: its closure
+    is not described), or one Keras cannot serialize."""
+    get_config = getattr(layer, "get_config", None)
+    if get_config is None:
+        return None
+    try:
+        config = json.dumps({k: v for k, v in get_config().items() if k != "name"}, sort_keys=True)
+    except Exception:  # noqa: BLE001 - NotImplementedError for a custom layer's arguments, TypeError...
+        return None
+    weights = tuple((tuple(v.shape), str(v.dtype)) for v in layer.trainable_variables)  # type: ignore[attr-defined]
+    return type(layer), config, tuple(x.shape), str(x.dtype), input_grad, weights  # type: ignore[attr-defined]
 
 
 def sizes(model: object, batch_size: int) -> list[Layer]:
