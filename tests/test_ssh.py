@@ -285,10 +285,11 @@ def test_sigkill_to_ddlctl_leaves_nothing_on_any_host(cluster, hosts_file, runs)
 @pytest.mark.cluster
 def test_two_mwms_runs_across_the_same_ssh_hosts_at_once_do_not_disturb_each_other(cluster, tmp_path):
     two = cluster.hosts_file(tmp_path / "two.txt", cluster.hosts[:2])
-    # the first trains with TensorFlow; the second's tasks listen on their addresses and step for 15 s
-    # without it, beside the first (what two runs share is hosts, agents' folders and ports)
+    # the first trains with TensorFlow; the second's tasks listen on their addresses and step without
+    # it, beside the first, until it has ended (what two runs share is hosts, agents' folders and ports)
+    ended = tmp_path / "first-ended"
     commands = (("--steps", str(STEPS_OVER_SSH["mwms"])),
-                ("--", sys.executable, str(PROGRAMS / "idle_server.py"), "150"))
+                ("--", sys.executable, str(PROGRAMS / "idle_server.py"), "--until", str(ended)))
     procs = []
     for i, command in enumerate(commands):
         procs.append((tmp_path / f"r{i}", subprocess.Popen(
@@ -298,20 +299,21 @@ def test_two_mwms_runs_across_the_same_ssh_hosts_at_once_do_not_disturb_each_oth
     ports, spans = set(), []
     for i, (root, proc) in enumerate(procs):
         _, err = proc.communicate(timeout=300)
+        ended.touch()
         assert proc.returncode == 0, err[-3000:]
         run_dir = only_run_dir(root)
         if i == 0:
             check_ssh_run(cluster, run_dir, "mwms", cluster.hosts[:2])
         records = [[json.loads(line) for line in (run_dir / "tasks" / f"worker-{w}" / "steps.jsonl").read_text()
                     .splitlines()] for w in (0, 1)]
-        assert [len(r) for r in records] == ([STEPS_OVER_SSH["mwms"]] * 2 if i == 0 else [150, 150])
+        assert all(records) and (i or [len(r) for r in records] == [STEPS_OVER_SSH["mwms"]] * 2)
         spans.append((min(r[0]["start_us"] for r in records), max(r[-1]["start_us"] for r in records)))
         assert processes_of_run(run_dir.name) == []
         plan = json.loads((run_dir / "plan.json").read_text())
         ports |= {(t["host"], t["port"]) for t in plan["tasks"]}
     assert len(ports) == 4
     (trained_from, trained_to), (idle_from, idle_to) = spans
-    assert idle_from < trained_to and trained_from < idle_to, "both stepped at once"
+    assert idle_from < trained_to < idle_to, "the second stepped all through the first's training"
 
 
 def test_check_reports_every_host_and_fails_on_unusable_ones(cluster, tmp_path):
