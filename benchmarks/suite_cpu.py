@@ -29,7 +29,7 @@ import psutil
 
 KINDS = (("ddlctl.runtime.zygote", "zygote (imports TensorFlow once)"),
          ("ddlctl.workloads", "built-in workload"), ("ddlctl.runtime.server", "TF server (ps/worker)"),
-         ("hostagent", "host agent"), ("telemetry", "telemetry agent"), ("-m ddlctl", "ddlctl command"),
+         ("hostagent", "host agent"), ("ddlctl.runtime.agent", "telemetry agent"), ("-m ddlctl", "ddlctl command"),
          ("pytest", "pytest"), ("sshd", "sshd"), ("slurm", "Slurm daemons and steps"),
          ("python", "other Python (test programs)"))
 
