@@ -22,9 +22,9 @@ from rich.text import Text
 from ddlctl.config import LaunchConfig
 from ddlctl.diskspace import write_failure
 from ddlctl.errors import ConfigError, UserError
-from ddlctl.launch import finish, prepare, supervise
+from ddlctl.launch import finish, prepare, record_run, supervise
 from ddlctl.report.render import fmt
-from ddlctl.rundir import make_dir, write_plan, write_whole
+from ddlctl.rundir import make_dir, write_whole
 from ddlctl.strategies import STRATEGIES
 from ddlctl.workloads import EXECUTIONS
 
@@ -270,7 +270,7 @@ def _one_run(opts: CompareOptions, strategy: str, execution: str, root: Path, er
         plan, connected = prepare(launch_opts, err)
     except UserError as exc:
         return RunRecord(strategy, execution, None, exc.exit_code, exc.message, None)
-    write_plan(plan)
+    record_run(plan, connected)  # (inside an allocation its slurm.json too: ddlctl stop cancels its steps)
     result = supervise(plan, connected, launch_opts, err, err)
     summary = finish(plan, result, err, err, render=False).summary
     error = None if result.ok else (result.failure.message if result.failure else f"exit {result.exit_code}")

@@ -391,13 +391,7 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
             if connected.allocation is not None:
                 render_srun_commands(plan, connected.allocation, out)
         return 0
-    try:
-        write_plan(plan)
-        if connected.allocation is not None:
-            write_slurm_record(plan, connected)
-    except BaseException:
-        connected.close()
-        raise
+    record_run(plan, connected)
     if not output.quiet:
         err.print(f"ddlctl run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
                   f"→ {plan.run_dir}")
@@ -567,6 +561,18 @@ def render_srun_commands(plan: Plan, allocation: Allocation, out: Console) -> No
             argv = srun_argv(allocation.job_id, allocation.node(host.name),
                              bundled_agent_argv(host.python or "python3", plan.run_id, None), plan.run_id)
             out.print(f"  {host.label}: {shlex.join(argv)}", highlight=False, soft_wrap=True)
+
+
+def record_run(plan: Plan, connected: Connected) -> None:
+    """The run's files before anything starts: ``plan.json`` and, inside a Slurm allocation,
+    ``slurm.json`` (the steps ``ddlctl stop`` cancels); the connections closed if that fails."""
+    try:
+        write_plan(plan)
+        if connected.allocation is not None:
+            write_slurm_record(plan, connected)
+    except BaseException:
+        connected.close()
+        raise
 
 
 def write_slurm_record(plan: Plan, connected: Connected) -> None:

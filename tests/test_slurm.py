@@ -201,28 +201,6 @@ def test_host_lists_expand_as_scontrol_does(slurm):
 
 
 @needs_slurm
-def test_mwms_runs_in_job_steps_with_node_addresses_and_leaves_nothing(idle, runs):
-    done = run_in_allocation(idle, "launch", "--slurm", "-s", "mwms", "--steps", "12", "--batch-size", "48",
-                             "--runs-dir", str(runs))
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
-    run_dir = next(runs.iterdir())
-    plan = json.loads((run_dir / "plan.json").read_text())
-    workers = [t for t in plan["tasks"] if t["role"] == "worker"]
-    assert sorted(t["host"] for t in workers) == list(NODES)
-    spec = json.loads(workers[0]["env"]["TF_CONFIG"])["cluster"]["worker"]
-    # the cluster spec carries each node's NodeAddr, never its (unresolvable) name
-    assert sorted(a.rsplit(":", 1)[0] for a in spec) == sorted(ADDRESSES.values())
-    outcome = json.loads((run_dir / "outcome.json").read_text())
-    assert outcome["ok"] and all(t["state"] == "succeeded" for t in outcome["tasks"])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert {t["name"]: t["steps"] for t in summary["tasks"]} == {f"worker:{i}": 12 for i in range(3)}
-    assert sorted(p.name for p in (run_dir / "telemetry").glob("*.jsonl")) == [f"{n}.jsonl" for n in NODES]
-    record = json.loads((run_dir / "slurm.json").read_text())
-    assert len(record["steps"]) == 3 and all(s.startswith(record["job_id"] + ".") for s in record["steps"])
-    assert not processes_of_run(run_dir.name)
-
-
-@needs_slurm
 def test_a_crashed_task_is_the_root_cause_with_its_own_exit_code(idle, runs):
     done = run_in_allocation(idle, "launch", "--slurm", "-s", "mwms", "--grace", "1", "--runs-dir", str(runs), "--",
                              sys.executable, str(PROGRAMS / "crash_program.py"))
@@ -425,17 +403,33 @@ def test_stop_of_a_run_inside_an_allocation_cancels_its_steps_not_the_job(idle, 
 
 @needs_slurm
 def test_compare_runs_every_strategy_in_the_allocation_single_host_ones_on_its_first_node(idle, runs):
+    """Each strategy a launch inside the allocation: one_device on its first node; mwms in a job step
+    per node, with the nodes' addresses, and nothing left of it."""
     done = run_in_allocation(idle, "compare", "--slurm", "--strategies", "one_device,mwms", "--steps", "8",
-                             "--runs-dir", str(runs), "--json", nodes=2)
+                             "--batch-size", "48", "--runs-dir", str(runs), "--json", nodes=3)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     rows = {r["strategy"]: r for r in result["rows"]}
     assert rows["one_device"]["error"] is None and rows["mwms"]["error"] is None
-    assert rows["mwms"]["workers"] == 2
+    assert rows["mwms"]["workers"] == 3
     assert "one_device runs on one node: n1" in done.stderr
-    plans = [json.loads(p.read_text()) for p in Path(result["compare_dir"]).glob("*/plan.json")]
-    hosts = {p["strategy"]: sorted({t["host"] for t in p["tasks"] if t["role"] != "agent"}) for p in plans}
-    assert hosts == {"one_device": ["n1"], "mwms": ["n1", "n2"]}
+    run_dirs = {json.loads(p.read_text())["strategy"]: p.parent
+                for p in Path(result["compare_dir"]).glob("*/plan.json")}
+    plans = {strategy: json.loads((folder / "plan.json").read_text()) for strategy, folder in run_dirs.items()}
+    hosts = {s: sorted({t["host"] for t in p["tasks"] if t["role"] != "agent"}) for s, p in plans.items()}
+    assert hosts == {"one_device": ["n1"], "mwms": list(NODES)}
+    run_dir, workers = run_dirs["mwms"], [t for t in plans["mwms"]["tasks"] if t["role"] == "worker"]
+    spec = json.loads(workers[0]["env"]["TF_CONFIG"])["cluster"]["worker"]
+    # the cluster spec carries each node's NodeAddr, never its (unresolvable) name
+    assert sorted(a.rsplit(":", 1)[0] for a in spec) == sorted(ADDRESSES.values())
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["ok"] and all(t["state"] == "succeeded" for t in outcome["tasks"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {t["name"]: t["steps"] for t in summary["tasks"]} == {f"worker:{i}": 8 for i in range(3)}
+    assert sorted(p.name for p in (run_dir / "telemetry").glob("*.jsonl")) == [f"{n}.jsonl" for n in NODES]
+    record = json.loads((run_dir / "slurm.json").read_text())
+    assert len(record["steps"]) == 3 and all(s.startswith(record["job_id"] + ".") for s in record["steps"])
+    assert not processes_of_run(run_dir.name)
 
 
 @needs_slurm
