@@ -313,7 +313,7 @@ def test_dry_run_shows_each_nodes_srun_command_and_starts_nothing(idle, runs):
 @needs_slurm
 def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
-    # (one node, one task: launch --slurm across nodes is the tests' above)
+    # (one node, one task: launch --slurm across nodes is the other tests')
     done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--time", "10", "--runs-dir", str(runs), "--follow",
                                      "-s", "one_device", "--steps", "12", "--env", "DB_URL=postgres://u:pw@db/x"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)

@@ -306,7 +306,7 @@ def test_two_mwms_runs_across_the_same_ssh_hosts_at_once_do_not_disturb_each_oth
             check_ssh_run(cluster, run_dir, "mwms", cluster.hosts[:2])
         records = [[json.loads(line) for line in (run_dir / "tasks" / f"worker-{w}" / "steps.jsonl").read_text()
                     .splitlines()] for w in (0, 1)]
-        assert all(records) and (i or [len(r) for r in records] == [STEPS_OVER_SSH["mwms"]] * 2)
+        assert all(records), "every worker of both runs stepped (the first's count: check_ssh_run)"
         spans.append((min(r[0]["start_us"] for r in records), max(r[-1]["start_us"] for r in records)))
         assert processes_of_run(run_dir.name) == []
         plan = json.loads((run_dir / "plan.json").read_text())

@@ -155,7 +155,7 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
 def same_step(layer: object, x: object, input_grad: bool) -> tuple | None:
     """What decides a layer's step in :func:`profile`: its class, its Keras configuration but its
     name, the shapes and types of its input (``x``) and weights, and whether its input's gradient is
-    taken. Two layers with the same computes the same thing at the same cost. None where that is
+    taken: two layers alike in all of these compute the same thing at the same cost. None where that is
     not known: a layer without a configuration (a :class:`ddlctl.stack.Stack`'s piece: its closure
     is not described), or one Keras cannot serialize."""
     get_config = getattr(layer, "get_config", None)
