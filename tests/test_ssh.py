@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import PROGRAMS, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
 from tests.sshd import SshTestCluster, _keygen, free_port, libfaketime, sshd_available
+from tests.test_profile import steps_of
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs root and openssh-server")
 
@@ -304,8 +305,7 @@ def test_two_mwms_runs_across_the_same_ssh_hosts_at_once_do_not_disturb_each_oth
         run_dir = only_run_dir(root)
         if i == 0:
             check_ssh_run(cluster, run_dir, "mwms", cluster.hosts[:2])
-        records = [[json.loads(line) for line in (run_dir / "tasks" / f"worker-{w}" / "steps.jsonl").read_text()
-                    .splitlines()] for w in (0, 1)]
+        records = [steps_of(run_dir, f"worker:{w}") for w in (0, 1)]
         assert all(records), "every worker of both runs stepped (the first's count: check_ssh_run)"
         spans.append((min(r[0]["start_us"] for r in records), max(r[-1]["start_us"] for r in records)))
         assert processes_of_run(run_dir.name) == []

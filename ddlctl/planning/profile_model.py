@@ -123,33 +123,37 @@ def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int 
     needs_input_grad = False  # nothing before the first layer with weights needs a gradient
     timed: dict[tuple, tuple[float, float]] = {}  # same_step(...) -> (cost, update) of a layer timed
     for layer in model_layers(model):
-        variables = list(layer.trainable_variables)
         key = same_step(layer, x, needs_input_grad)
         if key is not None and key in timed:
-            y = layer(x, training=True)  # (its output: the next layer's input, and its size)
-            needs_input_grad = needs_input_grad or bool(variables)
-            measured.append(Layer(layer.name, timed[key][0], *_bytes(np, layer, y), timed[key][1]))
-            x = y
-            continue
-        optimizer = None
-        if variables:  # the step's update too: Adam with a zero learning rate (the weights stay as they are)
-            import keras
-
-            optimizer = keras.optimizers.Adam(learning_rate=0.0)
-            optimizer.build(variables)
-
-        forward_backward = tf.function(_layer_step(tf, layer, variables, optimizer, m, needs_input_grad))
-        needs_input_grad = needs_input_grad or bool(variables)
-        y, _ = forward_backward(x)  # trace and warm up
-        forward_backward(x)[1].numpy()
-        times = _call_times(lambda: forward_backward(x)[1].numpy(), repeats, MIN_PROFILE_S)  # noqa: B023
-        cost = max(statistics.median(times) - overhead, min(times) / 10)
-        update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
-        measured.append(Layer(layer.name, cost, *_bytes(np, layer, y), min(update, cost)))
-        if key is not None:
-            timed[key] = (cost, min(update, cost))
+            (cost, update), y = timed[key], layer(x, training=True)  # (y: the next layer's input, its size)
+        else:
+            cost, update, y = _layer_times(tf, layer, x, m, needs_input_grad, repeats, overhead)
+            if key is not None:
+                timed[key] = (cost, update)
+        needs_input_grad = needs_input_grad or bool(layer.trainable_variables)
+        measured.append(Layer(layer.name, cost, *_bytes(np, layer, y), update))
         x = y
     return _scaled_to_whole(tf, model, measured, batch_size, m, repeats, reference)
+
+
+def _layer_times(tf, layer, x, m: int, input_grad: bool, repeats: int,  # noqa: ANN001
+                 overhead: float) -> tuple[float, float, object]:
+    """(step time, update time, output) of one layer on ``x`` (:func:`_layer_step`, traced here),
+    each less a call's ``overhead``; the update's at most the step's."""
+    variables = list(layer.trainable_variables)
+    optimizer = None
+    if variables:  # the step's update too: Adam with a zero learning rate (the weights stay as they are)
+        import keras
+
+        optimizer = keras.optimizers.Adam(learning_rate=0.0)
+        optimizer.build(variables)
+    forward_backward = tf.function(_layer_step(tf, layer, variables, optimizer, m, input_grad))
+    y, _ = forward_backward(x)  # trace and warm up
+    forward_backward(x)[1].numpy()
+    times = _call_times(lambda: forward_backward(x)[1].numpy(), repeats, MIN_PROFILE_S)
+    cost = max(statistics.median(times) - overhead, min(times) / 10)
+    update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
+    return cost, min(update, cost), y
 
 
 def same_step(layer: object, x: object, input_grad: bool) -> tuple | None:
