@@ -39,6 +39,17 @@ def kind_of(cmdline: str) -> str:
     return next((name for needle, name in KINDS if needle in cmdline), "other")
 
 
+def program_of(cmdline: list[str]) -> str:
+    """What a Python process runs: its script's name, ``-m MODULE`` or ``-c`` (for the table of
+    "other Python": test programs, pytest-xdist's workers)."""
+    for i, part in enumerate(cmdline[1:], 1):
+        if part in ("-m", "-c"):
+            return f"-m {cmdline[i + 1]}" if part == "-m" and i + 1 < len(cmdline) else part
+        if part.endswith(".py"):
+            return os.path.basename(part)
+    return os.path.basename(cmdline[0])
+
+
 def test_of(p: psutil.Process, parent_test: str) -> str:
     """The test a process is counted to: its environment's, its parent's, or ``run RUN_ID``."""
     try:
@@ -70,9 +81,9 @@ def _folder_name(test: str) -> str:
 
 
 def sample(proc: subprocess.Popen, interval: float) -> dict:
-    """(pid, start) -> (cpu seconds, kind, test) until ``proc`` ends; processes older than ``proc``
+    """(pid, start) -> (cpu seconds, kind, test, program) until ``proc`` ends; processes older than ``proc``
     count only the CPU they use from then on."""
-    seen: dict[tuple[int, float], tuple[float, str, str]] = {}
+    seen: dict[tuple[int, float], tuple[float, str, str, str]] = {}
     base: dict[tuple[int, float], float] = {}
     test_of_pid: dict[int, str] = {}
     born = psutil.Process(proc.pid).create_time()
@@ -90,7 +101,7 @@ def sample(proc: subprocess.Popen, interval: float) -> dict:
                 continue
             test = (old[2] if old else "") or test_of(p, test_of_pid.get(info["ppid"], ""))
             test_of_pid[info["pid"]] = test  # (a pid used again is another process's from now on)
-            seen[key] = (cpu, kind_of(" ".join(info["cmdline"])), test)
+            seen[key] = (cpu, kind_of(" ".join(info["cmdline"])), test, program_of(info["cmdline"]))
         time.sleep(interval)
     return seen
 
@@ -118,10 +129,13 @@ def main() -> int:
     count: collections.Counter[str] = collections.Counter()
     by_test: collections.Counter[str] = collections.Counter()
     runs = tests_of_runs(os.path.join(tempfile.gettempdir(), f"pytest-of-{getpass.getuser()}", "pytest-current"))
-    named = {_folder_name(test): test for _, _, test in seen.values() if "::" in test}
-    for cpu, kind, test in seen.values():
+    named = {_folder_name(test): test for _, _, test, _ in seen.values() if "::" in test}
+    programs: collections.Counter[str] = collections.Counter()
+    for cpu, kind, test, program in seen.values():
         by_kind[kind] += cpu
         count[kind] += 1
+        if kind == KINDS[-1][1]:
+            programs[program] += cpu
         if test.startswith("run "):  # a test's run: by its folder, the test's name as pytest shortens it
             folder = runs.get(test[4:], "")
             test = named.get(re.sub(r"\d+$", "", folder), folder or test)
@@ -132,6 +146,9 @@ def main() -> int:
     print(f"{'CPU s':>8} {'procs':>6} {'avg s':>6}  kind")
     for kind, cpu in by_kind.most_common():
         print(f"{cpu:8.1f} {count[kind]:6d} {cpu / count[kind]:6.2f}  {kind}")
+    print(f"\n{'CPU s':>8}  {KINDS[-1][1]}, by program (top 12)")
+    for program, cpu in programs.most_common(12):
+        print(f"{cpu:8.1f}  {program}")
     print(f"\n{'CPU s':>8}  test (top {args.top})")
     for test, cpu in by_test.most_common(args.top):
         print(f"{cpu:8.1f}  {test}")

@@ -375,3 +375,20 @@ def test_a_stacks_checkpoint_restores_weights_and_optimizer_slots_into_a_fresh_p
     # precision; near in value it may be: every loss here starts near ln 4)
     assert result["untrained"] != pytest.approx(result["continued"][0], rel=1e-6)
     assert any(p.name.startswith("ckpt-3") for p in (tmp_path / "ckpt").iterdir())
+
+
+def test_the_whole_step_traced_once_runs_on_another_device_with_that_devices_own_variables(tmp_path):
+    """How the chief times the model on each stage task without tracing it again for each: the
+    reference's trace run on a second device with the captured variables swapped for a copy's built
+    there. The copy's optimizer counts the calls and the reference's does not (no variable of the
+    reference is read or updated from there), and with the reference's weights it computes the
+    reference's loss."""
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "programs" / "whole_step_there.py")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["there"], "the swap was refused: the chief would trace the step again for every device"
+    assert result["devices"] == ["/job:localhost/replica:0/task:0/device:CPU:1"]
+    assert result["reference_devices"] == ["/job:localhost/replica:0/task:0/device:CPU:0"]
+    assert result["iterations_before"] == [1, 1] and result["iterations_after"] == [1, 4]
+    assert result["losses"] == [result["reference_loss"]] * 3

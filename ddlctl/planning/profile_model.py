@@ -13,6 +13,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ddlctl.errors import ConfigError
 from ddlctl.planning.partition import Layer
@@ -95,7 +96,7 @@ def model_layers(model: object) -> list:
 
 
 def profile(model: object, batch_size: int, repeats: int = 7, microbatches: int = 1,
-            reference: tuple | None = None) -> list[Layer]:
+            reference: WholeStep | None = None) -> list[Layer]:
     """Each layer's time for the whole batch (forward, backward and the optimizer's update; median
     of ``repeats`` after a warm-up), parameter + optimizer bytes and output activation bytes (whole
     batch), feeding it the previous layer's output on a random batch. ``reference``: the whole
@@ -229,7 +230,7 @@ def _call_times(call: Callable[[], object], repeats: int, min_s: float) -> list[
 
 
 def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, m: int,  # noqa: ANN001
-                     repeats: int, reference: tuple | None = None) -> list[Layer]:
+                     repeats: int, reference: WholeStep | None = None) -> list[Layer]:
     """The layers' times scaled so that they add up to one step of the whole model, timed in one
     call (one layer at a time leaves caches cold and pays for a call per layer: the sum came out
     10-25% above the whole step on 2 CPU cores). Unscaled when the whole model cannot run here."""
@@ -244,23 +245,45 @@ def _scaled_to_whole(tf, model: object, measured: list[Layer], batch_size: int, 
             for layer in measured]
 
 
-def _whole_step(model: object, batch_size: int, microbatches: int = 1, device: str | None = None):  # noqa: ANN202
-    """(a traced call of one training step of the whole model, its input, a no-op call): its
-    micro-batches one after the other, gradients, an Adam update with a zero learning rate; on
-    this process's device, or on ``device`` (a copy of the model built there, its input already
-    there). None when it does not fit or does not run there."""
+class WholeStep(NamedTuple):
+    """A traced training step of the whole model (:func:`_whole_step`): ``call(x)`` runs it,
+    ``noop(x)`` is a call that does next to nothing, ``state`` the variables it updates (the model's
+    trainable ones, then its optimizer's), in the order :func:`_step_state` gives them."""
+
+    call: Callable
+    x: object
+    noop: Callable
+    state: list
+
+
+def _step_state(model: object, device: str | None = None) -> tuple[object, list, object, list]:
+    """(the model, or a copy built on ``device``; its layers; a zero-rate Adam built for it;
+    the step's state: the trainable variables, then the optimizer's)."""
     import keras
+    import tensorflow as tf
+
+    with tf.device(device) if device else contextlib.nullcontext():
+        here = _copy_model(model) if device else model
+        variables = list(here.trainable_variables)  # type: ignore[attr-defined]
+        optimizer = keras.optimizers.Adam(learning_rate=0.0)
+        optimizer.build(variables)
+    return here, variables, optimizer, [*variables, *optimizer.variables]
+
+
+def _whole_step(model: object, batch_size: int, microbatches: int = 1,
+                device: str | None = None) -> WholeStep | None:
+    """One training step of the whole model, traced: its micro-batches one after the other,
+    gradients, an Adam update with a zero learning rate; on this process's device, or on
+    ``device`` (a copy of the model built there, its input already there). None when it does not
+    fit or does not run there."""
     import tensorflow as tf
 
     m = max(1, microbatches)
     shape = tuple(model.input_shape[1:])  # type: ignore[attr-defined]
     try:
+        here, variables, optimizer, state = _step_state(model, device)
+        layers = model_layers(here)
         with tf.device(device) if device else contextlib.nullcontext():
-            here = (_copy_model(model) if device else model)
-            variables = list(here.trainable_variables)  # type: ignore[attr-defined]
-            layers = model_layers(here)
-            optimizer = keras.optimizers.Adam(learning_rate=0.0)
-            optimizer.build(variables)
             x = tf.random.normal((max(m, batch_size - batch_size % m), *shape))
 
         @tf.function
@@ -284,7 +307,52 @@ def _whole_step(model: object, batch_size: int, microbatches: int = 1, device: s
         noop(x).numpy()
     except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
         return None
-    return whole, x, noop
+    return WholeStep(whole, x, noop, state)
+
+
+def _whole_step_there(reference: WholeStep, model: object, device: str) -> WholeStep | None:
+    """The ``reference`` step (traced once, here) run on ``device``: a copy of the model and its
+    optimizer built there, and the trace's captured variables swapped for the copy's, so that every
+    op of the step runs there on that device's variables (a call under ``tf.device`` places the
+    function's ops there; the variables' ops go where the variables are). Tracing the deep
+    model's step again for each stage task took ~1 CPU-second each, its twin's first call 0.2.
+    None when the swap cannot be made (the trace captured a variable that is not the step's
+    state, or TensorFlow's function calls changed): the caller traces on the device then."""
+    import tensorflow as tf
+
+    try:
+        concrete = reference.call.get_concrete_function(reference.x)
+        captured = concrete.captured_inputs
+        call_flat = concrete._call_flat  # noqa: SLF001 - calls a trace with other captured inputs
+    except (AttributeError, TypeError, ValueError):
+        return None
+    try:
+        _here, _variables, _optimizer, state = _step_state(model, device)
+        with tf.device(device):
+            x = tf.identity(reference.x)
+    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
+        return None
+    if len(state) != len(reference.state) or any(
+            a.shape != b.shape or a.dtype != b.dtype for a, b in zip(state, reference.state, strict=True)):
+        return None
+    swap = {id(old.handle): new.handle for old, new in zip(reference.state, state, strict=True)}
+    if any(c.dtype == tf.resource and id(c) not in swap for c in captured):
+        return None  # a variable of the reference's would be read or updated from the device
+    inputs = [swap.get(id(c), c) for c in captured]
+
+    def call(t):  # noqa: ANN001, ANN202
+        with tf.device(device):
+            return call_flat([t], inputs)
+
+    noop = tf.function(noop_call(tf, device))
+    try:
+        call(x).numpy()
+        noop(x).numpy()
+    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
+        return None
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+        return None  # TensorFlow's function calls took other inputs: trace there instead
+    return WholeStep(call, x, noop, state)
 
 
 def _copy_model(model: object) -> object:
@@ -302,7 +370,7 @@ def _timed(call, x) -> float:  # noqa: ANN001
     return time.perf_counter() - start
 
 
-def reference_step(model: object, batch_size: int, microbatches: int = 1) -> tuple | None:
+def reference_step(model: object, batch_size: int, microbatches: int = 1) -> WholeStep | None:
     """The whole model's training step on this process's device (:func:`_whole_step`), traced
     once for :func:`profile` and :func:`device_speeds` both (a trace of a deep model's step with
     4 micro-batches took 2 s of the chief's 20 s of measuring); None when it does not run here."""
@@ -310,21 +378,21 @@ def reference_step(model: object, batch_size: int, microbatches: int = 1) -> tup
 
 
 def whole_step_time(model: object, batch_size: int, microbatches: int = 1, repeats: int = 3,
-                    device: str | None = None, built: tuple | None = None) -> float | None:
+                    device: str | None = None, built: WholeStep | None = None) -> float | None:
     """One training step of the whole model (:func:`_whole_step`, or ``built`` by it already),
     timed in one call, less a no-op call's time (medians of ``repeats``); None when it does not fit
     or does not run there."""
     built = built or _whole_step(model, batch_size, microbatches, device)
     if built is None:
         return None
-    whole, x, noop = built
+    whole, x, noop, _state = built
     step = statistics.median(_timed(whole, x) for _ in range(max(3, repeats))) - \
         statistics.median(_timed(noop, x) for _ in range(max(5, repeats)))
     return step if step > 0 else None
 
 
 def device_speeds(model: object, devices: list[str], batch_size: int, microbatches: int = 1,
-                  repeats: int = 5, reference: tuple | None = None) -> list[float] | None:
+                  repeats: int = 5, reference: WholeStep | None = None) -> list[float] | None:
     """Each device's speed relative to this process's device for this model: the whole model's
     step timed here over the same step timed on the device (:func:`_whole_step`), so the speed
     is that of the work the stages will do (small matrix products at micro-batch size, the
@@ -333,16 +401,20 @@ def device_speeds(model: object, devices: list[str], batch_size: int, microbatch
     busy moment, or a drift, then touches one round, not one device), each less its no-op call;
     each device's speed is the median of its per-round ratios to the reference. None when some
     device cannot run the whole model (its memory). ``reference``: this process's step as
-    :func:`reference_step` built it (else built here)."""
-    built = [reference or _whole_step(model, batch_size, microbatches),
-             *(_whole_step(model, batch_size, microbatches, device) for device in devices)]
+    :func:`reference_step` built it (else built here); each device runs that trace
+    (:func:`_whole_step_there`), else one of its own."""
+    reference = reference or _whole_step(model, batch_size, microbatches)
+    if reference is None:
+        return None
+    built = [reference, *(_whole_step_there(reference, model, device)
+                          or _whole_step(model, batch_size, microbatches, device) for device in devices)]
     if any(b is None for b in built):
         return None
-    idle = [statistics.median(_timed(noop, x) for _ in range(5)) for _whole, x, noop in built]
+    idle = [statistics.median(_timed(noop, x) for _ in range(5)) for _whole, x, noop, _state in built]
     ratios: list[list[float]] = [[] for _ in devices]
     for _ in range(max(3, repeats)):
         times = [max(1e-9, _timed(whole, x) - overhead)
-                 for (whole, x, _noop), overhead in zip(built, idle, strict=True)]
+                 for (whole, x, _noop, _state), overhead in zip(built, idle, strict=True)]
         for j, there in enumerate(times[1:]):
             ratios[j].append(times[0] / there)
     return [statistics.median(r) for r in ratios]
