@@ -178,6 +178,26 @@ def test_a_dump_comes_after_the_step_counts_it_should_be_read_with(tmp_path):
         s.close()
 
 
+def test_a_task_that_ends_before_the_next_step_report_has_its_steps_counted_by_its_exit(tmp_path):
+    # the agent reports step counts each second: a task that stepped and ended in between was
+    # never counted, and ddlctl's checks at its end (a program that trained without joining its
+    # cluster, a task that ended early) saw no steps
+    s = session(tmp_path)
+    try:
+        record = '{"task": "worker:0", "step": %d, "start_us": 1, "duration_s": 0.001, "samples": null}'
+        script = "".join(f"echo '{record % i}' >> \"$DDLCTL_TASK_DIR/steps.jsonl\"; " for i in range(1, 4))
+        for attempt in range(3):  # (its life, 10 ms, falls between two reports: each attempt a new task)
+            name = f"worker:{attempt}"
+            quick = dataclasses.replace(spec(name, "", tmp_path / f"w{attempt}"), argv=("sh", "-c", script))
+            task = s.start(quick, 1)
+            assert s.wait_for(lambda task=task: task.poll() is not None, 20)
+            assert task.poll().code == 0
+            assert s.step_counts().get(name, (0,))[0] == 3, "counted by the time its exit was known"
+    finally:
+        s.shutdown()
+        s.close()
+
+
 def test_dumps_count_each_tasks_cpu_seconds_and_the_bytes_it_moved(tmp_path):
     s = session(tmp_path)
     try:

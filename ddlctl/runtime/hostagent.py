@@ -409,6 +409,9 @@ class HostAgent:
                         record["oom"] = evidence
                 if task.task_dir:
                     write_json(os.path.join(task.task_dir, "exit.json"), record)
+                # its last steps first (a task that lived less than STEPS_S was never counted: one
+                # that trained alone for 0.6 s was not said to have)
+                self.report_steps()
                 self.send({"k": Kind.EXIT, "task": task.name, "t": task.exited_at, **record})
             if task.status is None and task.kill_at is not None and now >= task.kill_at:
                 task.signal(signal.SIGKILL)
