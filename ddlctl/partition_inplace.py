@@ -58,7 +58,7 @@ def measure_on_cluster(cluster: Cluster, hosts: str | None, template: str | None
     Its run folder is removed when it succeeded, kept (and named) when it failed. ``cluster`` is
     the one ``hosts`` / ``template`` describe (already loaded: the chief's interpreter comes from it)."""
     from ddlctl.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions
-    from ddlctl.launch import finish, prepare, supervise
+    from ddlctl.launch import finish, prepare, record_run, supervise
     from ddlctl.modelparallel.measure import MEASURED_FILE
     from ddlctl.runfiles import TASK_LOG, TASKS_DIR
 
@@ -69,6 +69,7 @@ def measure_on_cluster(cluster: Cluster, hosts: str | None, template: str | None
                           request=RequestOptions(strategy="model", telemetry=False, auto_steps=False, command=command),
                           output=OutputOptions(run_dir=str(root), quiet=True))
     plan, connected = prepare(config, err)
+    record_run(plan, connected)  # (plan.json: ddlctl stop finds the measuring job as any other run)
     err.print(f"measuring in place (--in-place, run {plan.run_id} in {root}): the stage tasks, and a chief that "
               "profiles the model and measures them…", highlight=False)
     result = supervise(plan, connected, config, err, err)

@@ -288,6 +288,8 @@ def test_partition_in_place_says_why_when_the_measuring_job_fails_and_keeps_its_
     assert "mp_refuses_in_job: this model is not built inside a job" in Path(log).read_text()
     run_id, folder = re.search(r"run (\S+) in (\S+)\)", done.stderr).groups()
     assert Path(log).is_relative_to(folder) and processes_of_run(run_id) == []
+    # its plan.json, as any run's: what ddlctl stop and report read
+    assert json.loads((Path(log).parents[2] / "plan.json").read_text())["run_id"] == run_id
     shutil.rmtree(folder)
 
 
