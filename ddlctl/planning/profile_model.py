@@ -257,8 +257,8 @@ class WholeStep(NamedTuple):
 
 
 def _step_state(model: object, device: str | None = None) -> tuple[object, list, object, list]:
-    """(the model, or a copy built on ``device``; its layers; a zero-rate Adam built for it;
-    the step's state: the trainable variables, then the optimizer's)."""
+    """(the model, or a copy built on ``device``; its trainable variables; a zero-rate Adam built
+    for them; the step's state: those variables, then the optimizer's)."""
     import keras
     import tensorflow as tf
 
@@ -315,7 +315,8 @@ def _whole_step_there(reference: WholeStep, model: object, device: str) -> Whole
     optimizer built there, and the trace's captured variables swapped for the copy's, so that every
     op of the step runs there on that device's variables (a call under ``tf.device`` places the
     function's ops there; the variables' ops go where the variables are). Tracing the deep
-    model's step again for each stage task took ~1 CPU-second each, its twin's first call 0.2.
+    model's step again for each stage task took ~1 CPU-second each; the copy and its first call
+    here ~0.35.
     None when the swap cannot be made (the trace captured a variable that is not the step's
     state, or TensorFlow's function calls changed): the caller traces on the device then."""
     import tensorflow as tf

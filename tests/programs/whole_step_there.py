@@ -25,6 +25,7 @@ trainable = len(model.trainable_variables)
 for mine, theirs in zip(there.state[:trainable], reference.state[:trainable], strict=True):
     mine.assign(theirs)  # the same weights: the same step's loss (the learning rate is 0: they stay)
 
+
 def iterations(step):  # noqa: ANN001, ANN201 - Adam's count of its updates
     [count] = [v for v in step.state[trainable:] if v.name == "iteration"]
     return int(count.numpy())
