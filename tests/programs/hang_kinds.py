@@ -52,7 +52,9 @@ def wait_forever_on_a_lock() -> None:
 
 def spin_forever() -> None:
     # at the lowest priority: still a busy loop in user code (state R, 100 % of an idle CPU), but one
-    # that leaves the CPU to whatever else runs (the tests beside this one, the hang watch's stacks)
+    # that leaves the CPU to the other processes of its host agent's session (the hang watch's
+    # stacks). Not to the tests beside it: with kernel.sched_autogroup_enabled=1 the scheduler
+    # shares the CPU fairly between sessions first, and nice orders processes only inside one
     os.nice(19)
     total = 0
     while True:
