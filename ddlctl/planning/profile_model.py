@@ -142,12 +142,7 @@ def _layer_times(tf, layer, x, m: int, input_grad: bool, repeats: int,  # noqa: 
     """(step time, update time, output) of one layer on ``x`` (:func:`_layer_step`, traced here),
     each less a call's ``overhead``; the update's at most the step's."""
     variables = list(layer.trainable_variables)
-    optimizer = None
-    if variables:  # the step's update too: Adam with a zero learning rate (the weights stay as they are)
-        import keras
-
-        optimizer = keras.optimizers.Adam(learning_rate=0.0)
-        optimizer.build(variables)
+    optimizer = _zero_rate_adam(variables) if variables else None  # (the step's update too)
     forward_backward = tf.function(_layer_step(tf, layer, variables, optimizer, m, input_grad))
     y, _ = forward_backward(x)  # trace and warm up
     forward_backward(x)[1].numpy()
@@ -256,18 +251,25 @@ class WholeStep(NamedTuple):
     state: list
 
 
-def _step_state(model: object, device: str | None = None) -> tuple[object, list, object, list]:
-    """(the model, or a copy built on ``device``; its trainable variables; a zero-rate Adam built
-    for them; the step's state: those variables, then the optimizer's)."""
+def _zero_rate_adam(variables: list) -> object:
+    """Adam with a zero learning rate, built for ``variables``: an update that costs what a
+    training step's does while the weights stay as they are."""
     import keras
+
+    optimizer = keras.optimizers.Adam(learning_rate=0.0)
+    optimizer.build(variables)
+    return optimizer
+
+
+def _step_state(model: object, device: str | None = None) -> tuple[object, list, object]:
+    """(the model, or a copy built on ``device``; its trainable variables; a zero-rate Adam built
+    there for them). The step's state (:class:`WholeStep`) is those variables, then the optimizer's."""
     import tensorflow as tf
 
     with tf.device(device) if device else contextlib.nullcontext():
         here = _copy_model(model) if device else model
         variables = list(here.trainable_variables)  # type: ignore[attr-defined]
-        optimizer = keras.optimizers.Adam(learning_rate=0.0)
-        optimizer.build(variables)
-    return here, variables, optimizer, [*variables, *optimizer.variables]
+        return here, variables, _zero_rate_adam(variables)
 
 
 def _whole_step(model: object, batch_size: int, microbatches: int = 1,
@@ -281,7 +283,7 @@ def _whole_step(model: object, batch_size: int, microbatches: int = 1,
     m = max(1, microbatches)
     shape = tuple(model.input_shape[1:])  # type: ignore[attr-defined]
     try:
-        here, variables, optimizer, state = _step_state(model, device)
+        here, variables, optimizer = _step_state(model, device)
         layers = model_layers(here)
         with tf.device(device) if device else contextlib.nullcontext():
             x = tf.random.normal((max(m, batch_size - batch_size % m), *shape))
@@ -307,7 +309,7 @@ def _whole_step(model: object, batch_size: int, microbatches: int = 1,
         noop(x).numpy()
     except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
         return None
-    return WholeStep(whole, x, noop, state)
+    return WholeStep(whole, x, noop, [*variables, *optimizer.variables])
 
 
 def _whole_step_there(reference: WholeStep, model: object, device: str) -> WholeStep | None:
@@ -328,7 +330,8 @@ def _whole_step_there(reference: WholeStep, model: object, device: str) -> Whole
     except (AttributeError, TypeError, ValueError):
         return None
     try:
-        _here, _variables, _optimizer, state = _step_state(model, device)
+        _here, variables, optimizer = _step_state(model, device)
+        state = [*variables, *optimizer.variables]
         with tf.device(device):
             x = tf.identity(reference.x)
     except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
@@ -349,10 +352,9 @@ def _whole_step_there(reference: WholeStep, model: object, device: str) -> Whole
     try:
         call(x).numpy()
         noop(x).numpy()
-    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError):
+    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError, MemoryError,
+            TypeError, ValueError, tf.errors.InvalidArgumentError):  # (the last three: calls took other inputs)
         return None
-    except (TypeError, ValueError, tf.errors.InvalidArgumentError):
-        return None  # TensorFlow's function calls took other inputs: trace there instead
     return WholeStep(call, x, noop, state)
 
 
