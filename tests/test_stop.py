@@ -3,8 +3,17 @@ a hosts file could not, or that others may write, is refused before anything run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from tests.conftest import run_ddlctl
 
@@ -110,3 +119,67 @@ def test_the_remote_kill_of_a_launchs_leftovers_ends_that_launchs_processes_alon
         for proc in (leftover, agent, other):
             proc.kill()
             proc.wait()
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@contextlib.contextmanager
+def frozen_and_killed(env: dict[str, str]):  # noqa: ANN201 - a context manager of a Popen
+    """A process of ``env`` SIGKILLed while frozen (cgroup v1 freezer): alive, a SIGKILL pending,
+    its /proc readable - as a task is between its host agent's death and its next turn on a loaded
+    machine's CPU - until it is thawed, 1 s after it was entered."""
+    if not os.access(FREEZER, os.W_OK):
+        pytest.skip("no writable cgroup v1 freezer here (root on a cgroup v1 host)")
+    group = FREEZER / f"ddlctl-test-{os.getpid()}"
+    group.mkdir()
+    proc = subprocess.Popen(["sleep", "63"], env=env, start_new_session=True)
+    try:
+        (group / "cgroup.procs").write_text(str(proc.pid))
+        (group / "freezer.state").write_text("FROZEN")
+        while (group / "freezer.state").read_text().strip() != "FROZEN":
+            time.sleep(0.01)
+        proc.kill()
+        thaw = threading.Timer(1.0, (group / "freezer.state").write_text, ["THAWED"])
+        thaw.start()
+        yield proc
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        proc.kill()
+        proc.wait()
+        thaw.join()
+        group.rmdir()
+
+
+def test_a_process_of_the_run_already_dying_is_waited_for_not_taken_for_a_leftover(tmp_path):
+    """A task dying with its SIGKILLed host agent may not have run yet when ddlctl looks for what the
+    launch left (CI saw it named as a daemon left by a task): ``killrun`` (remote hosts) and
+    ``end_leftovers`` (this machine) wait for it and name only what lives on."""
+    from ddlctl import envvars
+    from ddlctl.runtime import killrun
+    from ddlctl.transport.fleet import end_leftovers
+
+    ours = {**os.environ, envvars.RUN_ID: "run-d", envvars.LAUNCH: "k1",
+            envvars.TASK_DIR: f"{tmp_path}/tasks/worker-0"}
+    for end in ("killrun", "end_leftovers"):
+        leftover = subprocess.Popen(["sleep", "61"], env=ours, start_new_session=True)
+        try:
+            with frozen_and_killed(ours) as task:
+                assert killrun.dying(task.pid) and not killrun.dying(leftover.pid)
+                started = time.monotonic()
+                if end == "killrun":
+                    done = subprocess.run([sys.executable, "-I", "-S", "-c", Path(killrun.__file__).read_text(),
+                                           "run-d", "k1"], capture_output=True, text=True, timeout=60)
+                    assert done.returncode == 0, done.stderr
+                    assert json.loads(done.stdout) == [[leftover.pid, "sleep 61"]]
+                else:
+                    plan = SimpleNamespace(cluster=SimpleNamespace(hosts=[SimpleNamespace(is_local=True)]),
+                                           run_dir=str(tmp_path), run_id="run-d")
+                    said = end_leftovers(plan)  # type: ignore[arg-type]
+                    assert said is not None and said.endswith(f": {leftover.pid} (sleep 61)"), said
+                # (it waited for the thaw: the task died then)
+                assert time.monotonic() - started > 0.5 and task.wait(timeout=10) == -9
+            assert leftover.wait(timeout=10) == -9
+        finally:
+            leftover.kill()
+            leftover.wait()

@@ -16,12 +16,16 @@ import json
 import os
 import signal
 import sys
+import time
 
 #: ``ddlctl.envvars.RUN_ID`` and ``.LAUNCH`` (not imported: see above; tests/test_stop.py checks they agree)
 RUN_ID = "DDLCTL_RUN_ID"
 LAUNCH = "DDLCTL_LAUNCH"
 #: In a host agent's command line.
 AGENT = "ddlctl.runtime.hostagent"
+#: How long processes found dying are waited for before what is left is taken for leftovers.
+DYING_WAIT_S = 5.0
+_PF_EXITING = 0x4  # (``/proc/PID/stat``'s flags: in do_exit)
 
 
 def run_processes(run_id: str, launch: str | None = None) -> list[int]:
@@ -51,10 +55,45 @@ def command_of(pid: int, limit: int = 60) -> str:
         return ""
 
 
+def dying(pid: int) -> bool:
+    """Whether ``pid`` is on its way out, needing no kill: gone, a zombie, exiting, or with a SIGKILL
+    pending - as a task is between its host agent's death (the kernel sends the task its parent-death
+    SIGKILL once the agent's files are closed, so after ddlctl saw the agent's end) and its next
+    turn on a CPU, which a loaded machine may give it seconds later (CI saw such a task taken for a
+    daemon it had left)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as handle:
+            status = dict(line.split(":", 1) for line in handle if ":" in line)
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            flags = int(handle.read().rpartition(b")")[2].split()[6])
+    except (OSError, ValueError, IndexError):
+        return True
+    if status.get("State", "").strip()[:1] in ("Z", "X") or flags & _PF_EXITING:
+        return True
+    pending = 0
+    for key in ("SigPnd", "ShdPnd"):
+        with contextlib.suppress(ValueError):
+            pending |= int(status.get(key, "0").strip(), 16)
+    return bool(pending & (1 << (signal.SIGKILL - 1)))
+
+
+def undying(find, wait_s: float = DYING_WAIT_S) -> list[int]:  # noqa: ANN001 - () -> list[int]
+    """The pids ``find()`` gives once those dying (:func:`dying`) have gone, waited for up to
+    ``wait_s`` (one still dying then is left out: its SIGKILL is pending)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = find()
+        going = {pid for pid in pids if dying(pid)}
+        if not going or time.monotonic() >= deadline:
+            return [pid for pid in pids if pid not in going]
+        time.sleep(0.02)
+
+
 def kill_run(run_id: str, launch: str | None = None) -> list[int]:
     """SIGKILL the run's processes (and their process groups); the pids killed. With ``launch``,
-    that launch's leftovers: a host agent of it still running is spared (it ends its own)."""
-    pids = run_processes(run_id, launch)
+    that launch's leftovers: a host agent of it still running is spared (it ends its own). Processes
+    already dying are waited for, not killed or named."""
+    pids = undying(lambda: run_processes(run_id, launch))
     spared = {pid for pid in pids if launch and AGENT in command_of(pid, 1 << 16)}
     spared_groups = set()
     for pid in spared:

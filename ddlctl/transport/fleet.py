@@ -190,12 +190,14 @@ def end_leftovers(plan: Plan) -> str | None:
     was killed before it could end it). SIGKILL them; a sentence naming them, or None."""
     if not any(host.is_local for host in plan.cluster.hosts):
         return None
+    from ddlctl.runtime.killrun import undying
     from ddlctl.runtime.procs import command_line, processes_with
 
     ended = []
-    # (its task folders here are the run's own: another run given the same --run-id is not touched)
+    # (its task folders here are the run's own: another run given the same --run-id is not touched;
+    # its tasks, dying with their agent, may not have had their turn on a CPU yet: waited for)
     folder = f"{envvars.TASK_DIR}={Path(plan.run_dir).expanduser()}/"
-    for pid in processes_with([f"{envvars.RUN_ID}={plan.run_id}"], starting=folder):
+    for pid in undying(lambda: processes_with([f"{envvars.RUN_ID}={plan.run_id}"], starting=folder)):
         command = command_line(pid, 60)
         try:
             os.kill(pid, signal.SIGKILL)
