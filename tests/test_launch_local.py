@@ -268,6 +268,26 @@ def test_a_program_that_is_not_there_or_a_command_not_found_is_not_started_said_
         assert_nothing_left(only_run_dir(runs / str(code)))
 
 
+def test_a_program_whose_python_lacks_a_module_is_told_which_python_ran_it_and_given_ddlctls_own(runs, tmp_path):
+    """The most common first failure: ``-- python train.py`` with a ``python`` that is not the
+    environment with TensorFlow (here a fresh virtual environment without this one's packages)."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    (tmp_path / "train.py").write_text("import typer\n")  # (ddlctl's own dependency: its Python has it)
+    python = str(bare / "bin" / "python")
+    result = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--max-restarts", "2", "--runs-dir", str(runs),
+                        "--", python, "train.py", "--epochs", "2", cwd=tmp_path, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    said = result.stderr.replace("\n", " ")
+    assert f"worker:0 on localhost failed: exit code 1 after a Python exception: it cannot import typer: the Python " \
+           f"it ran under, `{python}` on localhost, does not have it; ddlctl's own Python there does " \
+           f"({sys.executable}): give that one after -- (`-- {sys.executable} train.py --epochs 2`), or activate " \
+           "its environment before starting ddlctl; not retried: the same Python would not find it again" in said, \
+        said[-2000:]
+    error = json.loads((only_run_dir(runs) / "tasks" / "worker-0" / "error.json").read_text())
+    assert error["cause"] == "no-module" and "restarting" not in result.stderr
+
+
 def test_startup_timeout_names_the_task_that_never_joined(runs):
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--startup-timeout",
                         "10", "--grace", "1", "--runs-dir", str(runs), "--", sys.executable,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -421,6 +422,40 @@ def test_a_program_reading_its_missing_standard_input_is_told_how_to_give_it_wha
     other = classify("worker:0", ExitStatus(code=1), log.replace("EOFError: EOF when reading a line", "ValueError: x"),
                      "one_device", set(), {"worker:0"})
     assert other.detail == "exit code 1 after a Python exception"
+
+
+def test_a_program_that_could_not_import_a_module_is_told_which_python_ran_it_and_what_to_do():
+    from ddlctl.supervise.imports import import_hint, missing_module, missing_module_hint
+
+    log = ('Traceback (most recent call last):\n  File "/w/train.py", line 2, in <module>\n    import tensorflow.keras'
+           '\nModuleNotFoundError: No module named \'tensorflow\'\n')
+    fault = classify("worker:0", ExitStatus(code=1), log, "mwms", set(), {"worker:0", "worker:1"})
+    assert (fault.cause, fault.detail) == ("no-module", "exit code 1 after a Python exception")
+    failed = decide("mwms", fault, MWMS_ROLES, {"worker:1"}, 0, 3, "fault")
+    assert failed.action == "fail" and failed.message.endswith(
+        "not retried: the same Python would not find it again (--restart-on any retries it)")
+    assert decide("mwms", fault, MWMS_ROLES, {"worker:1"}, 0, 3, "any").action == "restart"
+    # the module's top package; one caught and followed by another error is not the cause
+    assert missing_module(log.replace("'tensorflow'", "'tensorflow.compat.v9'")) == "tensorflow"
+    assert missing_module(log + "During handling of the above exception, another exception occurred:\n\n"
+                          "Traceback (most recent call last):\nValueError: x\n") is None
+    assert missing_module("ModuleNotFoundError: No module named 'x'\n") is None  # (no traceback: a line it printed)
+    # on a remote host: which command's Python, and how to find one that has it
+    assert missing_module_hint("tensorflow", ["python3", "train.py"], "gpu1") == (
+        "it cannot import tensorflow: the Python it ran under, `python3` on gpu1, does not have it: install "
+        "tensorflow into it, or give after -- a Python on gpu1 that has it (a bare name is looked up on the host's "
+        "PATH, with no virtual environment activated; `ddlctl check` says what each host's Python imports)")
+    assert missing_module_hint("torch", ["bash", "run.sh"], "gpu1").startswith(
+        "it cannot import torch: the Python its command (`bash`) started on gpu1 does not have it: install torch")
+    # here: where the PATH found it, and ddlctl's own Python when that one has it (this test's: pytest)
+    hint = import_hint(log.replace("'tensorflow'", "'pytest'"), ["python", "train.py", "--epochs", "2"],
+                       "localhost", local=True)
+    assert hint is not None and f"ddlctl's own Python there does ({sys.executable}): give that one after -- " \
+        f"(`-- {sys.executable} train.py --epochs 2`)" in hint
+    assert "own Python" not in (import_hint(log.replace("'tensorflow'", "'no_such_module_here'"), ["python", "t.py"],
+                                            "localhost", local=True) or "own Python")
+    assert "own Python" not in (import_hint(log.replace("'tensorflow'", "'pytest'"), [sys.executable, "t.py"],
+                                            "localhost", local=True) or "own Python")  # (it is the one that ran)
 
 
 def test_a_task_its_host_agent_could_not_start_is_not_started_whatever_its_code_and_a_program_saying_so_is_not():

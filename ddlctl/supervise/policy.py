@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
+from ddlctl.supervise.imports import NO_MODULE
 from ddlctl.supervise.rootcause import TRACEBACK_HEAD, device_oom, disk_full, last_traceback, syntax_error
 from ddlctl.supervise.tfmessages import blame_peer, collective_mismatch, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
@@ -58,6 +59,7 @@ NOT_RETRIED = {
                   "built-in workload's --batch-size), fewer tasks per device, or mixed precision",
     "ended-early": "not retried: the same program would end early again (--restart-on any retries it)",
     "not-started": "not retried: it would not start again (--restart-on any retries it)",
+    "no-module": "not retried: the same Python would not find it again (--restart-on any retries it)",
     "collective-mismatch": "a bug in the program: every worker must run the same collective ops in the same order, on "
                            "tensors of the same shapes and types (the same steps, evaluations and model on each); not "
                            "retried under --restart-on fault (--restart-on any retries it)",
@@ -149,6 +151,8 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
     if code != 0 and TRACEBACK_HEAD in error:
         if NO_STDIN.fullmatch((last_traceback(error) or [""])[-1].strip()):
             return "traceback", f"exit code {code} after a Python exception: {NO_STDIN_HINT}"
+        if NO_MODULE.fullmatch((last_traceback(error) or [""])[-1].strip()):  # (its Python: said by the supervisor)
+            return "no-module", f"exit code {code} after a Python exception"
         return "traceback", f"exit code {code} after a Python exception"
     syntax = syntax_error(error) if code != 0 else None
     if syntax is not None:  # the script itself could not be compiled: a bug in the program too

@@ -44,6 +44,7 @@ from ddlctl.supervise.collapse import LineWriter
 from ddlctl.supervise.elastic import Elastic
 from ddlctl.supervise.hangs import Hangs
 from ddlctl.supervise.hosts import HostWatch, Reconnect
+from ddlctl.supervise.imports import import_hint
 from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
 from ddlctl.supervise.joined import JoinWatch
 from ddlctl.supervise.policy import (
@@ -327,6 +328,10 @@ class Supervisor:
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
         if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
             fault = self.hangs.named(fault, self.job.clock())
+        hint = import_hint(text, task.spec.argv, task.host, task.spec.host.is_local) \
+            if fault.cause == "no-module" and fault.task == task.name else None
+        if hint:  # (its Python is not the one with the module: say which it was)
+            fault = dataclasses.replace(fault, detail=f"{fault.detail}: {hint}")
         self._on_fault(fault)
 
     def _left_waiting(self, task: SupervisedTask) -> bool:
