@@ -458,6 +458,30 @@ def test_a_program_that_could_not_import_a_module_is_told_which_python_ran_it_an
                                             "localhost", local=True) or "own Python")  # (it is the one that ran)
 
 
+@pytest.mark.parametrize("strategy, log", [("mwms", "mwms_keras3_fit.worker1.log"), ("ps", "ps_keras3_fit.chief.log")])
+def test_keras3_model_fit_under_ps_or_mwms_is_said_to_be_keras3s_limit_with_what_to_use(strategy, log):
+    # real logs (TensorFlow 2.21, Keras 3.x): model.fit of `import keras` under each strategy
+    text = fixture(log)
+    task = "worker:1" if strategy == "mwms" else "chief:0"
+    fault = classify(task, ExitStatus(code=1), text, strategy, {"worker:0"}, {"worker:0", "worker:1", "chief:0"})
+    assert (fault.task, fault.cause) == (task, "traceback")
+    assert fault.detail == (f"exit code 1 after a Python exception: Keras 3's model.fit does not work under {strategy} "
+                            "(TensorFlow 2.21; keras-team/keras#18624, #20585): use tf.keras, which ddlctl makes "
+                            "tf-keras (TF_USE_LEGACY_KERAS=1, unless --no-legacy-keras; pip install tf-keras), or "
+                            "`import tf_keras as keras`, or a custom training loop")
+    # the same failure under a single-host strategy, or through tf-keras's fit, is not Keras 3's limit
+    assert classify(task, ExitStatus(code=1), text, "mirrored", set(), {task}).detail == \
+        "exit code 1 after a Python exception"
+    tf_keras = text.replace("site-packages/keras/src/", "site-packages/tf_keras/src/")
+    assert classify(task, ExitStatus(code=1), tf_keras, strategy, set(), {task}).detail == \
+        "exit code 1 after a Python exception"
+    # nor another error of a program that uses Keras 3 elsewhere than in fit
+    other = TRACEBACK.replace('line 3, in <module>\n', 'line 3, in <module>\n    model.compile()\n  File '
+                              '"/v/site-packages/keras/src/trainers/trainer.py", line 9, in compile\n')
+    assert classify(task, ExitStatus(code=1), other, strategy, set(), {task}).detail == \
+        "exit code 1 after a Python exception"
+
+
 def test_a_task_its_host_agent_could_not_start_is_not_started_whatever_its_code_and_a_program_saying_so_is_not():
     why = "the program /w/train.py is not on h2 (tasks run train.py from /w): put it at the same path"
     said = f"ddlctl: {why}\n"  # (what the task's output shows)

@@ -168,6 +168,24 @@ NO_STDIN_HINT = ("it read its standard input, and tasks have none (ddlctl gives 
                  "give it what it asks as arguments after --, environment variables (--env) or a file")
 
 
+#: Strategies under which Keras 3's ``model.fit`` fails, whatever the program (TensorFlow 2.21).
+KERAS3_FIT_FAILS = frozenset({"ps", "mwms"})
+#: A frame of Keras 3's own code (tf-keras's is ``tf_keras/src/``).
+KERAS3_FRAME = re.compile(r'File "(?:[^"]*/)?keras/src/')
+#: A frame that calls ``fit``: the program's line, or ddlctl's model.fit hook (``--auto-steps``).
+FIT_CALL = re.compile(r"\.fit\(|, in fit(?:_with_step_timer)?$")
+KERAS3_FIT_HINT = ("Keras 3's model.fit does not work under {strategy} (TensorFlow 2.21; keras-team/keras#18624, "
+                   "#20585): use tf.keras, which ddlctl makes tf-keras (TF_USE_LEGACY_KERAS=1, unless "
+                   "--no-legacy-keras; pip install tf-keras), or `import tf_keras as keras`, or a custom training loop")
+
+
+def keras3_fit(log_text: str) -> bool:
+    """Whether the task's last traceback runs through Keras 3's ``model.fit`` (not tf-keras's)."""
+    lines = [line.strip() for line in last_traceback(final_error(log_text))]
+    return any(KERAS3_FRAME.match(line) for line in lines) and \
+        any(FIT_CALL.search(line) for line in lines)
+
+
 #: Signals a process never sends itself because of a peer: a task they killed was killed from
 #: outside (a user, the OOM killer, a scheduler), whatever its log says about its peers.
 OUTSIDE_SIGNALS = frozenset({1, 2, 9, 15})  # SIGHUP, SIGINT, SIGKILL, SIGTERM
@@ -191,6 +209,8 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
     worker is its own fault). ``aliases``: TensorFlow's task names that are not ddlctl's (once
     workers left the job) -> ddlctl's."""
     cause, detail = own_cause(status, log_text)
+    if cause == "traceback" and strategy in KERAS3_FIT_FAILS and keras3_fit(log_text):
+        detail = f"{detail}: {KERAS3_FIT_HINT.format(strategy=strategy)}"
     if cause in ("traceback", "exit", "signal") and not status.lost and not killed_from_outside(status):
         blame = blame_peer(log_text, leader_of(strategy))
         peer = (aliases or {}).get(blame.task, blame.task) if blame is not None else None
