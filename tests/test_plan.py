@@ -167,6 +167,33 @@ def test_gpu_split_and_ps_without_gpus():
     assert [t.env.get("CUDA_VISIBLE_DEVICES") for t in mw.tasks] == ["0,1", "2,3", "0,1"]
 
 
+def growing(plan) -> set[str]:
+    return {t.name for t in plan.tasks if t.env.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true"}
+
+
+def test_tasks_that_may_share_a_gpu_grow_their_gpu_memory_and_tasks_with_their_own_gpus_do_not():
+    # ps: the chief sees every GPU of g4, where each worker has its own; g2's four workers share
+    # its two GPUs in pairs; the ps task (on a host without GPUs when there is one) sees none
+    cluster = parse_hosts("g4 gpus=4\ng2 gpus=2 slots=4\ncpu roles=ps\n", "h")
+    plan = make_plan(cluster, request("ps"), fake_ports(cluster, request("ps")))
+    assert growing(plan) == {"chief:0", "worker:0", "worker:1", "worker:2", "worker:3",
+                             "worker:4", "worker:5", "worker:6", "worker:7"}
+    # mwms, one worker per host or per GPU: no GPU seen twice, nothing set
+    same = parse_hosts("a gpus=2\nb gpus=2\n", "h")
+    assert growing(make_plan(same, request("mwms"), {})) == set()
+    assert growing(make_plan(same, request("mwms", worker_per="gpu"), {})) == set()
+    # an evaluator sees every GPU of the host it shares with a worker
+    assert growing(make_plan(same, request("mwms", evaluator=True), {})) == {"worker:1", "evaluator:0"}
+    # GPUs not declared (this machine by default): every task but the ps may see the same GPUs
+    local = make_plan(local_cluster(2), request("ps"), fake_ports(local_cluster(2), request("ps")))
+    assert growing(local) == {"chief:0", "worker:0", "worker:1"}
+    assert growing(make_plan(local_cluster(), request("one_device"), {})) == set()
+    # what the user sets wins
+    mine = make_plan(local_cluster(2), request("ps", env={"TF_FORCE_GPU_ALLOW_GROWTH": "false"}),
+                     fake_ports(local_cluster(2), request("ps")))
+    assert growing(mine) == set()
+
+
 def cuda(plan):
     return [(t.name, t.host.name, t.env.get("CUDA_VISIBLE_DEVICES")) for t in plan.tasks if t.role == "worker"]
 

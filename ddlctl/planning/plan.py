@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from ddlctl import envvars
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.errors import PlanError
+from ddlctl.planning.gpus import GROWTH_VAR, sharing_a_gpu
 from ddlctl.runfiles import REMOTE_ROOT
 from ddlctl.strategies import MULTI_HOST_STRATEGIES, SERVER_STRATEGIES, SINGLE_HOST_STRATEGIES, STRATEGIES
 from ddlctl.strategies import TABLE as STRATEGY_FACTS
@@ -396,6 +397,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     multi = strategy in MULTI_HOST_STRATEGIES
     spec_cluster = tf_config_cluster(placements, ports) if multi else None
     n_workers = sum(1 for p in placements if p.role == "worker")
+    shared_gpus = sharing_a_gpu((p.name, p.host.label, p.host.gpus or 0, p.gpus) for p in placements)
     tasks: list[TaskSpec] = []
     for p in placements:
         python = p.host.python or (request.local_python if p.host.is_local else "python3")
@@ -427,6 +429,8 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif p.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
+        if p.name in shared_gpus:  # (a GPU another task sees: each takes memory as it needs it)
+            env[GROWTH_VAR] = "true"
         if strategy == "model" and p.role == "chief":  # what the chief plans its stages over
             env[envvars.DEVICES] = json.dumps([
                 {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes,

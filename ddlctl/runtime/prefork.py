@@ -33,6 +33,7 @@ PER_TASK = frozenset({
     "TF_CONFIG", envvars.TASK, envvars.TASK_DIR, envvars.RESTART_COUNT, envvars.NUM_WORKERS, envvars.DEVICES,
     envvars.BALANCE, envvars.SPEEDS, envvars.TOTAL_STEPS, envvars.CHECKPOINT_DIR, "TMPDIR", "CUDA_VISIBLE_DEVICES",
     "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", envvars.SAFE_PATH, "DDLCTL_SERVER_FULL_IMPORT", OFF_VAR,
+    "TF_FORCE_GPU_ALLOW_GROWTH",  # (read when the GPUs are first used: after the fork)
 })
 #: ddlctl's own modules that import TensorFlow (its telemetry agent does not fork), with the first
 #: argument that makes them import it (None: any). ``--bench``'s device measurement forks too: on
