@@ -288,6 +288,29 @@ def test_a_program_whose_python_lacks_a_module_is_told_which_python_ran_it_and_g
     assert error["cause"] == "no-module" and "restarting" not in result.stderr
 
 
+def test_a_host_with_gpus_whose_tensorflow_has_no_cuda_is_told_why_it_trained_on_the_cpu(runs, tmp_path):
+    """This machine's TensorFlow has no CUDA libraries; a hosts file declaring a GPU here makes it the
+    GPU host whose TensorFlow cannot use it. The notice TensorFlow prints while it is imported (by
+    the zygote, for a forked task) reaches the task's log and the report names the task."""
+    from ddlctl.runtime import prefork
+
+    if prefork.gpu_host():
+        pytest.skip("this machine has a GPU: its TensorFlow may well find CUDA")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost gpus=1\n")
+    program = tmp_path / "train.py"
+    program.write_text("import ddlctl\nimport tensorflow as tf\n\nfor _ in range(5):\n    with ddlctl.step():\n"
+                       "        tf.reduce_sum(tf.ones((8, 8))).numpy()\n")
+    result = run_ddlctl("launch", "--hosts", str(hosts), "-s", "one_device", "--no-telemetry", "--runs-dir", str(runs),
+                        "--", sys.executable, str(program), timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = (result.stdout + result.stderr).replace("\n", " ")
+    assert "TensorFlow found no CUDA and trained on the CPU in worker:0 on localhost (\"Could not find cuda drivers " \
+           "on your machine, GPU will not be used\"), though its host has GPUs (localhost: 1)" in said, said[-3000:]
+    task_dir = only_run_dir(runs) / "tasks" / "worker-0"
+    assert json.loads((task_dir / "pid.json").read_text())["forked"] is True
+
+
 def test_startup_timeout_names_the_task_that_never_joined(runs):
     result = run_ddlctl("launch", "--strategy", "mwms", "--workers", "2", "--startup-timeout",
                         "10", "--grace", "1", "--runs-dir", str(runs), "--", sys.executable,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -179,10 +180,15 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         (tmp_path / "lib" / "prefork_helper.py").write_text("")
         tasks["worker:6"] = session.start(spec("worker:6", (sys.executable, program, "import"), tmp_path / "worker-6",
                                                {"PYTHONPATH": "lib"}), 5)
+        # what importing TensorFlow prints (its start-up notices) comes when the program imports it,
+        # as in a plain start; the zygote printed it, once, before the fork
+        notices = tmp_path / "notices.py"
+        notices.write_text("print('before', flush=True)\nimport tensorflow as tf\nprint('after', flush=True)\n")
+        tasks["worker:11"] = session.start(spec("worker:11", (sys.executable, str(notices)), tmp_path / "worker-11"), 5)
         # the agent's MALLOC_TOP_PAD_ reaches a forked task (its zygote's malloc read it at start)
         malloc = (sys.executable, program, "malloc")
         tasks["worker:9"] = session.start(spec("worker:9", malloc, tmp_path / "worker-9"), 5)
-        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5, 6, 7, 8, 9, 10)),
+        assert session.wait_for(lambda: all(tasks[f"worker:{i}"].poll() for i in (0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11)),
                                 120)
         outs = {name: output(task) for name, task in tasks.items() if name != "worker:2"}  # (all there is)
         # freed memory kept: the second round of allocations faults nothing in (glibc's default, as
@@ -204,6 +210,13 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         assert plain.returncode == -signal.SIGINT and tasks["worker:10"].poll().signal == signal.SIGINT
         assert outs["worker:10"] == plain.stderr and plain.stderr.endswith(b"KeyboardInterrupt\n"), outs["worker:10"]
         assert json.loads((tmp_path / "worker-10" / "pid.json").read_text())["forked"] is True
+        plain = subprocess.run([sys.executable, str(notices)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=120, env={**os.environ, "DDLCTL_TASK": "worker:11"})
+        glog = re.compile(rb"^([IWEF])\d{4} [\d:.]+\s+\d+ ", re.M)  # (time and thread id: the zygote's)
+        assert glog.sub(rb"\1 ", outs["worker:11"]) == glog.sub(rb"\1 ", plain.stdout), \
+            (outs["worker:11"], plain.stdout)
+        assert plain.stdout.startswith(b"before\n") and plain.stdout.endswith(b"after\n") and len(plain.stdout) > 13
+        assert json.loads((tmp_path / "worker-11" / "pid.json").read_text())["forked"] is True
         assert tasks["worker:6"].poll().code == 7, outs["worker:6"]
         assert tasks["worker:8"].poll().code == 9 and said(outs["worker:8"])["already"]
         agents_folder = psutil.Process(tasks["worker:8"].pids()["agent_pid"]).cwd()

@@ -634,3 +634,42 @@ def test_hosts_whose_memory_came_near_full_are_named_with_their_peak_share(tmp_p
     lines = [line for line in summarize(run, warmup_steps=0).diagnosis if line.startswith("memory nearly full")]
     assert lines == ["memory nearly full on 2 hosts (h1, h3): peak 92-95% of their memory (the kernel's OOM killer "
                      "ends a task when it is full: a smaller batch, fewer tasks on the host)"]
+
+
+NO_CUDA_LINE = ("I0000 00:00:1795887448.080123   14602 cudart_stub.cc:31] Could not find cuda drivers on your "
+                "machine, GPU will not be used.\n")  # (verbatim: TensorFlow 2.21 here)
+DLOPEN_LINE = ("W0000 00:00:1795887448.480123   14602 gpu_device.cc:2342] Cannot dlopen some GPU libraries. Please "
+               "make sure the missing libraries mentioned above are installed properly if you would like to use GPU. "
+               "Follow the guide at https://www.tensorflow.org/install/gpu for how to download and setup the required "
+               "libraries for your platform.\nSkipping registering GPU devices...\n")  # (its text: TF 2.21's library)
+
+
+def test_tasks_whose_tensorflow_found_no_cuda_on_a_host_with_gpus_are_named_with_what_to_install(tmp_path):
+    run = tmp_path / "run"
+    # h1: a GPU NVML counted; h2: no GPU (the line is noise there); h3: gpus=2 declared, no telemetry
+    write_plan(run, "mwms", {"worker:0": "h1", "worker:1": "h2", "worker:2": "h3", "worker:3": "h1"},
+               hosts=["h1", "h2"])
+    plan = json.loads((run / "plan.json").read_text())
+    plan["cluster"]["hosts"].append({"name": "h3", "gpus": 2, "port": 22})
+    (run / "plan.json").write_text(json.dumps(plan))
+    for task in ("worker:0", "worker:1", "worker:2", "worker:3"):
+        write_steps(run, task, [1.0] * 10)
+        text = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n" + \
+            (NO_CUDA_LINE if task != "worker:3" else "") + "loss 0.5\n"
+        if task == "worker:2":  # (what TensorFlow says when it sets up its devices)
+            text = DLOPEN_LINE + "loss 0.5\n"
+        (run / "tasks" / task.replace(":", "-") / "output.log").write_text(text)
+    write_telemetry(run, "h1", [0.0] * 6, [2**20] * 6)
+    summary = summarize(run, warmup_steps=0)
+    said = [line for line in summary.diagnosis if "found no CUDA" in line]
+    assert said == ["TensorFlow found no CUDA and trained on the CPU in worker:0 on h1, worker:2 on h3 (\"Could not "
+                    "find cuda drivers on your machine, GPU will not be used\"), though their hosts have GPUs (h1: 1, "
+                    "h3: 2): that TensorFlow lacks its CUDA libraries: `pip install 'tensorflow[and-cuda]'` into the "
+                    "tasks' Python there (`nvidia-smi` shows the driver; `python -c \"import tensorflow as tf; "
+                    "print(tf.config.list_physical_devices('GPU'))\"` what TensorFlow sees)"]
+    assert summary.diagnosis[0] == said[0]  # (first: it explains the idle GPU below it)
+    assert any("GPU 0 on h1 mostly idle" in line for line in summary.diagnosis)
+    # on CPU hosts alone, nothing is said
+    for task in ("worker:0", "worker:2", "worker:3"):
+        (run / "tasks" / task.replace(":", "-") / "output.log").write_text("loss 0.5\n")
+    assert not any("found no CUDA" in line for line in summarize(run, warmup_steps=0).diagnosis)

@@ -26,7 +26,7 @@ import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import MIN_WINDOW_SAMPLES, HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.membership import membership_phases
 from ddlctl.report.mfu import task_mfu
+from ddlctl.report.nocuda import run_no_cuda_line
 from ddlctl.report.stages import stage_plan_of, stage_rows
 from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, kept_records, last_end_us, read_phases, read_steps
@@ -362,7 +363,9 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
         left_running=tuple(outcome.get("left_running", [])),
         membership_phases=membership_phases(outcome.get("membership", []), [
             t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
-    return _with_diagnosis(summary, outcome, run_end)
+    summary = _with_diagnosis(summary, outcome, run_end)
+    no_cuda = run_no_cuda_line(run_dir, plan, {h.host: len(h.gpus) for h in hosts})
+    return replace(summary, diagnosis=(no_cuda, *summary.diagnosis)) if no_cuda else summary
 
 
 def _mfu(run_dir: Path, plan: dict, tasks: Sequence[TaskSummary], hosts: Sequence[HostSummary]) -> tuple[dict, ...]:

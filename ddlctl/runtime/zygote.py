@@ -42,6 +42,12 @@ ARGV_ROOM = " " * 4096
 #: The zygote's folder (a task's is set after the fork): it holds no folder of anybody's.
 ZYGOTE_CWD = "/"
 REPARENT_S = 5.0
+#: The top-level modules :func:`preload` imports.
+PRELOADED = ("tensorflow", "keras", "tf_keras")
+#: What the import printed (TensorFlow's start-up notices: "Could not find cuda drivers ..."), at
+#: most this much, written into each forked task's output first, as a plain start's output has it.
+IMPORT_OUTPUT_MAX = 64 * 1024
+_import_output = b""
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -198,6 +204,50 @@ def _rebase_pythonpath(pythonpath: str) -> None:
     importlib.invalidate_caches()
 
 
+def _say_import_output_at_first_import() -> None:
+    """Write what the zygote's import printed (TensorFlow's start-up notices) into this task's
+    output when its program first imports TensorFlow or Keras, where a plain start prints it (a
+    program that never does, or does not compile, prints none). The import statement calls
+    ``builtins.__import__`` (even for a module already imported) once that is not Python's own: a
+    wrapper stands there until that import, then Python's is put back."""
+    import builtins
+
+    original = builtins.__import__
+
+    def first_import(name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - __import__'s
+        level = args[3] if len(args) > 3 else kwargs.get("level", 0)
+        if level == 0 and name.partition(".")[0] in PRELOADED and builtins.__import__ is first_import:
+            builtins.__import__ = original
+            sys.stderr.flush()
+            data = _import_output
+            with contextlib.suppress(OSError):
+                while data:
+                    data = data[os.write(2, data):]
+        return original(name, *args, **kwargs)
+
+    if _import_output:
+        builtins.__import__ = first_import
+
+
+def _printed(call: Callable[[], None]) -> bytes:
+    """Run ``call`` with file descriptor 2 going to a spool; what it printed there (the first
+    :data:`IMPORT_OUTPUT_MAX` bytes). Python's own writes go through descriptor 2 too."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as spool:
+        os.dup2(spool.fileno(), 2)
+        try:
+            call()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        spool.seek(0)
+        return spool.read(IMPORT_OUTPUT_MAX)
+
+
 def _exec(argv: list[str], env: dict[str, str], why: str) -> None:
     """Run the task's own command in this process (a fork that could not become the task); why in
     ``fork-fallback.txt`` of its folder."""
@@ -264,6 +314,7 @@ def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
 
         def run_module() -> None:
             sys.modules["__main__"] = main
+            _say_import_output_at_first_import()
             runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
 
         return _as_python_would(run_module)
@@ -280,7 +331,9 @@ def _runner(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
         sys.modules["__main__"] = main
         with io.open_code(os.path.abspath(script)) as handle:
             source = handle.read()
-        exec(compile(source, os.path.abspath(script), "exec"), main.__dict__)  # noqa: S102 - the task's own program
+        code = compile(source, os.path.abspath(script), "exec")
+        _say_import_output_at_first_import()
+        exec(code, main.__dict__)  # noqa: S102 - the task's own program
 
     return _as_python_would(run_script)
 
@@ -311,8 +364,9 @@ def main(argv: list[str]) -> Callable[[], None]:
     """Import TensorFlow, say so, serve forks; in a forked task, what runs it."""
     sock = socket.socket(fileno=int(argv[0]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent's to handle; a task gets its own back
+    global _import_output
     try:
-        preload()
+        _import_output = _printed(preload)
     except BaseException as exc:  # noqa: BLE001 - said to the agent, which starts tasks the plain way
         _send(sock, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
         with contextlib.suppress(OSError):  # until the agent has read it (unread requests here
