@@ -286,6 +286,15 @@ def test_a_program_whose_python_lacks_a_module_is_told_which_python_ran_it_and_g
         said[-2000:]
     error = json.loads((only_run_dir(runs) / "tasks" / "worker-0" / "error.json").read_text())
     assert error["cause"] == "no-module" and "restarting" not in result.stderr
+    # a module to run (-m) that is not in the task's folder: where it looked
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    result = run_ddlctl("launch", "-s", "one_device", "--no-telemetry", "--runs-dir", str(tmp_path / "runs-m"),
+                        "--", sys.executable, "-m", "train", cwd=other, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    said = result.stderr.replace("\n", " ")
+    assert f"worker:0 on localhost failed: exit code 1: its Python found no module train to run (-m): tasks run in " \
+           f"{other} on localhost, where `python -m` looks for train first" in said, said[-2000:]
 
 
 def test_a_host_with_gpus_whose_tensorflow_has_no_cuda_is_told_why_it_trained_on_the_cpu(runs, tmp_path):

@@ -456,6 +456,18 @@ def test_a_program_that_could_not_import_a_module_is_told_which_python_ran_it_an
                                             "localhost", local=True) or "own Python")
     assert "own Python" not in (import_hint(log.replace("'tensorflow'", "'pytest'"), [sys.executable, "t.py"],
                                             "localhost", local=True) or "own Python")  # (it is the one that ran)
+    # `python -m MODULE` that finds no MODULE: Python's one line, no traceback, exit code 1
+    to_run = "/v/bin/python: No module named trainer.main\n"
+    fault = classify("worker:0", ExitStatus(code=1), to_run, "mwms", set(), {"worker:0"})
+    assert (fault.cause, fault.detail) == ("no-module", "exit code 1: its Python found no module trainer.main to run "
+                                                        "(-m)")
+    assert import_hint(to_run, ["python", "-m", "trainer.main"], "gpu1", False, "/w") == (
+        "tasks run in /w on gpu1, where `python -m` looks for trainer.main first (then PYTHONPATH and its "
+        "site-packages): start ddlctl from the folder that holds it, give the host workdir= in the hosts file, or add "
+        "its folder with --env PYTHONPATH=FOLDER")
+    # a program that printed such a line and went on is not that (its last line is another)
+    assert classify("worker:0", ExitStatus(code=1), to_run + "then it failed\n", "mwms", set(),
+                    {"worker:0"}).cause == "exit"
 
 
 @pytest.mark.parametrize("strategy, log", [("mwms", "mwms_keras3_fit.worker1.log"), ("ps", "ps_keras3_fit.chief.log")])

@@ -22,6 +22,25 @@ from ddlctl.supervise.tfmessages import final_error
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
+#: Python's own words when ``python -m MODULE`` finds no such module (no traceback; exit code 1).
+NO_MODULE_TO_RUN = re.compile(r"\S+: No module named ([\w.]+)")
+
+
+def module_to_run_missing(log_text: str) -> str | None:
+    """The module ``python -m`` was given and did not find (its output's last line), or None."""
+    lines = [line for line in log_text[-4096:].splitlines() if line.strip()]
+    match = NO_MODULE_TO_RUN.fullmatch(lines[-1].strip()) if lines else None
+    return match.group(1) if match else None
+
+
+def module_to_run_hint(module: str, host: str, workdir: str | None) -> str:
+    """What to say of ``python -m module`` that found no ``module`` on ``host``."""
+    where = f"in {workdir} on {host}" if workdir else f"in its host agent's folder on {host}"
+    return (f"tasks run {where}, where `python -m` looks for {module} first (then PYTHONPATH and its "
+            "site-packages): start ddlctl from the folder that holds it, give the host workdir= in the hosts file, "
+            "or add its folder with --env PYTHONPATH=FOLDER")
+
+
 def missing_module(log_text: str) -> str | None:
     """The top-level package of the module whose import ended the program (its last traceback
     ends in ``ModuleNotFoundError``), or None."""
@@ -51,10 +70,14 @@ def missing_module_hint(module: str, argv: Sequence[str], host: str, found: str 
             "each host's Python imports)")
 
 
-def import_hint(log_text: str, argv: Sequence[str], host: str, local: bool) -> str | None:
-    """:func:`missing_module_hint` for a failed task's log, or None when no import ended it. On
-    this machine (``local``) the command's Python is looked up on the PATH, and ddlctl's own Python
-    is offered when it has the module and is another one."""
+def import_hint(log_text: str, argv: Sequence[str], host: str, local: bool, workdir: str | None = None) -> str | None:
+    """:func:`missing_module_hint` for a failed task's log (:func:`module_to_run_hint` for a
+    ``python -m`` that found nothing to run, ``workdir``: the task's folder), or None when no import
+    ended it. On this machine (``local``) the command's Python is looked up on the PATH, and
+    ddlctl's own Python is offered when it has the module and is another one."""
+    to_run = module_to_run_missing(log_text)
+    if to_run is not None:
+        return module_to_run_hint(to_run, host, workdir)
     module = missing_module(log_text)
     if module is None:
         return None

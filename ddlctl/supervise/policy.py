@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from ddlctl.strategies import strategy as facts
-from ddlctl.supervise.imports import NO_MODULE
+from ddlctl.supervise.imports import NO_MODULE, module_to_run_missing
 from ddlctl.supervise.rootcause import TRACEBACK_HEAD, device_oom, disk_full, last_traceback, syntax_error
 from ddlctl.supervise.tfmessages import blame_peer, collective_mismatch, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
@@ -154,6 +154,9 @@ def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
         if NO_MODULE.fullmatch((last_traceback(error) or [""])[-1].strip()):  # (its Python: said by the supervisor)
             return "no-module", f"exit code {code} after a Python exception"
         return "traceback", f"exit code {code} after a Python exception"
+    to_run = module_to_run_missing(error) if code == 1 else None
+    if to_run is not None:  # (where Python looked: said by the supervisor)
+        return "no-module", f"exit code {code}: its Python found no module {to_run} to run (-m)"
     syntax = syntax_error(error) if code != 0 else None
     if syntax is not None:  # the script itself could not be compiled: a bug in the program too
         return "traceback", f"exit code {code}: a syntax error in {syntax['file']} at line {syntax['line']}"
