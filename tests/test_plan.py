@@ -194,6 +194,30 @@ def test_tasks_that_may_share_a_gpu_grow_their_gpu_memory_and_tasks_with_their_o
     assert growing(mine) == set()
 
 
+def test_this_machines_gpus_are_counted_from_its_device_files_and_cuda_visible_devices(tmp_path):
+    from ddlctl.cluster.source import local_gpus
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-caps", "null"):
+        (dev / name).touch()
+    assert local_gpus({}, str(dev)) == 3
+    assert local_gpus({"CUDA_VISIBLE_DEVICES": "1,2"}, str(dev)) == 2
+    assert local_gpus({"CUDA_VISIBLE_DEVICES": "GPU-4b2c,1"}, str(dev)) == 2
+    assert local_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,2"}, str(dev)) == 1  # (CUDA stops at -1)
+    assert local_gpus({"CUDA_VISIBLE_DEVICES": ""}, str(dev)) == 0
+    assert local_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, str(tmp_path / "none")) == 0  # no device file: no GPU
+    # this machine's implicit cluster with them: each worker its own, the chief's memory grows
+    two = local_cluster(2, gpus=2)
+    ps = make_plan(two, request("ps", workers=2), fake_ports(two, request("ps", workers=2)))
+    assert {t.name: t.env.get("CUDA_VISIBLE_DEVICES") for t in ps.tasks} == \
+        {"chief:0": None, "worker:0": "0", "worker:1": "1", "ps:0": ""}
+    assert growing(ps) == {"chief:0", "worker:0", "worker:1"}
+    eight = local_cluster(2, gpus=8)
+    assert [t.env["CUDA_VISIBLE_DEVICES"] for t in make_plan(eight, request("mwms", workers=2), {}).tasks] == \
+        ["0,1,2,3", "4,5,6,7"]
+
+
 def cuda(plan):
     return [(t.name, t.host.name, t.env.get("CUDA_VISIBLE_DEVICES")) for t in plan.tasks if t.role == "worker"]
 

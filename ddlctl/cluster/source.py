@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ddlctl.cluster.hostfile import load_hosts
@@ -38,4 +41,26 @@ def load_cluster(hosts: str | None, template: str | None,
     if template:
         loaded = load_template(template)
         return loaded.cluster, loaded.defaults, False
-    return local_cluster(slots=local_slots), LaunchDefaults(), True
+    return local_cluster(slots=local_slots, gpus=local_gpus()), LaunchDefaults(), True
+
+
+def local_gpus(environ: Mapping[str, str] = os.environ, dev: str = "/dev") -> int:
+    """The NVIDIA GPUs of this machine that its tasks may use: one per ``/dev/nvidiaN`` device
+    file (a container holds those of its own GPUs), at most as many as ``CUDA_VISIBLE_DEVICES``
+    names when it is set (CUDA stops at its first entry that is not a GPU: ``-1`` hides them all).
+    The implicit cluster of this machine declares them, as ``gpus=`` does on a hosts-file line:
+    its workers get their own (``CUDA_VISIBLE_DEVICES``), not all of them each."""
+    try:
+        found = sum(1 for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name))
+    except OSError:
+        return 0
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    named = 0
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        named += 1
+    return min(found, named)
