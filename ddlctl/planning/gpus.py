@@ -5,7 +5,7 @@ memory growth is on: ``TF_FORCE_GPU_ALLOW_GROWTH=true``), so a second TensorFlow
 same GPU finds almost none left (tensorflow#3644). A plan gives workers disjoint
 ``CUDA_VISIBLE_DEVICES`` where it can, but a ps chief, a model chief and an evaluator see every GPU
 of their host, workers outnumbering a host's GPUs share them round-robin, and on a host whose GPUs
-are not declared (``gpus=`` absent, this machine by default) every task sees whatever GPUs there
+are not declared (``gpus=`` absent) every task sees whatever GPUs there
 are. Those tasks grow their GPU memory as they need it instead. Pure.
 """
 
