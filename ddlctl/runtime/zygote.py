@@ -45,7 +45,8 @@ REPARENT_S = 5.0
 #: The top-level modules :func:`preload` imports.
 PRELOADED = ("tensorflow", "keras", "tf_keras")
 #: What the import printed (TensorFlow's start-up notices: "Could not find cuda drivers ..."), at
-#: most this much, written into each forked task's output first, as a plain start's output has it.
+#: most this much: written into a forked task's output when its program imports TensorFlow, where
+#: a plain start prints it.
 IMPORT_OUTPUT_MAX = 64 * 1024
 _import_output = b""
 
