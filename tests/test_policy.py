@@ -465,6 +465,15 @@ def test_a_program_that_could_not_import_a_module_is_told_which_python_ran_it_an
         "tasks run in /w on gpu1, where `python -m` looks for trainer.main first (then PYTHONPATH and its "
         "site-packages): start ddlctl from the folder that holds it, give the host workdir= in the hosts file, or add "
         "its folder with --env PYTHONPATH=FOLDER")
+    # a package without __main__
+    package = "/v/bin/python: No module named trainer.__main__; 'trainer' is a package and cannot be directly " \
+              "executed\n"
+    fault = classify("worker:0", ExitStatus(code=1), package, "mwms", set(), {"worker:0"})
+    assert (fault.cause, fault.detail) == ("no-module", "exit code 1: its Python found no module trainer.__main__ to "
+                                                        "run (-m)")
+    assert import_hint(package, ["python", "-m", "trainer"], "gpu1", False, "/w") == (
+        "trainer is a package without a __main__ module: give the module in it that runs the training "
+        "(`-m trainer.train`, say), or add trainer/__main__.py")
     # a program that printed such a line and went on is not that (its last line is another)
     assert classify("worker:0", ExitStatus(code=1), to_run + "then it failed\n", "mwms", set(),
                     {"worker:0"}).cause == "exit"

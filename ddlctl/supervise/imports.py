@@ -22,19 +22,31 @@ from ddlctl.supervise.tfmessages import final_error
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
-#: Python's own words when ``python -m MODULE`` finds no such module (no traceback; exit code 1).
+#: Python's own words when ``python -m MODULE`` finds no such module (no traceback; exit code 1),
+#: and when MODULE is a package without a ``__main__`` module.
 NO_MODULE_TO_RUN = re.compile(r"\S+: No module named ([\w.]+)")
+PACKAGE_TO_RUN = re.compile(r"\S+: No module named ([\w.]+)\.__main__; '[\w.]+' is a package and cannot be "
+                            r"directly executed")
 
 
 def module_to_run_missing(log_text: str) -> str | None:
-    """The module ``python -m`` was given and did not find (its output's last line), or None."""
+    """The module ``python -m`` was given and did not find (its output's last line; a package
+    without ``__main__``: "PACKAGE.__main__"), or None."""
     lines = [line for line in log_text[-4096:].splitlines() if line.strip()]
-    match = NO_MODULE_TO_RUN.fullmatch(lines[-1].strip()) if lines else None
+    last = lines[-1].strip() if lines else ""
+    package = PACKAGE_TO_RUN.fullmatch(last)
+    if package:
+        return f"{package.group(1)}.__main__"
+    match = NO_MODULE_TO_RUN.fullmatch(last)
     return match.group(1) if match else None
 
 
 def module_to_run_hint(module: str, host: str, workdir: str | None) -> str:
     """What to say of ``python -m module`` that found no ``module`` on ``host``."""
+    if module.endswith(".__main__"):
+        package = module.removesuffix(".__main__")
+        return (f"{package} is a package without a __main__ module: give the module in it that runs the training "
+                f"(`-m {package}.train`, say), or add {package}/__main__.py")
     where = f"in {workdir} on {host}" if workdir else f"in its host agent's folder on {host}"
     return (f"tasks run {where}, where `python -m` looks for {module} first (then PYTHONPATH and its "
             "site-packages): start ddlctl from the folder that holds it, give the host workdir= in the hosts file, "
