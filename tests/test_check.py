@@ -107,3 +107,20 @@ def test_hosts_whose_tensorflow_differs_are_warned_by_check_and_refused_by_launc
     assert tensorflow_mismatch({"a": "2.21.0", "b": "2.21.1"}, releases_only=True) is None
     assert tensorflow_mismatch({"a": "2.21.0", "b": "2.21.1"}).startswith("TensorFlow differs across the hosts")
     assert tensorflow_mismatch({"a": "2.21.0", "b": "present", "c": None}) is None
+
+
+def test_a_host_with_gpus_whose_tensorflow_would_not_find_cuda_is_warned_with_what_to_install():
+    from ddlctl.preflight import host_warnings
+    from ddlctl.runtime.probe import missing_cuda_libraries, probe
+
+    facts = {"executable": "/usr/bin/python3", "tensorflow": "2.21.0", "gpus": [{"index": 0}, {"index": 1}],
+             "cuda_missing": ["libcudart.so.12", "libcudnn.so.9"]}
+    assert host_warnings(facts) == [
+        "its TensorFlow will not use its 2 GPU(s): libcudart.so.12 and libcudnn.so.9 not found for /usr/bin/python3 "
+        "(TensorFlow trains on the CPU then): run '/usr/bin/python3 -m pip install \"tensorflow[and-cuda]\"' there"]
+    assert host_warnings({**facts, "cuda_missing": []}) == []  # (all found)
+    assert host_warnings({**facts, "gpus": [], "cuda_missing": None}) == []  # (no GPU: not looked for)
+    assert host_warnings({**facts, "tensorflow": None}) == []  # (said as a problem of its own)
+    # this machine: no NVIDIA GPU, so not looked for; its pip TensorFlow has no CUDA libraries
+    assert probe()["cuda_missing"] is None
+    assert set(missing_cuda_libraries()) <= {"libcudart.so.12", "libcudnn.so.9"}

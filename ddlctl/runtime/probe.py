@@ -107,6 +107,26 @@ def quick_probe(ports: int) -> dict[str, object]:
     }
 
 
+#: What TensorFlow (2.15 to 2.21) loads to use a GPU: NVIDIA's pip package of it (what
+#: ``tensorflow[and-cuda]`` installs), else the library on the loader's path.
+CUDA_LIBRARIES = (("nvidia-cuda-runtime-cu12", "libcudart.so.12"), ("nvidia-cudnn-cu12", "libcudnn.so.9"))
+
+
+def missing_cuda_libraries() -> list[str]:
+    """The libraries of :data:`CUDA_LIBRARIES` this Python's TensorFlow would not find."""
+    import ctypes
+
+    missing = []
+    for package, library in CUDA_LIBRARIES:
+        if installed(package):
+            continue
+        try:
+            ctypes.CDLL(library)
+        except OSError:
+            missing.append(library)
+    return missing
+
+
 def probe() -> dict[str, object]:
     """Facts about this host, as plain JSON-ready data."""
     from ddlctl.telemetry.nvml import inventory
@@ -121,6 +141,7 @@ def probe() -> dict[str, object]:
         "ddlctl_installed": installed("ddlctl"),
         "cpus": os.cpu_count(),
         "gpus": [asdict(g) for g in gpus.gpus],
+        "cuda_missing": missing_cuda_libraries() if gpus.gpus else None,
         "driver": gpus.driver,
         "gpu_note": gpus.note,
         "ports_ok": can_bind_ports(),
