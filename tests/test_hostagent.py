@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,12 +68,21 @@ def test_many_tasks_one_agent_output_exits_and_signals(tmp_path):
         }
         for i in range(3, 12):  # more tasks than an sshd's default MaxSessions: one session carries all
             tasks[f"worker:{i}"] = s.start(spec(f"worker:{i}", f"print({i})", tmp_path / f"w{i}"), 5)
+        # a command's first word as its start found it (its PATH; a relative path from its folder)
+        bare = dataclasses.replace(spec("worker:12", "pass", tmp_path / "w12"), argv=("sh", "-c", "exit 0"))
+        tasks["worker:12"] = s.start(bare, 5)
+        relative = os.path.relpath(sys.executable, tmp_path)
+        tasks["worker:13"] = s.start(dataclasses.replace(spec("worker:13", "pass", tmp_path / "w13"),
+                                                         argv=(relative, "-c", "pass")), 5)
         assert s.wait_for(lambda: all(t.poll() for n, t in tasks.items() if n != "worker:2"), 30)
         assert tasks["worker:0"].poll().code == 3
         assert output(tasks["worker:0"]) == b"hello\n", "the last output arrives before the exit"
         assert tasks["worker:1"].poll().signal == signal.SIGKILL
         assert all(output(tasks[f"worker:{i}"]) == f"{i}\n".encode() for i in range(3, 12))
         assert tasks["worker:2"].poll() is None and tasks["worker:2"].pids()["task_pid"]
+        assert tasks["worker:12"].pids()["executable"] == shutil.which("sh")
+        assert tasks["worker:13"].pids()["executable"] == os.path.normpath(os.path.join(tmp_path, relative)) \
+            == os.path.normpath(sys.executable)
         tasks["worker:2"].send("TERM")
         assert s.wait_for(lambda: tasks["worker:2"].poll() is not None, 10)
         assert tasks["worker:2"].poll().signal == signal.SIGTERM

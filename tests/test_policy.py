@@ -445,6 +445,9 @@ def test_a_program_that_could_not_import_a_module_is_told_which_python_ran_it_an
         "it cannot import tensorflow: the Python it ran under, `python3` on gpu1, does not have it: install "
         "tensorflow into it, or give after -- a Python on gpu1 that has it (a bare name is looked up on the host's "
         "PATH, with no virtual environment activated; `ddlctl check` says what each host's Python imports)")
+    assert import_hint(log, ["python3", "train.py"], "gpu1", False, "/w", "/usr/bin/python3").startswith(
+        "it cannot import tensorflow: the Python it ran under, `python3` (/usr/bin/python3) on gpu1, does not have it: "
+        "install tensorflow into it")  # (where its host agent found it)
     assert missing_module_hint("torch", ["bash", "run.sh"], "gpu1").startswith(
         "it cannot import torch: the Python its command (`bash`) started on gpu1 does not have it: install torch")
     # here: where the PATH found it, and ddlctl's own Python when that one has it (this test's: pytest)

@@ -213,7 +213,8 @@ class HostAgent:
         assert task.popen is not None
         task.started_us, task.oom_kills = oom.monotonic_us(), oom.oom_kills()
         record = {"agent_pid": os.getpid(), "task_pid": task.popen.pid, "task_pgid": task.pgid,
-                  "ssh_connection": os.environ.get("SSH_CONNECTION"), "forked": task.forked}
+                  "ssh_connection": os.environ.get("SSH_CONNECTION"), "forked": task.forked,
+                  "executable": task.executable()}
         if task.task_dir:
             write_json(os.path.join(task.task_dir, "pid.json"),
                        {**record, **({"fork_note": task.fork_note} if task.fork_note else {})})

@@ -82,20 +82,23 @@ def missing_module_hint(module: str, argv: Sequence[str], host: str, found: str 
             "each host's Python imports)")
 
 
-def import_hint(log_text: str, argv: Sequence[str], host: str, local: bool, workdir: str | None = None) -> str | None:
+def import_hint(log_text: str, argv: Sequence[str], host: str, local: bool, workdir: str | None = None,
+                executable: object = None) -> str | None:
     """:func:`missing_module_hint` for a failed task's log (:func:`module_to_run_hint` for a
     ``python -m`` that found nothing to run, ``workdir``: the task's folder), or None when no import
-    ended it. On this machine (``local``) the command's Python is looked up on the PATH, and
-    ddlctl's own Python is offered when it has the module and is another one."""
+    ended it. ``executable``: where the host agent found the command's first word (else, on this
+    machine, it is looked up on the PATH). On this machine (``local``) ddlctl's own Python is
+    offered when it has the module and is another one."""
     to_run = module_to_run_missing(log_text)
     if to_run is not None:
         return module_to_run_hint(to_run, host, workdir)
     module = missing_module(log_text)
     if module is None:
         return None
-    found = ours = None
+    found = executable if isinstance(executable, str) and executable else None
+    ours = None
     if local and argv:
-        found = shutil.which(argv[0]) if os.sep not in argv[0] else argv[0]
+        found = found or (shutil.which(argv[0]) if os.sep not in argv[0] else argv[0])
         # (a virtual environment is its path, not its binary: a venv's python links to the one it was made from)
         if not (found and os.path.abspath(found) == os.path.abspath(sys.executable)) and _importable(module):
             ours = sys.executable

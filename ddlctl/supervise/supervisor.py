@@ -328,10 +328,10 @@ class Supervisor:
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
         if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
             fault = self.hangs.named(fault, self.job.clock())
-        hint = import_hint(text, task.spec.argv, task.host, task.spec.host.is_local, task.spec.workdir) \
-            if fault.cause == "no-module" and fault.task == task.name else None
-        if hint:  # (its Python is not the one with the module: say which it was)
-            fault = dataclasses.replace(fault, detail=f"{fault.detail}: {hint}")
+        if fault.cause == "no-module" and fault.task == task.name:  # which Python it was, and what to do
+            hint = import_hint(text, task.spec.argv, task.host, task.spec.host.is_local, task.spec.workdir,
+                               task.proc.pids().get("executable"))
+            fault = dataclasses.replace(fault, detail=f"{fault.detail}: {hint}") if hint else fault
         self._on_fault(fault)
 
     def _left_waiting(self, task: SupervisedTask) -> bool:

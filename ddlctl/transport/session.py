@@ -243,7 +243,7 @@ class HostSession:
                 status = ExitStatus(code=int(header.get("code") or 0))
             task._end(status, self.here(header.get("t")))
         elif kind == Kind.STARTED and task is not None:
-            task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection")
+            task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection", "executable")
                           if k in header}
             if header.get("note"):  # what the agent changed about the start (shown with the task's output)
                 task.chunks.append(f"ddlctl: {header['note']}\n".encode())
