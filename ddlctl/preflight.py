@@ -78,10 +78,11 @@ def host_warnings(facts: Mapping[str, object]) -> list[str]:
         ahead = sum(offset) / 2
         warnings.append(f"its clock is {how_far(ahead)} (to {(offset[1] - offset[0]) / 2:.1f}s): a job puts its step "
                         f"times and samples on this machine's clock for the report, but {SYNCHRONISE}")
-    missing, gpus = facts.get("cuda_missing"), facts.get("gpus")
-    if isinstance(missing, list) and missing and isinstance(gpus, list) and gpus and facts.get("tensorflow"):
+    missing, gpus = facts.get("cuda_missing"), facts.get("gpus")  # (gpus: check's NVML; launch's: device files)
+    count = len(gpus) if isinstance(gpus, list) else facts.get("gpu_devices")
+    if isinstance(missing, list) and missing and isinstance(count, int) and count > 0 and facts.get("tensorflow"):
         executable = facts.get("executable", "python3")
-        warnings.append(f"its TensorFlow will not use its {len(gpus)} GPU(s): {' and '.join(missing)} not found for "
+        warnings.append(f"its TensorFlow will not use its {count} GPU(s): {' and '.join(missing)} not found for "
                         f"{executable} (TensorFlow trains on the CPU then): run '{executable} -m pip install "
                         "\"tensorflow[and-cuda]\"' there")
     free = facts.get("disk_free")

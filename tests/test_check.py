@@ -111,7 +111,7 @@ def test_hosts_whose_tensorflow_differs_are_warned_by_check_and_refused_by_launc
 
 def test_a_host_with_gpus_whose_tensorflow_would_not_find_cuda_is_warned_with_what_to_install():
     from ddlctl.preflight import host_warnings
-    from ddlctl.runtime.probe import missing_cuda_libraries, probe
+    from ddlctl.runtime.probe import missing_cuda_libraries, probe, quick_probe
 
     facts = {"executable": "/usr/bin/python3", "tensorflow": "2.21.0", "gpus": [{"index": 0}, {"index": 1}],
              "cuda_missing": ["libcudart.so.12", "libcudnn.so.9"]}
@@ -121,6 +121,13 @@ def test_a_host_with_gpus_whose_tensorflow_would_not_find_cuda_is_warned_with_wh
     assert host_warnings({**facts, "cuda_missing": []}) == []  # (all found)
     assert host_warnings({**facts, "gpus": [], "cuda_missing": None}) == []  # (no GPU: not looked for)
     assert host_warnings({**facts, "tensorflow": None}) == []  # (said as a problem of its own)
+    # what launch reads of a remote host (its quick probe: device files, no NVML)
+    quick = {"executable": "/usr/bin/python3", "tensorflow": "2.21.0", "gpu_devices": 8,
+             "cuda_missing": ["libcudnn.so.9"]}
+    assert host_warnings(quick) == [
+        "its TensorFlow will not use its 8 GPU(s): libcudnn.so.9 not found for /usr/bin/python3 (TensorFlow trains on "
+        "the CPU then): run '/usr/bin/python3 -m pip install \"tensorflow[and-cuda]\"' there"]
     # this machine: no NVIDIA GPU, so not looked for; its pip TensorFlow has no CUDA libraries
     assert probe()["cuda_missing"] is None
+    assert quick_probe(1)["gpu_devices"] == 0 and quick_probe(1)["cuda_missing"] is None
     assert set(missing_cuda_libraries()) <= {"libcudart.so.12", "libcudnn.so.9"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -50,9 +49,10 @@ def local_gpus(environ: Mapping[str, str] = os.environ, dev: str = "/dev") -> in
     names when it is set (CUDA stops at its first entry that is not a GPU: ``-1`` hides them all).
     The implicit cluster of this machine declares them, as ``gpus=`` does on a hosts-file line:
     its workers get their own (``CUDA_VISIBLE_DEVICES``), not all of them each."""
-    try:
-        found = sum(1 for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name))
-    except OSError:
+    from ddlctl.runtime.probe import nvidia_devices
+
+    found = nvidia_devices(dev)
+    if not found:
         return 0
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:

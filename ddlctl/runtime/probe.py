@@ -89,6 +89,15 @@ def can_bind_ports(count: int = 2) -> bool:
             sock.close()
 
 
+def nvidia_devices(dev: str = "/dev") -> int:
+    """How many ``/dev/nvidiaN`` device files there are: the NVIDIA GPUs this host (or container)
+    holds, read without NVML."""
+    try:
+        return sum(1 for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name))
+    except OSError:
+        return 0
+
+
 def quick_probe(ports: int) -> dict[str, object]:
     """What ``launch`` needs, as cheaply as possible (one process start per host): Python,
     whether TensorFlow is importable (without importing it), and free ports for the tasks."""
@@ -97,10 +106,13 @@ def quick_probe(ports: int) -> dict[str, object]:
         ports_ok = True
     except OSError:
         chosen, ports_ok = [], False
+    devices = nvidia_devices()
     return {
         "python": platform.python_version(),
         "executable": sys.executable,
         "tensorflow": tensorflow_version(),
+        "gpu_devices": devices,
+        "cuda_missing": missing_cuda_libraries() if devices else None,  # (launch warns, as check does)
         "ports": chosen,
         "ports_ok": ports_ok,
         "disk_free": free_bytes(os.path.expanduser(REMOTE_ROOT)),
