@@ -46,9 +46,8 @@ class Host:
 
     @property
     def label(self) -> str:
-        """Short name used in task prefixes and tables (``user@host:port`` only when needed)."""
-        base = f"{self.user}@{self.name}" if self.user else self.name
-        return base if self.port == 22 else f"{base}:{self.port}"
+        """Short name used in task prefixes and tables (:func:`host_label`)."""
+        return host_label(self.name, self.user, self.port)
 
     def accepts(self, role: str) -> bool:
         """Whether a task of ``role`` may run here."""
@@ -77,3 +76,10 @@ def local_cluster(slots: int = 1, gpus: int = 0) -> Cluster:
     """The cluster used when neither ``--hosts`` nor ``--template`` is given: this machine."""
     return Cluster(hosts=(Host(name="localhost", slots=max(1, slots), gpus=gpus, source="<local>"),),
                    source="<this machine>")
+
+
+def host_label(name: str, user: str | None = None, port: int = 22) -> str:
+    """A host's short name (``user@host:port`` only when needed): how tasks, tables and plan.json
+    name it."""
+    base = f"{user}@{name}" if user else name
+    return base if port == 22 else f"{base}:{port}"

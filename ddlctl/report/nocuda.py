@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ddlctl.cluster.model import host_label
+
 #: TensorFlow's words (TF 2.21, verbatim in its library): the CUDA runtime not found, at import (on
 #: this project's CPU hosts too); GPU libraries not loaded when its devices are set up.
 NO_CUDA = re.compile(rb"Could not find cuda drivers on your machine, GPU will not be used"
@@ -52,14 +54,10 @@ def no_cuda_line(without: Sequence[tuple[str, str, str]], host_gpus: Mapping[str
 def run_no_cuda_line(run_dir: Path, plan: dict, nvml_gpus: Mapping[str, int]) -> str | None:
     """:func:`no_cuda_line` for a run: its tasks' logs, the GPUs NVML counted per host
     (``nvml_gpus``), else those the plan's hosts declare."""
-    declared = {_label(h): int(h.get("gpus") or 0) for h in plan.get("cluster", {}).get("hosts", [])}
+    declared = {host_label(str(h.get("name")), h.get("user"), h.get("port", 22)): int(h.get("gpus") or 0)
+                for h in plan.get("cluster", {}).get("hosts", [])}
     counts = {**declared, **{host: n for host, n in nvml_gpus.items() if n}}
     said = {t["name"]: (t.get("host", ""), said_no_cuda(run_dir / "tasks" / t["name"].replace(":", "-") / "output.log"))
             for t in plan.get("tasks", [])}
     return no_cuda_line([(task, host, words) for task, (host, words) in said.items() if words], counts)
 
-
-def _label(host: dict) -> str:
-    """A plan's host as its tasks name it (:attr:`ddlctl.cluster.model.Host.label`)."""
-    base = f"{host['user']}@{host.get('name')}" if host.get("user") else str(host.get("name"))
-    return base if host.get("port", 22) == 22 else f"{base}:{host['port']}"

@@ -99,14 +99,6 @@ def missing_program(argv: list[str], cwd: str) -> str | None:
 class Task:
     """One task process and what the agent knows about it."""
 
-    def executable(self) -> str | None:
-        """Where its command's first word is, as the start looked it up (its PATH; its folder for a
-        relative path): which Python a "No module named" was said by."""
-        first = self.argv[0] if self.argv else ""
-        if os.sep in first:
-            return os.path.normpath(os.path.join(self.cwd, os.path.expanduser(first)))
-        return shutil.which(first, path=self.env.get("PATH")) if first else None
-
     def __init__(self, name: str, spec: dict) -> None:
         self.name = name
         self.grace = float(spec.get("grace", 5.0))
@@ -184,6 +176,14 @@ class Task:
         self.reported_steps: tuple = ()
         self.port = int(spec.get("port") or 0)
         self.listening = not self.port
+
+    def executable(self) -> str | None:
+        """Where its command's first word is, as the start looked it up (its PATH; its folder for a
+        relative path): which Python a "No module named" was said by."""
+        first = self.argv[0] if self.argv else ""
+        if os.sep in first:
+            return os.path.normpath(os.path.join(self.cwd, os.path.expanduser(first)))
+        return shutil.which(first, path=self.env.get("PATH")) if first else None
 
     def spawn(self) -> None:
         """Start the task the plain way (OSError: it could not be started; its CPU group is removed)."""

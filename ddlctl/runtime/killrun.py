@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 #: ``ddlctl.envvars.RUN_ID`` and ``.LAUNCH`` (not imported: see above; tests/test_stop.py checks they agree)
 RUN_ID = "DDLCTL_RUN_ID"
@@ -77,7 +78,7 @@ def dying(pid: int) -> bool:
     return bool(pending & (1 << (signal.SIGKILL - 1)))
 
 
-def undying(find, wait_s: float = DYING_WAIT_S) -> list[int]:  # noqa: ANN001 - () -> list[int]
+def undying(find: Callable[[], list[int]], wait_s: float = DYING_WAIT_S) -> list[int]:
     """The pids ``find()`` gives once those dying (:func:`dying`) have gone, waited for up to
     ``wait_s`` (one still dying then is left out: its SIGKILL is pending)."""
     deadline = time.monotonic() + wait_s
