@@ -33,4 +33,5 @@ if mode == "exit":
     sys.exit(int(sys.argv[2]))
 if mode == "raise":
     raise RuntimeError("boom from the forked task")
-time.sleep(60)
+time.sleep(600)  # (ended by the test with SIGTERM: at 60 s it ended on its own before the
+#   test looked at it, on a loaded CI machine where the test took 80 s)
