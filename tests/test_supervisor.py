@@ -667,6 +667,22 @@ def test_a_finished_task_past_pythons_shutdown_dies_of_the_stack_request_and_cou
                for m in world.messages), world.messages
 
 
+def test_a_task_exiting_as_usual_when_a_look_ends_it_is_not_recorded_stuck(tmp_path):
+    # the agents starved on a loaded machine: no step report past the threshold, so ddlctl asks for
+    # every task's stacks; worker:1 had taken its last step and was in its native teardown, where the
+    # request's SIGUSR2 ends it. It was not stuck there (a real mwms job under load recorded it so)
+    world = mwms_world(**{"worker:0": Behaviour(total=40, exit_after=4.0, ignores_term=True),
+                          "worker:1": Behaviour(total=40, exit_after=None, ignores_term=True, past_python=True)})
+    for host in ("node1", "node2"):
+        world.at(1.0, world.starve, host)
+    result, _ = world.run(tmp_path, hang_timeout_s=2.0, max_restarts=0)
+    assert (result.ok, result.hangs, result.exit_code) == (True, (), 0), world.messages
+    assert states(result)["worker:1"] is TaskState.SUCCEEDED
+    said = [m for m in world.messages if "request ended it" in m]
+    assert len(said) == 1 and "worker:1's program had ended and its process was exiting" in said[0], world.messages
+    assert "within its hang threshold" in said[0] and "counted as exit code 0" in said[0]
+
+
 def test_a_task_killed_by_sigusr2_without_a_stack_request_is_a_signal_fault(tmp_path):
     world = mwms_world()
     world.at(1.0, world.kill, "worker:1", signal.SIGUSR2)

@@ -307,11 +307,19 @@ class Hangs:
         folder = self._save(replies)
         return Finding(ended=tuple((n, self._report_exit(now, standings[n], folder)) for n in exiting))
 
-    def past_python(self, name: str, now: float) -> float:
-        """``name`` died of a stack request's SIGUSR2 (it was past Python's shutdown): recorded as
-        stuck in its exit; the seconds since its last progress."""
+    def past_python(self, name: str, now: float) -> tuple[float, bool]:
+        """``name`` died of a stack request's SIGUSR2 (it was past Python's shutdown): (the seconds
+        since its last progress, or its start; whether it was stuck there). Stuck - and recorded so -
+        only past its threshold: within it, its program had just ended and the request, for a look
+        at the others or at the job, came while it exited as usual (a loaded host's step records
+        reach ddlctl late: CI saw a worker's last steps arrive with the death)."""
+        self.feed(now)  # (what its agent sent before answering the request: its last steps)
+        started = self.job.tasks[name].started if name in self.job.tasks else now
+        idle = now - self.watch.last_progress.get(name, started)
+        if idle <= self.watch.threshold(name)[0]:
+            return idle, False
         where = "past Python's shutdown (no handler for the stack request: native teardown)"
-        return self._report_exit(now, Standing(name, "exiting", where), None)
+        return self._report_exit(now, Standing(name, "exiting", where), None), True
 
     def _report_exit(self, now: float, standing: Standing, folder: Path | None) -> float:
         """The ``hangs`` record of a finished task stuck in its exit; the seconds since its last step."""

@@ -261,16 +261,22 @@ def died_of_stack_request(status: ExitStatus) -> bool:
     return status.signal == STACK_SIGNAL or status.code == 128 + STACK_SIGNAL
 
 
-def stuck_in_exit(task: str, log_text: str, idle_s: float, past_python: bool = False) -> tuple[ExitStatus, str]:
+def stuck_in_exit(task: str, log_text: str, idle_s: float, past_python: bool = False,
+                  stuck: bool = True) -> tuple[ExitStatus, str]:
     """A task whose program has ended (no Python frame on its main thread; ``past_python``: Python
     had shut down and the stack request's SIGUSR2 ended it) but whose process had not exited
-    ``idle_s`` after its last progress: it counts as the exit its program made, read from its log:
-    1 when the log ends in a Python exception (an uncaught one is the last thing a program
-    prints), else 0. (exit status, the sentence that says so)"""
+    ``idle_s`` after its last progress (``stuck``: past its hang threshold; else it was exiting as
+    usual when a look at the others asked it for its stacks): it counts as the exit its program
+    made, read from its log: 1 when the log ends in a Python exception (an uncaught one is the last
+    thing a program prints), else 0. (exit status, the sentence that says so)"""
     failed = TRACEBACK_HEAD in final_error(log_text)
     status = ExitStatus(code=1 if failed else 0)
     why = ("its output ends in a Python exception: counted as exit code 1" if failed else
            "no Python exception in its output: counted as exit code 0")
+    if past_python and not stuck:
+        return status, (f"{task}'s program had ended and its process was exiting ({idle_s:.0f}s after its last "
+                        f"progress, within its hang threshold) when ddlctl asked every task for its stacks; the "
+                        f"request ended it, past Python's shutdown ({why})")
     if past_python:
         return status, (f"{task}'s program had ended and Python had shut down, but its process had not exited "
                         f"({idle_s:.0f}s after its last progress: stuck in native teardown, e.g. a C++ "

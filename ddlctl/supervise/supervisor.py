@@ -307,8 +307,8 @@ class Supervisor:
             return
         text = self.job.log_text(task.name) if not status.ok else ""
         if task.dump_asked and died_of_stack_request(status):  # it was past Python's shutdown
-            idle = self.hangs.past_python(task.name, self.job.clock())
-            status, message = stuck_in_exit(task.name, text, idle, past_python=True)
+            idle, stuck = self.hangs.past_python(task.name, self.job.clock())
+            status, message = stuck_in_exit(task.name, text, idle, past_python=True, stuck=stuck)
             task.status = status
             self.job.notify(message)
         if status.ok and task.spec.kind == "program":
