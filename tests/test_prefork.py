@@ -244,11 +244,14 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
             assert seen["cwd"] == str(tmp_path) and seen["path0"] == str(PROGRAMS)
             assert seen["tmp"] == str(tmp_path / name.replace(":", "-") / "tmp") and seen["stdin"] == ""
             assert seen["sum"] == 9.0
+            # what the zygote's import made is frozen (its collections skip it), the collector on
+            assert seen["frozen"] > 100_000 and seen["collector"] is True, seen["frozen"]
             assert json.loads((tmp_path / name.replace(":", "-") / "pid.json").read_text())["forked"] is True
         assert first["argv"] == [program, "exit", "3"] and second["argv"] == [program, "raise"]
         assert first["random"] != second["random"], "each task draws its own random numbers"
         exec_ed = said(outs["worker:3"])
         assert tasks["worker:3"].poll().code == 4 and not exec_ed["already"], "a fresh interpreter: exec"
+        assert exec_ed["frozen"] == 0 and exec_ed["collector"] is True  # (nothing of a zygote's)
         assert exec_ed["pid"] == tasks["worker:3"].pids()["task_pid"] and exec_ed["task"] == "worker:3"
         assert "longer than the zygote's room" in (tmp_path / "worker-3" / "fork-fallback.txt").read_text()
         # what other processes read of a forked task: its own environment and command line

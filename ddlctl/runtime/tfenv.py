@@ -66,14 +66,29 @@ def quiet_tensorflow_logs() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def import_tensorflow():  # noqa: ANN201 - the tensorflow module
+    """``import tensorflow`` for ddlctl's own task programs: where it is not imported yet (a plain
+    start: a GPU host, ``--no-prefork``), with the collector off and what it made frozen, as a
+    zygote imports it (:mod:`ddlctl.runtime.gcfreeze`)."""
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        from ddlctl.runtime.gcfreeze import collector_off_then_frozen
+
+        with collector_off_then_frozen():
+            import tensorflow  # noqa: F401
+    return sys.modules["tensorflow"]
+
+
 def start_tensorflow_quietly() -> None:
     """In a ddlctl command that runs TensorFlow itself: import it and find its devices with its
     start-up notices hidden (the cuInit error line of a CPU-only host among them; TF_CPP_MIN_LOG_LEVEL
     cannot hide an ERROR line without hiding real errors). Anything else it prints is kept."""
+    from ddlctl.runtime.gcfreeze import collector_off_then_frozen
     from ddlctl.supervise.noise import startup_noise_hidden
 
     quiet_tensorflow_logs()
-    with startup_noise_hidden():
+    with startup_noise_hidden(), collector_off_then_frozen():  # (and the command's end skips what it made)
         import tensorflow as tf
 
         tf.config.list_physical_devices()

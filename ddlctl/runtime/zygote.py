@@ -56,20 +56,15 @@ def _send(sock: socket.socket, message: dict) -> None:
 
 
 def preload() -> None:
-    """Import what TensorFlow tasks import first: TensorFlow, and Keras as TensorFlow would load it.
-
-    Without the cyclic garbage collector meanwhile: the import makes ~270,000 objects that live as
-    long as the process, and the collector's passes over them as they accumulate were 13-30% of the
-    import's CPU time (``benchmarks/zygote_import.py``). What the import left is then frozen
-    (``gc.freeze``, Python's recipe for a process that forks without exec): a forked task's
-    collections skip it, so they neither spend time on it nor write to its pages (each write copies
-    a page the task shared with its zygote)."""
-    import gc
+    """Import what TensorFlow tasks import first: TensorFlow, and Keras as TensorFlow would load it;
+    with the collector off, and what the import made frozen (:mod:`ddlctl.runtime.gcfreeze`: a
+    forked task's collections and its Python's shutdown then skip it)."""
     import warnings
 
+    from ddlctl.runtime.gcfreeze import collector_off_then_frozen
+
     warnings.filterwarnings("ignore", message=FORK_WARNING, category=DeprecationWarning)
-    gc.disable()
-    try:
+    with collector_off_then_frozen():
         import tensorflow  # noqa: F401
 
         try:
@@ -79,10 +74,6 @@ def preload() -> None:
                 import keras  # noqa: F401
         except ImportError:
             pass
-    finally:
-        gc.collect()  # (the import's own garbage is not kept for good)
-        gc.freeze()
-        gc.enable()
 
 
 def serve(sock: socket.socket) -> Callable[[], None]:

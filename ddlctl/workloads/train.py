@@ -41,6 +41,7 @@ from ddlctl.runtime.tfenv import (
     TaskContext,
     cluster_addresses,
     honour_sigterm,
+    import_tensorflow,
     min_inter_op_threads,
     not_listening,
     quiet_own_retracing,
@@ -405,8 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_tensorflow_logs()
     quiet_own_retracing()
     ctx = task_context()
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     tf.config.threading.set_inter_op_parallelism_threads(min_inter_op_threads(ctx.num_workers))
     if ctx.role == "evaluator":
         return run_evaluator(ctx, args)

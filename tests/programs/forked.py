@@ -1,9 +1,10 @@
 """A TensorFlow task that says how it was started (tests/test_prefork.py): whether TensorFlow was
 imported before its first line, its argv, folder, sys.path[0], __name__, task, random state,
-parent, temporary folder and stdin; then ``exit CODE``, ``raise``, ``import`` (prefork_helper, from
-PYTHONPATH), ``malloc`` (the page faults of repeated allocations, tests/programs/malloc_faults.py)
+parent, temporary folder, stdin and the objects its collector has frozen; then ``exit CODE``,
+``raise``, ``import`` (prefork_helper, from PYTHONPATH), ``malloc`` (the page faults of repeated allocations, tests/programs/malloc_faults.py)
 or ``sleep``."""
 
+import gc
 import json
 import os
 import random
@@ -17,7 +18,8 @@ import tensorflow as tf  # noqa: E402
 print(json.dumps({"already": already, "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
                   "name": __name__, "task": os.environ.get("DDLCTL_TASK"), "random": random.random(),
                   "pid": os.getpid(), "ppid": os.getppid(), "tmp": tempfile.gettempdir(),
-                  "stdin": sys.stdin.read(), "sum": float(tf.reduce_sum(tf.ones((3, 3))))}), flush=True)
+                  "stdin": sys.stdin.read(), "sum": float(tf.reduce_sum(tf.ones((3, 3)))),
+                  "frozen": gc.get_freeze_count(), "collector": gc.isenabled()}), flush=True)
 mode = sys.argv[1]
 if mode == "import":  # a module of a folder PYTHONPATH names relative to the task's folder
     import prefork_helper
