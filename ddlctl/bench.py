@@ -119,14 +119,25 @@ def typical_link(profile: ClusterProfile) -> tuple[float, float] | None:
 # -- measuring -------------------------------------------------------------------------------------
 
 
-def _spec(host, name: str, argv: list[str], task_dir: str):  # noqa: ANN001, ANN202 - Host -> TaskSpec
+def _spec(host, name: str, argv: list[str], folder: str, like: Tasks | None):  # noqa: ANN001, ANN202
     from ddlctl.planning.plan import TaskSpec
 
-    python = host.python or (sys.executable if host.is_local else "python3")
+    python = like.python(host) if like else host.python or (sys.executable if host.is_local else "python3")
     return TaskSpec(name=name, role="bench", index=0, host=host, port=None, kind="program",
-                    argv=(python, "-m", "ddlctl.runtime.devbench", *argv), env={"PYTHONUNBUFFERED": "1"},
+                    argv=(python, "-m", "ddlctl.runtime.devbench", *argv),
+                    env={"PYTHONUNBUFFERED": "1", **(like.env if like else {})},
                     unset_env=("TF_CONFIG",), workdir=host.workdir or (os.getcwd() if host.is_local else "~"),
-                    task_dir=task_dir, gpus=None, tf_config=None)
+                    task_dir=f"{folder}/{name.replace(':', '-')}", gpus=None, tf_config=None)
+
+
+@dataclass(frozen=True)
+class Tasks:
+    """What a launch's tasks are started with (``launch --bench`` measures through the launch's own
+    host agents): their environment and each host's Python. The device measurement, given them, is
+    forked from the zygote the tasks then use (one TensorFlow import per host for both)."""
+
+    env: Mapping[str, str]
+    python: Callable[[object], str]  # Host -> the Python its tasks run under
 
 
 class _Running:
@@ -187,15 +198,16 @@ def _controller_link(session, folder: str) -> dict[str, float]:  # noqa: ANN001
 
 
 def measure(sessions: Mapping[str, object], hosts, folders: Mapping[str, str], seconds: float,  # noqa: ANN001
-            each: Callable) -> ClusterProfile:
+            each: Callable, like: Tasks | None = None) -> ClusterProfile:
     """Measure ``hosts`` through their agents' ``sessions`` (``folders``: a scratch folder per host;
-    ``each``: runs a function on every host in parallel, like ``fanout.each_host``)."""
+    ``each``: runs a function on every host in parallel, like ``fanout.each_host``; ``like``: the
+    tasks whose environment and Python the measurements take)."""
     from ddlctl.planning.plan import address_of
     from ddlctl.transport.fanout import all_or_fail
 
     def devices(host) -> dict:  # noqa: ANN001
         return _Running(sessions[host.label], _spec(host, "bench:devices", ["devices", "--seconds", f"{seconds:g}"],
-                                                    folders[host.label])).wait()
+                                                    folders[host.label], like)).wait()
 
     def link(host) -> dict:  # noqa: ANN001
         return _controller_link(sessions[host.label], folders[host.label])
@@ -206,14 +218,15 @@ def measure(sessions: Mapping[str, object], hosts, folders: Mapping[str, str], s
     for i, source in enumerate(hosts):
         for target in hosts[i + 1:]:
             server = _Running(sessions[target.label], _spec(target, f"bench:serve-{i}", ["serve"],
-                                                             folders[target.label]))
+                                                             folders[target.label], like))
             sessions[target.label].wait_for(lambda s=server: any("port" in d for d in s.lines())
                                             or s.task.poll() is not None, 60.0)
             ports = [d["port"] for d in server.lines() if "port" in d]
             if not ports:
                 server.wait(1.0)  # raises with what it said
             client = _Running(sessions[source.label], _spec(
-                source, f"bench:connect-{i}", ["connect", f"{address_of(target)}:{ports[0]}"], folders[source.label]))
+                source, f"bench:connect-{i}", ["connect", f"{address_of(target)}:{ports[0]}"], folders[source.label],
+                like))
             result = client.wait()
             server.wait()
             links.append({"from": source.label, "to": target.label, "latency_s": result["latency_s"],
@@ -227,15 +240,40 @@ def measure(sessions: Mapping[str, object], hosts, folders: Mapping[str, str], s
     return ClusterProfile(hosts=profiles, links=tuple(links))
 
 
+def measure_through(sessions: Mapping[str, object], hosts, run_id: str, scratch: Path,  # noqa: ANN001
+                    seconds: float = 1.0, like: Tasks | None = None, keep: bool = False) -> ClusterProfile:
+    """Measure ``hosts`` through host agents already started (``sessions``) in scratch folders of
+    their own - under ``scratch`` on this machine, under ``REMOTE_ROOT/bench/RUN_ID`` on another
+    (hosts may share a machine, or a home directory) - removed again afterwards (``keep``: those on
+    this machine stay, a folder per measurement task with its output and ``pid.json``, less the
+    link's test file)."""
+    from ddlctl.planning.plan import REMOTE_ROOT
+    from ddlctl.transport.fanout import each_host
+
+    folders = {h.label: str(scratch / f"work-{i}") if h.is_local else f"{REMOTE_ROOT}/bench/{run_id}/{i}"
+               for i, h in enumerate(hosts)}
+    try:
+        for host in hosts:
+            sessions[host.label].write_file(f"{folders[host.label]}/.keep", b"")  # the scratch folder exists
+        return measure(sessions, list(hosts), folders, seconds, each_host, like)
+    finally:
+        for host in hosts:
+            if not host.is_local:  # nothing of the measurement stays on the host
+                with contextlib.suppress(OSError):
+                    sessions[host.label].prune(f"{REMOTE_ROOT}/bench/{run_id}")
+            elif keep:
+                Path(folders[host.label], "link.bin").unlink(missing_ok=True)
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
 def bench(hosts_file: str | None, template: str | None, ssh: object | None, seconds: float,
           allocation: object | None = None) -> ClusterProfile:
     """Reach every host of the cluster (or every node of a Slurm ``allocation``, through srun),
     start its agent and measure it (nothing left behind)."""
     from ddlctl.cluster.addresses import with_reachable_addresses
     from ddlctl.cluster.source import load_cluster
-    from ddlctl.planning.plan import REMOTE_ROOT
     from ddlctl.rundir import new_run_id
-    from ddlctl.transport.fanout import each_host
     from ddlctl.transport.fleet import (
         connection_source_address,
         make_transports,
@@ -252,18 +290,10 @@ def bench(hosts_file: str | None, template: str | None, ssh: object | None, seco
         cluster = with_ssh_addresses(cluster, transports)
         cluster = with_reachable_addresses(cluster, connection_source_address(transports))
         sessions = open_sessions(transports, cluster.hosts, run_id, scratch / "agents", {})
-        # one folder per host: hosts may share a machine, or a home directory
-        folders = {h.label: str(scratch / f"work-{i}") if h.is_local else f"{REMOTE_ROOT}/bench/{run_id}/{i}"
-                   for i, h in enumerate(cluster.hosts)}
-        for label, session in sessions.items():
-            session.write_file(f"{folders[label]}/.keep", b"")  # the scratch folder exists
-        profile = measure(sessions, list(cluster.hosts), folders, seconds, each_host)
+        profile = measure_through(sessions, cluster.hosts, run_id, scratch / "work", seconds)
         return ClusterProfile(hosts=profile.hosts, links=profile.links, source=cluster.source)
     finally:
         for session in sessions.values():
-            if not session.host.is_local:  # nothing of the measurement stays on the host
-                with contextlib.suppress(OSError):
-                    session.prune(f"{REMOTE_ROOT}/bench/{run_id}")
             session.shutdown()
             session.close()
         for transport in transports.values():

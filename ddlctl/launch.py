@@ -19,10 +19,10 @@ from rich.text import Text
 
 from ddlctl import envvars, stdoutgone
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
-from ddlctl.cluster.model import Cluster
+from ddlctl.cluster.model import Cluster, Host
 from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
 from ddlctl.cluster.template import LaunchDefaults
-from ddlctl.config import ClusterSource, LaunchConfig, RequestOptions, WorkloadOptions
+from ddlctl.config import LaunchConfig, RequestOptions, WorkloadOptions
 from ddlctl.diskspace import LOW_SPACE_BYTES, free_bytes, size_words, write_failure
 from ddlctl.errors import ConfigError
 from ddlctl.planning.plan import (
@@ -65,7 +65,8 @@ from ddlctl.transport.local import LocalTransport
 if TYPE_CHECKING:
     from ddlctl.report.metrics import MetricsServer
     from ddlctl.slurm.allocation import Allocation
-    from ddlctl.transport.options import SshOptions
+    from ddlctl.transport.session import HostSession
+
 
 def parse_env(items: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``["A=1", "B=x=y", "TOKEN"]`` -> ``{"A": "1", "B": "x=y", "TOKEN": <TOKEN of environ>}``: a
@@ -246,15 +247,21 @@ def choose_ports(cluster: Cluster, request: LaunchRequest, transports: dict[str,
     return ports
 
 
-def measure_first(source: ClusterSource, ssh: SshOptions, request: LaunchRequest, console: Console,
-                  allocation: Allocation | None = None) -> LaunchRequest:
-    """``--bench``: measure every host as ``ddlctl check --bench`` does, save the profile in the run
-    directory (``cluster-profile.json``) and use its speeds (``--balance speed``, ``--strategy model``)."""
-    from ddlctl.bench import bench, save_profile
+def measure_first(sessions: Mapping[str, HostSession], hosts: Sequence[Host], source: str, request: LaunchRequest,
+                  console: Console) -> LaunchRequest:
+    """``--bench``: measure the hosts that run tasks as ``ddlctl check --bench`` does, through the
+    launch's own host agents and with its tasks' environment (the device measurement is forked from
+    the zygote the tasks then use), save the profile in the run directory
+    (``cluster-profile.json``; the measurement tasks' folders on this machine in ``bench/``) and use
+    its speeds (``--balance speed``, ``--strategy model``)."""
+    from ddlctl.bench import ClusterProfile, Tasks, measure_through, save_profile
+    from ddlctl.planning.plan import common_env, task_python
 
     console.print("measuring every host's devices and links (--bench)…", highlight=False)
-    profile = bench(source.hosts, source.template, ssh, 1.0, allocation)
     run_dir = make_dir(request.run_dir)
+    like = Tasks(env=common_env(request), python=lambda host: task_python(host, request))
+    measured = measure_through(sessions, hosts, request.run_id, run_dir / "bench", 1.0, like, keep=True)
+    profile = ClusterProfile(hosts=measured.hosts, links=measured.links, source=source)
     save_profile(profile, run_dir / "cluster-profile.json")
     console.print("measured GFLOP/s per device: " + ", ".join(f"{label} {host.speed:,.1f}"
                                                            for label, host in profile.hosts.items())
@@ -324,8 +331,6 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
     if output.run_id and (Path(request.run_dir) / PLAN_FILE).exists():
         raise ConfigError(f"--run-id {output.run_id}: {request.run_dir} already holds a run",
                           "choose another name, or leave --run-id out")
-    if req.bench:
-        request = measure_first(source, config.ssh, request, console, allocation)
     connected = Connected(make_transports(cluster, config.ssh, allocation), allocation=allocation)
     fresh = not Path(request.run_dir).exists()
     try:
@@ -352,6 +357,8 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
                 console.print(f"ddlctl: warning: {report.host}: {warning}", style="yellow", highlight=False)
         chosen = {label: list((connected.sessions[label].hello.get("probe") or {}).get("ports", []))
                   for label in counts}
+        if req.bench:
+            request = measure_first(connected.sessions, hosts, cluster.source, request, console)
         ports = choose_ports(cluster, request, connected.transports, chosen)
     except BaseException:
         connected.close()

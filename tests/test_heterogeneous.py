@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddlctl.report.balance import final_split_steps
-from ddlctl.runtime import cgroup
+from ddlctl.runtime import cgroup, prefork
 from ddlctl.workloads.synthetic import READ_AHEAD_BOUND
 from tests.conftest import only_run_dir, processes_of_run, run_ddlctl
 
@@ -233,4 +233,11 @@ def test_launch_bench_measures_first_and_balances_by_the_saved_profile(tmp_path,
                         r"training", log) is not None
     assert resplit or "balance: the split stays after step 4 (speeds while training" in log, log[-2000:]
     assert split["source"] == ("profile, then in training" if resplit else "profile") and sum(split["batches"]) == 64
+    # measured through the run's own agents, the device measurement forked from the zygote its host's
+    # worker then was: one TensorFlow import per host for both (the measurement's folders kept)
+    for host, worker in (("0", "worker-0"), ("1", "worker-1")):
+        bench = json.loads((run_dir / "bench" / f"work-{host}" / "bench-devices" / "pid.json").read_text())
+        task = json.loads((run_dir / "tasks" / worker / "pid.json").read_text())
+        assert prefork.gpu_host() or (bench["forked"] and bench["zygote_pid"] == task["zygote_pid"]), (bench, task)
+    assert not list((run_dir / "bench").glob("*/link.bin")), "the link's test file is not kept"
     assert not processes_of_run(run_dir.name)

@@ -209,9 +209,9 @@ def launch(
                                          "--bench --save FILE' instead of measuring them at the start.",
         show_default=False)] = None,
     bench: Annotated[bool, typer.Option(
-        "--bench", help="Measure every host first, as 'ddlctl check --bench' does (saved as "
-                        "<run>/cluster-profile.json), and use the measured speeds for --balance speed and "
-                        "--strategy model.")] = False,
+        "--bench", help="Measure every host that runs tasks first, as 'ddlctl check --bench' does, through "
+                        "the run's own host agents (saved as <run>/cluster-profile.json), and use the measured "
+                        "speeds for --balance speed and --strategy model.")] = False,
     partition: Annotated[str | None, typer.Option(
         "--partition", metavar="FILE", help="--strategy model: the plan saved by 'ddlctl partition --save' (layers "
                                             "per stage task). Without it the chief plans with the greedy algorithm.",

@@ -389,6 +389,27 @@ def tf_config_cluster(placements: Sequence[Placement], ports: Mapping[str, int])
     return cluster
 
 
+def task_python(host: Host, request: LaunchRequest) -> str:
+    """The Python a task of ``request`` runs under on ``host``."""
+    return host.python or (request.local_python if host.is_local else "python3")
+
+
+def common_env(request: LaunchRequest) -> dict[str, str]:
+    """What the environment of every task of ``request`` holds (``--env`` included): the part a
+    host agent's zygote is chosen by (:func:`ddlctl.runtime.prefork.zygote_key`), so that another
+    task of the launch given it (``--bench``'s measurements) is forked from the tasks' zygote."""
+    env = {"PYTHONUNBUFFERED": "1", envvars.RUN_ID: request.run_id, envvars.STRATEGY: request.strategy}
+    if request.strategy in MULTI_HOST_STRATEGIES and request.command and request.legacy_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    if request.command and request.auto_steps:  # transports put the model.fit hook on PYTHONPATH
+        # (a ps server never fits, but given the same environment as the program beside it,
+        # it is forked from that program's zygote: one TensorFlow import less on its host)
+        env[envvars.AUTO_STEPS] = "1"
+    if not request.prefork:
+        env[envvars.PREFORK] = "0"
+    return {**env, **request.env}
+
+
 def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]) -> Plan:
     """The full plan. ``ports`` maps task names to the free port chosen on their host (0: later)."""
     placements = layout(cluster, request)
@@ -400,7 +421,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     shared_gpus = sharing_a_gpu((p.name, p.host.label, p.host.gpus or 0, p.gpus) for p in placements)
     tasks: list[TaskSpec] = []
     for p in placements:
-        python = p.host.python or (request.local_python if p.host.is_local else "python3")
+        python = task_python(p.host, request)
         server = strategy in SERVER_STRATEGIES and p.role in ("worker", "ps")
         if server:
             argv: tuple[str, ...] = (python, "-m", "ddlctl.runtime.server")
@@ -414,11 +435,8 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
         task_dir = f"{request.run_dir}/tasks/{p.role}-{p.index}" if p.host.is_local \
             else f"{REMOTE_ROOT}/runs/{request.run_id}/tasks/{p.role}-{p.index}"
         env: dict[str, str] = {
-            "PYTHONUNBUFFERED": "1",
-            envvars.RUN_ID: request.run_id,
             envvars.TASK: p.name,
             envvars.TASK_DIR: task_dir,
-            envvars.STRATEGY: strategy,
             envvars.NUM_WORKERS: str(n_workers),
             envvars.RESTART_COUNT: "0",
             envvars.CHECKPOINT_DIR: checkpoint_dir(request, p.host),
@@ -441,15 +459,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             if request.speeds:
                 env[envvars.SPEEDS] = json.dumps([request.speeds[w.host.label] for w in placements
                                                    if w.role == "worker"])
-        if multi and request.command and request.legacy_keras:
-            env["TF_USE_LEGACY_KERAS"] = "1"
-        if request.command and request.auto_steps:  # transports put the model.fit hook on PYTHONPATH
-            # (a ps server never fits, but given the same environment as the program beside it,
-            # it is forked from that program's zygote: one TensorFlow import less on its host)
-            env[envvars.AUTO_STEPS] = "1"
-        if not request.prefork:
-            env[envvars.PREFORK] = "0"
-        env.update(request.env)
+        env.update(common_env(request))
         tasks.append(TaskSpec(
             name=p.name,
             role=p.role,

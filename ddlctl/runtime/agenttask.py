@@ -162,6 +162,7 @@ class Task:
         self.fd = -1
         self.pgid = 0
         self.fork_note: str | None = None  # why a task meant to be forked was started the plain way
+        self.zygote_pid: int | None = None  # the zygote that forked it
         self.fork_out = -1  # the output pipe's reading end while a fork is asked for
         self.held_signal: int | None = None  # a signal that came before the fork's pid
         self.kill_at: float | None = None
@@ -219,8 +220,9 @@ class Task:
             os.close(reader)
         return asked
 
-    def forked_as(self, pid: int) -> None:
-        """The zygote forked the task: ``pid``, now this agent's child."""
+    def forked_as(self, pid: int, zygote_pid: int | None = None) -> None:
+        """The zygote (``zygote_pid``) forked the task: ``pid``, now this agent's child."""
+        self.zygote_pid = zygote_pid
         self.popen = ForkedProcess(pid, self.fork_out)
         self.fork_out = -1
         self._started(self.popen.stdout.fileno())

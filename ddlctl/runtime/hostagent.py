@@ -217,7 +217,8 @@ class HostAgent:
                   "executable": task.executable()}
         if task.task_dir:
             write_json(os.path.join(task.task_dir, "pid.json"),
-                       {**record, **({"fork_note": task.fork_note} if task.fork_note else {})})
+                       {**record, **({"fork_note": task.fork_note} if task.fork_note else {}),
+                        **({"zygote_pid": task.zygote_pid} if task.zygote_pid else {})})
         self.send({"k": Kind.STARTED, "task": task.name, "t": time.time(), **record,
                    **({"note": task.note} if task.note else {})})
 
@@ -253,7 +254,7 @@ class HostAgent:
             del self.forking[name]
             task = self.tasks[name]
             if "pid" in message:
-                task.forked_as(int(message["pid"]))
+                task.forked_as(int(message["pid"]), zygote.proc.pid if zygote.proc is not None else None)
                 self.started(task)
             else:
                 self.fork_failed(task, f"the fork failed: {message.get('error')}")

@@ -34,6 +34,7 @@ PER_TASK = frozenset({
     envvars.BALANCE, envvars.SPEEDS, envvars.TOTAL_STEPS, envvars.CHECKPOINT_DIR, "TMPDIR", "CUDA_VISIBLE_DEVICES",
     "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", envvars.SAFE_PATH, "DDLCTL_SERVER_FULL_IMPORT", OFF_VAR,
     "TF_FORCE_GPU_ALLOW_GROWTH",  # (read when the GPUs are first used: after the fork)
+    "TF_GRPC_DEFAULT_OPTIONS",  # (read when a gRPC channel is made; a task with TF_CONFIG gets it)
 })
 #: ddlctl's own modules that import TensorFlow (its telemetry agent does not fork), with the first
 #: argument that makes them import it (None: any). ``--bench``'s device measurement forks too: on
