@@ -108,7 +108,7 @@ def mwms(tmp_path: Path, runs: Path, balance: str) -> tuple[dict, Path]:
     hosts.write_text("localhost\n127.0.0.1 cpu_quota=0.5\n")
     folder = runs / balance
     folder.mkdir()
-    done = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--balance", balance, "--steps", "40",
+    done = run_ddlctl("launch", "-s", "mwms", "--hosts", str(hosts), "--balance", balance, "--steps", "32",
                       "--batch-size", "512", "--no-telemetry", "--runs-dir", str(folder), "--json", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = only_run_dir(folder)
