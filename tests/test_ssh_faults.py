@@ -37,8 +37,10 @@ def test_twelve_tasks_on_one_host_with_default_max_sessions(cluster, tmp_path, r
     done = run_ddlctl("launch", "--hosts", str(hosts), "-s", "mwms", "--workers", "12", "--runs-dir", str(runs),
                       "--", *PRINT_TASK, env=cluster.env, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    for i in range(12):
-        assert f"hello from worker:{i}" in done.stdout
+    # (CI once missed one task's line on the console though its output.log had it, under load; not
+    # seen again in 35 runs beside busy loops: the whole console is kept in the message for next time)
+    missing = [i for i in range(12) if f"hello from worker:{i}" not in done.stdout]
+    assert not missing, f"missing {missing}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     run_dir = next(runs.iterdir())
     recorded = json.loads((run_dir / "pids.json").read_text())
     assert all(isinstance(recorded[f"worker:{i}"]["task_pid"], int) for i in range(12)), "remote pids recorded"
