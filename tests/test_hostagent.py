@@ -156,7 +156,10 @@ def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
         frozen = s.start(spec("worker:1", "import time; time.sleep(60)", tmp_path / "w1"), 1)
         assert s.wait_for(lambda: b"ready" in b"".join(live.chunks) and frozen.pids(), 20)
         os.kill(frozen.pids()["task_pid"], signal.SIGSTOP)
-        time.sleep(0.2)
+        # stopped once the kernel has delivered the signal, which takes a turn on a CPU (CI's loaded
+        # machine showed it still R 0.2 s after the kill)
+        stopped = psutil.Process(frozen.pids()["task_pid"])
+        assert s.wait_for(lambda: stopped.status() == psutil.STATUS_STOPPED, 20)
         s.request_dump(["worker:0", "worker:1"])
         assert s.wait_for(lambda: all(s.dump_of(n) for n in ("worker:0", "worker:1")), 10)
         assert "waiting_here" in s.dump_of("worker:0")["stacks"]
