@@ -37,6 +37,9 @@ def check_partition(data: dict, saved) -> None:  # noqa: ANN001 - a Path
     equal = {(layer["cost_s"], layer["update_s"]) for layer in data["layers"][2:-1]}
     assert len(data["layers"][2:-1]) == 11 and len(equal) == 1, data["layers"]
     assert (data["layers"][1]["cost_s"], data["layers"][1]["update_s"]) not in equal
+    # their update is a part of their step: timed in turns with it, under load too (timed after it, a
+    # loaded run measured an update as long as the step, leaving the eleven layers no compute)
+    assert all(0 < layer["update_s"] < layer["cost_s"] for layer in data["layers"][1:-1]), data["layers"]
     dense = next(layer for layer in data["layers"] if layer["name"] == "dense_1")
     assert dense["param_bytes"] == (512 * 512 + 512) * 4 * 3  # weights + bias, float32, with Adam's 2 slots
     plans = {p["algorithm"]: p for p in data["plans"]}

@@ -146,9 +146,15 @@ def _layer_times(tf, layer, x, m: int, input_grad: bool, repeats: int,  # noqa: 
     forward_backward = tf.function(_layer_step(tf, layer, variables, optimizer, m, input_grad))
     y, _ = forward_backward(x)  # trace and warm up
     forward_backward(x)[1].numpy()
-    times = _call_times(lambda: forward_backward(x)[1].numpy(), repeats, MIN_PROFILE_S)
+    step = lambda: forward_backward(x)[1].numpy()  # noqa: E731
+    if optimizer is None:
+        times, updates = _call_times(step, repeats, MIN_PROFILE_S), []
+    else:  # timed in turns: a busy moment of the machine touches both alike (timed one after the
+        # other, a loaded machine measured an update longer than the whole step, which then had
+        # no compute left: and equal layers take one layer's times)
+        times, updates = _turns([step, _update_call(tf, optimizer, variables)], repeats, MIN_PROFILE_S)
     cost = max(statistics.median(times) - overhead, min(times) / 10)
-    update = _update_time(tf, optimizer, variables, repeats, overhead) if optimizer is not None else 0.0
+    update = max(0.0, statistics.median(updates) - overhead) if updates else 0.0
     return cost, min(update, cost), y
 
 
@@ -200,9 +206,10 @@ def _bytes_of(np, variable: object) -> int:  # noqa: ANN001 - the numpy module
     return int(np.prod(variable.shape)) * np.dtype(dtype).itemsize  # type: ignore[attr-defined]
 
 
-def _update_time(tf, optimizer, variables: list, repeats: int, overhead: float) -> float:  # noqa: ANN001
-    """The optimizer's update of ``variables`` alone (gradients given), less a call's overhead: the
-    part of a layer's step that runs after the step's gradients, off a pipeline's critical path."""
+def _update_call(tf, optimizer, variables: list) -> Callable[[], object]:  # noqa: ANN001
+    """A call of the optimizer's update of ``variables`` alone (gradients given), traced and warmed
+    up: the part of a layer's step that runs after the step's gradients, off a pipeline's critical
+    path."""
     gradients = [tf.zeros_like(v) for v in variables]
 
     @tf.function
@@ -211,7 +218,19 @@ def _update_time(tf, optimizer, variables: list, repeats: int, overhead: float) 
         return tf.reduce_sum(tf.reshape(variables[0], [-1])[:1])
 
     update().numpy()  # trace and warm up
-    return max(0.0, statistics.median(_call_times(lambda: update().numpy(), repeats, MIN_PROFILE_S / 2)) - overhead)
+    return lambda: update().numpy()
+
+
+def _turns(calls: list[Callable[[], object]], repeats: int, min_s: float) -> list[list[float]]:
+    """Seconds of each call of ``calls``, called in turns (each once a round) for at least
+    ``repeats`` rounds, and more (up to 100) until the first call's times add up to ``min_s``."""
+    times: list[list[float]] = [[] for _ in calls]
+    while len(times[0]) < repeats or (sum(times[0]) < min_s and len(times[0]) < 100):
+        for call, mine in zip(calls, times, strict=True):
+            start = time.perf_counter()
+            call()  # a call that waits for its work to finish
+            mine.append(time.perf_counter() - start)
+    return times
 
 
 def _call_times(call: Callable[[], object], repeats: int, min_s: float) -> list[float]:

@@ -97,7 +97,7 @@ def start_tensorflow_quietly() -> None:
 #: Functions of ddlctl's own measurements (``ddlctl.planning.profile_model``, ``ddlctl.modelparallel``):
 #: each is traced once per layer, stage or device it measures, which TensorFlow calls retracing.
 OWN_TRACED = ("noop_call.<locals>", "_layer_step.<locals>", "_whole_step.<locals>", "_stage_work.<locals>",
-              "measure_link.<locals>", "_chain.<locals>", "_update_time.<locals>")
+              "measure_link.<locals>", "_chain.<locals>", "_update_call.<locals>")
 
 
 class _OwnRetracing(logging.Filter):
