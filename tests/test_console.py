@@ -145,9 +145,10 @@ def test_lines_printed_above_a_region_that_changes_height_are_never_overwritten_
 def test_in_a_terminal_the_live_region_redraws_in_place_above_scrolling_output(tmp_path):
     session = f"ddlctl-{uuid.uuid4().hex[:8]}"
     done = tmp_path / "exit-code"
-    # paced (40 ms a step at least): seconds of live display on any machine, for 120 steps of CPU
+    # paced (80 ms a step at least: 10 s of live display on any machine, for 120 steps of CPU; at 40 a
+    # run beside four test workers and a busy loop ended before the ps worker's first CPU sample was shown)
     command = (f"cd {ROOT} && {sys.executable} -m ddlctl profile -s ps --workers 1 --runs-dir {tmp_path / 'runs'} "
-               f"-- {sys.executable} -m ddlctl.workloads --steps 120 --batch-size 16 --min-step-ms 40; "
+               f"-- {sys.executable} -m ddlctl.workloads --steps 120 --batch-size 16 --min-step-ms 80; "
                f"echo $? > {done}; sleep 300")
     _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", command)
     try:
