@@ -147,14 +147,13 @@ def _layer_times(tf, layer, x, m: int, input_grad: bool, repeats: int,  # noqa: 
     y, _ = forward_backward(x)  # trace and warm up
     forward_backward(x)[1].numpy()
     step = lambda: forward_backward(x)[1].numpy()  # noqa: E731
-    if optimizer is None:
-        times, updates = _call_times(step, repeats, MIN_PROFILE_S), []
-    else:  # timed in turns: a busy moment of the machine touches both alike (timed one after the
-        # other, a loaded machine measured an update longer than the whole step, which then had
-        # no compute left: and equal layers take one layer's times)
-        times, updates = _turns([step, _update_call(tf, optimizer, variables)], repeats, MIN_PROFILE_S)
+    # the step and its update timed in turns: a busy moment of the machine touches both alike (timed
+    # one after the other, a loaded machine measured an update longer than the whole step, which then
+    # had no compute left: and equal layers take one layer's times)
+    calls = [step] if optimizer is None else [step, _update_call(tf, optimizer, variables)]
+    times, *updates = _turns(calls, repeats, MIN_PROFILE_S)
     cost = max(statistics.median(times) - overhead, min(times) / 10)
-    update = max(0.0, statistics.median(updates) - overhead) if updates else 0.0
+    update = max(0.0, statistics.median(updates[0]) - overhead) if updates else 0.0
     return cost, min(update, cost), y
 
 
@@ -230,16 +229,6 @@ def _turns(calls: list[Callable[[], object]], repeats: int, min_s: float) -> lis
             start = time.perf_counter()
             call()  # a call that waits for its work to finish
             mine.append(time.perf_counter() - start)
-    return times
-
-
-def _call_times(call: Callable[[], object], repeats: int, min_s: float) -> list[float]:
-    """Seconds of each of at least ``repeats`` calls, and more (up to 100) until ``min_s`` is spent."""
-    times: list[float] = []
-    while len(times) < repeats or (sum(times) < min_s and len(times) < 100):
-        start = time.perf_counter()
-        call()  # a call that waits for its work to finish
-        times.append(time.perf_counter() - start)
     return times
 
 
