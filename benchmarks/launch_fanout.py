@@ -87,7 +87,7 @@ def main() -> None:
                 pdsh.append(timed(["pdsh", "-R", "ssh", "-l", "root", "-w",
                                    ",".join(h.address for h in hosts), "true"], pdsh_env)[1])
                 bundle = max((Path.home() / ".ddlctl" / "code").glob("ddlctl-*.zip"), key=lambda p: p.stat().st_mtime)
-                agent = f"env PYTHONPATH={bundle} {sys.executable} -m ddlctl.runtime.hostagent --ports 1 </dev/null"
+                agent = f"env PYTHONPATH={bundle} {sys.executable} -m ddlctl.host.agent --ports 1 </dev/null"
                 pdsh_agent.append(timed(["pdsh", "-R", "ssh", "-l", "root", "-w",
                                          ",".join(h.address for h in hosts), agent], pdsh_env)[1])
             rows.append((n, *(statistics.median(v) for v in (ddl_start, ddl_total, loop, pdsh, pdsh_agent))))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ddlctl.runtime.agenttask import MALLOC_SETTINGS, keep_freed_memory  # noqa: E402
+from ddlctl.host.tasks import MALLOC_SETTINGS, keep_freed_memory  # noqa: E402
 
 
 def environments() -> dict[str, dict[str, str]]:

@@ -77,7 +77,7 @@ def run_plan(counts: tuple[int, ...] | None, microbatches: int, args: argparse.N
 def in_place_model(microbatches: int, args: argparse.Namespace, hosts: Path, root: Path):  # noqa: ANN201
     """``ddlctl partition --in-place``: the cluster measured as the launched chief measures it, once
     per m; a function giving the cost model's step for any plan (layers per stage) from it."""
-    from ddlctl.planning.partition import Device, Layer, Link, plan_counts
+    from ddlctl.modelparallel.planner import Device, Layer, Link, plan_counts
 
     saved = root / f"in-place-m{microbatches}.json"
     ddlctl("partition", "--hosts", str(hosts), "--in-place", "--workload", "deep", "--batch-size",
@@ -91,7 +91,7 @@ def in_place_model(microbatches: int, args: argparse.Namespace, hosts: Path, roo
 
 
 def planner_speed() -> float:
-    from ddlctl.planning.partition import Device, Layer, Link, plan_optimal
+    from ddlctl.modelparallel.planner import Device, Layer, Link, plan_optimal
 
     rng = random.Random(1)
     layers = [Layer(f"l{i}", rng.uniform(0.001, 0.01), rng.randint(1, 50) * 2**20, rng.randint(1, 20) * 2**20)
@@ -212,7 +212,7 @@ def main() -> None:
         spread = f"{measured * 1e3:.1f} [{min(steps) * 1e3:.1f}-{max(steps) * 1e3:.1f}]"
         print(f"{m:>2} {label:<22} {offline} {there} {chief} {spread:>24}  {note}")
 
-    from ddlctl.compare import speedup_range
+    from ddlctl.commands.compare import speedup_range
 
     def ratio(slow: list[float], fast: list[float]) -> str:
         """median(slow) / median(fast), with the lowest and highest any pair of runs gives."""

@@ -8,7 +8,7 @@ cost is then raised to about the step's (``--passes``): the case where overlap c
 Then, per round: linear; pipelined with one thread (overlap alone: its ceiling is
 ``compare.overlap_ceiling`` of linear's input share); pipelined with ``--threads`` (overlap and a
 parallel map, as tf.data's). Prints each one's median samples/s with the spread, the input share
-and verdict (``ddlctl.compare.bound``), the speed-up over linear with its range, GPU utilisation,
+and verdict (``ddlctl.commands.compare.bound``), the speed-up over linear with its range, GPU utilisation,
 and the final losses (the same batches in every mode, so they should agree).
 
     python3 benchmarks/pipeline_gpu.py [--repeats 3 --steps 150 --batch 256 --threads 4]
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from pipeline_load import load_arguments  # noqa: E402
 
-from ddlctl.compare import bound, overlap_ceiling, speedup_range  # noqa: E402
+from ddlctl.commands.compare import bound, overlap_ceiling, speedup_range  # noqa: E402
 
 
 def load_command(args: argparse.Namespace, *extra: str) -> list[str]:

@@ -18,7 +18,7 @@ import random
 import statistics
 import time
 
-from ddlctl.planning.partition import Device, Layer, Link, gap, plan_greedy, plan_optimal, plan_random
+from ddlctl.modelparallel.planner import Device, Layer, Link, gap, plan_greedy, plan_optimal, plan_random
 
 MIB = 2**20
 

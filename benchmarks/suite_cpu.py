@@ -27,9 +27,9 @@ import time
 
 import psutil
 
-KINDS = (("ddlctl.runtime.zygote", "zygote (imports TensorFlow once)"),
-         ("ddlctl.workloads", "built-in workload"), ("ddlctl.runtime.server", "TF server (ps/worker)"),
-         ("hostagent", "host agent"), ("ddlctl.runtime.agent", "telemetry agent"), ("-m ddlctl", "ddlctl command"),
+KINDS = (("ddlctl.task.zygote", "zygote (imports TensorFlow once)"),
+         ("ddlctl.workloads", "built-in workload"), ("ddlctl.task.server", "TF server (ps/worker)"),
+         ("hostagent", "host agent"), ("ddlctl.host.telemetry", "telemetry agent"), ("-m ddlctl", "ddlctl command"),
          ("pytest", "pytest"), ("sshd", "sshd"), ("slurm", "Slurm daemons and steps"),
          ("python", "other Python (test programs)"))
 

@@ -1,5 +1,5 @@
 """A zygote's import of TensorFlow with the cyclic garbage collector on (as before) and as
-``ddlctl.runtime.zygote.preload`` does it now (collector off during the import, then what is left
+``ddlctl.task.zygote.preload`` does it now (collector off during the import, then what is left
 frozen), side by side in one run (by hand; not part of CI).
 
 Rounds alternate the two ways, each in a fresh interpreter (interleaved, so that both see the
@@ -51,7 +51,7 @@ if sys.argv[1] == "before":
     import tensorflow
     import tf_keras
 else:
-    from ddlctl.runtime.zygote import preload
+    from ddlctl.task.zygote import preload
     preload()
 imported = time.process_time() - start
 read, write = os.pipe()

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlctl.cluster.model import Cluster, Host
+from ddlctl.console.output import PrefixedWriter
+from ddlctl.host.nvml import GPU_FIELDS
 from ddlctl.planning.plan import LaunchRequest, Plan, TaskSpec, make_plan
 from ddlctl.supervise.job import SupervisorOptions
-from ddlctl.supervise.output import PrefixedWriter
 from ddlctl.supervise.results import JobResult
 from ddlctl.supervise.supervisor import Supervisor
-from ddlctl.telemetry.nvml import GPU_FIELDS
 from ddlctl.transport.status import ExitStatus
 
 TICK = 0.05
@@ -152,7 +152,7 @@ class FakeTask:
     def _sample(self, now: float) -> None:
         """A telemetry agent: its hello, then a sample every world second with the GPU
         utilisation the world's ``gpu_util`` gives and each running task's CPU from ``task_cpu``
-        (as ``ddlctl.runtime.agent`` prints them)."""
+        (as ``ddlctl.host.telemetry`` prints them)."""
         world = self.session.world
         if world.gpu_util is None and world.task_cpu is None:
             return

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from ddlctl.telemetry.nvml import GpuSampler, inventory
+from ddlctl.host.nvml import GpuSampler, inventory
 
 
 def test_no_gpu_is_a_state_not_an_error():
@@ -48,7 +48,7 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
     # and one whose time is the kernel's: 8 MiB taken from it, written and given back, again and again
     churn = subprocess.Popen([sys.executable, "-c", KERNEL_HEAVY], env={
         **os.environ, "DDLCTL_RUN_ID": run_id, "DDLCTL_TASK": "worker:1", "MALLOC_MMAP_THRESHOLD_": "131072"})
-    agent = subprocess.Popen([sys.executable, "-m", "ddlctl.runtime.agent", "--host", "here", "--run-id", run_id,
+    agent = subprocess.Popen([sys.executable, "-m", "ddlctl.host.telemetry", "--host", "here", "--run-id", run_id,
                               "--interval", "0.25", f"--watch=worker:0={task_dir}"],
                              stdout=subprocess.PIPE, text=True)
     try:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddlctl.balance import Split, equal_shares, shares
 from ddlctl.report.balance import WorkerSteps, balance_note, balance_section
+from ddlctl.task.balance import Split, equal_shares, shares
 
 
 @given(st.lists(st.floats(0.01, 1000), min_size=1, max_size=16), st.integers(16, 4096))
@@ -125,7 +125,7 @@ def test_balanced_slices_read_the_same_examples_per_step_as_the_equal_split_acro
 
 
 def test_op_threads_follow_the_cpu_quota():
-    from ddlctl.runtime.cgroup import intra_op_threads
+    from ddlctl.host.cgroup import intra_op_threads
 
     assert [intra_op_threads(c) for c in (0.01, 0.3, 0.6, 1.0, 1.5, 2.0, 3.2)] == [1, 1, 1, 1, 2, 2, 4]
 
@@ -142,7 +142,7 @@ def test_blocks_end_where_an_uninterrupted_run_ends_and_at_the_callers_stops():
 
 
 def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
-    from ddlctl.balance import decide, judge, relative
+    from ddlctl.task.balance import decide, judge, relative
 
     assert relative([5000.0, 2100.0]) == "1.00 : 0.42" and relative([1.0, 4.0]) == "0.25 : 1.00"
 
@@ -163,7 +163,7 @@ def test_a_resplit_must_promise_a_shorter_step_and_pay_for_itself():
 
 
 def test_the_rebalancer_compares_after_the_first_block_then_at_growing_intervals(monkeypatch):
-    from ddlctl import balance
+    from ddlctl.task import balance
 
     others = [[500.0, 0.0, 3]]  # the other worker's speed, last re-split's cost, steps read ahead
     sent = []

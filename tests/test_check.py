@@ -78,7 +78,7 @@ def test_hosts_whose_tensorflow_differs_are_warned_by_check_and_refused_by_launc
     import subprocess
     import sys
 
-    from ddlctl.preflight import tensorflow_mismatch
+    from ddlctl.commands.preflight import tensorflow_mismatch
 
     other = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
@@ -110,8 +110,8 @@ def test_hosts_whose_tensorflow_differs_are_warned_by_check_and_refused_by_launc
 
 
 def test_a_host_with_gpus_whose_tensorflow_would_not_find_cuda_is_warned_with_what_to_install():
-    from ddlctl.preflight import host_warnings
-    from ddlctl.runtime.probe import missing_cuda_libraries, probe, quick_probe
+    from ddlctl.commands.preflight import host_warnings
+    from ddlctl.host.probe import missing_cuda_libraries, probe, quick_probe
 
     facts = {"executable": "/usr/bin/python3", "tensorflow": "2.21.0", "gpus": [{"index": 0}, {"index": 1}],
              "cuda_missing": ["libcudart.so.12", "libcudnn.so.9"]}

@@ -7,9 +7,9 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddlctl.report.grouping import hosts_label, task_range
-from ddlctl.supervise.collapse import CollapsingWriter
-from ddlctl.supervise.output import PrefixedWriter
+from ddlctl.console.collapse import CollapsingWriter
+from ddlctl.console.output import PrefixedWriter
+from ddlctl.contract.grouping import hosts_label, task_range
 
 
 def test_task_names_become_ranges_by_role():
@@ -165,7 +165,7 @@ def test_the_indexed_writer_shows_what_a_scan_of_every_held_line_shows(writes):
 def test_a_flood_of_lines_is_held_in_bounded_numbers_and_shown_whole_in_order():
     """A task printing faster than MAX_HELD lines per window: its oldest lines are shown sooner, none
     lost, each placed without looking at every held one (100,000 lines took 300 s before)."""
-    from ddlctl.supervise.collapse import MAX_HELD
+    from ddlctl.console.collapse import MAX_HELD
 
     out, writer, clock = console()
     for i in range(20000):

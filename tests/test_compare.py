@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ddlctl.compare import (
+from ddlctl.commands.compare import (
     RunRecord,
     accuracy_note,
     execution_ranges,

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from ddlctl.report import live as live_module
-from ddlctl.report.live import ConsoleLineWriter, LiveState, LiveView, WindowRate, job_progress
-from ddlctl.runtime.stepfollow import StepFile
+from ddlctl.console import live as live_module
+from ddlctl.console.live import ConsoleLineWriter, LiveState, LiveView, WindowRate, job_progress
+from ddlctl.host.stepfollow import StepFile
 from tests.conftest import ROOT
 
 

@@ -334,7 +334,7 @@ def test_a_daemon_left_by_a_task_whose_host_agent_was_killed_is_ended_with_the_j
     job.wait_steps("worker-0", 5)
     log = (job.run_dir / "tasks" / "worker-0" / "output.log").read_text()
     daemon = int(re.search(r"daemon (\d+)", log).group(1))
-    agents = [p for p in processes_of_run(job.run_dir.name) if "ddlctl.runtime.hostagent" in " ".join(p.cmdline())]
+    agents = [p for p in processes_of_run(job.run_dir.name) if "ddlctl.host.agent" in " ".join(p.cmdline())]
     assert len(agents) == 1
     agents[0].kill()
     assert job.wait() == 255, job.stderr()[-3000:]

@@ -4,10 +4,10 @@ real TensorFlow tasks in test_faults.py."""
 
 from __future__ import annotations
 
-from ddlctl.supervise.hangs import hang_culprit
-from ddlctl.supervise.hangwatch import HangWatch, p99
-from ddlctl.supervise.preparing import at_work
-from ddlctl.supervise.stackread import Standing, stand, threads
+from ddlctl.diagnose.stack_dumps import Standing, stand, threads
+from ddlctl.supervise.hangs.blame import hang_culprit
+from ddlctl.supervise.hangs.preparing import at_work
+from ddlctl.supervise.hangs.watch import HangWatch, p99
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
@@ -51,8 +51,8 @@ def test_a_fixed_timeout_watches_each_task_on_its_own_and_rearms_after_a_restart
 def test_a_task_in_a_phase_its_program_declared_gets_half_an_hour_and_its_phase_lines_are_progress(tmp_path):
     import json
 
-    from ddlctl.runtime.stepfollow import PhaseFile
-    from ddlctl.supervise.hangwatch import OPEN_PHASE_S
+    from ddlctl.host.stepfollow import PhaseFile
+    from ddlctl.supervise.hangs.watch import OPEN_PHASE_S
 
     # an earlier attempt died inside a checkpoint (begun, never ended): not this attempt's phase
     path = tmp_path / "phases.jsonl"
@@ -203,7 +203,7 @@ def test_a_program_that_ended_but_waits_for_a_thread_is_joining_and_names_the_th
 
 def test_ddlctls_builtin_workload_is_user_code_and_its_instrumentation_is_not():
     workload = dump([("/work/main/ddlctl/workloads/train.py", 300, "coordinate")])
-    hook = dump([("/work/main/ddlctl/instrument/keras_hooks.py", 20, "on_batch_end"),
+    hook = dump([("/work/main/ddlctl/task/instrument/keras_hooks.py", 20, "on_batch_end"),
                  ("/home/me/fit.py", 3, "<module>")])
     assert stand("chief:0", running(workload)).state == "user"
     assert stand("worker:0", running(hook)).where.startswith("waiting in ddlctl's instrumentation")
@@ -239,23 +239,23 @@ def test_blame_goes_to_the_stopped_then_to_user_code_then_to_the_first_to_stop()
     assert hang_culprit(never, {}, "worker:0", waited_for=told)[0] == "worker:0", "a stopped process still comes first"
 
 
-# -- GPUs over a stall (ddlctl.supervise.activity) --------------------------------------------------
+# -- GPUs over a stall (ddlctl.supervise.hangs.activity) --------------------------------------------------
 
 def _gpu_hello(given: str | None = None) -> dict:
-    from ddlctl.telemetry.nvml import GPU_FIELDS
+    from ddlctl.host.nvml import GPU_FIELDS
 
     return {"type": "hello", "gpu_fields": list(GPU_FIELDS), "cuda_visible": given,
             "gpus": [{"index": i, "uuid": f"GPU-{i}{i}"} for i in range(4)]}
 
 
 def _gpu_sample(utils: dict[int, float | None]) -> dict:
-    from ddlctl.telemetry.nvml import GPU_FIELDS
+    from ddlctl.host.nvml import GPU_FIELDS
 
     return {"type": "sample", "gpus": [[i, u, *[None] * (len(GPU_FIELDS) - 2)] for i, u in utils.items()]}
 
 
 def test_a_tasks_planned_gpus_are_read_through_the_hosts_own_visible_devices():
-    from ddlctl.supervise.activity import ActivityWatch
+    from ddlctl.supervise.hangs.activity import ActivityWatch
 
     watch = ActivityWatch()
     assert watch.indices("a", (0,)) is None, "no readings from that host yet"
@@ -273,7 +273,7 @@ def test_a_tasks_planned_gpus_are_read_through_the_hosts_own_visible_devices():
 
 
 def test_a_stall_reads_busy_idle_mixed_or_unknown_from_the_readings_inside_it():
-    from ddlctl.supervise.activity import ActivityWatch, idle_among_busy
+    from ddlctl.supervise.hangs.activity import ActivityWatch, idle_among_busy
 
     watch = ActivityWatch(window_s=100.0)
     watch.add("a", _gpu_hello(), 0.0)
@@ -296,7 +296,7 @@ def test_a_stall_reads_busy_idle_mixed_or_unknown_from_the_readings_inside_it():
 
 
 def test_a_busy_process_among_idle_ones_needs_readings_of_every_task_and_a_clear_gap():
-    from ddlctl.supervise.activity import ActivityWatch, CpuActivity, busy_among_idle
+    from ddlctl.supervise.hangs.activity import ActivityWatch, CpuActivity, busy_among_idle
 
     def cpu(mean: float, readings: int = 10) -> CpuActivity:
         return CpuActivity("t", 10.0, readings, mean)
@@ -316,8 +316,8 @@ def test_a_busy_process_among_idle_ones_needs_readings_of_every_task_and_a_clear
 
 
 def test_the_gpus_nvml_saw_a_tasks_processes_use_come_before_its_plans():
-    from ddlctl.runtime.agent import gpu_tasks
-    from ddlctl.supervise.activity import ActivityWatch
+    from ddlctl.host.telemetry import gpu_tasks
+    from ddlctl.supervise.hangs.activity import ActivityWatch
 
     # NVML's compute processes per GPU, the run's processes per task (a task's child process too)
     assert gpu_tasks({0: [11, 99], 1: [12], 2: [13], 3: []}, {11: "worker:0", 12: "worker:1", 13: "worker:1"}) == \
@@ -336,7 +336,7 @@ def test_the_gpus_nvml_saw_a_tasks_processes_use_come_before_its_plans():
     assert watch.gpu("a", (1,), 0.5, 10.0).state == "idle"
 
 
-# -- at work before beginning (ddlctl.supervise.preparing) -------------------------------------------
+# -- at work before beginning (ddlctl.supervise.hangs.preparing) -------------------------------------------
 
 def looked(stacks: str, cpu_s: float, io_bytes: int = 0, at: float = 0.0, state: str = "S") -> dict:
     return {"procs": [[100, state, "python train.py"]], "stacks": stacks, "cpu_s": cpu_s, "io_bytes": io_bytes,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ddlctl.host import cgroup, prefork
 from ddlctl.report.balance import final_split_steps
-from ddlctl.runtime import cgroup, prefork
 from ddlctl.workloads.synthetic import READ_AHEAD_BOUND
 from tests.conftest import only_run_dir, processes_of_run, run_ddlctl
 

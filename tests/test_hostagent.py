@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddlctl.cluster.model import Host
+from ddlctl.contract.wire import MAGIC, FrameReader, encode_frame
 from ddlctl.planning.plan import TaskSpec
-from ddlctl.runtime.frames import MAGIC, FrameReader, encode_frame
 from ddlctl.transport.session import HostSession, open_local_session
 
 HOST = Host(name="localhost")
@@ -150,7 +150,7 @@ def test_end_of_input_kills_every_task_even_a_stopped_one(tmp_path):
 def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
     s = session(tmp_path)
     try:
-        code = ("import ddlctl.runtime.stacks as s, time; s.install(); print('ready', flush=True)\n"
+        code = ("import ddlctl.task.stack_dumper as s, time; s.install(); print('ready', flush=True)\n"
                 "def waiting_here():\n    time.sleep(60)\nwaiting_here()")
         live = s.start(spec("worker:0", code, tmp_path / "w0"), 1)
         frozen = s.start(spec("worker:1", "import time; time.sleep(60)", tmp_path / "w1"), 1)
@@ -240,7 +240,7 @@ def test_dumps_count_each_tasks_cpu_seconds_and_the_bytes_it_moved(tmp_path):
 
 
 def test_processes_of_a_run_id_are_another_launchs_unless_they_carry_this_launchs_key():
-    from ddlctl.runtime.procs import run_elsewhere
+    from ddlctl.host.procs import run_elsewhere
 
     env = {**os.environ, "DDLCTL_RUN_ID": "r-elsewhere", "DDLCTL_LAUNCH": "k1"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
@@ -278,7 +278,7 @@ def test_ports_still_free_are_kept_taken_ones_replaced_and_listening_is_reported
 
 
 def test_checkpoint_folders_are_copied_only_where_they_are_not_shared(tmp_path):
-    from ddlctl.supervise.checkpoints import files_to_copy, sync_folder
+    from ddlctl.supervise.recovery.checkpoints import files_to_copy, sync_folder
 
     source_dir, target_dir = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
     (source_dir / "sub").mkdir(parents=True)
@@ -336,7 +336,7 @@ def test_task_files_come_back_as_a_tar_streamed_in_pieces_and_are_unpacked_as_th
 def test_the_newest_checkpoint_state_is_found_in_the_folder_or_where_keras_backup_keeps_it(tmp_path):
     """Growing back waits for the leader's next checkpoint: the ``checkpoint`` state file of a
     CheckpointManager in the folder, or the one Keras's BackupAndRestore keeps in ``chief/``."""
-    from ddlctl.supervise.checkpoints import checkpoint_step, newest_state
+    from ddlctl.supervise.recovery.checkpoints import checkpoint_step, newest_state
 
     folder = tmp_path / "checkpoints"
     (folder / "chief").mkdir(parents=True)
@@ -358,7 +358,7 @@ def test_the_newest_checkpoint_state_is_found_in_the_folder_or_where_keras_backu
 
 
 def test_checkpoint_copies_never_follow_a_link_nor_take_a_name_outside_the_folder(tmp_path):
-    from ddlctl.supervise.checkpoints import sync_folder, unsafe_name
+    from ddlctl.supervise.recovery.checkpoints import sync_folder, unsafe_name
 
     secret = tmp_path / "secret.txt"  # another file of the user's, which a planted link points at
     secret.write_text("not for copying")
@@ -390,7 +390,7 @@ def test_checkpoint_copies_never_follow_a_link_nor_take_a_name_outside_the_folde
 
 
 def test_a_tasks_gpus_are_taken_from_the_list_the_host_gave_the_agent(tmp_path, monkeypatch):
-    from ddlctl.runtime.devices import visible_devices
+    from ddlctl.host.devices import visible_devices
 
     assert visible_devices("0", "2,3") == "2" and visible_devices("1", "2,3") == "3"
     assert visible_devices("0,1", "GPU-aa,GPU-bb") == "GPU-aa,GPU-bb"
@@ -540,7 +540,7 @@ def test_tasks_keep_freed_memory_unless_their_environment_tunes_malloc(tmp_path)
 def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):
     """The netlink reading (sock_diag) and /proc/net/tcp* agree, IPv4 and IPv6, over a dump that
     takes several netlink messages; a socket that stops listening disappears from both."""
-    from ddlctl.runtime import procs
+    from ddlctl.host import procs
 
     sockets = []
     try:
@@ -569,7 +569,7 @@ def test_listening_sockets_over_netlink_match_proc_net_tcp(tmp_path):
 
 
 def test_a_ps_chiefs_step_records_credit_the_workers_that_ran_them(tmp_path):
-    from ddlctl.runtime.stepfollow import StepFile
+    from ddlctl.host.stepfollow import StepFile
 
     path = tmp_path / "steps.jsonl"
     path.write_text('{"step": 1, "steps": 10, "worker": "worker:0", "total": 100}\n'
@@ -584,7 +584,7 @@ def test_a_ps_chiefs_step_records_credit_the_workers_that_ran_them(tmp_path):
 
 
 def test_descendants_are_found_below_a_process_children_first_leaving_out_skipped_subtrees():
-    from ddlctl.runtime import procs
+    from ddlctl.host import procs
 
     # 1 -> 2 -> 3; 1 -> 4 -> 5 -> 6; 7 (another tree) -> 8
     table = {2: 1, 3: 2, 4: 1, 5: 4, 6: 5, 8: 7, 1: 0, 7: 0}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ddlctl.cluster.hostfile import parse_hosts, parse_line
 from ddlctl.cluster.model import ROLES
-from ddlctl.errors import ConfigError
+from ddlctl.contract.errors import ConfigError
 
 
 def test_deepspeed_and_horovod_hostfiles_parse_unchanged():
@@ -74,7 +74,7 @@ def test_cpus_lists_and_ranges():
 
 def test_cpu_ranges_render_what_cpus_parses():
     from ddlctl.cluster.fields import parse_cpus
-    from ddlctl.runtime.cgroup import cpu_ranges
+    from ddlctl.host.cgroup import cpu_ranges
 
     for text in ("0", "0-3", "0-1,4", "1,3,5-7"):
         assert cpu_ranges(parse_cpus(text, "x")) == text

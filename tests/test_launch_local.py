@@ -301,7 +301,7 @@ def test_a_host_with_gpus_whose_tensorflow_has_no_cuda_is_told_why_it_trained_on
     """This machine's TensorFlow has no CUDA libraries; a hosts file declaring a GPU here makes it the
     GPU host whose TensorFlow cannot use it. The notice TensorFlow prints while it is imported (by
     the zygote, for a forked task) reaches the task's log and the report names the task."""
-    from ddlctl.runtime import prefork
+    from ddlctl.host import prefork
 
     if prefork.gpu_host():
         pytest.skip("this machine has a GPU: its TensorFlow may well find CUDA")

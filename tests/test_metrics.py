@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ddlctl.errors import ConfigError
-from ddlctl.report.metrics import JobMetrics, parse_metrics_address
+from ddlctl.console.metrics import JobMetrics, parse_metrics_address
+from ddlctl.contract.errors import ConfigError
 from tests.conftest import ROOT, ddlctl_cmd, only_run_dir, processes_of_run
 from tests.faults import wait_for
 
@@ -136,7 +136,7 @@ def test_a_real_prometheus_scrapes_a_live_job(tmp_path):
 
 
 def test_a_metrics_port_in_use_is_a_clear_error():
-    from ddlctl.report.metrics import MetricsServer
+    from ddlctl.console.metrics import MetricsServer
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

@@ -14,7 +14,7 @@ from ddlctl.report.summary import summarize
 
 
 def test_the_built_in_cnn_costs_what_its_layers_say(tmp_path):
-    from ddlctl.flops import record_model_flops
+    from ddlctl.task.flops import record_model_flops
     from ddlctl.workloads.models import cnn
 
     record = record_model_flops(cnn(), str(tmp_path))
@@ -76,7 +76,7 @@ def test_a_recorded_run_on_two_gpus_has_each_tasks_mfu(tmp_path):
 
 
 def test_a_program_declares_its_flops_and_the_keras_hook_leaves_them(tmp_path, monkeypatch):
-    from ddlctl.flops import declare_flops, record_model_flops
+    from ddlctl.task.flops import declare_flops, record_model_flops
 
     with pytest.raises(ValueError, match="positive"):
         declare_flops(0)

@@ -8,7 +8,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddlctl.supervise.output import LineSplitter, PrefixedWriter
+from ddlctl.console.output import LineSplitter, PrefixedWriter
 
 
 def test_partial_lines_are_held_until_complete():
@@ -87,7 +87,7 @@ def test_prefix_names_task_and_host_without_colour_off_terminal():
 def test_tensorflow_startup_notices_are_recognised_and_nothing_else():
     from pathlib import Path
 
-    from ddlctl.supervise.noise import is_startup_noise
+    from ddlctl.diagnose.tfnoise import is_startup_noise
 
     fixtures = Path(__file__).parent / "fixtures" / "tf221"
     noise = (fixtures / "startup_noise.log").read_bytes().splitlines()
@@ -99,8 +99,8 @@ def test_tensorflow_startup_notices_are_recognised_and_nothing_else():
 def test_quiet_writer_leaves_noise_off_the_console_and_says_so_once():
     import io
 
-    from ddlctl.supervise.noise import is_startup_noise
-    from ddlctl.supervise.output import PrefixedWriter, QuietWriter
+    from ddlctl.console.output import PrefixedWriter, QuietWriter
+    from ddlctl.diagnose.tfnoise import is_startup_noise
 
     out, said = io.BytesIO(), []
     writer = QuietWriter(PrefixedWriter(out, color=False), is_startup_noise, lambda: said.append(1))
@@ -111,7 +111,7 @@ def test_quiet_writer_leaves_noise_off_the_console_and_says_so_once():
 
 
 def test_control_characters_from_tasks_are_shown_not_obeyed():
-    from ddlctl.supervise.output import visible
+    from ddlctl.console.output import visible
 
     forged = (b"\x1b[1A\x1b[2K\x1b[32mddlctl: job succeeded\x1b[0m\x1b]52;c;cm0gLXJmIH4=\x07\tdone\x7f "
               b"\xc2\x9b2J caf\xc3\xa9")
@@ -127,7 +127,7 @@ def test_control_characters_from_tasks_are_shown_not_obeyed():
 
 @given(st.binary(max_size=200))
 def test_no_control_character_but_tab_survives(data):
-    from ddlctl.supervise.output import visible
+    from ddlctl.console.output import visible
 
     shown = visible(data)
     assert not any(b < 0x20 and b != 0x09 or b == 0x7f for b in shown)
@@ -160,7 +160,7 @@ def test_a_task_log_the_disk_refuses_keeps_the_tail_in_memory_and_says_so_once(t
 
 
 def test_step_records_the_disk_refuses_stop_without_stopping_the_program(capsys):
-    from ddlctl.steps import StepRecorder
+    from ddlctl.task.steps import StepRecorder
 
     recorder = StepRecorder("/dev/full", "worker:0")
     for step in range(1, 4):  # (the first write is refused: line-buffered, every record is written at once)

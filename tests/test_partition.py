@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddlctl.planning.partition import (
+from ddlctl.modelparallel.planner import (
     Device,
     Layer,
     Link,
@@ -32,7 +32,7 @@ def objective(p, micro: bool) -> tuple[float, float]:
 
 def brute_force(layers, devices, microbatches, link):
     """Every contiguous split (devices in order, empty stages allowed) that fits: the best objective."""
-    from ddlctl.planning.partition import _Model, _plan
+    from ddlctl.modelparallel.planner import _Model, _plan
 
     model = _Model(layers)
     n, k = len(layers), len(devices)
@@ -246,7 +246,7 @@ def test_a_given_plan_without_prediction_is_taken_as_is_kept_and_resumed(tmp_pat
     """No TensorFlow: a given plan that need not be predicted is not measured (the model is not
     even looked at); it is kept for a restart, which resumes it when no plan is given."""
     from ddlctl import modelparallel as mp
-    from ddlctl.errors import UserError
+    from ddlctl.contract.errors import UserError
     from ddlctl.modelparallel.inplace import StagePlan
 
     monkeypatch.setenv("DDLCTL_PARTITION", "2,3")
@@ -360,7 +360,7 @@ def test_layers_that_compute_the_same_are_timed_once_and_no_others():
     """Equal but for their names: the same step (profile times the second with the first's times).
     Another configuration, input shape, weights or input gradient: another step; a layer Keras
     cannot describe, or a Stack's piece (a closure): never the same as anything."""
-    from ddlctl.planning.profile_model import same_step
+    from ddlctl.modelparallel.profile import same_step
 
     x = type("X", (), {"shape": (8, 4), "dtype": "float32"})()
     first = same_step(_Described("dense_1", 4), x, True)
@@ -377,8 +377,8 @@ def test_an_error_of_the_model_function_or_its_module_is_said_with_where_it_happ
     """``--model MODULE:FUNCTION`` whose module or function fails: a clear error (exit 2) naming the
     exception and its place in the user's file, not "internal error in ddlctl"; in a task (said=False)
     the exception itself, for its log's traceback."""
-    from ddlctl.errors import ConfigError
-    from ddlctl.planning.profile_model import load_model_factory
+    from ddlctl.contract.errors import ConfigError
+    from ddlctl.modelparallel.profile import load_model_factory
 
     (tmp_path / "pm_raises.py").write_text("def build():\n    layers = []\n    raise ValueError('no layers')\n")
     (tmp_path / "pm_nameerror.py").write_text("import json\nx = undefined_name\n")

@@ -10,7 +10,7 @@ import pytest
 from ddlctl.cluster.hostfile import parse_hosts
 from ddlctl.cluster.model import local_cluster
 from ddlctl.cluster.template import load_template
-from ddlctl.errors import PlanError
+from ddlctl.contract.errors import PlanError
 from ddlctl.planning.plan import LaunchRequest, layout, make_plan, needs_port
 from tests.conftest import ROOT
 
@@ -118,7 +118,7 @@ def test_ps_strategy_runs_servers_and_the_program_on_the_chief():
     req = request("ps", command=("python", "train.py"))
     plan = make_plan(FOUR, req, fake_ports(FOUR, req))
     assert plan.task("chief:0").argv == ("python", "train.py")
-    assert plan.task("worker:0").argv == ("python3", "-m", "ddlctl.runtime.server")
+    assert plan.task("worker:0").argv == ("python3", "-m", "ddlctl.task.server")
     assert plan.task("ps:0").kind == "server"
     assert [t.name for t in plan.program_tasks()] == ["chief:0"]
 
@@ -308,7 +308,7 @@ def test_this_machine_gets_a_reachable_address_when_remote_hosts_must_reach_it(t
 def test_without_a_reachable_address_the_mix_is_refused_naming_the_entry(tmp_path):
     from ddlctl.cluster.addresses import with_reachable_addresses
     from ddlctl.cluster.hostfile import load_hosts
-    from ddlctl.errors import ConfigError
+    from ddlctl.contract.errors import ConfigError
 
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("node-b\nlocalhost\n")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from ddlctl.diagnose.tfmessages import blame_peer
 from ddlctl.supervise.policy import Fault, backoff_s, classify, decide
-from ddlctl.supervise.tfmessages import blame_peer
 from ddlctl.transport.base import ExitStatus
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf221"
@@ -206,7 +206,7 @@ def test_backoff_doubles_and_is_capped():
 # -- hang watch --------------------------------------------------------------------------------------
 
 def test_a_running_peers_heartbeat_report_names_the_stopped_task_without_a_traceback():
-    from ddlctl.supervise.tfmessages import LiveReports
+    from ddlctl.diagnose.tfmessages import LiveReports
 
     reports = LiveReports()
     found = [b for b in map(reports.feed, fixture("mwms_worker1_stopped_peer_steps_on.worker0.log").splitlines())
@@ -220,7 +220,7 @@ def test_a_running_peers_heartbeat_report_names_the_stopped_task_without_a_trace
 
 
 def test_the_leaders_coordination_service_says_which_tasks_it_still_waits_for():
-    from ddlctl.supervise.tfmessages import LiveReports
+    from ddlctl.diagnose.tfmessages import LiveReports
 
     reports = LiveReports()
     seen = []
@@ -238,7 +238,7 @@ def test_the_leaders_coordination_service_says_which_tasks_it_still_waits_for():
 
 
 def test_a_server_that_could_not_bind_its_port_is_recognised():
-    from ddlctl.supervise.tfmessages import port_taken
+    from ddlctl.diagnose.tfmessages import port_taken
 
     assert port_taken(fixture("server_port_taken.log"))
     assert not port_taken(fixture("mwms_worker1_killed.worker0.log"))
@@ -340,7 +340,7 @@ def test_a_task_that_died_of_a_full_disk_is_blamed_on_the_disk_and_not_retried_a
 
 
 def test_an_oom_kill_is_read_from_the_kernel_log_by_pid_and_time_and_is_a_fault_retried(tmp_path):
-    from ddlctl.runtime.oom import killed_in_log
+    from ddlctl.host.oom import killed_in_log
 
     # the kernel's records (this machine's /dev/kmsg, after a memory group's limit and a host OOM)
     records = ["6,990,55880000000,-;eth0: link up\n",
@@ -355,7 +355,7 @@ def test_an_oom_kill_is_read_from_the_kernel_log_by_pid_and_time_and_is_a_fault_
     assert killed_in_log(records, 23836, 55890000000) is None, "an older kill of a pid reused since"
     assert killed_in_log(records, 23837, 0) is None
     # where the kernel log cannot be read: the host's OOM-kill count over the task's life
-    from ddlctl.runtime.oom import oom_evidence
+    from ddlctl.host.oom import oom_evidence
 
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("nr_free_pages 100\noom_kill 7\n")
@@ -425,7 +425,7 @@ def test_a_program_reading_its_missing_standard_input_is_told_how_to_give_it_wha
 
 
 def test_a_program_that_could_not_import_a_module_is_told_which_python_ran_it_and_what_to_do():
-    from ddlctl.supervise.imports import import_hint, missing_module, missing_module_hint
+    from ddlctl.diagnose.imports import import_hint, missing_module, missing_module_hint
 
     log = ('Traceback (most recent call last):\n  File "/w/train.py", line 2, in <module>\n    import tensorflow.keras'
            '\nModuleNotFoundError: No module named \'tensorflow\'\n')

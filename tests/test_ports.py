@@ -1,11 +1,11 @@
-"""The ports launch chooses for its tasks (``ddlctl.runtime.ports.free_ports``), on real sockets."""
+"""The ports launch chooses for its tasks (``ddlctl.host.ports.free_ports``), on real sockets."""
 
 from __future__ import annotations
 
 import os
 import socket
 
-from ddlctl.runtime.ports import CLAIM_S, LOWEST_PORT, PRUNE_AT, claim, ephemeral_range, free_ports, prune_claims
+from ddlctl.host.ports import CLAIM_S, LOWEST_PORT, PRUNE_AT, claim, ephemeral_range, free_ports, prune_claims
 
 
 def test_ports_are_chosen_below_the_ephemeral_range_distinct_and_free(tmp_path):
@@ -93,7 +93,7 @@ def test_old_claims_are_cleared_once_they_pile_up(tmp_path):
 
 
 def test_a_host_that_cannot_bind_says_so_instead_of_searching_forever(monkeypatch, tmp_path):
-    from ddlctl.runtime import probe
+    from ddlctl.host import probe
 
     class Refusing(socket.socket):
         def bind(self, address):  # noqa: ANN001, ANN202

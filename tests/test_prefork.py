@@ -1,4 +1,4 @@
-"""TensorFlow tasks forked from a zygote that imported TensorFlow once (ddlctl.runtime.prefork and
+"""TensorFlow tasks forked from a zygote that imported TensorFlow once (ddlctl.host.prefork and
 .zygote): each runs as ``python script.py`` would, as its agent's own child; a zygote that cannot
 import falls back to the plain start; ``DDLCTL_PREFORK=0`` turns it off."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 
 from ddlctl.cluster.model import Host
+from ddlctl.host import prefork
 from ddlctl.planning.plan import TaskSpec
-from ddlctl.runtime import prefork
 from ddlctl.transport.session import open_local_session
 from tests.conftest import processes_of_run
 
@@ -68,9 +68,9 @@ def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
     assert not prefork.forkable([py, "plain.py"], {}, str(tmp_path))
     assert not prefork.forkable([py, "missing.py"], {}, str(tmp_path))
     assert not prefork.forkable([py, "train.py"], {"DDLCTL_PREFORK": "0"}, str(tmp_path))
-    assert not prefork.forkable([py, "-m", "ddlctl.runtime.agent"], {}, None)
+    assert not prefork.forkable([py, "-m", "ddlctl.host.telemetry"], {}, None)
     # --bench: the device measurement imports TensorFlow (forked); the link measurements do not
-    bench = [py, "-m", "ddlctl.runtime.devbench"]
+    bench = [py, "-m", "ddlctl.task.devbench"]
     assert prefork.forkable([*bench, "devices", "--seconds", "1"], {}, None) is not prefork.gpu_host()
     assert not prefork.forkable([*bench, "serve"], {}, None)
     assert not prefork.forkable([*bench, "connect", "h:1"], {}, None)
@@ -101,7 +101,7 @@ def test_which_commands_fork_and_which_tasks_share_a_zygote(tmp_path):
     assert not prefork.forkable([py, "-m", "trainer.task"], {}, str(tmp_path)), "its package sets the environment"
     # what ddlctl's own modules set before importing TensorFlow, their zygote imports with
     env = {"A": "1"}
-    prefork.import_environment([py, "-m", "ddlctl.runtime.server"], env)
+    prefork.import_environment([py, "-m", "ddlctl.task.server"], env)
     assert env == {"A": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
     prefork.import_environment([py, "-m", "ddlctl.workloads"], env)
@@ -259,7 +259,7 @@ def test_forked_tasks_run_as_python_would_start_them_and_are_the_agents_children
         assert sleeper.environ()["DDLCTL_TASK"] == "worker:2" and "DDLCTL_ZYGOTE_ROOM" not in sleeper.environ()
         assert [a for a in sleeper.cmdline() if a] == [sys.executable, program, "sleep"]
         assert sleeper.ppid() == agent and os.getpgid(sleeper.pid) == sleeper.pid
-        zygotes = [p for p in psutil.Process(agent).children() if "ddlctl.runtime.zygote" in " ".join(p.cmdline())]
+        zygotes = [p for p in psutil.Process(agent).children() if "ddlctl.task.zygote" in " ".join(p.cmdline())]
         # tasks of one interpreter and environment share one zygote (worker:6's PYTHONPATH: one of its own)
         assert len(zygotes) == 2, zygotes
         tasks["worker:2"].send("TERM")
@@ -315,7 +315,7 @@ def test_a_task_whose_zygote_still_imports_tensorflow_is_at_work_by_the_zygotes_
     # (a loaded host or a slow disk: the import may outlast a startup timeout; the task is starting)
     if prefork.gpu_host():
         return
-    from ddlctl.supervise.preparing import at_work
+    from ddlctl.supervise.hangs.preparing import at_work
 
     session = open_local_session(HOST, "prefork-test", tmp_path / "agents")
     try:

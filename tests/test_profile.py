@@ -92,7 +92,7 @@ def test_agent_death_leaves_a_gap_and_the_job_goes_on(runs):
             time.sleep(0.2)
         run_id = only_run_dir(runs).name
         agents = [p for p in processes_of_run(run_id)
-                  if any("ddlctl.runtime.agent" in part for part in p.cmdline())]
+                  if any("ddlctl.host.telemetry" in part for part in p.cmdline())]
         assert len(agents) == 1
         agents[0].send_signal(signal.SIGKILL)
         out, err = proc.communicate(timeout=240)

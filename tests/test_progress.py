@@ -26,7 +26,7 @@ def test_a_burst_of_results_does_not_show_an_absurd_rate(monkeypatch, capsys):
 
 def test_a_program_declares_its_total_in_code_or_in_the_environment(tmp_path, monkeypatch):
     import ddlctl
-    from ddlctl import steps
+    from ddlctl.task import steps
 
     monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path / "env"))
     monkeypatch.setenv("DDLCTL_TOTAL_STEPS", "300")
@@ -51,7 +51,7 @@ def test_a_step_marks_where_its_input_ends(tmp_path, monkeypatch):
     """``timer.input_done()`` inside ``ddlctl.step``: the record's input_s is the wait before the
     mark, part of the step's duration; a step without the mark has no input_s, one given it keeps it."""
     import ddlctl
-    from ddlctl import steps
+    from ddlctl.task import steps
 
     monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path))
     monkeypatch.setattr(steps, "_shared", None)
@@ -76,7 +76,7 @@ def test_step_records_reach_the_file_although_the_task_hangs_after_them(tmp_path
     import sys
 
     path = tmp_path / "steps.jsonl"
-    code = ("import sys, threading, time\nfrom ddlctl.steps import StepRecorder\n"
+    code = ("import sys, threading, time\nfrom ddlctl.task.steps import StepRecorder\n"
             "r = StepRecorder(sys.argv[1], 'worker:0')\n"
             "for i in range(3):\n    r.record(i + 1, time.time(), 0.01, 8)\n"
             "print('recorded', flush=True)\nthreading.Event().wait()  # hangs forever, the file left open\n")
@@ -95,8 +95,8 @@ def test_step_records_reach_the_file_although_the_task_hangs_after_them(tmp_path
 def test_a_resumed_fit_numbers_its_steps_from_the_epoch_it_resumes_at(tmp_path, per_epoch):
     """BackupAndRestore (or initial_epoch) starts fit at epoch 3 of 5: the records go on from step
     3 x 4 and the last one reaches the declared total, as in a run never interrupted."""
-    from ddlctl.instrument.keras import epoch_timer_class, step_timer_class
-    from ddlctl.steps import StepRecorder
+    from ddlctl.task.instrument.keras import epoch_timer_class, step_timer_class
+    from ddlctl.task.steps import StepRecorder
 
     base = type("Callback", (), {})  # what the timers need of Keras' Callback: nothing
     recorder = StepRecorder(tmp_path / "steps.jsonl", "worker:0")
@@ -120,8 +120,8 @@ def test_a_resumed_fit_numbers_its_steps_from_the_epoch_it_resumes_at(tmp_path, 
 
 def test_a_phase_says_when_it_begins_and_ends_and_beats_come_at_most_once_a_second(tmp_path, monkeypatch):
     import ddlctl
-    from ddlctl import steps
     from ddlctl.report.stepfile import read_phases
+    from ddlctl.task import steps
 
     monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path))
     with pytest.raises(OSError), ddlctl.phase("checkpoint"):  # a save that fails ends the phase too

@@ -28,7 +28,7 @@ def test_shell_command_round_trips_any_arguments_through_sh(args):
 def test_bundle_is_importable_zip_of_the_package():
     digest, data = code_bundle()
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
-    assert "ddlctl/runtime/hostagent.py" in names and "ddlctl/workloads/train.py" in names
+    assert "ddlctl/host/agent.py" in names and "ddlctl/workloads/train.py" in names
     assert len(digest) == 16 and code_bundle()[0] == digest, "content-addressed, stable"
 
 
@@ -36,7 +36,7 @@ def test_tasks_import_ddlctl_from_the_bundle_first(tmp_path):
     _, data = code_bundle()
     bundle = tmp_path / "ddlctl.zip"
     bundle.write_bytes(data)
-    out = subprocess.run([sys.executable, "-c", "import ddlctl.runtime.hostagent as w; print(w.__file__)"],
+    out = subprocess.run([sys.executable, "-c", "import ddlctl.host.agent as w; print(w.__file__)"],
                          capture_output=True, text=True, env={"PYTHONPATH": str(bundle)}, timeout=30,
                          cwd=tmp_path)
     assert out.stdout.strip().startswith(str(bundle))
@@ -44,12 +44,12 @@ def test_tasks_import_ddlctl_from_the_bundle_first(tmp_path):
 
 def test_hosts_use_the_bundles_bytecode_and_fall_back_to_source_for_another_python(tmp_path):
     _, data = code_bundle()
-    code = "import ddlctl.runtime.hostagent as w; print(w.__file__)"
+    code = "import ddlctl.host.agent as w; print(w.__file__)"
     bundle = tmp_path / "ddlctl.zip"
     bundle.write_bytes(data)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(bundle)}, timeout=30, cwd=tmp_path)
-    assert out.stdout.strip() == f"{bundle}/ddlctl/runtime/hostagent.pyc", out.stderr
+    assert out.stdout.strip() == f"{bundle}/ddlctl/host/agent.pyc", out.stderr
     # a host whose Python writes another bytecode version: the .pyc is skipped, the source compiled
     other = tmp_path / "other.zip"
     with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(other, "w") as target:
@@ -58,7 +58,7 @@ def test_hosts_use_the_bundles_bytecode_and_fall_back_to_source_for_another_pyth
             target.writestr(info, b"\0\0\r\n" + content[4:] if info.filename.endswith(".pyc") else content)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(other)}, timeout=30, cwd=tmp_path)
-    assert out.stdout.strip() == f"{other}/ddlctl/runtime/hostagent.py", out.stderr
+    assert out.stdout.strip() == f"{other}/ddlctl/host/agent.py", out.stderr
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         entries = archive.infolist()
     assert all(e.compress_type == zipfile.ZIP_DEFLATED for e in entries)

@@ -1,6 +1,6 @@
 """Root cause extraction from a task's output."""
 
-from ddlctl.supervise.rootcause import last_traceback, read_tail, tail_lines
+from ddlctl.diagnose.rootcause import last_traceback, read_tail, tail_lines
 
 LOG = """starting
 Traceback (most recent call last):

@@ -15,8 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddlctl.errors import ConfigError
-from ddlctl.slurm.allocation import (
+from ddlctl.cluster.slurm import (
     Node,
     allocation_cluster,
     allocation_from,
@@ -25,7 +24,7 @@ from ddlctl.slurm.allocation import (
     parse_job_gpus,
     parse_node_addresses,
 )
-from ddlctl.slurm.submit import (
+from ddlctl.commands.submit import (
     SubmitOptions,
     check_options,
     exit_code_of,
@@ -33,6 +32,7 @@ from ddlctl.slurm.submit import (
     sbatch_script,
     strategy_of,
 )
+from ddlctl.contract.errors import ConfigError
 from ddlctl.transport.slurm import srun_argv
 from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, processes_of_run
 from tests.faults import step_count, wait_for
@@ -306,7 +306,7 @@ def test_dry_run_shows_each_nodes_srun_command_and_starts_nothing(idle, runs):
     assert done.returncode == 0, done.stderr[-2000:]
     for node in ("n1", "n2"):
         assert "srun --jobid=" in done.stdout and f"--nodelist={node} --nodes=1 --ntasks=1" in done.stdout
-    assert "ddlctl.runtime.hostagent" in done.stdout
+    assert "ddlctl.host.agent" in done.stdout
     assert not any(runs.iterdir())
 
 

@@ -464,7 +464,7 @@ def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(
     processes those sessions started only (other tests bench this machine at the same time)."""
     import psutil
 
-    from ddlctl.bench import load_profile
+    from ddlctl.commands.bench import load_profile
 
     cluster = SshTestCluster(tmp_path / "own", 3, separate_homes=True)
     try:
@@ -474,12 +474,12 @@ def test_check_bench_measures_every_host_and_link_and_the_profile_feeds_balance(
 
 
 def bench_processes(psutil, homes: set[str]) -> list:  # noqa: ANN001
-    """Live ``ddlctl.runtime.devbench`` processes started by sessions of these hosts (their HOME
+    """Live ``ddlctl.task.devbench`` processes started by sessions of these hosts (their HOME
     is one of ``homes``: found even when no longer under an sshd)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if "ddlctl.runtime.devbench" in (proc.info["cmdline"] or []) and proc.environ().get("HOME") in homes:
+            if "ddlctl.task.devbench" in (proc.info["cmdline"] or []) and proc.environ().get("HOME") in homes:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -430,7 +430,7 @@ def test_a_daemon_left_on_a_host_whose_agent_was_killed_is_ended_there_with_the_
     wait_for(lambda: remote_steps(job, "worker-0") >= 5 or job.proc.poll() is not None, 120, "steps")
     daemon = int(wait_for(lambda: re.search(rb"daemon (\d+)", (runs.parent / "ddlctl.out").read_bytes()), 30,
                           "the daemon's pid").group(1))
-    (agent,) = [p for p in processes_of_run(job.run_dir.name) if "ddlctl.runtime.hostagent" in " ".join(p.cmdline())]
+    (agent,) = [p for p in processes_of_run(job.run_dir.name) if "ddlctl.host.agent" in " ".join(p.cmdline())]
     agent.kill()
     assert job.wait() != 0, job.stderr()[-3000:]
     said = job.stderr().replace("\n", " ")

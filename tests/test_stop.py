@@ -72,8 +72,8 @@ def test_the_remote_kill_runs_where_ddlctl_is_not_installed_and_ends_only_that_r
     import sys
     from pathlib import Path
 
-    from ddlctl import envvars
-    from ddlctl.runtime import killrun
+    from ddlctl.contract import envvars
+    from ddlctl.host import killrun
 
     assert killrun.RUN_ID == envvars.RUN_ID
     source = (Path(killrun.__file__)).read_text()
@@ -99,10 +99,10 @@ def test_the_remote_kill_of_a_launchs_leftovers_ends_that_launchs_processes_alon
     import sys
     from pathlib import Path
 
-    from ddlctl import envvars
-    from ddlctl.runtime import killrun
+    from ddlctl.contract import envvars
+    from ddlctl.host import killrun
 
-    assert killrun.LAUNCH == envvars.LAUNCH and killrun.AGENT == "ddlctl.runtime.hostagent"
+    assert killrun.LAUNCH == envvars.LAUNCH and killrun.AGENT == "ddlctl.host.agent"
     source = (Path(killrun.__file__)).read_text()
     ours = {**os.environ, envvars.RUN_ID: "run-a", envvars.LAUNCH: "k1"}
     leftover = subprocess.Popen(["sleep", "61"], env=ours, start_new_session=True)
@@ -155,8 +155,8 @@ def test_a_process_of_the_run_already_dying_is_waited_for_not_taken_for_a_leftov
     """A task dying with its SIGKILLed host agent may not have run yet when ddlctl looks for what the
     launch left (CI saw it named as a daemon left by a task): ``killrun`` (remote hosts) and
     ``end_leftovers`` (this machine) wait for it and name only what lives on."""
-    from ddlctl import envvars
-    from ddlctl.runtime import killrun
+    from ddlctl.contract import envvars
+    from ddlctl.host import killrun
     from ddlctl.transport.fleet import end_leftovers
 
     ours = {**os.environ, envvars.RUN_ID: "run-d", envvars.LAUNCH: "k1",

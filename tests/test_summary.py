@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from ddlctl.contract.grouping import figure_range, named
+from ddlctl.host.nvml import GPU_FIELDS
 from ddlctl.report.export import write_csv
-from ddlctl.report.grouping import figure_range, named
 from ddlctl.report.summary import percentile, summarize
 from ddlctl.report.trace import build_trace
-from ddlctl.telemetry.nvml import GPU_FIELDS
 
 T0 = 1_700_000_000.0
 

@@ -613,7 +613,7 @@ def test_a_task_that_prepares_before_it_listens_gets_its_startup_timeout_again_a
 def test_a_task_at_work_for_half_an_hour_without_beginning_is_judged_by_its_timeout_again(tmp_path, monkeypatch):
     # a busy loop of its own before its first step looks like preparing: it is given up to
     # PREPARING_MAX_S (shortened here), then hung
-    from ddlctl.supervise import hangs
+    from ddlctl.supervise.hangs import blame as hangs
     monkeypatch.setattr(hangs, "PREPARING_MAX_S", 30.0)
     world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True, steps=False),
                           "worker:1": Behaviour(exit_after=None, ignores_term=True, steps=False, busy=1.0,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddlctl.cluster.template import load_template, parse_template
-from ddlctl.errors import ConfigError
+from ddlctl.contract.errors import ConfigError
 
 TEMPLATES = sorted((Path(__file__).resolve().parent.parent / "cluster_templates").glob("*.yaml"))
 

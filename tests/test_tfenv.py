@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ddlctl.runtime.tfenv import cluster_addresses, not_listening
+from ddlctl.task.tfenv import cluster_addresses, not_listening
 
 
 def test_cluster_addresses_are_every_other_task_but_evaluators(monkeypatch):
@@ -55,8 +55,8 @@ def test_retracing_warnings_of_ddlctls_own_measurements_are_dropped_and_the_prog
 
     program = textwrap.dedent("""
         import tensorflow as tf
-        from ddlctl.planning.profile_model import noop_call
-        from ddlctl.runtime.tfenv import quiet_own_retracing
+        from ddlctl.modelparallel.profile import noop_call
+        from ddlctl.task.tfenv import quiet_own_retracing
 
         quiet_own_retracing()
         def users_function(t):
@@ -74,7 +74,7 @@ def test_retracing_warnings_of_ddlctls_own_measurements_are_dropped_and_the_prog
 
 
 def test_a_server_task_serves_the_profiler_on_its_own_port_only_when_asked():
-    from ddlctl.runtime.server import profiler_port
+    from ddlctl.task.server import profiler_port
 
     assert profiler_port("7700", "worker", 2) == 7702 and profiler_port("7700", "ps", 0) == 7800
     assert profiler_port(None, "worker", 0) is None and profiler_port("", "worker", 0) is None
@@ -87,7 +87,7 @@ def _serve(tmp_path, code: list[str], env: dict[str, str]) -> tuple[int, str, st
     import subprocess
     import sys
 
-    from ddlctl.runtime.probe import free_ports
+    from ddlctl.host.probe import free_ports
 
     ps, worker = free_ports(2)
     tf_config = {"cluster": {"ps": [f"localhost:{ps}"], "worker": [f"localhost:{worker}"]},
@@ -105,20 +105,20 @@ def _serve(tmp_path, code: list[str], env: dict[str, str]) -> tuple[int, str, st
         finally:
             proc.kill()
             proc.wait()
-    assert cmdline[1:3] == [b"-m", b"ddlctl.runtime.server"], cmdline  # (the same pid, run again: exec)
+    assert cmdline[1:3] == [b"-m", b"ddlctl.task.server"], cmdline  # (the same pid, run again: exec)
     return proc.pid, out.read_text(), err.read_text()
 
 
 @pytest.mark.cluster
 def test_a_server_imports_only_what_serves_and_runs_itself_again_with_all_of_tensorflow_when_that_fails(tmp_path):
     # lean: the server's modules, never the tf.* API or Keras (seconds of a start and of every restart)
-    _, said, imported = _serve(tmp_path, ["-m", "ddlctl.runtime.server"], {})
+    _, said, imported = _serve(tmp_path, ["-m", "ddlctl.task.server"], {})
     assert "ddlctl server: ps:0 listening at grpc://localhost:" in said, said + imported[-2000:]
     assert "tensorflow.python.training.server_lib" in imported
     assert not re.search(r"\|\s+keras\b", imported) and "tensorflow._api.v2" not in imported
     # that import failing (a TensorFlow laid out otherwise): the same process runs again, all imported
     broken = ("import runpy, sys; sys.modules['tensorflow.python.training.server_lib'] = None; "
-              "runpy.run_module('ddlctl.runtime.server', run_name='__main__')")
+              "runpy.run_module('ddlctl.task.server', run_name='__main__')")
     _, said, imported = _serve(tmp_path, ["-c", broken], {})
     assert "ddlctl server: ps:0 listening at grpc://localhost:" in said, said + imported[-2000:]
     assert "tensorflow._api.v2" in imported and re.search(r"\|\s+keras\b", imported)

@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
-from ddlctl import stdoutgone
 from ddlctl.cli.common import _ARGV, app
+from ddlctl.console import closed_stdout as stdoutgone
 
 __all__ = ["app", "main", "run_app"]
 
@@ -60,7 +60,7 @@ def main() -> None:
     code = 1
     try:
         code = run_app()
-        sys.stdout.flush()  # (what a pipe holds: its reader may be gone, see ddlctl.stdoutgone)
+        sys.stdout.flush()  # (what a pipe holds: its reader may be gone, see ddlctl.console.closed_stdout)
     except BrokenPipeError:  # stdout's reader went away: the command's own code stands (1 if it had none)
         stdoutgone.mark_closed()
     except KeyboardInterrupt:  # Ctrl-C outside the supervisor (e.g. while planning)

@@ -53,7 +53,7 @@ def check(
     Per host: reachable (or why not), Python, ddlctl, TensorFlow, tf-keras, GPUs (NVML) and free
     ports; a warning when other users are logged in there (a run's TensorFlow servers accept any
     connection). Exits 1 when any host is unusable."""
-    from ddlctl.check import check as run_check
+    from ddlctl.commands.check import check as run_check
 
     if save and not bench:
         _fail(UserError("--save applies with --bench", "add --bench"))

@@ -13,11 +13,12 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ddlctl import __version__, stdoutgone
-from ddlctl.errors import UserError
+from ddlctl import __version__
+from ddlctl.console import closed_stdout as stdoutgone
+from ddlctl.contract.errors import UserError
+from ddlctl.contract.rundir import PLAN_FILE
+from ddlctl.contract.strategies import STRATEGIES
 from ddlctl.planning.plan import BALANCE, WORKER_PER
-from ddlctl.runfiles import PLAN_FILE
-from ddlctl.strategies import STRATEGIES
 from ddlctl.transport.options import SshOptions
 from ddlctl.workloads import EXECUTIONS, WORKLOADS
 
@@ -141,7 +142,7 @@ def _runs_dir(runs_dir: str, old_run_dir: str | None) -> str:
 
 
 class _PeopleConsole(Console):
-    """A stdout console that outlives its reader (:mod:`ddlctl.stdoutgone`): rich's own answer to a
+    """A stdout console that outlives its reader (:mod:`ddlctl.console.closed_stdout`): rich's own answer to a
     closed pipe is to exit at once."""
 
     def on_broken_pipe(self) -> None:

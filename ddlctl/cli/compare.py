@@ -86,9 +86,9 @@ def compare(
 
     Example: ddlctl compare --strategies one_device,mwms,ps --execution pipelined,linear --steps 300
     """
-    from ddlctl.compare import CompareOptions, parse_executions, parse_strategies
-    from ddlctl.compare import compare as run_compare
-    from ddlctl.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions, WorkloadOptions
+    from ddlctl.commands.compare import CompareOptions, parse_executions, parse_strategies
+    from ddlctl.commands.compare import compare as run_compare
+    from ddlctl.commands.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions, WorkloadOptions
     from ddlctl.supervise.job import SupervisorOptions
 
     def run() -> int:

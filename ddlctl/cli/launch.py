@@ -202,7 +202,7 @@ def launch(
                           "the speeds shown in training after 4 steps, then at growing intervals, and splits "
                           "again where that pays, a few steps later), with the loss weighted so "
                           "the gradient equals the equal split's (docs/heterogeneous.md). Built-in "
-                          "workload, or programs that use ddlctl.balance. Default: the template's, else off.",
+                          "workload, or programs that use ddlctl.task.balance. Default: the template's, else off.",
         show_default=False)] = None,
     speeds: Annotated[str | None, typer.Option(
         "--speeds", metavar="FILE", help="--balance speed: per-host speeds from a profile saved by 'ddlctl check "
@@ -238,8 +238,8 @@ def launch(
       ddlctl launch --hosts hosts.txt -s mwms -- python train.py --epochs 3
       ddlctl launch --template cluster_templates/localhost-ps.yaml --dry-run
     """
-    from ddlctl.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions, WorkloadOptions
-    from ddlctl.launch import launch as run_launch
+    from ddlctl.commands.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions, WorkloadOptions
+    from ddlctl.commands.launch import launch as run_launch
     from ddlctl.supervise.job import SupervisorOptions
 
     config = LaunchConfig(

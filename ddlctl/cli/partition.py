@@ -81,7 +81,7 @@ def partition(
 
     Example: ddlctl partition --hosts hosts.txt --workload deep --microbatches 4 --save plan.json
     """
-    from ddlctl.partitioning import PartitionOptions, run_partition
+    from ddlctl.commands.partition import PartitionOptions, run_partition
 
     def run() -> int:
         if model is not None and workload is not None:

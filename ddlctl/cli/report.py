@@ -33,7 +33,7 @@ def report(
 
     A copied run directory gives the same report. --json prints summary.json, --csv writes
     tasks/hosts/gpus tables, --trace a Chrome/Perfetto trace."""
-    from ddlctl.report.reporting import report as run_report
+    from ddlctl.commands.report import report as run_report
 
     _exit_with(lambda: run_report(run_dir_arg(run_dir), json_out, csv_dir, trace, warmup_steps, people_console()))
 

@@ -33,7 +33,7 @@ def stop(
     environment, never by name. A Slurm run: the job ddlctl submit created, or the run's job steps
     inside your allocation, are cancelled with scancel. The hosts (and each one's python=) come from
     the run's plan.json, which must be yours and writable by nobody else (exit 2 otherwise)."""
-    from ddlctl.stop import stop as run_stop
+    from ddlctl.commands.stop import stop as run_stop
     options = ssh_options(ssh_key, ssh_user, connect_timeout)
     _exit_with(lambda: run_stop(run_dir_arg(run_dir), options, people_console()))
 

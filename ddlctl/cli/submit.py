@@ -56,8 +56,8 @@ def submit(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the job's output until it ends; exit with "
                                                                 "the run's exit code.")] = False,
 ) -> None:
-    from ddlctl.slurm.submit import SubmitOptions
-    from ddlctl.slurm.submit import submit as run_submit
+    from ddlctl.commands.submit import SubmitOptions
+    from ddlctl.commands.submit import submit as run_submit
 
     args = _with_separator(list(ctx.args), _ARGV or sys.argv[1:])
     _check_launch_args(args)

@@ -12,7 +12,7 @@ import dataclasses
 import socket
 
 from ddlctl.cluster.model import Cluster
-from ddlctl.errors import ConfigError
+from ddlctl.contract.errors import ConfigError
 
 
 def mixes_local_and_remote(cluster: Cluster) -> bool:

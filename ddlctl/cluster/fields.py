@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 
 from ddlctl.cluster.model import ROLES, Host
-from ddlctl.errors import ConfigError
+from ddlctl.contract.errors import ConfigError
 
 #: Keys a host accepts besides its name, with what each expects (used in error messages).
 HOST_KEYS: dict[str, str] = {

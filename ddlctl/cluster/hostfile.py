@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ddlctl.cluster.fields import HOST_KEYS, check_unique, make_host, split_target
 from ddlctl.cluster.model import Cluster, Host
-from ddlctl.errors import ConfigError
+from ddlctl.contract.errors import ConfigError
 
 GRAMMAR = "[user@]host [slots=N] [gpus=N] [port=SSH_PORT] [roles=chief,worker,ps,evaluator] " \
           "[python=PATH] [workdir=PATH] [speed=X] [memory=SIZE] [cpu_quota=CPUS] [cpus=LIST]"

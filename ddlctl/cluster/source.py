@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from ddlctl.cluster.hostfile import load_hosts
 from ddlctl.cluster.model import Cluster, local_cluster
 from ddlctl.cluster.template import LaunchDefaults, load_template
-from ddlctl.errors import ConfigError
+from ddlctl.contract.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ddlctl.slurm.allocation import Allocation
+    from ddlctl.cluster.slurm import Allocation
 
 #: Workers of the implicit localhost cluster (no --hosts, no --template).
 DEFAULT_LOCAL_WORKERS = 2
@@ -30,7 +30,7 @@ def load_cluster(hosts: str | None, template: str | None,
         if hosts or template:
             raise ConfigError(f"--slurm takes the cluster from the allocation (job {allocation.job_id}): "
                               f"drop {'--hosts' if hosts else '--template'}")
-        from ddlctl.slurm.allocation import allocation_cluster
+        from ddlctl.cluster.slurm import allocation_cluster
 
         return allocation_cluster(allocation, python), LaunchDefaults(), False
     if python:
@@ -49,7 +49,7 @@ def local_gpus(environ: Mapping[str, str] = os.environ, dev: str = "/dev") -> in
     names when it is set (CUDA stops at its first entry that is not a GPU: ``-1`` hides them all).
     The implicit cluster of this machine declares them, as ``gpus=`` does on a hosts-file line:
     its workers get their own (``CUDA_VISIBLE_DEVICES``), not all of them each."""
-    from ddlctl.runtime.probe import nvidia_devices
+    from ddlctl.host.probe import nvidia_devices
 
     found = nvidia_devices(dev)
     if not found:

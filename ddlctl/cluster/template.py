@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
-from ddlctl import envvars
 from ddlctl.cluster.fields import HOST_KEYS, check_unique, make_host, split_target
 from ddlctl.cluster.model import Cluster, Host
-from ddlctl.errors import ConfigError
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import ConfigError
 
 STRATEGIES: tuple[str, ...] = ("ps", "mwms", "model", "mirrored", "central_storage", "one_device")
 CHOICES: dict[str, tuple[str, ...]] = {"balance": ("off", "speed"), "worker_per": ("auto", "gpu", "host")}

@@ -36,12 +36,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ddlctl import envvars
-from ddlctl.errors import UserError
-from ddlctl.modelparallel.cluster import connect, measure_link
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import UserError
+from ddlctl.modelparallel.connect import connect, measure_link
 from ddlctl.modelparallel.inplace import StagePlan
-from ddlctl.planning.profile_model import model_layers
-from ddlctl.stack import Piece, Stack
+from ddlctl.modelparallel.profile import model_layers
+from ddlctl.modelparallel.stack import Piece, Stack
 
 __all__ = ["Checkpoints", "Pipeline", "Stack", "connect", "measure_link", "plan", "variable_device"]
 
@@ -164,7 +164,7 @@ class Pipeline:
         difference of two medians taken on a busy machine can fall to (or below) zero."""
         import tensorflow as tf
 
-        from ddlctl.planning.profile_model import noop_call
+        from ddlctl.modelparallel.profile import noop_call
 
         times = []
         h = x

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlctl import envvars
-from ddlctl.errors import UserError
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,11 @@ class StagePlan:
 def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, microbatches: int) -> tuple[list, list]:
     """The cost model's layers (``model`` profiled here, with the run's batch and micro-batches) and
     devices: memory from ``$DDLCTL_DEVICES``; speed measured in place, the whole model's step timed
-    on each stage task against this process (:func:`ddlctl.planning.profile_model.device_speeds`),
+    on each stage task against this process (:func:`ddlctl.modelparallel.profile.device_speeds`),
     else from the GFLOP/s ``--speeds`` gave (relative to this process's, measured here with the
     same kernel), else the declared relative speeds."""
-    from ddlctl.planning.partition import Device
-    from ddlctl.planning.profile_model import device_speeds, profile, reference_step
+    from ddlctl.modelparallel.planner import Device
+    from ddlctl.modelparallel.profile import device_speeds, profile, reference_step
 
     n_devices = len(stage_devices)
     described = json.loads(os.environ.get(envvars.DEVICES) or "[]")
@@ -53,7 +53,7 @@ def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, mi
         print("stage speeds measured in place (the model's step on each stage task, relative to this task): "
               + ", ".join(f"{s:.2f}" for s in speeds), flush=True)
     elif described and all(d.get("gflops") for d in described):
-        from ddlctl.runtime.devbench import local_gflops
+        from ddlctl.task.devbench import local_gflops
 
         reference = local_gflops()
         speeds = [float(d["gflops"]) / reference for d in described]
@@ -67,10 +67,10 @@ def cost_inputs(model: object, stage_devices: Sequence[str], batch_size: int, mi
 def measured_link(stage_devices: Sequence[str], layers: list, microbatches: int) -> tuple[object, list[float]]:
     """The link between stage tasks as TensorFlow moves a micro-batch's activation, with a step's
     fixed dispatch cost (see :func:`ddlctl.modelparallel.measure_link`), and what a message costs
-    each stage task (:func:`ddlctl.modelparallel.cluster.message_costs`: the cost model charges
+    each stage task (:func:`ddlctl.modelparallel.connect.message_costs`: the cost model charges
     those in place of the link's latency)."""
-    from ddlctl.modelparallel.cluster import measure_link, message_costs
-    from ddlctl.planning.partition import Link
+    from ddlctl.modelparallel.connect import measure_link, message_costs
+    from ddlctl.modelparallel.planner import Link
 
     sizes = sorted(layer.act_bytes for layer in layers) or [4]
     latency, bandwidth, dispatch = measure_link(stage_devices, sizes[len(sizes) // 2] // max(1, microbatches))
@@ -110,7 +110,7 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
     between them. A new plan is kept in ``checkpoint_dir`` when one is given. A
     given plan is still measured, to predict its step time, unless ``predict`` is false (that
     saves the profile: 1-3 s for a small model)."""
-    from ddlctl.planning.partition import plan_counts
+    from ddlctl.modelparallel.planner import plan_counts
 
     kept = Path(checkpoint_dir or "") / "partition.json"
     if not partition and checkpoint_dir and kept.is_file():
@@ -137,9 +137,9 @@ def plan_stages(model: object, stage_devices: Sequence[str], batch_size: int, mi
 
 def plan_fastest(layers: list, devices: list, microbatches: int, link: object) -> object:
     """The greedy and the optimal plan, and of the two the one the cost model predicts faster, as
-    ``ddlctl partition`` chooses (:func:`ddlctl.planning.partition.fastest`); the gap between them
+    ``ddlctl partition`` chooses (:func:`ddlctl.modelparallel.planner.fastest`); the gap between them
     said when it is 5% or more."""
-    from ddlctl.planning.partition import fastest, gap, plan_greedy, plan_optimal
+    from ddlctl.modelparallel.planner import fastest, gap, plan_greedy, plan_optimal
 
     greedy = plan_greedy(layers, devices, microbatches, link)
     if not greedy.feasible:

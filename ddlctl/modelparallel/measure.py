@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from ddlctl import envvars
+from ddlctl.contract import envvars
 
 #: The file the measurements go to, in the task's folder.
 MEASURED_FILE = "measured.json"
@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, default=1)
     args = parser.parse_args(argv)
 
-    from ddlctl.runtime.tfenv import start_tensorflow_quietly
+    from ddlctl.task.tfenv import start_tensorflow_quietly
 
     start_tensorflow_quietly()
-    from ddlctl.modelparallel.cluster import connect
+    from ddlctl.modelparallel.connect import connect
     from ddlctl.modelparallel.inplace import measure_in_place
-    from ddlctl.planning.profile_model import load_model_factory
+    from ddlctl.modelparallel.profile import load_model_factory
 
     stage_devices = connect()
     model = load_model_factory(args.model, said=False)()  # (its error's traceback in this task's log)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import sys
 
-    from ddlctl.errors import UserError
+    from ddlctl.contract.errors import UserError
 
     try:
         code = main()

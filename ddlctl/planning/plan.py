@@ -29,13 +29,13 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from ddlctl import envvars
 from ddlctl.cluster.model import Cluster, Host
-from ddlctl.errors import PlanError
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import PlanError
+from ddlctl.contract.rundir import REMOTE_ROOT
+from ddlctl.contract.strategies import MULTI_HOST_STRATEGIES, SERVER_STRATEGIES, SINGLE_HOST_STRATEGIES, STRATEGIES
+from ddlctl.contract.strategies import TABLE as STRATEGY_FACTS
 from ddlctl.planning.gpus import GROWTH_VAR, sharing_a_gpu
-from ddlctl.runfiles import REMOTE_ROOT
-from ddlctl.strategies import MULTI_HOST_STRATEGIES, SERVER_STRATEGIES, SINGLE_HOST_STRATEGIES, STRATEGIES
-from ddlctl.strategies import TABLE as STRATEGY_FACTS
 
 WORKER_PER: tuple[str, ...] = ("auto", "gpu", "host")
 BALANCE: tuple[str, ...] = ("off", "speed")
@@ -69,7 +69,7 @@ class LaunchRequest:
     telemetry: bool = True
     sample_interval_s: float = 1.0
     auto_steps: bool = True
-    prefork: bool = True  # tasks forked from a process that imported TensorFlow (ddlctl.runtime.prefork)
+    prefork: bool = True  # tasks forked from a process that imported TensorFlow (ddlctl.host.prefork)
     worker_per: str = "auto"
     balance: str = "off"
     speeds: Mapping[str, float] = field(default_factory=dict)  # host label -> measured device speed
@@ -396,7 +396,7 @@ def task_python(host: Host, request: LaunchRequest) -> str:
 
 def common_env(request: LaunchRequest) -> dict[str, str]:
     """What the environment of every task of ``request`` holds (``--env`` included): the part a
-    host agent's zygote is chosen by (:func:`ddlctl.runtime.prefork.zygote_key`), so that another
+    host agent's zygote is chosen by (:func:`ddlctl.host.prefork.zygote_key`), so that another
     task of the launch given it (``--bench``'s measurements) is forked from the tasks' zygote."""
     env = {"PYTHONUNBUFFERED": "1", envvars.RUN_ID: request.run_id, envvars.STRATEGY: request.strategy}
     if request.strategy in MULTI_HOST_STRATEGIES and request.command and request.legacy_keras:
@@ -424,7 +424,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
         python = task_python(p.host, request)
         server = strategy in SERVER_STRATEGIES and p.role in ("worker", "ps")
         if server:
-            argv: tuple[str, ...] = (python, "-m", "ddlctl.runtime.server")
+            argv: tuple[str, ...] = (python, "-m", "ddlctl.task.server")
         elif request.command:
             argv = tuple(request.command)
         else:
@@ -578,7 +578,7 @@ def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[Task
     for index, host in enumerate(hosts):
         python = host.python or (request.local_python if host.is_local else "python3")
         watch = [f"--watch={t.name}={t.task_dir}" for t in tasks if t.host == host and t.kind == "program"]
-        argv = (python, "-m", "ddlctl.runtime.agent", "--host", host.label, "--run-id", request.run_id,
+        argv = (python, "-m", "ddlctl.host.telemetry", "--host", host.label, "--run-id", request.run_id,
                 "--interval", f"{request.sample_interval_s:g}", *watch)
         task_dir = f"{request.run_dir}/telemetry/agent-{index}" if host.is_local \
             else f"{REMOTE_ROOT}/runs/{request.run_id}/telemetry/agent-{index}"

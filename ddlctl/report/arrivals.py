@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ddlctl.contract.stats import median_of, percentile
 from ddlctl.report.causes import straggler_wait
-from ddlctl.report.stats import median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, kept_records
 
 

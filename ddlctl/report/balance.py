@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ddlctl.balance import equal_shares, shares
+from ddlctl.task.balance import equal_shares, shares
 
 #: Below this predicted gain the report does not suggest --balance speed.
 SUGGEST_GAIN = 1.15
 #: The split of a run that asked for --balance speed but whose program split equally.
-NOT_BALANCED = "equal (--balance speed was asked for, the program did not use ddlctl.balance)"
+NOT_BALANCED = "equal (--balance speed was asked for, the program did not use ddlctl.task.balance)"
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def balance_note(section: Mapping | None) -> str | None:
     """A diagnosis line when an equal split leaves a clear gain on the table."""
     if section and section.get("split") == NOT_BALANCED:
         return ("--balance speed had no effect: the program split every batch equally (model.fit cannot be "
-                "balanced; a custom training loop can, with ddlctl.balance)")
+                "balanced; a custom training loop can, with ddlctl.task.balance)")
     if not section or section.get("split") != "equal":
         return None
     gain = section["predicted_balanced_samples_per_s"] / section["predicted_equal_samples_per_s"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddlctl.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
-from ddlctl.supervise.joined import alone
-from ddlctl.supervise.preparing import Work
+from ddlctl.contract.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
+from ddlctl.supervise.hangs.preparing import Work
+from ddlctl.supervise.join_watch import alone
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from ddlctl.contract.stats import percentile
+from ddlctl.host.nvml import GPU_FIELDS
 from ddlctl.report.gpudiag import diagnose_gpu, throttling_of
-from ddlctl.report.stats import percentile
 from ddlctl.report.stepfile import parse_json_lines
-from ddlctl.telemetry.nvml import GPU_FIELDS
 
 GAP_INTERVALS = 3.0
 
@@ -109,7 +109,7 @@ class _Hello(msgspec.Struct, tag_field="type", tag="hello"):
 
 
 class _Sample(msgspec.Struct, tag_field="type", tag="sample"):
-    """A sample as the agent writes it (:mod:`ddlctl.telemetry`): GPU readings and task figures as
+    """A sample as the agent writes it (:mod:`ddlctl.host.telemetry`): GPU readings and task figures as
     arrays; only what the report reads is decoded."""
 
     t: float

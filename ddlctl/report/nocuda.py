@@ -4,7 +4,7 @@ A TensorFlow without its CUDA libraries (``pip install tensorflow`` where the GP
 ``tensorflow[and-cuda]``) prints "Could not find cuda drivers on your machine, GPU will not be used"
 at start-up (or "Cannot dlopen some GPU libraries ... Skipping registering GPU devices" once it
 sets up its devices) and trains on the CPU. On a CPU host that line is noise, and the console leaves it out
-(:mod:`ddlctl.supervise.noise`); on a host whose GPUs NVML counted, or that declares ``gpus=``, it is
+(:mod:`ddlctl.diagnose.tfnoise`); on a host whose GPUs NVML counted, or that declares ``gpus=``, it is
 the reason they sat idle, and the report says so. Pure but for reading the head of each task's log.
 """
 

@@ -52,7 +52,7 @@ def render_plan(plan: Plan, console: Console) -> None:
 
 def cpu_limits(host) -> str:  # noqa: ANN001 - a cluster Host
     """``CPUs 0-1, quota 0.5 CPU`` for a host's ``cpus=`` and ``cpu_quota=``; ``-`` for neither. Pure."""
-    from ddlctl.runtime.cgroup import cpu_ranges
+    from ddlctl.host.cgroup import cpu_ranges
 
     parts = ([f"CPU{'s' if len(host.cpus) > 1 else ''} {cpu_ranges(host.cpus)}"] if host.cpus else []) + \
         ([f"quota {host.cpu_quota:g} CPU"] if host.cpu_quota else [])

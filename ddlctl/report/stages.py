@@ -4,7 +4,7 @@ with each stage task's CPU from telemetry."""
 
 from __future__ import annotations
 
-from ddlctl.report.stats import mean
+from ddlctl.contract.stats import mean
 
 
 def stage_rows(recorded: dict, procs: dict, step_s: float | None) -> tuple[dict, ...]:

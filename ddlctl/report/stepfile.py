@@ -65,7 +65,7 @@ def parse_json_lines(data: bytes) -> tuple[list, int]:
 
 
 class _StepRecord(msgspec.Struct):
-    """A step record as ddlctl writes it (:mod:`ddlctl.steps`): only what the report reads is decoded."""
+    """A step record as ddlctl writes it (:mod:`ddlctl.task.steps`): only what the report reads is decoded."""
 
     step: int
     start_us: int

@@ -31,22 +31,30 @@ from pathlib import Path
 
 import numpy as np
 
+from ddlctl.contract.grouping import figure_range, named, task_range
+from ddlctl.contract.rundir import (
+    OUTCOME_FILE,
+    PLAN_FILE,
+    TASK_FLOPS,
+    TASK_PHASES,
+    TASK_RESULT,
+    TASK_STEPS,
+    TASKS_DIR,
+    task_dirs,
+)
+from ddlctl.contract.stats import mean, median_of, percentile
+from ddlctl.contract.strategies import TABLE, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.causes import time_by_cause
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_series, shift_steps
 from ddlctl.report.faults import RestartSummary, event_lines, goodput, redone_mask, summarize_restarts
-from ddlctl.report.grouping import figure_range, named, task_range
 from ddlctl.report.hosts import MIN_WINDOW_SAMPLES, HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.membership import membership_phases
 from ddlctl.report.mfu import task_mfu
 from ddlctl.report.nocuda import run_no_cuda_line
 from ddlctl.report.stages import stage_plan_of, stage_rows
-from ddlctl.report.stats import mean, median_of, percentile
 from ddlctl.report.stepfile import TaskSteps, kept_records, last_end_us, read_phases, read_steps
-from ddlctl.rundir import task_dirs
-from ddlctl.runfiles import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
-from ddlctl.strategies import TABLE, strategy
 from ddlctl.supervise.results import task_exit_code
 
 DEFAULT_WARMUP_STEPS = 5
@@ -420,7 +428,7 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
 
 def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice]) -> dict | None:
     """mwms: the balance section (:mod:`ddlctl.report.balance`) from the workers' kept records and
-    the split they used (``balance.json`` of the built-in workload or ddlctl.balance)."""
+    the split they used (``balance.json`` of the built-in workload or ddlctl.task.balance)."""
     hosts = {t["name"]: t.get("host") for t in plan.get("tasks", [])}
     workers = sorted((s for s in all_steps if s.name.startswith("worker:") and s.step),
                      key=lambda s: int(s.name.split(":")[1]))

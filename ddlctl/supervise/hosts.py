@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ddlctl.errors import HostGoneError, LaunchError
-from ddlctl.hostclock import CLOCK_CORRECTED_S, CLOCK_SAID_S, SYNCHRONISE, how_far
+from ddlctl.contract.errors import HostGoneError, LaunchError
+from ddlctl.contract.hostclock import CLOCK_CORRECTED_S, CLOCK_SAID_S, SYNCHRONISE, how_far
 from ddlctl.supervise.job import Job
 from ddlctl.transport.base import AgentSession
 

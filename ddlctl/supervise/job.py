@@ -18,13 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddlctl.console.output import LineSplitter
+from ddlctl.contract.rundir import PIDS_FILE, task_log, telemetry_file, write_whole
+from ddlctl.diagnose.rootcause import read_tail
+from ddlctl.diagnose.tfmessages import LiveReports
 from ddlctl.planning.plan import Plan, TaskSpec
-from ddlctl.rundir import task_log, telemetry_file, write_whole
-from ddlctl.runfiles import PIDS_FILE
-from ddlctl.supervise.output import LineSplitter
-from ddlctl.supervise.rootcause import read_tail
 from ddlctl.supervise.tasklog import TaskLog
-from ddlctl.supervise.tfmessages import LiveReports
 from ddlctl.transport.base import AgentSession, TaskProcess
 from ddlctl.transport.status import ExitStatus
 
@@ -41,7 +40,7 @@ class TaskState(enum.Enum):
 class SupervisorOptions:
     """How to supervise: timeouts in seconds (0 disables the startup timeout and the hang watch;
     ``hang_timeout_s`` None: each task's threshold adapts to its step intervals, see
-    :mod:`~ddlctl.supervise.hangwatch`)."""
+    :mod:`~ddlctl.supervise.hangs.watch`)."""
 
     startup_timeout_s: float = 180.0
     grace_s: float = 5.0

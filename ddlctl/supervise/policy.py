@@ -40,10 +40,10 @@ import signal
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from ddlctl.strategies import strategy as facts
-from ddlctl.supervise.imports import NO_MODULE, module_to_run_missing
-from ddlctl.supervise.rootcause import TRACEBACK_HEAD, device_oom, disk_full, last_traceback, syntax_error
-from ddlctl.supervise.tfmessages import blame_peer, collective_mismatch, final_error, stale_handle
+from ddlctl.contract.strategies import strategy as facts
+from ddlctl.diagnose.imports import NO_MODULE, module_to_run_missing
+from ddlctl.diagnose.rootcause import TRACEBACK_HEAD, device_oom, disk_full, last_traceback, syntax_error
+from ddlctl.diagnose.tfmessages import blame_peer, collective_mismatch, final_error, stale_handle
 from ddlctl.transport.status import ExitStatus, signal_name
 
 #: Causes retried under ``--restart-on fault``.

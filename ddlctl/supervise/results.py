@@ -13,11 +13,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddlctl.rundir import task_dir
-from ddlctl.runfiles import TASK_ERROR
+from ddlctl.contract.rundir import TASK_ERROR, task_dir
+from ddlctl.diagnose.rootcause import last_traceback, tail_lines
 from ddlctl.supervise.job import Job, SupervisedTask, TaskState
 from ddlctl.supervise.policy import Fault
-from ddlctl.supervise.rootcause import last_traceback, tail_lines
 from ddlctl.transport.status import ExitStatus, signal_name
 
 

@@ -39,14 +39,15 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 
+from ddlctl.console.collapse import LineWriter
+from ddlctl.diagnose.imports import import_hint
+from ddlctl.diagnose.tfmessages import Blame, port_taken
 from ddlctl.planning.plan import Plan
-from ddlctl.supervise.collapse import LineWriter
-from ddlctl.supervise.elastic import Elastic
-from ddlctl.supervise.hangs import Hangs
+from ddlctl.supervise.hangs.blame import Hangs
+from ddlctl.supervise.hangs.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
 from ddlctl.supervise.hosts import HostWatch, Reconnect
-from ddlctl.supervise.imports import import_hint
 from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
-from ddlctl.supervise.joined import JoinWatch
+from ddlctl.supervise.join_watch import JoinWatch
 from ddlctl.supervise.policy import (
     UNKILLABLE_S,
     Decision,
@@ -59,11 +60,10 @@ from ddlctl.supervise.policy import (
     stuck_in_exit,
     unkillable,
 )
-from ddlctl.supervise.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
-from ddlctl.supervise.restarts import RestartFailed, Restarts
+from ddlctl.supervise.recovery.elastic import Elastic
+from ddlctl.supervise.recovery.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
 from ddlctl.supervise.tasklog import TaskLog
-from ddlctl.supervise.tfmessages import Blame, port_taken
 from ddlctl.transport.base import AgentSession
 from ddlctl.transport.status import ExitStatus, signal_name
 

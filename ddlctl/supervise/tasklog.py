@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ddlctl.diskspace import write_failure
-from ddlctl.supervise.rootcause import read_tail
+from ddlctl.contract.diskspace import write_failure
+from ddlctl.diagnose.rootcause import read_tail
 
 #: What is kept in memory of the output a log could not take (the root cause reads as much).
 KEPT_BYTES = 256 * 1024

@@ -117,7 +117,7 @@ class Transport(Protocol):
         With ``ports``, its hello carries the launch-time probe with that many free ports."""
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
-        """Facts about the host (``ddlctl.runtime.probe``); ``quick_ports``: launch-time form."""
+        """Facts about the host (``ddlctl.host.probe``); ``quick_ports``: launch-time form."""
 
     def reopen(self, run_id: str, log_dir: Path) -> HostSession:
         """After a lost connection: reach the host again and start a new agent (raises

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from ddlctl.cluster.model import Host
-from ddlctl.errors import LaunchError, UserError
+from ddlctl.contract.errors import LaunchError, UserError
 
 T = TypeVar("T")
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddlctl import envvars
 from ddlctl.cluster.model import Cluster, Host
-from ddlctl.diskspace import write_failure
-from ddlctl.errors import LaunchError
+from ddlctl.contract import envvars
+from ddlctl.contract.diskspace import write_failure
+from ddlctl.contract.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT, Plan, TaskSpec
 from ddlctl.transport.base import Transport
 from ddlctl.transport.fanout import all_or_fail, each_host
@@ -29,7 +29,7 @@ from ddlctl.transport.local import LocalTransport
 from ddlctl.transport.session import HostSession, launch_key
 
 if TYPE_CHECKING:
-    from ddlctl.slurm.allocation import Allocation
+    from ddlctl.cluster.slurm import Allocation
     from ddlctl.transport.options import SshOptions
 
 
@@ -190,8 +190,8 @@ def end_leftovers(plan: Plan) -> str | None:
     was killed before it could end it). SIGKILL them; a sentence naming them, or None."""
     if not any(host.is_local for host in plan.cluster.hosts):
         return None
-    from ddlctl.runtime.killrun import undying
-    from ddlctl.runtime.procs import command_line, processes_with
+    from ddlctl.host.killrun import undying
+    from ddlctl.host.procs import command_line, processes_with
 
     ended = []
     # (its task folders here are the run's own: another run given the same --run-id is not touched;

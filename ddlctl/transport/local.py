@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from ddlctl.cluster.model import Host
-from ddlctl.errors import LaunchError
-from ddlctl.runtime.ports import free_ports
+from ddlctl.contract.errors import LaunchError
+from ddlctl.host.ports import free_ports
 from ddlctl.transport.session import HostSession, open_local_session, own_python_env
 
 
@@ -32,12 +32,12 @@ class LocalTransport:
             raise LaunchError(f"{self.host.label}: cannot start the ddlctl host agent ({self.python}): {exc}") from None
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
-        """Facts from ``ddlctl.runtime.probe`` run by the host's Python (this ddlctl on its path);
+        """Facts from ``ddlctl.host.probe`` run by the host's Python (this ddlctl on its path);
         with ``quick_ports``, the cheap launch-time probe that also picks that many free ports."""
         python = self.host.python or self.python
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
         try:
-            done = subprocess.run([python, "-m", "ddlctl.runtime.probe", *extra], capture_output=True, text=True,
+            done = subprocess.run([python, "-m", "ddlctl.host.probe", *extra], capture_output=True, text=True,
                                   timeout=60, env=own_python_env())
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LaunchError(f"{self.host.label}: cannot run {python!r}: {exc}",

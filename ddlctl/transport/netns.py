@@ -23,7 +23,7 @@ import struct
 from collections.abc import Sequence
 
 from ddlctl.cluster.model import Host
-from ddlctl.errors import ConfigError, LaunchError
+from ddlctl.contract.errors import ConfigError, LaunchError
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000

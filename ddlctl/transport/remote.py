@@ -18,9 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import ddlctl
-from ddlctl import envvars
 from ddlctl.cluster.model import Host
-from ddlctl.errors import LaunchError
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT
 from ddlctl.transport.session import HostSession, Stream
 
@@ -156,6 +156,6 @@ def start_bundled_agent(host: Host, python: str, start: Callable[[], tuple[Strea
         if not found and require_bundle:
             session.close()
             raise LaunchError(f"{host.label}: the host agent did not say where ddlctl's code is")
-        session.pythonpath = (f"{found}/ddlctl/instrument/autoload", found)
+        session.pythonpath = (f"{found}/ddlctl/task/instrument/autoload", found)
         return session, found or None
     raise AssertionError("unreachable")

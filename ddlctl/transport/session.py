@@ -1,6 +1,6 @@
 """The controller's side of a host agent: one :class:`HostSession` per host, one stream each.
 
-A session is a byte stream to the agent (:mod:`ddlctl.runtime.hostagent`): the pipes of a local
+A session is a byte stream to the agent (:mod:`ddlctl.host.agent`): the pipes of a local
 subprocess, or one SSH exec channel. Every task of the host is started, signalled and watched
 through it; its output arrives as frames that :meth:`HostSession.pump` sorts into
 :class:`AgentTask` objects (which the supervisor uses as its ``TaskProcess``). When the stream
@@ -24,16 +24,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ddlctl import envvars
 from ddlctl.cluster.model import Host
-from ddlctl.errors import LaunchError
-from ddlctl.hostclock import CLOCK_CORRECTED_S
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import LaunchError
+from ddlctl.contract.hostclock import CLOCK_CORRECTED_S
+from ddlctl.contract.wire import FrameReader, Kind, Op, encode_command
 from ddlctl.planning.plan import TaskSpec
-from ddlctl.runtime.frames import FrameReader, Kind, Op, encode_command
 from ddlctl.transport.status import ExitStatus
 
 #: Folder with the sitecustomize that installs the model.fit hook and the stack dumper.
-AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "instrument" / "autoload"
+AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "task" / "instrument" / "autoload"
 
 
 def own_python_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -529,7 +529,7 @@ def no_python(host: Host, python: str) -> LaunchError:
 
 def agent_argv(python: str, ports: int | None) -> list[str]:
     """The command that starts a host agent (with ``ports``: its hello carries the quick probe)."""
-    return [python, "-m", "ddlctl.runtime.hostagent", *([] if ports is None else ["--ports", str(ports)])]
+    return [python, "-m", "ddlctl.host.agent", *([] if ports is None else ["--ports", str(ports)])]
 
 
 #: This process's launch key (made once, at import: host agents are opened from several threads at once).
@@ -537,7 +537,7 @@ _LAUNCH_KEY = secrets.token_hex(8)
 
 
 def launch_key() -> str:
-    """This launch's key (:data:`ddlctl.envvars.LAUNCH`): the same for every host agent it starts."""
+    """This launch's key (:data:`ddlctl.contract.envvars.LAUNCH`): the same for every host agent it starts."""
     return _LAUNCH_KEY
 
 

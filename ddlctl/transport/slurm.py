@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ddlctl import envvars
 from ddlctl.cluster.model import Host
-from ddlctl.errors import HostGoneError, LaunchError
-from ddlctl.slurm.allocation import Allocation, Node, describe_job_end, job_state
+from ddlctl.cluster.slurm import Allocation, Node, describe_job_end, job_state
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import HostGoneError, LaunchError
 from ddlctl.transport.remote import (
     NEED_CODE_EXIT,
     RUN_BUNDLED,
@@ -190,10 +190,10 @@ class SlurmTransport:
         return session
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
-        """Facts from ``ddlctl.runtime.probe`` run by the node's Python in a step of the job."""
+        """Facts from ``ddlctl.host.probe`` run by the node's Python in a step of the job."""
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
         argv = ["sh", "-c", RUN_BUNDLED, "sh", bundle_path(), "env", f"{envvars.SAFE_PATH}=1", self.python, "-m",
-                "ddlctl.runtime.probe", *extra]
+                "ddlctl.host.probe", *extra]
         status, out, err = self._srun(argv)
         if status == NEED_CODE_EXIT:
             self.ensure_bundle()

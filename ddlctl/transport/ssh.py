@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlctl import envvars
 from ddlctl.cluster.model import Host
-from ddlctl.errors import LaunchError
+from ddlctl.contract import envvars
+from ddlctl.contract.errors import LaunchError
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.options import SshOptions
 from ddlctl.transport.remote import (
@@ -394,14 +394,14 @@ class SshTransport:
         return session
 
     def probe(self, quick_ports: int | None = None) -> dict[str, object]:
-        """Facts from ``ddlctl.runtime.probe`` run by the host's Python with the shipped bundle;
+        """Facts from ``ddlctl.host.probe`` run by the host's Python with the shipped bundle;
         with ``quick_ports``, the cheap launch-time probe that also picks that many free ports.
         An unexpected failure is retried once (a transient exec or channel error)."""
         if self._bundle is None:
             self._bundle = self.conn.ensure_bundle(self.python)
         extra = [] if quick_ports is None else ["--quick", str(quick_ports)]
         argv = ["env", f"PYTHONPATH={self._bundle}", f"{envvars.SAFE_PATH}=1", self.python, "-m",
-                "ddlctl.runtime.probe", *extra]
+                "ddlctl.host.probe", *extra]
         problem = ""
         for _attempt in range(2):
             try:
@@ -426,7 +426,7 @@ class SshTransport:
         killed and could not end them): ``"PID (command)"`` of each. Connects again (once, within
         ``--connect-timeout``) when the connection is gone; raises :class:`LaunchError` saying why
         when the host cannot be reached."""
-        from ddlctl.runtime import killrun
+        from ddlctl.host import killrun
 
         argv = [self.python, "-c", killrun.script(), run_id, launch]
         problem = ""

@@ -35,9 +35,13 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ddlctl import envvars
-from ddlctl.runfiles import TASK_RESULT
-from ddlctl.runtime.tfenv import (
+from ddlctl.contract import envvars
+from ddlctl.contract.rundir import TASK_RESULT
+from ddlctl.contract.strategies import TABLE
+from ddlctl.diagnose.tfmessages import stale_handle
+from ddlctl.modelparallel.pipeline_loop import train_model_parallel
+from ddlctl.task.steps import StepRecorder, phase
+from ddlctl.task.tfenv import (
     TaskContext,
     cluster_addresses,
     honour_sigterm,
@@ -48,11 +52,7 @@ from ddlctl.runtime.tfenv import (
     quiet_tensorflow_logs,
     task_context,
 )
-from ddlctl.steps import StepRecorder, phase
-from ddlctl.strategies import TABLE
-from ddlctl.supervise.tfmessages import stale_handle
 from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
-from ddlctl.workloads.pipeline_loop import train_model_parallel
 from ddlctl.workloads.trainer import Checkpointer, Pace, Progress, Trainer, evaluate, record_block, step_blocks
 
 
@@ -121,8 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_strategy(ctx: TaskContext):
-    """The tf.distribute strategy named by ``ctx.strategy`` (its class: ``ddlctl.strategies``).
-    The process then ends on SIGTERM again (see :func:`~ddlctl.runtime.tfenv.honour_sigterm`)."""
+    """The tf.distribute strategy named by ``ctx.strategy`` (its class: ``ddlctl.contract.strategies``).
+    The process then ends on SIGTERM again (see :func:`~ddlctl.task.tfenv.honour_sigterm`)."""
     import tensorflow as tf
 
     if ctx.strategy not in TABLE or TABLE[ctx.strategy].tf_class is None:
@@ -143,7 +143,7 @@ def make_strategy(ctx: TaskContext):
 def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
     """mwms and the single-host strategies: every step is ``strategy.run`` on all replicas."""
 
-    from ddlctl import balance
+    from ddlctl.task import balance
     from ddlctl.workloads import synthetic
     from ddlctl.workloads.synthetic import make_batch_fn, shard_dataset, slice_ids, step_ids
 
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(min_inter_op_threads(ctx.num_workers))
     if ctx.role == "evaluator":
         return run_evaluator(ctx, args)
-    from ddlctl import balance
+    from ddlctl.task import balance
 
     if ctx.strategy == "mwms" and args.batch_size % ctx.num_workers and not balance.enabled():
         print(f"--batch-size {args.batch_size} must be divisible by the {ctx.num_workers} workers",

@@ -11,11 +11,11 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from ddlctl import envvars
-from ddlctl.flops import record_model_flops
-from ddlctl.runfiles import TASK_CHECKPOINT_COPY
-from ddlctl.runtime.tfenv import TaskContext
-from ddlctl.steps import StepRecorder, phase
+from ddlctl.contract import envvars
+from ddlctl.contract.rundir import TASK_CHECKPOINT_COPY
+from ddlctl.task.flops import record_model_flops
+from ddlctl.task.steps import StepRecorder, phase
+from ddlctl.task.tfenv import TaskContext
 
 
 class Trainer:

@@ -13,7 +13,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import keras  # noqa: E402
 
-from ddlctl.planning.profile_model import _whole_step, _whole_step_there  # noqa: E402
+from ddlctl.modelparallel.profile import _whole_step, _whole_step_there  # noqa: E402
 
 model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
 reference = _whole_step(model, 8, microbatches=2)

@@ -1,0 +1,1 @@
+"""ddlctl.diagnose."""

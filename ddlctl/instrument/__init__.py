@@ -1,1 +1,0 @@
-"""Step-timing instrumentation for programs launched by ddlctl (Keras callback, model.fit hook)."""

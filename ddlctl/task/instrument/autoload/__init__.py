@@ -1,0 +1,1 @@
+"""ddlctl.task.instrument.autoload."""

@@ -1,1 +1,0 @@
-"""Telemetry: GPU figures through NVML, host figures through psutil."""
