@@ -1,6 +1,6 @@
 """A host lost for good, side by side in one run (by hand; not part of CI; needs root and sshd).
 
-Three real sshd test hosts (``tests/sshd.py``), mwms with the built-in workload, one worker each.
+Three real sshd test hosts (``ddlctl/testing/sshd.py``), mwms with the built-in workload, one worker each.
 The same job runs three times:
 
 * **fault-free**: the cold start (ddlctl start -> first step), wall time and final accuracy;
@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.faults import Job, step_count, wait_for  # noqa: E402
-from tests.sshd import SshTestCluster  # noqa: E402
+from ddlctl.testing.faults import Job, step_count, wait_for  # noqa: E402
+from ddlctl.testing.sshd import SshTestCluster  # noqa: E402
 
 REMOTE_RUNS = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ddlctl" / "runs"  # the test hosts' login
 BATCH = 96  # split evenly over 3 workers and over 2

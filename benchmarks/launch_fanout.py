@@ -1,6 +1,6 @@
 """Start-up fan-out: ddlctl launch vs a sequential ssh loop vs pdsh, on 1, 4 and 16 SSH hosts.
 
-Each "host" is a real sshd on its own loopback address (tests/sshd.py). The command on every host
+Each "host" is a real sshd on its own loopback address (ddlctl/testing/sshd.py). The command on every host
 is ``true``. Figures (median of --repeats runs, seconds):
 
 * ``ddlctl started``: from ``ddlctl launch`` to its "started N task(s)" line (every task's
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.sshd import SshTestCluster  # noqa: E402
+from ddlctl.testing.sshd import SshTestCluster  # noqa: E402
 
 
 def timed(cmd: list[str], env: dict[str, str], marker: str | None = None) -> tuple[float, float]:

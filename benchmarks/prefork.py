@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.faults import Job  # noqa: E402
+from ddlctl.testing.faults import Job  # noqa: E402
 
 
 def children_cpu_s() -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.faults import Job  # noqa: E402
+from ddlctl.testing.faults import Job  # noqa: E402
 
 SCENARIOS = {  # name: (strategy, victim, trainer task)
     "ps worker": ("ps", "worker-1", "chief-0"),

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ddlctl.host.nvml import GPU_FIELDS  # noqa: E402
+from ddlctl.contract.telemetry import GPU_FIELDS  # noqa: E402
 
 T0 = 1_760_000_000.0
 

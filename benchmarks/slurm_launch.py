@@ -1,7 +1,7 @@
 """Start-up through Slurm: ``ddlctl launch --slurm`` vs a hand-written ``srun`` of the same processes
 (and vs ddlctl's SSH transport), on 1 and 3 nodes of a real Slurm cluster on this machine.
 
-The cluster is the test suite's (tests/slurm.py: one slurmctld, three slurmd, munge); the SSH
+The cluster is the test suite's (ddlctl/testing/slurm.py: one slurmctld, three slurmd, munge); the SSH
 hosts are the suite's sshd test hosts. Every task runs ``python ready.py MODE``, which prints
 ``ready`` once it runs the user's code: MODE ``plain`` right away, MODE ``tf`` after ``import
 tensorflow`` (what a real task does first). Figures, median of --repeats runs, seconds from the
@@ -89,8 +89,8 @@ def main() -> None:
     if args.inner:
         inner(args)
         return
-    from tests.slurm import SlurmCluster, unavailable_reason
-    from tests.sshd import SshTestCluster
+    from ddlctl.testing.slurm import SlurmCluster, unavailable_reason
+    from ddlctl.testing.sshd import SshTestCluster
 
     why = unavailable_reason()
     if why:

@@ -2,8 +2,8 @@
 parallel part of the suite) while sampling every process's CPU time twice a second.
 
     python benchmarks/suite_cpu.py                       # the parallel part of .ci/run
-    python benchmarks/suite_cpu.py -- pytest -q tests/test_faults.py
-    python benchmarks/suite_cpu.py -- pytest -q tests/test_ssh_faults.py -k group_restart   # one test's cost
+    python benchmarks/suite_cpu.py -- pytest -q tests/system/test_faults.py
+    python benchmarks/suite_cpu.py -- pytest -q tests/system/test_ssh_faults.py -k group_restart   # one test's cost
 
 An ``atexit`` hook would miss most of it: TensorFlow tasks end by SIGTERM/SIGKILL. A process is
 counted to the test named by ``PYTEST_CURRENT_TEST`` in its environment, else to its parent's test

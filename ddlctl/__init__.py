@@ -1,9 +1,13 @@
 """ddlctl: launch and profile TensorFlow distributed training on many machines.
 
+What a training program imports: these functions, and :mod:`ddlctl.modelparallel`. The rest of the
+package is the command line and what it runs (docs/layout.md).
+
 Kept import-light on purpose: ``ddlctl --help`` must not pull in TensorFlow or NVML.
 """
 
 __version__ = "0.1.0"
+__all__ = ["beat", "declare_flops", "keras_callback", "phase", "set_total_steps", "step"]
 
 
 def step(samples: int | None = None, input_s: float | None = None):  # noqa: ANN201 - a context manager

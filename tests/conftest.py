@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from ddlctl.testing.run import ROOT, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl  # noqa: F401 - the tests import them here
+
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 
 # pytest rewrites the asserts of every test module it collects (5-6 CPU-seconds for this suite, in
@@ -19,37 +19,6 @@ PROGRAMS = Path(__file__).resolve().parent / "programs"
 # collection rewrote them all again. pytest's own process writes its cache; what it starts (ddlctl,
 # TensorFlow tasks) still has the variable and writes nothing.
 sys.dont_write_bytecode = False
-
-
-def ddlctl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ddlctl", *args]
-
-
-def run_ddlctl(*args: str, timeout: float = 300, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``ddlctl ARGS`` to completion, capturing stdout and stderr separately."""
-    full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
-    return subprocess.run(ddlctl_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or ROOT, env=full_env)
-
-
-def processes_of_run(run_id: str) -> list[psutil.Process]:
-    """Live processes whose environment carries ``DDLCTL_RUN_ID=run_id`` (tasks, host agents)."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("DDLCTL_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def only_run_dir(root: Path) -> Path:
-    """The single run directory created under ``root``."""
-    runs = [p for p in root.iterdir() if p.is_dir()]
-    assert len(runs) == 1, runs
-    return runs[0]
 
 
 @pytest.fixture

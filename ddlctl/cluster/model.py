@@ -66,11 +66,6 @@ class Cluster:
         """Worker slots over all hosts that accept workers."""
         return sum(h.slots for h in self.hosts if h.accepts("worker"))
 
-    @property
-    def is_local_only(self) -> bool:
-        """True when every host is this machine."""
-        return all(h.is_local for h in self.hosts)
-
 
 def local_cluster(slots: int = 1, gpus: int = 0) -> Cluster:
     """The cluster used when neither ``--hosts`` nor ``--template`` is given: this machine."""

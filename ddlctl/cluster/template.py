@@ -27,8 +27,8 @@ from ddlctl.cluster.fields import HOST_KEYS, check_unique, make_host, split_targ
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.contract import envvars
 from ddlctl.contract.errors import ConfigError
+from ddlctl.contract.strategies import STRATEGIES
 
-STRATEGIES: tuple[str, ...] = ("ps", "mwms", "model", "mirrored", "central_storage", "one_device")
 CHOICES: dict[str, tuple[str, ...]] = {"balance": ("off", "speed"), "worker_per": ("auto", "gpu", "host")}
 
 TOP_KEYS = ("description", "strategy", "workers", "ps", "evaluator", "env", "balance", "worker_per", "profile",

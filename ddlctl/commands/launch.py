@@ -46,6 +46,7 @@ from ddlctl.contract.rundir import (
     write_plan,
     write_whole,
 )
+from ddlctl.contract.strategies import facts_of
 from ddlctl.diagnose.tfnoise import is_startup_noise
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
@@ -146,16 +147,16 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
                          "--execution", work.execution or "pipelined")
     env = {**defaults.env, **parse_env(req.env)}
     if req.partition:
-        if strategy != "model":
+        if not facts_of(strategy).stages:
             raise ConfigError(f"--partition applies to --strategy model, not {strategy}")
         env[envvars.PARTITION] = ",".join(map(str, partition_counts(req.partition)))
     balance = req.balance or defaults.balance or "off"
     if req.speeds and req.bench:
         raise ConfigError("give --speeds FILE or --bench, not both", "--bench measures now; --speeds reads a profile")
-    if req.speeds and balance != "speed" and strategy != "model":
+    if req.speeds and balance != "speed" and not facts_of(strategy).stages:
         raise ConfigError("--speeds applies with --balance speed (mwms) or --strategy model",
                           "add --balance speed, or drop --speeds")
-    speeds = req.speeds or (defaults.profile if balance == "speed" or strategy == "model" else None)
+    speeds = req.speeds or (defaults.profile if balance == "speed" or facts_of(strategy).stages else None)
     run_root = Path(runs_dir).expanduser().resolve()
     evaluator = req.evaluator if req.evaluator is not None else bool(defaults.evaluator)
     return LaunchRequest(
@@ -187,7 +188,7 @@ def check_min_workers(min_workers: int, strategy: str, workers: int, max_restart
     and a restart to spend (going on without a lost host is one)."""
     if not min_workers:
         return
-    if strategy not in ("mwms", "ps"):
+    if not facts_of(strategy).elastic:
         raise ConfigError(f"--min-workers applies to --strategy mwms or ps, not {strategy}",
                           "drop --min-workers, or use -s mwms / -s ps")
     if not max_restarts:
@@ -210,7 +211,7 @@ def fit_batch_to_workers(batch_size: int | None, request: LaunchRequest, workers
     refuse a given one that does not divide (before anything starts). With ``--min-workers`` it must
     divide by every worker count from that to ``workers``: the global batch is kept when workers
     leave (each remaining worker takes more), so the model trains on as before."""
-    if request.command or request.strategy != "mwms" or workers <= 1:
+    if request.command or not facts_of(request.strategy).batch_split or workers <= 1:
         return request
     multiple = sizes_to_split(workers, min_workers)
     if request.balance == "speed":  # shares by speed: any batch with an example per worker
@@ -276,7 +277,7 @@ def measure_first(sessions: Mapping[str, HostSession], hosts: Sequence[Host], so
     console.print("measured GFLOP/s per device: " + ", ".join(f"{label} {host.speed:,.1f}"
                                                            for label, host in profile.hosts.items())
                   + f" (saved in {run_dir / 'cluster-profile.json'})", highlight=False)
-    if request.balance != "speed" and request.strategy != "model":
+    if request.balance != "speed" and not facts_of(request.strategy).stages:
         return request
     return dataclasses.replace(request, speeds={label: host.speed for label, host in profile.hosts.items()})
 

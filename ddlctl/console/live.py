@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ddlctl.host.nvml import GPU_FIELDS, gpu_reading
+from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 
 RATE_WINDOW_S = 5.0
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ddlctl.contract.errors import ConfigError
-from ddlctl.host.nvml import GPU_FIELDS, gpu_reading
+from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 
 #: A longer time between two reports of progress is not productive (start-up, a stall, a restart).
 PROGRESS_GAP_S = 5.0

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
-#: ``ddlctl.contract.envvars.RUN_ID`` and ``.LAUNCH`` (not imported: see above; tests/test_stop.py checks they agree)
+#: ``ddlctl.contract.envvars.RUN_ID`` and ``.LAUNCH`` (not imported: see above; test_stop.py checks they agree)
 RUN_ID = "DDLCTL_RUN_ID"
 LAUNCH = "DDLCTL_LAUNCH"
 #: In a host agent's command line.

@@ -27,7 +27,8 @@ from dataclasses import asdict
 
 from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_STEPS
-from ddlctl.host.nvml import GPU_FIELDS, GpuSampler
+from ddlctl.contract.telemetry import GPU_FIELDS
+from ddlctl.host.nvml import GpuSampler
 from ddlctl.host.stepfollow import StepFile
 
 WATCHDOG_MARK = "ddlctl.host.watchdog"

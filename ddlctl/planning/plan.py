@@ -33,7 +33,13 @@ from ddlctl.cluster.model import Cluster, Host
 from ddlctl.contract import envvars
 from ddlctl.contract.errors import PlanError
 from ddlctl.contract.rundir import REMOTE_ROOT
-from ddlctl.contract.strategies import MULTI_HOST_STRATEGIES, SERVER_STRATEGIES, SINGLE_HOST_STRATEGIES, STRATEGIES
+from ddlctl.contract.strategies import (
+    MULTI_HOST_STRATEGIES,
+    SERVER_STRATEGIES,
+    SINGLE_HOST_STRATEGIES,
+    STRATEGIES,
+    facts_of,
+)
 from ddlctl.contract.strategies import TABLE as STRATEGY_FACTS
 from ddlctl.planning.gpus import GROWTH_VAR, sharing_a_gpu
 
@@ -232,10 +238,6 @@ def _no_host(cluster: Cluster, role: str) -> PlanError:
                      f"add {role} to some host's roles= (or drop roles= from a host)")
 
 
-def _slot_table(hosts: Sequence[Host]) -> str:
-    return ", ".join(f"{h.label}: {h.slots}" for h in hosts)
-
-
 def _gpu_split(count: int, gpus: int) -> list[tuple[int, ...] | None]:
     """GPU ids for ``count`` tasks sharing a host with ``gpus`` GPUs."""
     if gpus <= 0:
@@ -252,9 +254,9 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
         raise PlanError(f"unknown strategy {strategy!r}", "expected one of: " + ", ".join(STRATEGIES))
     if strategy in SINGLE_HOST_STRATEGIES:
         return _layout_single(cluster, request)
-    if request.ps and strategy != "ps":
+    if request.ps and not facts_of(strategy).has_ps:
         raise PlanError(f"--ps {request.ps} only applies to the ps strategy, not {strategy}")
-    if strategy == "ps" and request.ps is not None and request.ps < 1:
+    if facts_of(strategy).has_ps and request.ps is not None and request.ps < 1:
         raise PlanError("the ps strategy needs at least one ps task (--ps 1 or more)")
 
     worker_hosts = [h for h in cluster.hosts if h.accepts("worker")]
@@ -301,9 +303,9 @@ def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
         for gpus in split:
             placements.append(Placement("worker", index, host, gpus))
             index += 1
-    if strategy == "mwms":
+    if facts_of(strategy).program_lockstep:
         _require_equal_gpus([p for p in placements if p.role == "worker"])
-    if strategy == "ps":
+    if facts_of(strategy).has_ps:
         ps_hosts = _preferred(cluster, "ps")
         if not ps_hosts:
             raise _no_host(cluster, "ps")
@@ -369,7 +371,7 @@ def _layout_single(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
                         f"{strategy} runs one process on one host; use --strategy mwms for one worker per GPU")
     host = cluster.hosts[0]
     gpus = tuple(range(host.gpus)) if host.gpus else None
-    if strategy == "one_device" and host.gpus:
+    if facts_of(strategy).one_device and host.gpus:
         gpus = (0,)
     return [Placement("worker", 0, host, gpus)]
 
@@ -449,7 +451,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
         if p.name in shared_gpus:  # (a GPU another task sees: each takes memory as it needs it)
             env[GROWTH_VAR] = "true"
-        if strategy == "model" and p.role == "chief":  # what the chief plans its stages over
+        if facts_of(strategy).stages and p.role == "chief":  # what the chief plans its stages over
             env[envvars.DEVICES] = json.dumps([
                 {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes,
                  "gflops": request.speeds.get(w.host.label) if request.speeds else None}
@@ -497,10 +499,10 @@ def check_balance(placements: Sequence[Placement], request: LaunchRequest) -> No
     _require_speeds([p for p in placements if p.role == "worker"], request)
     if request.balance == "off":
         return
-    if request.strategy == "ps":
+    if facts_of(request.strategy).asynchronous:
         raise PlanError("--balance speed does not apply to ps: it is asynchronous and balances itself (a faster "
                         "worker runs more steps; the report's 'work per worker' shows each worker's share)")
-    if request.strategy != "mwms":
+    if not facts_of(request.strategy).batch_split:
         raise PlanError(f"--balance speed applies to mwms, not {request.strategy}")
     workers = [p for p in placements if p.role == "worker"]
     crowded = [p for p in workers if p.gpus and len(p.gpus) > 1]

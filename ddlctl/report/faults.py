@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddlctl.contract.faults import Action
 from ddlctl.contract.hostclock import CLOCK_SAID_S, SYNCHRONISE, how_far
 from ddlctl.supervise.hangs.preparing import Work
 from ddlctl.supervise.join_watch import alone
@@ -142,7 +143,7 @@ def summarize_restarts(events: Sequence[dict], lead_steps: Sequence[int], lead_s
         fault_at = float(event.get("time", 0.0))
         restarted = event.get("restarted_at")
         back = None
-        if event.get("action") == "restart" and restarted is not None:
+        if event.get("action") == Action.RESTART and restarted is not None:
             own = [first_start_after(stepping[t], restarted) for t in event.get("tasks", []) if t in stepping]
             own = [t for t in own if t is not None]
             back = min(own) if own else event.get("listening_at")

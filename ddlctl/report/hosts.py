@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 
 from ddlctl.contract.stats import percentile
-from ddlctl.host.nvml import GPU_FIELDS
+from ddlctl.contract.telemetry import GPU_FIELDS
 from ddlctl.report.gpudiag import diagnose_gpu, throttling_of
 from ddlctl.report.stepfile import parse_json_lines
 

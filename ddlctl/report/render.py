@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ddlctl.contract.faults import Action
+from ddlctl.contract.strategies import facts_of
 from ddlctl.planning.plan import Plan, redact_env
 from ddlctl.supervise.job import TaskState
 from ddlctl.supervise.results import Failure, JobResult
@@ -66,7 +68,7 @@ def plan_notes(plan: Plan) -> list[str]:
     notes = []
     request = plan.request
     worker_hosts = [h for h in plan.cluster.hosts if h.accepts("worker")]
-    if plan.strategy in ("ps", "mwms") and worker_hosts and worker_per_gpu(worker_hosts, request):
+    if facts_of(plan.strategy).elastic and worker_hosts and worker_per_gpu(worker_hosts, request):
         why = " (the hosts' GPU counts differ: " + ", ".join(f"{h.label} {h.gpus}" for h in worker_hosts) + ")" \
             if request.worker_per == "auto" else ""
         notes.append(f"workers: one per GPU, each with one GPU{why}")
@@ -276,7 +278,7 @@ def render_faults(summary: RunSummary, console: Console) -> None:
     for column in ("at", "task", "host", "cause", "what ddlctl did", "back after", "steps lost"):
         table.add_column(column, justify="right" if column in ("at", "back after", "steps lost") else "left")
     for r in summary.restarts:
-        did = f"restarted {', '.join(r.tasks)} ({r.scope})" if r.action == "restart" else r.action
+        did = f"restarted {', '.join(r.tasks)} ({r.scope})" if r.action == Action.RESTART else r.action
         table.add_row(f"+{r.time - first:.1f}s", r.task, r.host or "-", r.cause, did,
                       "-" if r.downtime_s is None else f"{r.downtime_s:.1f}s",
                       "-" if r.steps_lost is None else str(r.steps_lost))

@@ -43,7 +43,7 @@ from ddlctl.contract.rundir import (
     task_dirs,
 )
 from ddlctl.contract.stats import mean, median_of, percentile
-from ddlctl.contract.strategies import TABLE, strategy
+from ddlctl.contract.strategies import TABLE, facts_of, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_note, balance_section
 from ddlctl.report.causes import time_by_cause
@@ -271,7 +271,7 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
             all_steps.append(steps)
             results[steps.name] = result
 
-    synchronous = plan.get("strategy") != "ps"
+    synchronous = not facts_of(plan.get("strategy")).asynchronous
     kept_of = {s.name: kept_records(s, warmup_steps) for s in all_steps}
     sorted_durations = {s.name: np.sort(np.asarray(s.duration)[kept_of[s.name]]) for s in all_steps}
     windows = {s.name: _window(s, kept_of[s.name]) for s in all_steps}
@@ -343,7 +343,7 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
     chief = next((t for t in tasks if t.name == "chief:0"), None)
     chief_step_s = chief.step_time_p50_s if chief else None
     stages, stage_plan = (), None
-    if plan.get("strategy") == "model":  # what the chief recorded of its stages
+    if facts_of(plan.get("strategy")).stages:  # what the chief recorded of its stages
         recorded_stages = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
         stages = stage_rows(recorded_stages, procs, chief_step_s)
         stage_plan = stage_plan_of(recorded_stages, chief_step_s)
@@ -387,7 +387,7 @@ def _mfu(run_dir: Path, plan: dict, tasks: Sequence[TaskSummary], hosts: Sequenc
     for task in tasks:
         if task.name not in flops:
             continue
-        if plan.get("strategy") == "ps" and task.role == "chief":
+        if facts_of(plan.get("strategy")).asynchronous and task.role == "chief":
             hosts_used = sorted({h for n, h in planned.items() if n.startswith("worker:")})
             names = [g for h in hosts_used for g in gpus.get(h, [])]
         else:
@@ -458,7 +458,7 @@ def _in_flight(steps: TaskSteps, kept: slice) -> float | None:
 def _worker_work(plan: dict, lead: TaskSteps | None, procs: dict) -> tuple[tuple[WorkerWork, ...], str | None]:
     """Under ps: per worker, steps run, share, busy time (from the coordinator's attributed
     records), and CPU; with a note when the records do not say who ran what."""
-    if plan.get("strategy") != "ps":
+    if not facts_of(plan.get("strategy")).asynchronous:
         return (), None
     workers = [t for t in plan.get("tasks", []) if t.get("role") == "worker"]
     if not workers:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_STEPS, task_dirs
-from ddlctl.host.nvml import GPU_FIELDS, gpu_reading
+from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_steps
 from ddlctl.report.faults import summarize_restarts
 from ddlctl.report.stepfile import parse_json_lines, read_phases, read_steps

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ddlctl.contract.strategies import facts_of
 from ddlctl.contract.strategies import strategy as facts
 
 if TYPE_CHECKING:  # (the report imports this module's words: nothing of the supervisor's at run time)
@@ -27,9 +28,6 @@ if TYPE_CHECKING:  # (the report imports this module's words: nothing of the sup
 UNJOINED_S = 2.0
 #: TensorFlow's line when a task's server starts (shown unless TF_CPP_MIN_LOG_LEVEL hides it).
 SERVER_STARTED = "Started server with target:"
-#: The tasks that must join the cluster themselves, by strategy: the program's own processes that
-#: take part in it (under ps the workers and ps tasks are ddlctl's servers: the chief connects).
-JOINING_ROLES = {"mwms": "worker", "ps": "chief"}
 
 
 def alone(strategy: str, names: list[str]) -> str:
@@ -37,7 +35,7 @@ def alone(strategy: str, names: list[str]) -> str:
     the cluster."""
     which, one = ", ".join(sorted(names)), len(names) == 1
     own = facts(strategy).tf_class or "strategy"
-    after = ("the workers and ps tasks waited idle" if strategy == "ps" else
+    after = ("the workers and ps tasks waited idle" if facts(strategy).has_ps else
              "each worker trains alone, on its own copy of the model")
     return (f"{which} took steps without listening on {'its port' if one else 'their ports'} (TF_CONFIG): "
             f"{'its' if one else 'their'} program did not join the {strategy} cluster (it creates no "
@@ -50,7 +48,7 @@ class JoinWatch:
     def __init__(self, job: Job, notify: Callable[[str], None]) -> None:
         self.job = job
         self.notify = notify
-        self.role = JOINING_ROLES.get(job.strategy)
+        self.role = facts_of(job.strategy).joining_role
         self.enabled = self.role is not None and sum(1 for t in job.plan.tasks if t.port) >= 2  # (a cluster)
         self.first_step: dict[str, float] = {}  # task -> when a step of it was first seen
         self.first_started: dict[str, float] = {}  # task -> the start of its first attempt

@@ -40,6 +40,8 @@ import signal
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from ddlctl.contract.faults import SCOPES, Action, Cause, Scope
+from ddlctl.contract.strategies import Recovery
 from ddlctl.contract.strategies import strategy as facts
 from ddlctl.diagnose.imports import NO_MODULE, module_to_run_missing
 from ddlctl.diagnose.rootcause import TRACEBACK_HEAD, device_oom, disk_full, last_traceback, syntax_error
@@ -47,22 +49,21 @@ from ddlctl.diagnose.tfmessages import blame_peer, collective_mismatch, final_er
 from ddlctl.transport.status import ExitStatus, signal_name
 
 #: Causes retried under ``--restart-on fault``.
-FAULT_CAUSES = frozenset({"signal", "oom", "preempted", "hang", "host-lost", "peer-restart"})
-RESTART_ON = ("fault", "any")
+FAULT_CAUSES = frozenset({Cause.SIGNAL, Cause.OOM, Cause.PREEMPTED, Cause.HANG, Cause.HOST_LOST, Cause.PEER_RESTART})
 #: Why a task that ended so is not retried under ``--restart-on fault`` (the others: "not a fault ...").
 NOT_RETRIED = {
-    "traceback": "a bug in the program: not retried under --restart-on fault (--restart-on any retries it)",
-    "disk-full": "not retried: a restart would fill the same disk again; free space on it (`df -h` on that host), or "
-                 "write elsewhere (a run's task folders and checkpoints: --runs-dir on this machine, ~/.ddlctl on "
+    Cause.TRACEBACK: "a bug in the program: not retried under --restart-on fault (--restart-on any retries it)",
+    Cause.DISK_FULL: "not retried: a restart would fill the same disk again; free space on it (`df -h` on that host), "
+                 "or write elsewhere (a run's task folders and checkpoints: --runs-dir on this machine, ~/.ddlctl on "
                  "SSH and Slurm hosts)",
-    "device-oom": "not retried: the same step would run out of memory again; a smaller batch per device (the "
+    Cause.DEVICE_OOM: "not retried: the same step would run out of memory again; a smaller batch per device (the "
                   "built-in workload's --batch-size), fewer tasks per device, or mixed precision",
-    "ended-early": "not retried: the same program would end early again (--restart-on any retries it)",
-    "not-started": "not retried: it would not start again (--restart-on any retries it)",
-    "no-module": "not retried: the same Python would not find it again (--restart-on any retries it)",
-    "collective-mismatch": "a bug in the program: every worker must run the same collective ops in the same order, on "
-                           "tensors of the same shapes and types (the same steps, evaluations and model on each); not "
-                           "retried under --restart-on fault (--restart-on any retries it)",
+    Cause.ENDED_EARLY: "not retried: the same program would end early again (--restart-on any retries it)",
+    Cause.NOT_STARTED: "not retried: it would not start again (--restart-on any retries it)",
+    Cause.NO_MODULE: "not retried: the same Python would not find it again (--restart-on any retries it)",
+    Cause.COLLECTIVE_MISMATCH: "a bug in the program: every worker must run the same collective ops in the same order, "
+                           "on tensors of the same shapes and types (the same steps, evaluations and model on each); "
+                           "not retried under --restart-on fault (--restart-on any retries it)",
 }
 #: What a worker of a synchronous multi-worker job that ended before joining most likely got wrong.
 JOIN_ALL = ("every worker must create the strategy and take every step (each step's all-reduce waits for all of "
@@ -75,8 +76,6 @@ SAME_COLLECTIVES = ("every worker must run the same collective ops in the same o
 #: What a worker of a synchronous multi-worker job that ended before its peers most likely got wrong.
 SAME_STEPS = ("every worker must take the same number of steps (each step's all-reduce waits for all of them): "
               "give each as many batches (e.g. repeat the dataset and stop after a fixed number of steps)")
-#: Restart scopes, narrowest first: a restart that takes in another fault takes the wider one.
-SCOPES = ("", "task", "group", "all")
 #: Times a port taken between planning and binding is retried with new ports (not a restart).
 MAX_PORT_RETRIES = 3
 #: Exit codes that mean "preempted, restart me" (PreemptionCheckpointHandler: 42; 143 on GCE).
@@ -90,7 +89,7 @@ class Fault:
     own, exit code 0, while its peers still needed it)."""
 
     task: str
-    cause: str
+    cause: Cause
     reporter: str  # the task whose end (or words) revealed it; == task unless blamed by a peer
     status: ExitStatus | None  # how the task at fault ended (None: still running, e.g. hung)
     detail: str  # one line for people
@@ -100,7 +99,7 @@ class Fault:
         """The exit code ddlctl reports when this fault ends the job."""
         if self.status is not None:
             return self.status.shell_code
-        return 124 if self.cause == "hang" else 1
+        return 124 if self.cause == Cause.HANG else 1
 
 
 @dataclass(frozen=True)
@@ -108,9 +107,9 @@ class Decision:
     """``restart`` the named tasks (``scope``: task, group or all), ``continue`` or ``fail``.
     A ``fail`` message completes "<task> on <host> failed: "; the others are whole sentences."""
 
-    action: str
+    action: Action
     tasks: tuple[str, ...] = ()
-    scope: str = ""
+    scope: Scope = Scope.NONE
     message: str = ""
     degraded: bool = False
 
@@ -120,49 +119,49 @@ def leader_of(strategy: str) -> str:
     return facts(strategy).leader
 
 
-def own_cause(status: ExitStatus, log_text: str) -> tuple[str, str]:
+def own_cause(status: ExitStatus, log_text: str) -> tuple[Cause, str]:
     """(cause, detail) from a task's own exit status and log."""
     if status.lost:
-        return "host-lost", "was lost with the connection to its host"
+        return Cause.HOST_LOST, "was lost with the connection to its host"
     if status.signal is not None:
-        return ("oom" if status.oom else "signal"), status.describe()
+        return (Cause.OOM if status.oom else Cause.SIGNAL), status.describe()
     code = status.code or 0
     if code in PREEMPTED_CODES:
-        return "preempted", f"exit code {code} (preemption: checkpoint written, restart to resume)"
+        return Cause.PREEMPTED, f"exit code {code} (preemption: checkpoint written, restart to resume)"
     if code > 128 and code - 128 in (6, 9, 15):  # a shell's report of a signal death
-        return "signal", f"exit code {code} (killed by {signal_name(code - 128)})"
+        return Cause.SIGNAL, f"exit code {code} (killed by {signal_name(code - 128)})"
     if status.not_started:  # its host agent's words
-        return "not-started", f"not started: {status.not_started}"
+        return Cause.NOT_STARTED, f"not started: {status.not_started}"
     error = final_error(log_text)
     stale = stale_handle(error) if code != 0 else None
     if stale:  # a consequence of a peer's restart, not a bug: retried as a fault
-        return "peer-restart", f"exit code {code}: TensorFlow lost results of a restarted peer (\"{stale[:200]}\")"
+        return Cause.PEER_RESTART, f"exit code {code}: TensorFlow lost results of a restarted peer (\"{stale[:200]}\")"
     full = disk_full(error) if code != 0 else None
     if full is not None:  # not the program's bug, and a restart would fill the same disk again
         words, path = full
-        return "disk-full", f"exit code {code}: its disk is full ({words}{f', writing {path}' if path else ''})"
+        return Cause.DISK_FULL, f"exit code {code}: its disk is full ({words}{f', writing {path}' if path else ''})"
     device = device_oom(error) if code != 0 else None
     if device is not None:  # the same step runs out of memory again: a matter of sizes, not a fault
-        return "device-oom", f"exit code {code}: {device}"
+        return Cause.DEVICE_OOM, f"exit code {code}: {device}"
     mismatch = collective_mismatch(error) if code != 0 else None
     if mismatch is not None:  # whichever peer the error's transport names: the program is at fault
-        return "collective-mismatch", f"exit code {code}: its collective op did not match its peers' " \
+        return Cause.COLLECTIVE_MISMATCH, f"exit code {code}: its collective op did not match its peers' " \
                                       f"(\"{mismatch[:300]}\")"
     if code != 0 and TRACEBACK_HEAD in error:
         if NO_STDIN.fullmatch((last_traceback(error) or [""])[-1].strip()):
-            return "traceback", f"exit code {code} after a Python exception: {NO_STDIN_HINT}"
+            return Cause.TRACEBACK, f"exit code {code} after a Python exception: {NO_STDIN_HINT}"
         if NO_MODULE.fullmatch((last_traceback(error) or [""])[-1].strip()):  # (its Python: said by the supervisor)
-            return "no-module", f"exit code {code} after a Python exception"
-        return "traceback", f"exit code {code} after a Python exception"
+            return Cause.NO_MODULE, f"exit code {code} after a Python exception"
+        return Cause.TRACEBACK, f"exit code {code} after a Python exception"
     to_run = module_to_run_missing(error) if code == 1 else None
     if to_run is not None:  # (where Python looked: said by the supervisor)
-        return "no-module", f"exit code {code}: its Python found no module {to_run} to run (-m)"
+        return Cause.NO_MODULE, f"exit code {code}: its Python found no module {to_run} to run (-m)"
     syntax = syntax_error(error) if code != 0 else None
     if syntax is not None:  # the script itself could not be compiled: a bug in the program too
-        return "traceback", f"exit code {code}: a syntax error in {syntax['file']} at line {syntax['line']}"
+        return Cause.TRACEBACK, f"exit code {code}: a syntax error in {syntax['file']} at line {syntax['line']}"
     if code == 0:
-        return "exit", "exited with code 0 although ddlctl did not stop it"
-    return "exit", f"exit code {code}"
+        return Cause.EXIT, "exited with code 0 although ddlctl did not stop it"
+    return Cause.EXIT, f"exit code {code}"
 
 
 #: ``input()`` (or ``sys.stdin.readline``) at the end of the standard input every task is given.
@@ -171,8 +170,6 @@ NO_STDIN_HINT = ("it read its standard input, and tasks have none (ddlctl gives 
                  "give it what it asks as arguments after --, environment variables (--env) or a file")
 
 
-#: Strategies under which Keras 3's ``model.fit`` fails, whatever the program (TensorFlow 2.21).
-KERAS3_FIT_FAILS = frozenset({"ps", "mwms"})
 #: A frame of Keras 3's own code (tf-keras's is ``tf_keras/src/``).
 KERAS3_FRAME = re.compile(r'File "(?:[^"]*/)?keras/src/')
 #: A frame that calls ``fit``: the program's line, or ddlctl's model.fit hook (``--auto-steps``).
@@ -212,9 +209,9 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
     worker is its own fault). ``aliases``: TensorFlow's task names that are not ddlctl's (once
     workers left the job) -> ddlctl's."""
     cause, detail = own_cause(status, log_text)
-    if cause == "traceback" and strategy in KERAS3_FIT_FAILS and keras3_fit(log_text):
+    if cause == Cause.TRACEBACK and facts(strategy).keras3_fit_fails and keras3_fit(log_text):
         detail = f"{detail}: {KERAS3_FIT_HINT.format(strategy=strategy)}"
-    if cause in ("traceback", "exit", "signal") and not status.lost and not killed_from_outside(status):
+    if cause in (Cause.TRACEBACK, Cause.EXIT, Cause.SIGNAL) and not status.lost and not killed_from_outside(status):
         blame = blame_peer(log_text, leader_of(strategy))
         peer = (aliases or {}).get(blame.task, blame.task) if blame is not None else None
         if blame is not None and peer != name and peer in known:
@@ -224,9 +221,9 @@ def classify(name: str, status: ExitStatus, log_text: str, strategy: str, alive:
                                    f"its peers went on ({name}{at} then failed: \"{blame.line[:240]}\")", strategy,
                                    reporter_steps=reached)
             if peer in alive or blame.hung:
-                return Fault(task=peer, cause="hang", reporter=name, status=None,
+                return Fault(task=peer, cause=Cause.HANG, reporter=name, status=None,
                              detail=f"hung ({name} reports \"{blame.line[:240]}\")")
-            return Fault(task=peer, cause="signal", reporter=name, status=None,
+            return Fault(task=peer, cause=Cause.SIGNAL, reporter=name, status=None,
                          detail=f"gone ({name} reports \"{blame.line[:240]}\")")
     return Fault(task=name, cause=cause, reporter=name, status=status, detail=detail)
 
@@ -246,7 +243,7 @@ def ended_early(task: str, reporter: str, steps: int | None, said: str, strategy
     behind = steps is not None and reporter_steps is not None and reporter_steps < steps
     hint = JOIN_ALL if not joined else SAME_COLLECTIVES if behind else SAME_STEPS
     why = f": under {strategy} {hint}" if facts(strategy).program_lockstep else ""
-    return Fault(task=task, cause="ended-early", reporter=reporter, status=None,
+    return Fault(task=task, cause=Cause.ENDED_EARLY, reporter=reporter, status=None,
                  detail=f"ended on its own (exit code 0{after}) while {said}{why}")
 
 
@@ -307,7 +304,7 @@ def decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[str
     worker vanished) is restarted with the task at fault."""
     decision = _decide(strategy, fault, roles, alive, used, max_restarts, restart_on, min_workers)
     reporter = fault.reporter
-    if decision.action == "restart" and reporter != fault.task and reporter in roles \
+    if decision.action == Action.RESTART and reporter != fault.task and reporter in roles \
             and reporter not in alive and reporter not in decision.tasks:
         return dataclasses.replace(decision, tasks=(*decision.tasks, reporter),
                                    message=f"{decision.message}; {reporter}, which failed with it, too")
@@ -329,47 +326,49 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
     failed = f"{fault.detail}; {why}"
 
     def restart(tasks: list[str], scope: str, what: str) -> Decision:
-        return Decision("restart", tuple(tasks), scope, f"{fault.task} {fault.detail}: {what}")
+        return Decision(Action.RESTART, tuple(tasks), scope, f"{fault.task} {fault.detail}: {what}")
 
     if role == "evaluator":
         if allowed:
-            return restart([fault.task], "task", "restarting the evaluator")
-        return Decision("continue", message=f"evaluator {fault.task} {fault.detail}: training goes on without it")
-    if strategy == "ps":
+            return restart([fault.task], Scope.TASK, "restarting the evaluator")
+        return Decision(Action.CONTINUE, message=f"evaluator {fault.task} {fault.detail}: training goes on without it")
+    recovery = facts(strategy).recovery
+    if recovery is Recovery.ROLES:
         if role == "worker":
             if allowed:
-                return restart([fault.task], "task", "restarting it in place (same address: it rejoins)")
+                return restart([fault.task], Scope.TASK, "restarting it in place (same address: it rejoins)")
             others = [t for t, r in roles.items() if r == "worker" and t != fault.task and t in alive]
             if "chief:0" in alive and len(others) >= max(1, min_workers):
-                return Decision("continue", message=f"{fault.task} {failed}; training goes on "
+                return Decision(Action.CONTINUE, message=f"{fault.task} {failed}; training goes on "
                                 f"degraded with {len(others)} worker(s)", degraded=True)
             gone = ("the chief is gone too" if "chief:0" not in alive else
                     f"only {len(others)} worker(s) left (--min-workers {min_workers})" if others else
                     "no worker is left")
-            return Decision("fail", message=f"{failed}, and {gone}")
+            return Decision(Action.FAIL, message=f"{failed}, and {gone}")
         if role == "chief":
             if allowed:
-                return restart([fault.task], "task", "restarting the chief alone (it resumes from its "
+                return restart([fault.task], Scope.TASK, "restarting the chief alone (it resumes from its "
                                "checkpoint and reuses the running ps and workers)")
-            return Decision("fail", message=failed)
+            return Decision(Action.FAIL, message=failed)
         everyone = [t for t, r in roles.items() if r in ("chief", "worker", "ps")]
         if allowed:
-            return restart(everyone, "all", "its variables are gone: restarting every task (resume from checkpoint)")
-        return Decision("fail", message=failed)
-    if strategy == "model":  # every stage holds part of the model: all restart from the checkpoint
+            return restart(everyone, Scope.ALL,
+                           "its variables are gone: restarting every task (resume from checkpoint)")
+        return Decision(Action.FAIL, message=failed)
+    if recovery is Recovery.EVERYONE:  # every stage holds part of the model: all restart from the checkpoint
         everyone = [t for t, r in roles.items() if r in ("chief", "worker")]
         if allowed:
-            return restart(everyone, "all", "a stage of the model is gone: restarting every task "
+            return restart(everyone, Scope.ALL, "a stage of the model is gone: restarting every task "
                                             "(resume from checkpoint)")
-        return Decision("fail", message=failed)
-    if strategy == "mwms":
+        return Decision(Action.FAIL, message=failed)
+    if recovery is Recovery.GROUP:
         group = [t for t, r in roles.items() if r == "worker"]
         if allowed:
-            return restart(group, "group", "restarting the whole worker group (resume from checkpoint)")
-        return Decision("fail", message=failed)
+            return restart(group, Scope.GROUP, "restarting the whole worker group (resume from checkpoint)")
+        return Decision(Action.FAIL, message=failed)
     if allowed:
-        return restart([fault.task], "task", "restarting it")
-    return Decision("fail", message=failed)
+        return restart([fault.task], Scope.TASK, "restarting it")
+    return Decision(Action.FAIL, message=failed)
 
 
 def backoff_s(restart_number: int, base: float = 1.0, cap: float = 30.0) -> float:
@@ -383,7 +382,7 @@ def decide_during_restart(strategy: str, fault: Fault, roles: Mapping[str, str],
     return decide(strategy, fault, roles, alive, 0, 1, "any")
 
 
-def wider_scope(current: str, new: str) -> str:
+def wider_scope(current: Scope, new: Scope) -> Scope:
     """The scope of a restart that took in another fault's: the wider of the two."""
     return new if SCOPES.index(new) > SCOPES.index(current) else current
 
@@ -395,8 +394,8 @@ def port_retry(strategy: str, task: str, host: str, port: int, members: tuple[st
     None once the retries are spent: then it is an ordinary fault."""
     if retries_used >= MAX_PORT_RETRIES:
         return None
-    scope = "group" if facts(strategy).group_restart else "all"
-    return Decision("restart", members, scope,
+    scope = Scope.GROUP if facts(strategy).group_restart else Scope.ALL
+    return Decision(Action.RESTART, members, scope,
                     f"{task} on {host}: port {port} was taken before it could bind: choosing new ports and "
                     f"starting the {scope} again (try {retries_used + 1} of {MAX_PORT_RETRIES})")
 
@@ -406,8 +405,8 @@ def host_gone(task: str, host: str, why: str, gone: bool, host_timeout_s: float)
     restart on it: the job fails, blaming ``task`` (the restarted task on that host, else the host)."""
     message = (f"host {host} cannot come back: {why}" if gone else
                f"host {host} did not come back within --host-timeout {host_timeout_s:g}s ({why})")
-    fault = Fault(task=task, cause="host-lost", reporter=task, status=ExitStatus(lost=True), detail=message)
-    return fault, Decision("fail", message=message)
+    fault = Fault(task=task, cause=Cause.HOST_LOST, reporter=task, status=ExitStatus(lost=True), detail=message)
+    return fault, Decision(Action.FAIL, message=message)
 
 
 def shrink(strategy: str, gone: Sequence[str], restarting: Sequence[str], roles: Mapping[str, str],
@@ -416,14 +415,14 @@ def shrink(strategy: str, gone: Sequence[str], restarting: Sequence[str], roles:
     on with the workers that remain if at least ``min_workers`` do: a group restart of the others
     of ``restarting`` with a cluster spec of the survivors (mwms), or the ps job on without them.
     None (fail, as without the option) when it is off, another role is gone, or too few remain."""
-    if not min_workers or strategy not in ("mwms", "ps") or any(roles.get(t) != "worker" for t in gone):
+    if not min_workers or not facts(strategy).elastic or any(roles.get(t) != "worker" for t in gone):
         return None
     workers = [t for t, r in roles.items() if r == "worker" and t not in gone]
     if len(workers) < min_workers:
         return None
     tasks = tuple(t for t in restarting if t not in gone)
     names = ", ".join(gone)
-    return Decision("shrink", tasks, "group" if strategy == "mwms" else "task",
+    return Decision(Action.SHRINK, tasks, Scope.GROUP if facts(strategy).group_restart else Scope.TASK,
                     f"{names} left the job ({why}): training goes on with {len(workers)} worker(s) "
                     f"(--min-workers {min_workers})")
 
@@ -435,16 +434,16 @@ def grow_back(strategy: str, returning: Sequence[str], host: str, roles: Mapping
     and rejoin the coordinator. Not a fault: no restart of ``--max-restarts`` is used."""
     workers = [t for t, r in roles.items() if r == "worker"]
     names = ", ".join(returning)
-    if strategy == "mwms":
-        return Decision("restart", tuple(workers), "group",
+    if facts(strategy).group_restart:
+        return Decision(Action.RESTART, tuple(workers), Scope.GROUP,
                         f"host {host} is back: taking {names} back, the group restarts with {len(workers)} "
                         f"worker(s) from the checkpoint just written")
-    return Decision("restart", tuple(returning), "task",
+    return Decision(Action.RESTART, tuple(returning), Scope.TASK,
                     f"host {host} is back: starting {names} again ({len(workers)} worker(s)); it rejoins the chief")
 
 
 def checkpoint_unshared(leader_host: str, source_dir: str, target_host: str, error: str) -> Decision:
     """Worker 0's checkpoint cannot be made available on a host of a group restart: fail (the
     group would restart from different states)."""
-    return Decision("fail", message=f"cannot make worker:0's checkpoint ({leader_host}:{source_dir}) available on "
+    return Decision(Action.FAIL, message=f"cannot make worker:0's checkpoint ({leader_host}:{source_dir}) available on "
                                     f"{target_host} for the group restart: {error}")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddlctl.contract.faults import Cause
 from ddlctl.contract.rundir import TASK_ERROR, task_dir
 from ddlctl.diagnose.rootcause import last_traceback, tail_lines
 from ddlctl.supervise.job import Job, SupervisedTask, TaskState
@@ -93,13 +94,13 @@ def describe_failure(job: Job, fault: Fault, message: str) -> Failure:
         and fault.reporter in roles else ""
     own = last_traceback(text)
     traceback = own or last_traceback(reporter_text)
-    if fault.cause == "host-lost":  # the program did not fail: its output says nothing about why
+    if fault.cause == Cause.HOST_LOST:  # the program did not fail: its output says nothing about why
         text = reporter_text = ""
         traceback = []
     # what is shown is the reporter's when the task at fault said nothing of it (it was killed,
     # hung, or ended early): said so, with the reporter's log
     theirs = bool(reporter_text) and (not own if traceback else not text.strip())
-    reason = {"hang": "hang", "host-lost": "host-lost"}.get(fault.cause, "exited")
+    reason = {Cause.HANG: "hang", Cause.HOST_LOST: "host-lost"}.get(fault.cause, "exited")
     return Failure(reason=reason, message=message, task=fault.task, host=task.host if task else None,
                    status=fault.status, traceback=tuple(traceback),
                    tail=tuple(tail_lines(text or reporter_text)), log=str(log) if log else None,

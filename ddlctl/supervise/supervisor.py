@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from ddlctl.console.collapse import LineWriter
+from ddlctl.contract.faults import Action, Cause
 from ddlctl.diagnose.imports import import_hint
 from ddlctl.diagnose.tfmessages import Blame, port_taken
 from ddlctl.planning.plan import Plan
@@ -324,11 +325,11 @@ class Supervisor:
         fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles), self.job.aliases,
                          self.job.finished(), self.job.reached().get(task.name))
         session = self.job.sessions.get(task.host)
-        if fault.cause == "host-lost" and session is not None and session.lost:  # say why the host went
+        if fault.cause == Cause.HOST_LOST and session is not None and session.lost:  # say why the host went
             fault = dataclasses.replace(fault, detail=f"{fault.detail} ({session.lost})")
-        if fault.cause == "hang" and fault.task in alive:  # its peers name it: keep its stacks first
+        if fault.cause == Cause.HANG and fault.task in alive:  # its peers name it: keep its stacks first
             fault = self.hangs.named(fault, self.job.clock())
-        if fault.cause == "no-module" and fault.task == task.name:  # which Python it was, and what to do
+        if fault.cause == Cause.NO_MODULE and fault.task == task.name:  # which Python it was, and what to do
             hint = import_hint(text, task.spec.argv, task.host, task.spec.host.is_local, task.spec.workdir,
                                task.proc.pids().get("executable"))
             fault = dataclasses.replace(fault, detail=f"{fault.detail}: {hint}") if hint else fault
@@ -364,7 +365,7 @@ class Supervisor:
         if culprit is None or culprit.is_agent or culprit is reporter or not culprit.alive or self.job.stopping \
                 or (current is not None and name in current.tasks):
             return
-        fault = Fault(task=name, cause="hang", reporter=reporter.name, status=None,
+        fault = Fault(task=name, cause=Cause.HANG, reporter=reporter.name, status=None,
                       detail=f"hung ({reporter.name} reports \"{blame.line[:240]}\")")
         self._on_fault(self.hangs.named(fault, self.job.clock()))
 
@@ -377,10 +378,10 @@ class Supervisor:
             decision = decide(job.strategy, fault, job.roles, alive, self.restarts.used(),
                               job.options.max_restarts, job.options.restart_on, job.options.min_workers)
         event = fault_event(job, fault, decision.action, decision.scope, decision.tasks)
-        if decision.action == "fail":
+        if decision.action == Action.FAIL:
             job.notify(f"{fault.task} on {event['host']} failed: {decision.message}: stopping the other tasks")
             self._fail(fault, decision)
-        elif decision.action == "continue":
+        elif decision.action == Action.CONTINUE:
             job.notify(decision.message)
             culprit = job.tasks.get(fault.task)
             if culprit is not None and culprit.alive:  # a hung task: its work moves to the others

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddlctl.contract import envvars
+from ddlctl.contract.strategies import facts_of
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,7 @@ class TaskContext:
     @property
     def is_chief(self) -> bool:
         """The chief task of ps, worker 0 of mwms, the only process otherwise."""
-        if self.strategy == "ps":
-            return self.role == "chief"
-        return self.role == "worker" and self.index == 0
+        return self.name == facts_of(self.strategy).leader
 
 
 def task_context(default_strategy: str = "one_device") -> TaskContext:

@@ -1,1 +1,2 @@
-"""Test harness shared by tests and benchmarks."""
+"""The test harness that tests and benchmarks share: fake host agents for the supervisor, OpenSSH test
+hosts, a Slurm test cluster, a launched job to cause faults in, and running the real command."""

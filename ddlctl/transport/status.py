@@ -27,11 +27,6 @@ class ExitStatus:
     oom: str | None = None
     not_started: str | None = None
 
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        """From ``Popen.returncode`` (negative: killed by that signal)."""
-        return cls(signal=-returncode) if returncode < 0 else cls(code=returncode)
-
     @property
     def ok(self) -> bool:
         return self.code == 0

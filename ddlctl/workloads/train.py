@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_RESULT
-from ddlctl.contract.strategies import TABLE
+from ddlctl.contract.strategies import TABLE, facts_of
 from ddlctl.diagnose.tfmessages import stale_handle
 from ddlctl.modelparallel.pipeline_loop import train_model_parallel
 from ddlctl.task.steps import StepRecorder, phase
@@ -147,11 +147,11 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     from ddlctl.workloads import synthetic
     from ddlctl.workloads.synthetic import make_batch_fn, shard_dataset, slice_ids, step_ids
 
-    shards = max(1, ctx.num_workers) if ctx.strategy == "mwms" else 1
-    shard = ctx.index if ctx.strategy == "mwms" else 0
+    shards = max(1, ctx.num_workers) if facts_of(ctx.strategy).batch_split else 1
+    shard = ctx.index if facts_of(ctx.strategy).batch_split else 0
     local_batch = args.batch_size // shards
     split = None
-    if ctx.strategy == "mwms" and balance.enabled():
+    if facts_of(ctx.strategy).batch_split and balance.enabled():
         # --balance speed: this worker's share by measured speed, a contiguous slice of each global batch
         equal = args.batch_size // shards or 1
         split = balance.split(strategy, args.batch_size, calibrate=calibration_step(args, equal),
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_evaluator(ctx, args)
     from ddlctl.task import balance
 
-    if ctx.strategy == "mwms" and args.batch_size % ctx.num_workers and not balance.enabled():
+    if facts_of(ctx.strategy).batch_split and args.batch_size % ctx.num_workers and not balance.enabled():
         print(f"--batch-size {args.batch_size} must be divisible by the {ctx.num_workers} workers",
               file=sys.stderr)
         return 2
@@ -420,9 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     recorder.total = args.steps
     started = time.monotonic()
     with recorder:
-        if ctx.strategy == "ps":
+        if facts_of(ctx.strategy).asynchronous:
             trainer = train_ps(ctx, args, recorder)
-        elif ctx.strategy == "model":
+        elif facts_of(ctx.strategy).stages:
             trainer = train_model_parallel(ctx, args, recorder)
         else:
             trainer = train_synchronous(ctx, args, recorder, make_strategy(ctx))

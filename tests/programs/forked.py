@@ -1,4 +1,4 @@
-"""A TensorFlow task that says how it was started (tests/test_prefork.py): whether TensorFlow was
+"""A TensorFlow task that says how it was started (tests/system/test_prefork.py): whether TensorFlow was
 imported before its first line, its argv, folder, sys.path[0], __name__, task, random state,
 parent, temporary folder, stdin and the objects its collector has frozen; then ``exit CODE``,
 ``raise``, ``import`` (prefork_helper, from PYTHONPATH), ``malloc`` (the page faults of repeated

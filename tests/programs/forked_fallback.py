@@ -1,5 +1,5 @@
 """A program ddlctl takes for a TensorFlow one (the import below) that never imports it: with a
-TensorFlow that cannot be imported its zygote fails, and it must still run (tests/test_prefork.py)."""
+TensorFlow that cannot be imported its zygote fails, and it must still run (tests/system/test_prefork.py)."""
 
 import os
 import sys

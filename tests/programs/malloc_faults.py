@@ -1,6 +1,6 @@
 """The page faults of two rounds of the same allocations (512 blocks of 64 KiB, written, freed):
 the second costs none where glibc keeps the freed memory (ddlctl's MALLOC_TOP_PAD_ for tasks), about
-as many as the first where it hands it back to the kernel (glibc's default). tests/test_prefork.py."""
+as many as the first where it hands it back to the kernel (glibc's default). tests/system/test_prefork.py."""
 
 import ctypes
 import json

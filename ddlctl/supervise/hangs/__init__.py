@@ -1,1 +1,2 @@
-"""ddlctl.supervise.hangs.blame."""
+"""The hang watch: progress thresholds (watch), blame from stacks and activity (blame, activity), and tasks
+at work before their first step (preparing)."""

@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ddlctl.contract.telemetry import GPU_FIELDS
 from ddlctl.host.devices import visible_devices
-from ddlctl.host.nvml import GPU_FIELDS
 
 #: How much of each GPU's recent history is kept (seconds of the supervisor's clock).
 WINDOW_S = 900.0

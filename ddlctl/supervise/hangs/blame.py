@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlctl.contract.faults import Cause
 from ddlctl.contract.rundir import HANG_DIR
 from ddlctl.contract.strategies import strategy as strategy_facts
 from ddlctl.diagnose.stack_dumps import Standing, stand
@@ -199,7 +200,7 @@ class Hangs:
         self.watch.rearm(job.clock())
         detail = f"hung ({why}; {overdue.describe()}"
         detail += f"; {others}" if others else ""
-        return Finding(fault=Fault(task=culprit, cause="hang", reporter=culprit, status=None,
+        return Finding(fault=Fault(task=culprit, cause=Cause.HANG, reporter=culprit, status=None,
                                    detail=f"{detail}; stacks in {folder})"))
 
     def _preparing(self, now: float, overdue: Overdue, names: list[str]) -> bool:

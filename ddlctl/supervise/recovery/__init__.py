@@ -1,1 +1,1 @@
-"""ddlctl.supervise.recovery."""
+"""Restarts (in place, group, everyone), elastic shrink and grow, and the checkpoints a group restart shares."""

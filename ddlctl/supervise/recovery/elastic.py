@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from ddlctl.contract.envvars import CHECKPOINT_DIR
+from ddlctl.contract.strategies import facts_of
 from ddlctl.supervise.hosts import HostWatch
 from ddlctl.supervise.job import Job
 from ddlctl.supervise.recovery.checkpoints import newest_state
@@ -81,7 +82,7 @@ class Elastic:
         if now < host.back_since + quiet or self.restarts.under_way:
             return
         returning = sorted(n for n in job.left if job.tasks[n].host == host.label)
-        if job.strategy == "mwms":
+        if facts_of(job.strategy).group_restart:
             state = self._leader_checkpoint()
             if not host.waiting:
                 host.waiting, host.checkpoint, host.next_look = True, state, now + CHECKPOINT_POLL_S

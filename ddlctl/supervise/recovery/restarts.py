@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 
 from ddlctl.contract.envvars import CHECKPOINT_DIR, RESTART_COUNT
+from ddlctl.contract.faults import Action, Cause, Scope
 from ddlctl.contract.rundir import TASK_CHECKPOINT_COPY
+from ddlctl.contract.strategies import facts_of
 from ddlctl.planning.plan import TaskSpec, regroup, retarget
 from ddlctl.supervise.hosts import HostGone, HostWatch
 from ddlctl.supervise.job import Job, TaskState
@@ -105,9 +107,9 @@ class Restarts:
             return False
         self.port_retries += 1
         task.state = TaskState.STOPPED
-        event = {"time": time.time(), "task": name, "host": task.host, "cause": "port-in-use",
+        event = {"time": time.time(), "task": name, "host": task.host, "cause": Cause.PORT_IN_USE,
                  "reporter": name, "exit_code": task.status.code if task.status else None, "signal": None,
-                 "detail": f"port {task.spec.port} taken before it could bind", "action": "restart",
+                 "detail": f"port {task.spec.port} taken before it could bind", "action": Action.RESTART,
                  "scope": decision.scope, "tasks": list(members)}
         self.job.notify(decision.message)
         self.begin(decision, event)
@@ -131,7 +133,7 @@ class Restarts:
                 stuck = waiting[0]
                 message = unkillable(stuck.name, stuck.host, stuck.proc.pids().get("task_pid", "?"),
                                      "it cannot be restarted while it lives")
-                return RestartFailed(Decision("fail", message=message))
+                return RestartFailed(Decision(Action.FAIL, message=message))
             elif restart.killed and now - restart.stop_sent > grace + 5:
                 for task in waiting:
                     task.proc.force_kill()
@@ -152,7 +154,7 @@ class Restarts:
             self.current = None
             return None
         specs = self._specs(restart)
-        if restart.scope == "group":
+        if restart.scope == Scope.GROUP:
             unshared = self._share_checkpoint(specs)
             if unshared is not None:
                 self.current = None
@@ -182,9 +184,10 @@ class Restarts:
         decision = grow_back(job.strategy, returning, label, job.roles)
         self._regroup()
         job.membership.append({"time": time.time(), "workers": self._workers(), "joined": list(returning),
-                               "host": label, "why": f"host {label} is back", "cause": "grow"})
-        event = {"time": time.time(), "task": returning[0], "host": label, "cause": "grow", "reporter": returning[0],
-                 "exit_code": None, "signal": None, "detail": f"host {label} answers again", "action": "restart",
+                               "host": label, "why": f"host {label} is back", "cause": Cause.GROW})
+        event = {"time": time.time(), "task": returning[0], "host": label, "cause": Cause.GROW,
+                 "reporter": returning[0], "exit_code": None, "signal": None, "detail": f"host {label} answers again",
+                 "action": Action.RESTART,
                  "scope": decision.scope, "tasks": list(decision.tasks), "joined": list(returning)}
         job.notify(decision.message)
         self.begin(decision, event)
@@ -195,7 +198,7 @@ class Restarts:
     def _regroup(self) -> None:
         """mwms: every worker of the job gets a cluster spec of the job's workers as they are now."""
         job = self.job
-        if job.strategy != "mwms":
+        if not facts_of(job.strategy).group_restart:
             return
         workers = self._workers()
         for spec in regroup([job.tasks[n].spec for n in workers], workers):
@@ -218,7 +221,7 @@ class Restarts:
         restart.tasks = list(decision.tasks)
         self._regroup()
         change = {"time": time.time(), "workers": self._workers(), "left": leaving, "host": gone.label, "why": why,
-                  "cause": "host-lost"}
+                  "cause": Cause.HOST_LOST}
         job.membership.append(change)
         restart.event.setdefault("left", []).extend(leaving)
         return True
@@ -227,7 +230,7 @@ class Restarts:
         self.current = None
         name = next((n for n in restart.tasks if self.job.tasks[n].host == gone.label), gone.label)
         fault, decision = host_gone(name, gone.label, gone.why, gone.gone, self.job.options.host_timeout_s)
-        restart.event["action"] = "fail"
+        restart.event["action"] = Action.FAIL
         return RestartFailed(decision, fault)
 
     def _share_checkpoint(self, specs: list[TaskSpec]) -> RestartFailed | None:
@@ -267,7 +270,7 @@ class Restarts:
         job = self.job
         specs = {n: job.tasks[n].spec for n in restart.tasks}
         ports = {n: s.port for n, s in specs.items() if s.port}
-        if restart.scope in ("group", "all") and ports:
+        if restart.scope in (Scope.GROUP, Scope.ALL) and ports:
             by_host: dict[str, dict[str, int]] = {}
             for name, port in ports.items():
                 by_host.setdefault(specs[name].host.label, {})[name] = port  # type: ignore[assignment]

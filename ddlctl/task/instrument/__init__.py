@@ -1,1 +1,1 @@
-"""ddlctl.task.instrument."""
+"""Step-timing instrumentation for programs launched by ddlctl (Keras callback, model.fit hook)."""

@@ -24,6 +24,7 @@ import time
 from functools import lru_cache
 
 from ddlctl.contract import envvars
+from ddlctl.contract.strategies import facts_of
 from ddlctl.task.flops import record_model_flops
 from ddlctl.task.steps import StepRecorder, beat, record_phase, shared_recorder
 
@@ -204,7 +205,7 @@ def _steps_per_execution(model: object) -> int:
 
 def _uses_parameter_servers(model: object) -> bool:
     strategy = getattr(model, "distribute_strategy", None)
-    return "ParameterServer" in type(strategy).__name__ or os.environ.get(envvars.STRATEGY) == "ps"
+    return "ParameterServer" in type(strategy).__name__ or facts_of(os.environ.get(envvars.STRATEGY)).asynchronous
 
 
 def _default_keras() -> object:

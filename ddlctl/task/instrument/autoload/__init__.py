@@ -1,1 +1,0 @@
-"""ddlctl.task.instrument.autoload."""

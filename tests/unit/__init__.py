@@ -1,0 +1,1 @@
+"""The unit lane: no process, no TensorFlow (``pytest tests/unit``)."""
