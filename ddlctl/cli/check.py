@@ -35,9 +35,8 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP + " Here: the host reports (with --bench: "
                                                                       "the cluster profile).")] = False,
     bench: Annotated[bool, typer.Option(
-        "--bench", help="Measure instead: each device's matmul throughput in the host's TensorFlow (GPUs, else the "
-                        "CPU), the controller-to-host link over the transport, and every host-to-host link (TCP "
-                        "latency and bandwidth).")] = False,
+        "--bench", help="Measure instead: each device's matmul throughput, the controller-to-host link and every "
+                        "host-to-host link.")] = False,
     bench_seconds: Annotated[float, typer.Option(
         "--bench-seconds", metavar="SECONDS", min=0.1, help="--bench: timing per device.")] = 1.0,
     save: Annotated[str | None, typer.Option(

@@ -40,8 +40,8 @@ def compare(
     template: Annotated[str | None, typer.Option("--template", metavar="FILE", help="YAML cluster template.",
                                                  show_default=False)] = None,
     workload: Annotated[Workload, typer.Option(  # type: ignore[valid-type]
-        "--workload", help="Built-in workload of every run: cnn (a small CNN, augmented images), mlp (a wide MLP: "
-                           "many parameters, communication-heavy) or deep (a deep MLP, for the model strategy).")
+        "--workload", help="Built-in workload of every run: cnn (small CNN), mlp (wide, communication-heavy) or deep "
+                           "(for the model strategy).")
     ] = DEFAULT_WORKLOAD,
     steps: Annotated[int, typer.Option("--steps", metavar="N", min=1, help="Training steps of every run.")] = 200,
     batch_size: Annotated[int, typer.Option("--batch-size", metavar="N", min=1,
@@ -51,10 +51,8 @@ def compare(
                                                     "placement defaults).", show_default=False)] = None,
     repeats: Annotated[int, typer.Option(
         "--repeats", metavar="N", min=1,
-        help="Runs per strategy and mode, interleaved (each once, then again): the table shows the median and "
-             "the spread, each speed-up its lowest-highest range and whether it is inside the noise, and the "
-             "verdict line the final accuracies' spread and, per repeat, pipelined - linear in points (how "
-             "many within one point).")] = 1,
+        help="Runs per strategy and mode, interleaved: medians, spreads, and whether each speed-up is inside the noise "
+             "(docs/cli.md).")] = 1,
     execution: Annotated[str, typer.Option(
         "--execution", metavar="MODE[,MODE...]",
         help="Execution modes of the built-in workload to run, comma-separated, or all: " + ", ".join(EXECUTIONS)

@@ -81,58 +81,39 @@ def launch(
     runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
     old_run_dir: OldRunDirOption = None,
     env: Annotated[list[str] | None, typer.Option(
-        "--env", "-e", metavar="KEY=VALUE", help="Set KEY for every task; repeatable. A bare KEY passes on "
-                                                 "ddlctl's own value of KEY (keeps secrets off every command line). "
-                                                 "Wins over what ddlctl gives tasks by default "
-                                                 "(MALLOC_TOP_PAD_=64 MiB: freed memory kept, not faulted in again).",
+        "--env", "-e", metavar="KEY=VALUE", help="Set KEY for every task; repeatable. A bare KEY passes on ddlctl's "
+                                                 "own value (keeps secrets off command lines).",
         show_default=False)] = None,
     startup_timeout: Annotated[float, typer.Option(
-        "--startup-timeout", metavar="SECONDS", min=0, help="Time for every task to start listening on its "
-                                                            "port (and before its first step, the hang watch's "
-                                                            "threshold); the job fails naming the missing ones. A "
-                                                            "task found at work then (its CPU busy, or reading and "
-                                                            "writing, outside a wait in TensorFlow: preparing its "
-                                                            "data) gets it again, up to 30 min after its start. 0: "
-                                                            "wait forever.")] = 180.0,
+        "--startup-timeout", metavar="SECONDS", min=0, help="Time for every task to listen on its port; a task still "
+                                                            "preparing its data gets more, up to 30 min. 0: wait "
+                                                            "forever.")] = 180.0,
     grace: Annotated[float, typer.Option(
         "--grace", metavar="SECONDS", min=0, help="Time between SIGTERM and SIGKILL when stopping tasks.")] = 5.0,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", metavar="N", min=0,
-        help="Restarts allowed for the whole job (a task, its group or every task, as the strategy needs: see "
-             "docs/faults.md). A lost ps worker never ends the job while the chief and another "
-             "worker live.")] = 0,
+        help="Restarts allowed for the whole job (a task, its group or every task, as the strategy needs: "
+             "docs/faults.md).")] = 0,
     restart_on: Annotated[RestartOn, typer.Option(  # type: ignore[valid-type]
-        "--restart-on", help="fault: restart after a signal (OOM kill, preemption, kill -9), exit 42/143, a hang "
-                             "or a lost host; any: also after a Python exception or another non-zero exit.")
+        "--restart-on", help="fault: restart after a signal, exit 42/143, a hang or a lost host; any: also after an "
+                             "exception or a non-zero exit.")
     ] = DEFAULT_RESTART_ON,
     hang_timeout: Annotated[float | None, typer.Option(
         "--hang-timeout", metavar="SECONDS", min=0,
-        help="Time a training task may make no progress (no step, no evaluation batch of model.fit, no "
-             "ddlctl.beat(); under ps a worker: no block run) before it counts as hung: every task's stacks are "
-             "saved, the task at fault is named and handled as a fault. Default: adaptive, max(10 x the task's "
-             "p99 step interval, 60 s); before a task's first step the startup timeout applies; inside a "
-             "ddlctl.phase the program declared, 30 min at least (unless its process is stopped or blocked in "
-             "the kernel there). A task whose program has ended but whose "
-             "process has not exited this long after its last step is ended as the exit its program made. 0: "
-             "off.")] = None,
+        help="Time a task may make no progress before it counts as hung. Default: max(10 x its p99 step interval, 60 "
+             "s). 0: off.")] = None,
     host_timeout: Annotated[float, typer.Option(
         "--host-timeout", metavar="SECONDS", min=0, help="Time to keep reconnecting to a host whose SSH "
                                                          "connection dropped before the job fails naming it.")] = 60.0,
     min_workers: Annotated[int | None, typer.Option(
         "--min-workers", metavar="N", min=1,
-        help="mwms, ps: when a host is lost for good (--host-timeout passed), go on with the workers that "
-             "remain while at least N do. mwms: a group restart from the latest checkpoint with a cluster spec "
-             "of the survivors (the global batch is kept, each worker takes more: the built-in workload's "
-             "default batch is rounded to divide every size from N up); ps: on without that host's workers. "
-             "A host that answers again later is taken back (see --rejoin-after). "
-             "Default: off (a host gone for good fails an mwms job; docs/faults.md).",
+        help="mwms, ps: go on with the workers that remain while at least N do when a host is lost for good. Default: "
+             "off.",
         show_default=False)] = None,
     rejoin_after: Annotated[float, typer.Option(
         "--rejoin-after", metavar="SECONDS", min=0,
-        help="--min-workers: ddlctl keeps trying to reach a host whose workers left (2 s, then up to 60 s "
-             "apart); one that answers and stays up this long (doubled for each time it was lost before) is "
-             "taken back at the job's next checkpoint (mwms: a group restart with every worker; ps: its workers "
-             "rejoin). A planned restart: it uses none of --max-restarts.")] = 10.0,
+        help="--min-workers: a host that answers again and stays up this long is taken back at the next "
+             "checkpoint.")] = 10.0,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the plan (tasks, hosts, ports, TF_CONFIG, commands); start "
                           "nothing.")] = False,
@@ -141,39 +122,29 @@ def launch(
                                    "output and the report go to stderr).")] = False,
     legacy_keras: Annotated[bool, typer.Option(
         "--legacy-keras/--no-legacy-keras",
-        help="For a command under ps/mwms, set TF_USE_LEGACY_KERAS=1 so model.fit uses "
-             "tf-keras (Keras 3 model.fit does not work under ps/mwms). A program that imports Keras 3 "
-             "then loads both Kerases (~0.25 s more per task start): --no-legacy-keras if it does not "
-             "call model.fit.")] = True,
+        help="For a command under ps/mwms, set TF_USE_LEGACY_KERAS=1 so model.fit uses tf-keras (Keras 3's fails "
+             "there).")] = True,
     telemetry: Annotated[bool, typer.Option(
-        "--telemetry/--no-telemetry", help="Run a telemetry agent per host (GPU via NVML, CPU, memory, "
-                                           "network, per-task CPU/RSS) into <run>/telemetry/. The hang watch "
-                                           "reads it too: what a stalled task's GPUs and process did tells "
-                                           "whom to blame when every stack waits in a library.")] = True,
+        "--telemetry/--no-telemetry", help="Run a telemetry agent per host (GPU via NVML, CPU, memory, network, "
+                                           "per-task CPU/RSS) into <run>/telemetry/.")] = True,
     sample_interval: Annotated[float, typer.Option(
         "--sample-interval", metavar="SECONDS", min=0.05, help="Time between telemetry samples.")] = 1.0,
     verbose: Annotated[bool, typer.Option(
-        "--verbose", "-v", help="Show every line tasks print: TensorFlow's start-up notices, and each task's "
-                                "copy of a line several tasks print within 0.5 s (by default shown once, as "
-                                "[worker:0-7@host] line). Every line is always in <run>/tasks/*/output.log.")] = False,
+        "--verbose", "-v", help="Show every line tasks print (by default a line several tasks print is shown once). "
+                                "output.log keeps every line.")] = False,
     metrics_port: Annotated[str | None, typer.Option(
         "--metrics-port", metavar="[HOST:]PORT",
-        help="Serve Prometheus metrics while the job runs (steps, step time, task up, restarts, goodput, host "
-             "CPU, per-GPU utilisation/SM activity/memory/power) at http://HOST:PORT/metrics; HOST defaults to "
-             "127.0.0.1 (0.0.0.0 for a Prometheus on another machine).", show_default=False)] = None,
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics while the job runs; HOST defaults to "
+             "127.0.0.1.", show_default=False)] = None,
     task_colors: Annotated[bool, typer.Option(
-        "--task-colors", help="Let the colour sequences tasks print reach the console. Every other control "
-                              "character (cursor moves, clipboard, title) is always shown as text (^[, <U+009B>); "
-                              "the logs keep the raw bytes.")] = False,
+        "--task-colors", help="Let the colour sequences tasks print reach the console; other control characters are "
+                              "always shown as text.")] = False,
     auto_steps: Annotated[bool, typer.Option(
         "--auto-steps/--no-auto-steps", help="Record step timings of Keras model.fit in your program without "
                                              "code changes (a callback ddlctl adds to every fit call).")] = True,
     prefork: Annotated[bool, typer.Option(
-        "--prefork/--no-prefork", help="Fork each host's TensorFlow tasks from one process that imported "
-                                       "TensorFlow once (per host and environment) instead of each importing it "
-                                       "again: the cluster starts, and a task restarts, seconds sooner. Python "
-                                       "programs that import TensorFlow or Keras, and ddlctl's own; never on "
-                                       "hosts with NVIDIA devices (docs/prefork.md).")] = True,
+        "--prefork/--no-prefork", help="Fork each host's TensorFlow tasks from one process that imported TensorFlow "
+                                       "once: starts and restarts sooner.")] = True,
     ssh_key: SshKeyOption = None,
     ssh_user: SshUserOption = None,
     connect_timeout: ConnectTimeoutOption = 10.0,
@@ -190,42 +161,31 @@ def launch(
         "--execution", help=EXECUTION_HELP + " Default: pipelined.", show_default=False)] = None,
     pipeline: Annotated[bool | None, typer.Option("--pipeline/--no-pipeline", hidden=True)] = None,
     worker_per: Annotated[WorkerPer | None, typer.Option(  # type: ignore[valid-type]
-        "--worker-per", help="gpu: one worker per GPU, each pinned with CUDA_VISIBLE_DEVICES (slots= workers on "
-                             "CPU-only hosts), so hosts with 4 and 2 GPUs give 6 equal workers; host: workers per "
-                             "host as --workers/slots= say, sharing the host's GPUs. auto: gpu under mwms when the "
-                             "hosts' GPU counts differ (mwms needs the same GPUs in every worker), else host. "
-                             "Default: the template's, else auto.", show_default=False)
+        "--worker-per", help="gpu: one worker per GPU; host: workers per host as --workers/slots= say; auto: gpu where "
+                             "mwms needs it, else host.", show_default=False)
     ] = None,
     balance: Annotated[Balance | None, typer.Option(  # type: ignore[valid-type]
-        "--balance", help="mwms: speed gives each worker a share of the global batch proportional to its "
-                          "speed (measured at the start of the run, or from --speeds; the built-in workload compares "
-                          "the speeds shown in training after 4 steps, then at growing intervals, and splits "
-                          "again where that pays, a few steps later), with the loss weighted so "
-                          "the gradient equals the equal split's (docs/heterogeneous.md). Built-in "
-                          "workload, or programs that use ddlctl.task.balance. Default: the template's, else off.",
+        "--balance", help="mwms: speed gives each worker a share of the batch proportional to its speed "
+                          "(docs/heterogeneous.md). Default: off.",
         show_default=False)] = None,
     speeds: Annotated[str | None, typer.Option(
         "--speeds", metavar="FILE", help="--balance speed: per-host speeds from a profile saved by 'ddlctl check "
                                          "--bench --save FILE' instead of measuring them at the start.",
         show_default=False)] = None,
     bench: Annotated[bool, typer.Option(
-        "--bench", help="Measure every host that runs tasks first, as 'ddlctl check --bench' does, through "
-                        "the run's own host agents (saved as <run>/cluster-profile.json), and use the measured "
-                        "speeds for --balance speed and --strategy model.")] = False,
+        "--bench", help="Measure every host that runs tasks first (as 'check --bench'), for --balance speed and "
+                        "--strategy model.")] = False,
     partition: Annotated[str | None, typer.Option(
         "--partition", metavar="FILE", help="--strategy model: the plan saved by 'ddlctl partition --save' (layers "
                                             "per stage task). Without it the chief plans with the greedy algorithm.",
         show_default=False)] = None,
     slurm: Annotated[bool, typer.Option(
-        "--slurm", help="Run inside a Slurm allocation (salloc, sbatch): the cluster is the job's nodes (their "
-                        "NodeAddr, tasks per node as worker slots, the job's GPUs), and each node's tasks start "
-                        "in one srun job step, never over SSH (docs/slurm.md).")] = False,
+        "--slurm", help="Run inside a Slurm allocation (salloc, sbatch): the job's nodes are the cluster, tasks start "
+                        "in srun steps.")] = False,
     python: SlurmPythonOption = None,
     private_network: Annotated[bool, typer.Option(
-        "--private-network", help="A job on this machine alone runs in a network namespace of its own, with only "
-                                  "its loopback: TensorFlow's servers listen on every interface, unauthenticated, "
-                                  "and there no other user of the machine can reach them (Linux; root, or "
-                                  "unprivileged user namespaces).")] = False,
+        "--private-network", help="Run a job of this machine in a network namespace of its own, out of other users' "
+                                  "reach (Linux).")] = False,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
                                          "and a random suffix).", show_default=False)] = None,

@@ -49,18 +49,14 @@ def partition(
         "--latency-ms", metavar="MS", min=0, help="Link latency per message. Default: the profile's median "
                                                   "measured link (--speeds), else 0.1.", show_default=False)] = None,
     speeds: Annotated[str | None, typer.Option(
-        "--speeds", metavar="FILE", help="Measured device speeds and links from 'ddlctl check --bench --save FILE' "
-                                         "instead of the hosts' speed= (relative to localhost when the profile has "
-                                         "it, else to the fastest host).", show_default=False)] = None,
+        "--speeds", metavar="FILE", help="Device speeds and links measured by 'ddlctl check --bench --save FILE', "
+                                         "instead of the hosts' speed=.", show_default=False)] = None,
     bench: Annotated[bool, typer.Option(
-        "--bench", help="Measure every host's devices and links now (as 'ddlctl check --bench' does, through each "
-                        "host's agent, so cpu_quota= applies) and plan with those speeds instead of speed=.")] = False,
+        "--bench", help="Measure every host's devices and links now (as 'ddlctl check --bench') and plan with those "
+                        "speeds.")] = False,
     in_place: Annotated[bool, typer.Option(
-        "--in-place", help="Measure as the launched chief of --strategy model does before it plans: start the "
-                           "stage tasks on the hosts and a chief that profiles the model on its host, times the "
-                           "model's own step on each stage task, what a message costs each and the link as "
-                           "TensorFlow moves tensors; plan with those (the predictions are then the chief's). "
-                           "Costs one short job's start-up.")] = False,
+        "--in-place", help="Measure as a launched model-parallel chief does (its stages, messages, links) and plan "
+                           "with that.")] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the random plan.")] = 0,
     save: Annotated[str | None, typer.Option("--save", metavar="FILE", help="Write the plans and the chosen one "
                                              "(fastest predicted) as JSON.", show_default=False)] = None,
