@@ -18,7 +18,7 @@ from ddlctl.console import closed_stdout as stdoutgone
 from ddlctl.contract.errors import UserError
 from ddlctl.contract.rundir import PLAN_FILE
 from ddlctl.contract.strategies import STRATEGIES
-from ddlctl.planning.plan import BALANCE, WORKER_PER
+from ddlctl.planning.request import BALANCE, WORKER_PER
 from ddlctl.transport.options import SshOptions
 from ddlctl.workloads import EXECUTIONS, WORKLOADS
 

@@ -63,7 +63,7 @@ def cpu_limits(host) -> str:  # noqa: ANN001 - a cluster Host
 
 def plan_notes(plan: Plan) -> list[str]:
     """How the workers were placed and the batch split, when that is not the plain default."""
-    from ddlctl.planning.plan import worker_per_gpu
+    from ddlctl.planning.placement import worker_per_gpu
 
     notes = []
     request = plan.request
