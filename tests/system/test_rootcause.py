@@ -1,22 +1,7 @@
 """Root cause extraction from a task's output."""
 
 from ddlctl.diagnose.rootcause import last_traceback
-
-LOG = """starting
-Traceback (most recent call last):
-  File "a.py", line 1, in <module>
-KeyError: 'first'
-
-During handling of the above exception, another exception occurred:
-
-Traceback (most recent call last):
-  File "a.py", line 3, in <module>
-    boom()
-  File "a.py", line 2, in boom
-    raise ValueError("second")
-ValueError: second
-cleanup line
-"""
+from tests.unit.test_rootcause import LOG
 
 
 def test_a_syntax_error_in_the_script_is_its_report_and_a_bug_in_the_program(tmp_path):
