@@ -91,16 +91,14 @@ STRATEGY_HELP = ("ps (chief + workers + parameter servers), mwms (multi-worker m
                  "mirrored, central_storage, one_device. Default: the template's, else mwms.")
 #: Where launch, profile, compare and submit put run directories unless --runs-dir says otherwise.
 DEFAULT_RUNS_DIR = "runs"
-RUNS_DIR_HELP = "Folder that receives run directories (<folder>/<run-id>/). --run-dir is an old spelling."
+RUNS_DIR_HELP = "Folder that receives run directories (<folder>/<run-id>/)."
 JSON_HELP = "Machine-readable output: JSON on stdout, and nothing else there."
 EXECUTION_HELP = ("Built-in workload's execution: pipelined (tf.data parallel map + prefetch: input overlaps "
                   "compute), linear (the same input without overlap: the research's baseline) or python-feed "
-                  "(batches built in Python sample by sample, one step per call). --pipeline / --no-pipeline "
-                  "are old spellings of pipelined / linear.")
+                  "(batches built in Python sample by sample, one step per call).")
 WORKLOAD_HELP = ("Built-in workload to run when no command is given: cnn (a small CNN, augmented images), mlp (a "
                  "wide MLP: many parameters, communication-heavy) or deep (a deep MLP, for --strategy model).")
 RunsDirOption = Annotated[str, typer.Option("--runs-dir", metavar="DIR", help=RUNS_DIR_HELP)]
-OldRunDirOption = Annotated[str | None, typer.Option("--run-dir", hidden=True)]
 
 
 def _version(value: bool) -> None:
@@ -133,11 +131,6 @@ def run_dir_arg(value: str, runs_dir: str = DEFAULT_RUNS_DIR) -> str:
         return value
     named = Path(runs_dir) / value
     return str(named) if (named / PLAN_FILE).is_file() else value
-
-
-def _runs_dir(runs_dir: str, old_run_dir: str | None) -> str:
-    """``--runs-dir``, or its old spelling ``--run-dir`` when that was given."""
-    return old_run_dir if old_run_dir is not None else runs_dir
 
 
 

@@ -14,14 +14,12 @@ from ddlctl.cli.common import (
     STRATEGIES,
     AcceptNewOption,
     ConnectTimeoutOption,
-    OldRunDirOption,
     RunsDirOption,
     SlurmPythonOption,
     SshKeyOption,
     SshUserOption,
     Workload,
     _exit_with,
-    _runs_dir,
     _value,
     app,
     error_console,
@@ -58,11 +56,9 @@ def compare(
         help="Execution modes of the built-in workload to run, comma-separated, or all: " + ", ".join(EXECUTIONS)
              + ". With several, a row each and, per strategy, how much faster pipelined is than each other "
                "mode.")] = "pipelined",
-    pipeline: Annotated[str | None, typer.Option("--pipeline", hidden=True)] = None,
     plot_file: Annotated[str | None, typer.Option("--plot", metavar="FILE", help="Also draw the throughput chart "
                                                   "into this PNG (needs ddlctl[plot]).", show_default=False)] = None,
     runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
-    old_run_dir: OldRunDirOption = None,
     json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP + " Here: compare.json.")] = False,
     startup_timeout: Annotated[float, typer.Option("--startup-timeout", metavar="SECONDS", min=0,
                                                    help="Per run, as for launch.")] = 180.0,
@@ -90,8 +86,7 @@ def compare(
     from ddlctl.supervise.job import SupervisorOptions
 
     def run() -> int:
-        old = {"on": "pipelined", "off": "linear", "both": "pipelined,linear"}  # --pipeline on|off|both
-        modes = parse_executions(execution if pipeline is None else old.get(pipeline, pipeline))
+        modes = parse_executions(execution)
         opts = CompareOptions(
             strategies=parse_strategies(strategies), executions=modes, repeats=repeats, plot=plot_file,
             json_out=json_out,
@@ -100,7 +95,7 @@ def compare(
                 request=RequestOptions(workers=workers),
                 workload=WorkloadOptions(workload=_value(workload), steps=steps, batch_size=batch_size),
                 supervision=SupervisorOptions(startup_timeout_s=startup_timeout),
-                output=OutputOptions(run_dir=_runs_dir(runs_dir, old_run_dir)),
+                output=OutputOptions(run_dir=runs_dir),
                 ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys)))
         return run_compare(opts, people_console(), error_console())
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated
 
 import typer
@@ -18,7 +17,6 @@ from ddlctl.cli.common import (
     Balance,
     ConnectTimeoutOption,
     Execution,
-    OldRunDirOption,
     RestartOn,
     RunsDirOption,
     SlurmPythonOption,
@@ -30,7 +28,6 @@ from ddlctl.cli.common import (
     Workload,
     _exit_with,
     _fail,
-    _runs_dir,
     _value,
     app,
     error_console,
@@ -79,7 +76,6 @@ def launch(
         "--evaluator/--no-evaluator", help="Add a side-car evaluator task (ps and mwms).",
         show_default=False)] = None,
     runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
-    old_run_dir: OldRunDirOption = None,
     env: Annotated[list[str] | None, typer.Option(
         "--env", "-e", metavar="KEY=VALUE", help="Set KEY for every task; repeatable. A bare KEY passes on ddlctl's "
                                                  "own value (keeps secrets off command lines).",
@@ -159,7 +155,6 @@ def launch(
         show_default=False)] = None,
     execution: Annotated[Execution | None, typer.Option(  # type: ignore[valid-type]
         "--execution", help=EXECUTION_HELP + " Default: pipelined.", show_default=False)] = None,
-    pipeline: Annotated[bool | None, typer.Option("--pipeline/--no-pipeline", hidden=True)] = None,
     worker_per: Annotated[WorkerPer | None, typer.Option(  # type: ignore[valid-type]
         "--worker-per", help="gpu: one worker per GPU; host: workers per host as --workers/slots= say; auto: gpu where "
                              "mwms needs it, else host.", show_default=False)
@@ -211,12 +206,12 @@ def launch(
             prefork=prefork, partition=partition, worker_per=_value(worker_per), balance=_value(balance),
             speeds=speeds, bench=bench, command=tuple(command or ())),
         workload=WorkloadOptions(workload=_value(workload), steps=steps, batch_size=batch_size,
-                                 execution=_execution(execution, pipeline)),
+                                 execution=_value(execution)),
         supervision=SupervisorOptions(startup_timeout_s=startup_timeout, grace_s=grace, max_restarts=max_restarts,
                                       restart_on=_value(restart_on) or "fault", hang_timeout_s=hang_timeout,
                                       host_timeout_s=host_timeout, min_workers=min_workers or 0,
                                       rejoin_after_s=rejoin_after),
-        output=OutputOptions(run_dir=_runs_dir(runs_dir, old_run_dir), run_id=_run_id(run_id), dry_run=dry_run,
+        output=OutputOptions(run_dir=runs_dir, run_id=_run_id(run_id), dry_run=dry_run,
                              json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose,
                              task_colors=task_colors, metrics=metrics_port),
         ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
@@ -227,15 +222,6 @@ def launch(
 # ``profile`` takes exactly launch's options: the same function, registered under a second name.
 app.command("profile", help=PROFILE_HELP, context_settings={"allow_interspersed_args": False})(launch)
 
-
-
-def _execution(execution: Enum | None, pipeline: bool | None) -> str | None:
-    """``--execution``, or what the old ``--pipeline/--no-pipeline`` flags meant."""
-    if execution is not None and pipeline is not None:
-        _fail(UserError("give --execution or the old --pipeline/--no-pipeline, not both"))
-    if pipeline is not None:
-        return "pipelined" if pipeline else "linear"
-    return _value(execution)
 
 
 def _run_id(name: str | None) -> str | None:

@@ -111,7 +111,7 @@ def check_options(opts: SubmitOptions) -> None:
             raise ConfigError(f"--sbatch-arg {arg!r} is not an sbatch option", "e.g. --sbatch-arg=--account=proj")
     if "--slurm" in opts.launch_args:
         raise ConfigError("submit runs 'ddlctl launch --slurm' itself: drop --slurm")
-    for given in ("--runs-dir", "--run-dir", "--run-id", "--hosts", "--template"):
+    for given in ("--runs-dir", "--run-id", "--hosts", "--template"):
         if given in opts.launch_args or any(a.startswith(given + "=") for a in opts.launch_args):
             raise ConfigError(f"{given} does not apply to submit" + (
                 " (the cluster is the allocation)" if given in ("--hosts", "--template") else
