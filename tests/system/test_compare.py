@@ -65,8 +65,7 @@ def test_compare_runs_every_strategy_and_reports_failures(tmp_path):
 @pytest.mark.cluster
 def test_every_execution_mode_trains_to_the_same_accuracy(runs):
     accuracies, input_share = {}, {}
-    # --pipeline is the old spelling of --execution pipelined
-    for mode, flag in (("pipelined", "--pipeline"), ("linear", "--execution=linear"),
+    for mode, flag in (("pipelined", "--execution=pipelined"), ("linear", "--execution=linear"),
                        ("python-feed", "--execution=python-feed")):
         # (batches of 16: at 64, python-feed building them in Python was the test's largest cost)
         result = run_ddlctl("launch", "--strategy", "one_device", "--steps", "40", "--batch-size", "16", flag,
