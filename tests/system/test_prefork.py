@@ -315,7 +315,7 @@ def test_a_task_whose_zygote_still_imports_tensorflow_is_at_work_by_the_zygotes_
     # (a loaded host or a slow disk: the import may outlast a startup timeout; the task is starting)
     if prefork.gpu_host():
         return
-    from ddlctl.supervise.hangs.preparing import at_work
+    from ddlctl.supervise.hangs.preparing import BUSY_CPU, BUSY_IO, at_work
 
     session = open_local_session(HOST, "prefork-test", tmp_path / "agents")
     try:
@@ -330,7 +330,11 @@ def test_a_task_whose_zygote_still_imports_tensorflow_is_at_work_by_the_zygotes_
         assert [look.get("forking") for look in looks] == [True, True], looks
         work = at_work("worker:0", *looks)
         assert work is not None and work.where == "not started yet: its host's zygote imports TensorFlow for it"
-        assert work.cpu > 0.25, work
+        # the zygote's own figures (the task has no process yet), judged by the watch's rule: a busy
+        # CPU or reading; on a loaded machine (four test workers on two cores) an import can get less
+        # than a quarter of a CPU while it reads TensorFlow's files (seen: 23% and 1.7 MB)
+        assert work.cpu is not None and work.cpu > 0.05, work
+        assert work.cpu >= BUSY_CPU or work.io >= BUSY_IO, work
         assert session.wait_for(lambda: task.pids(), 60), "then forked"
         session.request_dump(["worker:0"])
         assert session.wait_for(lambda: session.dump_of("worker:0") is not None, 10)
