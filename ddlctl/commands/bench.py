@@ -273,7 +273,7 @@ def bench(hosts_file: str | None, template: str | None, ssh: object | None, seco
     start its agent and measure it (nothing left behind)."""
     from ddlctl.cluster.addresses import with_reachable_addresses
     from ddlctl.cluster.source import load_cluster
-    from ddlctl.contract.rundir import new_run_id
+    from ddlctl.contract.runfolder import new_run_id
     from ddlctl.transport.fleet import (
         connection_source_address,
         make_transports,

@@ -23,7 +23,7 @@ from ddlctl.commands.config import LaunchConfig
 from ddlctl.commands.launch import finish, prepare, record_run, supervise
 from ddlctl.contract.diskspace import write_failure
 from ddlctl.contract.errors import ConfigError, UserError
-from ddlctl.contract.rundir import make_dir, write_whole
+from ddlctl.contract.runfolder import make_dir, write_whole
 from ddlctl.contract.strategies import STRATEGIES
 from ddlctl.report.render import fmt
 from ddlctl.workloads import EXECUTIONS

@@ -39,17 +39,8 @@ from ddlctl.console.output import PrefixedWriter, QuietWriter
 from ddlctl.contract import envvars
 from ddlctl.contract.diskspace import LOW_SPACE_BYTES, free_bytes, size_words, write_failure
 from ddlctl.contract.errors import ConfigError
-from ddlctl.contract.rundir import (
-    OUTCOME_FILE,
-    PLAN_FILE,
-    SUMMARY_FILE,
-    TRACE_FILE,
-    make_dir,
-    new_run_id,
-    remove_unused,
-    write_plan,
-    write_whole,
-)
+from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
+from ddlctl.contract.runfolder import make_dir, new_run_id, remove_unused, write_plan, write_whole
 from ddlctl.contract.strategies import facts_of
 from ddlctl.diagnose.tfnoise import is_startup_noise
 from ddlctl.planning.plan import (

@@ -11,7 +11,8 @@ from rich.console import Console
 
 from ddlctl.cluster.model import Host
 from ddlctl.contract.errors import ConfigError, LaunchError
-from ddlctl.contract.rundir import PLAN_FILE, check_private
+from ddlctl.contract.rundir import PLAN_FILE
+from ddlctl.contract.runfolder import check_private
 from ddlctl.host.killrun import kill_run, script
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

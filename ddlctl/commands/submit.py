@@ -27,7 +27,8 @@ from rich.console import Console
 from ddlctl.cluster.slurm import job_state
 from ddlctl.contract import envvars
 from ddlctl.contract.errors import ConfigError, LaunchError
-from ddlctl.contract.rundir import OUTCOME_FILE, make_dir, new_run_id
+from ddlctl.contract.rundir import OUTCOME_FILE
+from ddlctl.contract.runfolder import make_dir, new_run_id
 
 #: Job states after which nothing more happens (``scontrol show job``'s JobState).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",

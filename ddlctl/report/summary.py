@@ -32,16 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ddlctl.contract.rundir import (
-    OUTCOME_FILE,
-    PLAN_FILE,
-    TASK_FLOPS,
-    TASK_PHASES,
-    TASK_RESULT,
-    TASK_STEPS,
-    TASKS_DIR,
-    task_dirs,
-)
+from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
+from ddlctl.contract.runfolder import task_dirs
 from ddlctl.contract.stats import mean, median_of, percentile
 from ddlctl.contract.strategies import TABLE, facts_of, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of

@@ -13,7 +13,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_STEPS, task_dirs
+from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_STEPS
+from ddlctl.contract.runfolder import task_dirs
 from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_steps
 from ddlctl.report.faults import summarize_restarts

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlctl.console.output import LineSplitter
-from ddlctl.contract.rundir import PIDS_FILE, task_log, telemetry_file, write_whole
+from ddlctl.contract.rundir import PIDS_FILE
+from ddlctl.contract.runfolder import task_log, telemetry_file, write_whole
 from ddlctl.diagnose.rootcause import read_tail
 from ddlctl.diagnose.tfmessages import LiveReports
 from ddlctl.planning.plan import Plan, TaskSpec

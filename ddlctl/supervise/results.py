@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ddlctl.contract.faults import Cause
-from ddlctl.contract.rundir import TASK_ERROR, task_dir
+from ddlctl.contract.rundir import TASK_ERROR
+from ddlctl.contract.runfolder import task_dir
 from ddlctl.diagnose.rootcause import last_traceback, tail_lines
 from ddlctl.supervise.job import Job, SupervisedTask, TaskState
 from ddlctl.supervise.policy import Fault

@@ -46,7 +46,7 @@ def test_run_dir_is_absolute_and_unique(tmp_path, monkeypatch):
 
 
 def test_run_files_read_while_the_job_runs_are_replaced_whole(tmp_path):
-    from ddlctl.contract.rundir import write_whole
+    from ddlctl.contract.runfolder import write_whole
 
     path = tmp_path / "pids.json"
     write_whole(path, '{"a": 1}\n')
@@ -56,7 +56,7 @@ def test_run_files_read_while_the_job_runs_are_replaced_whole(tmp_path):
 
 
 def test_a_refused_launchs_run_folder_is_removed_only_when_it_holds_nothing_but_empty_agent_logs(tmp_path):
-    from ddlctl.contract.rundir import remove_unused
+    from ddlctl.contract.runfolder import remove_unused
 
     def folder(name: str, **files: str) -> Path:
         run = tmp_path / name
