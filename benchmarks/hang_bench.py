@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlctl.testing.faults import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 HANG_KINDS = str(ROOT / "tests" / "programs" / "hang_kinds.py")
 BUILTIN = ("--", sys.executable, "-m", "ddlctl.workloads", "--steps", "1000000")
@@ -59,16 +61,6 @@ KINDS = {
 }
 
 
-def wait_for(predicate, timeout: float):  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError
-
-
 def measure(key: str, kind: Kind, root: Path) -> dict:
     """One run of ``kind``: the stall, the root-cause line on ddlctl's stderr, then its hang record
     (a ps worker hung without restarts leaves the job going on degraded: it is stopped with Ctrl-C)."""
@@ -86,20 +78,20 @@ def measure(key: str, kind: Kind, root: Path) -> dict:
                                                          for line in proc.stderr), daemon=True)
     reader.start()
     try:
-        run_dir = wait_for(lambda: next((p for p in runs.iterdir() if p.is_dir()), None), 60)
+        run_dir = wait_for(lambda: next((p for p in runs.iterdir() if p.is_dir()), None), 60, "the run directory")
         folder = kind.culprit.replace(":", "-")
         if kind.stop_after is not None:
             task, steps = kind.stop_after
             path = run_dir / "tasks" / task / "steps.jsonl"
-            wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") >= steps, 300)
+            wait_for(lambda: path.exists() and path.read_bytes().count(b"\n") >= steps, 300, f"{steps} steps")
             pid = int(json.loads((run_dir / "tasks" / folder / "pid.json").read_text())["task_pid"])
             os.kill(pid, signal.SIGSTOP)
         else:
             log = run_dir / "tasks" / folder / "output.log"
-            wait_for(lambda: log.exists() and kind.says.encode() in log.read_bytes(), 300)
+            wait_for(lambda: log.exists() and kind.says.encode() in log.read_bytes(), 300, repr(kind.says))
         stalled = time.time()
         named = wait_for(lambda: next((t for t, line in list(said) if " hung (" in line), None)
-                         or (proc.poll() is not None and float("nan")), 600)
+                         or (proc.poll() is not None and float("nan")), 600, "the culprit named")
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         code = proc.wait(120)
