@@ -2,7 +2,8 @@
 SIGUSR2, writing every thread's stack to ``$DDLCTL_TASK_DIR/stacks-<pid>.txt``.
 
 The file's existence tells the host agent that this process may be sent SIGUSR2 (for any other
-process the signal's default action would kill it). Standard library only; never raises.
+process the signal's default action would kill it): it is created under another name and renamed
+once the handler is registered. Standard library only; never raises.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ def install() -> bool:
 
         os.makedirs(task_dir, exist_ok=True)
         path = os.path.join(task_dir, f"stacks-{os.getpid()}.txt")
-        _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-        faulthandler.register(signal.SIGUSR2, file=_fd, all_threads=True, chain=False)
+        # the file appears under its name only once the handler is registered: the agent signals
+        # any process whose file exists, and SIGUSR2's default action ends a process (CI saw a
+        # task die so, preempted between the open and the register, counted as "ended on its own")
+        fd = os.open(path + ".new", os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        faulthandler.register(signal.SIGUSR2, file=fd, all_threads=True, chain=False)
+        _fd = fd
+        os.replace(path + ".new", path)
         return True
     except (OSError, ValueError, RuntimeError, AttributeError):
         return False

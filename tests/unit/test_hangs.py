@@ -398,3 +398,24 @@ def test_a_task_its_zygote_has_not_forked_is_at_work_by_the_zygotes_import_and_o
         "io_bytes_s": None}
     assert at_work("w", {**forking, "cpu_s": 9.0, "io_bytes": 0, "at": 0.0},
                    looked(OWN, 0.2, at=5.0, state="T")) is None
+
+
+def test_a_stacks_file_appears_only_once_its_process_takes_the_stack_request(tmp_path, monkeypatch):
+    # the agent sends SIGUSR2 to a process whose stacks-<pid>.txt exists, and the signal's default
+    # action ends a process: CI saw a task preempted between creating the file and registering the
+    # handler die of the request, then counted as "ended on its own (exit code 0, after 0 steps)"
+    import faulthandler
+    import os
+
+    from ddlctl.task import stack_dumper
+
+    path = tmp_path / f"stacks-{os.getpid()}.txt"
+    seen = []
+    monkeypatch.setattr(faulthandler, "register", lambda *a, **k: seen.append(path.exists()))
+    monkeypatch.setattr(stack_dumper, "_fd", None)
+    monkeypatch.setenv("DDLCTL_TASK_DIR", str(tmp_path))
+    try:
+        assert stack_dumper.install()
+        assert seen == [False] and path.exists() and not list(tmp_path.glob("*.new"))
+    finally:
+        os.close(stack_dumper._fd)
