@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ddlctl.contract.shown import shown
 from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 
 RATE_WINDOW_S = 5.0
@@ -116,8 +117,14 @@ class LiveState:
             self.fields[host] = list(record.get("gpu_fields") or GPU_FIELDS)
         if record.get("type") != "sample":
             return
-        record = {**record, "gpus": [gpu_reading(g, self.fields.get(host, GPU_FIELDS))
-                                     for g in record.get("gpus") or ()]}
+        gpus = [gpu_reading(g, self.fields.get(host, GPU_FIELDS)) for g in record.get("gpus") or ()]
+        for gpu in gpus:  # (what the table shows, checked here: a sample is data from a host)
+            gpu["index"] = int(gpu["index"])
+            for key in ("util", "mem_used", "mem_total"):
+                if gpu.get(key) is not None:
+                    gpu[key] = float(gpu[key])
+        cpu = record.get("cpu")
+        record = {**record, "gpus": gpus, "cpu": None if cpu is None else float(cpu)}
         t = float(record.get("t", time.time()))
         self.hosts[host] = record
         for task, count in (record.get("steps") or {}).items():
@@ -160,10 +167,11 @@ class LiveState:
             rate = entry.rate.rate
             stall = entry.stall_text()
             steps = Text(f"{entry.count}{stall}", style="yellow" if stall else "")
-            table.add_row(task, steps, "-" if rate is None else f"{rate:.1f}",
+            table.add_row(shown(task, limit=60), steps, "-" if rate is None else f"{rate:.1f}",
                           "-" if entry.cpu is None else f"{entry.cpu:.0f}", "")
         for host, record in sorted(self.hosts.items()):
-            table.add_row(Text(host, style="bold"), "", "", _fmt_cpu(record.get("cpu")), _gpu_text(record))
+            table.add_row(Text(shown(host, limit=60), style="bold"), "", "", _fmt_cpu(record.get("cpu")),
+                          shown(_gpu_text(record)))
         return table
 
     def line(self) -> str:
@@ -176,7 +184,7 @@ class LiveState:
         for host, record in sorted(self.hosts.items()):
             gpu = " ".join(f"gpu{g['index']} {g.get('util', '-')}%" for g in record.get("gpus") or []) or "no GPU"
             parts.append(f"{host} cpu {_fmt_cpu(record.get('cpu'))}% {gpu}")
-        return "ddlctl live | " + " | ".join(parts)
+        return shown("ddlctl live | " + " | ".join(parts))
 
 
 def _fmt_cpu(cpu: float | None) -> str:

@@ -59,8 +59,21 @@ def encode_frame(header: dict, payload: bytes = b"") -> bytes:
     return json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n" + payload
 
 
+#: Bounds on what an agent may send (a frame past one costs that session, never the controller):
+#: a header line (a dump's stacks, a listing of a big folder) and a payload (task output is read
+#: 64 KiB at a time, file data 1 MiB at a time).
+MAX_HEADER = 8 << 20
+MAX_PAYLOAD = 4 << 20
+
+
+class GarbledFrame(ValueError):
+    """Bytes from an agent that are not a frame (the session that sent them is lost, said so)."""
+
+
 class FrameReader:
-    """Incremental parser: ``feed(bytes)`` returns the complete frames, ``(header, payload)``."""
+    """Incremental parser: ``feed(bytes)`` returns the complete frames, ``(header, payload)``; a
+    header that is not a JSON object with ``0 <= n <= MAX_PAYLOAD``, or a line longer than
+    :data:`MAX_HEADER`, raises :class:`GarbledFrame`."""
 
     def __init__(self) -> None:
         self.buffer = b""
@@ -81,19 +94,74 @@ class FrameReader:
             self.skipped = (self.skipped + self.buffer[:at])[-4096:]
             self.buffer = self.buffer[at + len(MAGIC):]
             self.synced = True
-        while True:
-            end = self.buffer.find(b"\n")
-            if end < 0:
-                return frames
-            header = json.loads(self.buffer[:end])
-            size = int(header.get("n", 0))
-            if len(self.buffer) < end + 1 + size:
-                return frames
-            payload = self.buffer[end + 1:end + 1 + size]
-            self.buffer = self.buffer[end + 1 + size:]
-            frames.append((header, payload))
+        start, buffer = 0, self.buffer
+        try:
+            while True:
+                end = buffer.find(b"\n", start, start + MAX_HEADER + 1)
+                if end < 0:
+                    if len(buffer) - start > MAX_HEADER:
+                        raise GarbledFrame(f"a header line longer than {MAX_HEADER} bytes")
+                    return frames
+                header = parse_header(buffer[start:end])
+                size = header.get("n", 0)
+                if len(buffer) < end + 1 + size:
+                    return frames
+                frames.append((header, buffer[end + 1:end + 1 + size]))
+                start = end + 1 + size
+        finally:
+            self.buffer = buffer[start:]
+
+
+def parse_header(line: bytes) -> dict:
+    """A frame's header line as a dict; :class:`GarbledFrame` if it is not one with a valid ``n``."""
+    try:
+        header = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise GarbledFrame(f"not JSON ({type(exc).__name__}): {line[:80]!r}") from None
+    if not isinstance(header, dict):
+        raise GarbledFrame(f"a header that is not an object: {line[:80]!r}")
+    size = header.get("n", 0)
+    if type(size) is not int or not 0 <= size <= MAX_PAYLOAD:
+        raise GarbledFrame(f"a payload size that is not an integer from 0 to {MAX_PAYLOAD}: {str(size)[:40]}")
+    return header
 
 
 def encode_command(command: dict) -> bytes:
     """One controller -> agent command line."""
     return json.dumps(command, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+# -- what a frame's fields may hold (the controller checks each frame it acts on) -----------------
+
+#: The largest integer a frame may carry (a pid, a step count, an exit code, a byte count).
+MAX_INT = 1 << 53
+#: The longest task name, note or error a frame may carry.
+MAX_TEXT = 64 << 10
+
+
+def integer(value: object, low: int = 0, high: int = MAX_INT) -> int:
+    """``value`` if it is an int (not a bool) within [low, high]; else :class:`GarbledFrame`."""
+    if type(value) is not int or not low <= value <= high:
+        raise GarbledFrame(f"not an integer from {low} to {high}: {str(value)[:40]}")
+    return value
+
+
+def number(value: object) -> float:
+    """``value`` as a float if it is a finite int or float; else :class:`GarbledFrame`."""
+    if type(value) not in (int, float) or not -1e15 < value < 1e15:  # type: ignore[operator]
+        raise GarbledFrame(f"not a finite number: {str(value)[:40]}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def text(value: object, limit: int = MAX_TEXT) -> str:
+    """``value`` if it is a string of at most ``limit`` characters; else :class:`GarbledFrame`."""
+    if not isinstance(value, str) or len(value) > limit:
+        raise GarbledFrame(f"not a string of at most {limit} characters: {str(value)[:40]}")
+    return value
+
+
+def table(value: object) -> dict:
+    """``value`` if it is an object whose keys are strings (JSON's are); else :class:`GarbledFrame`."""
+    if not isinstance(value, dict):
+        raise GarbledFrame(f"not an object: {str(value)[:40]}")
+    return value

@@ -6,19 +6,51 @@ from __future__ import annotations
 import json
 import os
 
+#: What one poll reads of a file at most, and the longest line taken: a task writes these files,
+#: so neither its speed nor a line without end can make the agent read without bound.
+READ_MAX = 4 << 20
+LINE_MAX = 64 << 10
+#: The largest step number or count taken from a record (what a frame may carry).
+STEP_MAX = 1 << 53
+
 
 def new_lines(follower: StepFile | PhaseFile) -> list[bytes]:
     """The whole lines (newline kept) written to ``follower.path`` since its ``offset``, which moves
-    past them (a line still being written waits for the next call; a file not there yet: none)."""
+    past them (a line still being written waits for the next call; a file not there yet: none).
+    At most :data:`READ_MAX` bytes a call; a line longer than :data:`LINE_MAX` is passed over
+    (counted in ``follower.skipped``), however long it grows."""
     try:
         with open(follower.path, "rb") as handle:
             handle.seek(follower.offset)
-            chunk = handle.read()
+            chunk = handle.read(READ_MAX)
     except OSError:
         return []
-    complete = chunk.rfind(b"\n") + 1
-    follower.offset += complete
-    return chunk[:complete].splitlines(keepends=True)
+    lines = []
+    at = 0
+    while True:
+        end = chunk.find(b"\n", at)
+        if end < 0:
+            break
+        if follower.overlong:  # the end of a line passed over
+            follower.overlong = False
+        elif end + 1 - at > LINE_MAX:
+            follower.skipped += 1
+        else:
+            lines.append(chunk[at:end + 1])
+        at = end + 1
+    if len(chunk) - at > LINE_MAX:  # a tail too long to be a record: passed over up to its end
+        if not follower.overlong:
+            follower.skipped += 1
+        follower.overlong, at = True, len(chunk)
+    follower.offset += at
+    return lines
+
+
+def whole(value: object, low: int, high: int = STEP_MAX) -> int:
+    """``value`` if it is an int (not a bool) within [low, high]; else ValueError."""
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"not an integer from {low} to {high}")
+    return value
 
 
 class StepFile:
@@ -31,6 +63,8 @@ class StepFile:
     def __init__(self, path: str) -> None:
         self.path = os.path.expanduser(path)
         self.offset = 0
+        self.overlong = False  # within a line too long to take
+        self.skipped = 0  # records passed over: too long, not JSON, wrong types, out of range
         self.count = 0
         self.last = 0
         self.total: int | None = None
@@ -42,15 +76,17 @@ class StepFile:
                 continue
             try:
                 record = json.loads(line)
-                steps = int(record.get("steps", 1))
-                self.last = max(self.last, int(record["step"]) + steps - 1)
-                if isinstance(record.get("total"), int):
-                    self.total = record["total"]
-                if isinstance(record.get("worker"), str) and record["worker"]:
-                    self.credits[record["worker"]] = self.credits.get(record["worker"], 0) + steps
-            except (ValueError, TypeError, KeyError, AttributeError):
-                steps = 1  # an unreadable line still counts as a record
-            self.count += steps
+                steps = whole(record.get("steps", 1), 1, 1 << 31)
+                self.last = max(self.last, min(whole(record["step"], 0) + steps - 1, STEP_MAX))
+                if record.get("total") is not None:
+                    self.total = whole(record["total"], 0)
+                worker = record.get("worker")
+                if isinstance(worker, str) and worker and len(worker) <= 200:
+                    self.credits[worker] = min(self.credits.get(worker, 0) + steps, STEP_MAX)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                self.skipped += 1
+                steps = 1  # an unreadable line still counts as a record (progress)
+            self.count = min(self.count + steps, STEP_MAX)
         return self.count
 
 
@@ -64,6 +100,8 @@ class PhaseFile:
     def __init__(self, path: str) -> None:
         self.path = os.path.expanduser(path)
         self.offset = 0
+        self.overlong = False
+        self.skipped = 0
         self.activity = 0
         self.open: str | None = None
         try:
@@ -81,7 +119,7 @@ class PhaseFile:
             try:
                 record = json.loads(line)
                 if record.get("phase") and at > self.earlier:
-                    self.open = str(record["phase"]) if record.get("open") else None
-            except (ValueError, TypeError, AttributeError):
-                pass
+                    self.open = str(record["phase"])[:200] if record.get("open") else None
+            except (ValueError, TypeError, AttributeError, RecursionError):
+                self.skipped += 1
         return self.activity

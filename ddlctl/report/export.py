@@ -1,4 +1,5 @@
-"""CSV export of a summary: tasks.csv, hosts.csv, gpus.csv."""
+"""CSV export of a summary: tasks.csv, hosts.csv, gpus.csv (text cells through
+:func:`~ddlctl.contract.shown.csv_cell`: a remote string is never a spreadsheet formula)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import csv
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from ddlctl.contract.shown import csv_cell
 from ddlctl.report.hosts import GpuSummary, HostSummary
 from ddlctl.report.summary import RunSummary, TaskSummary
 
@@ -21,7 +23,7 @@ def write_csv(summary: RunSummary, folder: str | Path) -> list[Path]:
         with path.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns)
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
         written.append(path)
 
     table("tasks.csv", [f.name for f in fields(TaskSummary)], [asdict(t) for t in summary.tasks])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
@@ -64,19 +65,44 @@ def parse_json_lines(data: bytes) -> tuple[list, int]:
     return records, bad
 
 
+#: Bounds on a record's numbers (a task writes them: one past its column's type or a float past any
+#: real duration is a bad line, not the end of the report).
+INT_MAX = 1 << 62
+SECONDS_MAX = 1e12
+_Int = Annotated[int, msgspec.Meta(ge=-INT_MAX, le=INT_MAX)]
+_Seconds = Annotated[float, msgspec.Meta(ge=-SECONDS_MAX, le=SECONDS_MAX)]
+
+
 class _StepRecord(msgspec.Struct):
     """A step record as ddlctl writes it (:mod:`ddlctl.task.steps`): only what the report reads is decoded."""
 
-    step: int
-    start_us: int
-    duration_s: float
-    samples: int | None = None
-    input_s: float | None = None
-    sync_s: float | None = None
-    steps: int = 1
+    step: _Int
+    start_us: _Int
+    duration_s: _Seconds
+    samples: _Int | None = None
+    input_s: _Seconds | None = None
+    sync_s: _Seconds | None = None
+    steps: Annotated[int, msgspec.Meta(ge=1, le=1 << 31)] = 1
     worker: str | None = None
     task: str | None = None
-    total: int | None = None
+    total: _Int | None = None
+
+
+def bounded_int(value: object) -> int:
+    """``value`` as a record's integer: an int, or a float with an integer's value, within
+    :data:`INT_MAX`; else ValueError."""
+    number = int(value)  # type: ignore[call-overload]  # (TypeError, OverflowError for inf)
+    if number != value or not -INT_MAX <= number <= INT_MAX:
+        raise ValueError(f"not a record's integer: {value!r}")
+    return number
+
+
+def bounded_seconds(value: object) -> float:
+    """``value`` as a record's seconds: a finite number within :data:`SECONDS_MAX`; else ValueError."""
+    number = float(value)  # type: ignore[arg-type]
+    if not -SECONDS_MAX <= number <= SECONDS_MAX:  # (NaN too)
+        raise ValueError(f"not a record's seconds: {value!r}")
+    return number
 
 
 _STEP_FILE = msgspec.json.Decoder(list[_StepRecord])
@@ -129,10 +155,11 @@ def read_steps(path: Path, name: str) -> TaskSteps:
     steps = TaskSteps(name, bad_lines=bad)
     for raw in records:
         try:
-            row = (int(raw["step"]), int(raw["start_us"]), float(raw["duration_s"]),
-                   -1 if raw.get("samples") is None else int(raw["samples"]),
-                   -1.0 if raw.get("input_s") is None else float(raw["input_s"]),
-                   -1.0 if raw.get("sync_s") is None else float(raw["sync_s"]), int(raw.get("steps", 1)))
+            row = (bounded_int(raw["step"]), bounded_int(raw["start_us"]), bounded_seconds(raw["duration_s"]),
+                   -1 if raw.get("samples") is None else bounded_int(raw["samples"]),
+                   -1.0 if raw.get("input_s") is None else bounded_seconds(raw["input_s"]),
+                   -1.0 if raw.get("sync_s") is None else bounded_seconds(raw["sync_s"]),
+                   min(max(bounded_int(raw.get("steps", 1)), 1), 1 << 31))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             steps.bad_lines += 1
             continue
@@ -140,7 +167,8 @@ def read_steps(path: Path, name: str) -> TaskSteps:
                                   steps.sync_s), row, strict=False):
             column.append(value)
         steps.block = max(steps.block, row[6])
-        steps.worker.append(raw.get("worker"))
+        worker = raw.get("worker")
+        steps.worker.append(worker[:200] if isinstance(worker, str) else None)
         if raw.get("task"):
             steps.name = str(raw["task"])
     if not any(steps.worker):
@@ -168,7 +196,7 @@ def read_phases(path: Path) -> dict[str, list[tuple[float, float]]]:
 def _declared_total(records: list) -> int | None:
     """The last ``total`` a task declared in its records (None: never)."""
     for record in reversed(records):
-        if isinstance(record, dict) and isinstance(record.get("total"), int):
+        if isinstance(record, dict) and type(record.get("total")) is int and 0 <= record["total"] <= INT_MAX:
             return int(record["total"])
     return None
 

@@ -93,6 +93,7 @@ class Supervisor:
         self.job = Job(plan, options, dict(sessions), say, clock)
         self.writer = writer
         self.on_sample = on_sample
+        self.bad_samples = 0  # telemetry lines of a shape nothing expects, passed over
         self.on_progress = on_progress  # (task -> (highest step, declared total), task -> (work lines, phase))
         self.hard_exit = hard_exit  # the third signal: leave at once (the agents still kill every task)
         self.selector = selectors.DefaultSelector()
@@ -266,9 +267,12 @@ class Supervisor:
                 continue
             if not isinstance(record, dict):
                 continue
-            self.hangs.activity.add(task.host, record, self.job.clock())
-            if self.on_sample is not None:
-                self.on_sample(task.host, record)
+            try:  # (a sample is data from a host: one of a shape nothing expects is passed over)
+                self.hangs.activity.add(task.host, record, self.job.clock())
+                if self.on_sample is not None:
+                    self.on_sample(task.host, record)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError):
+                self.bad_samples += 1
         self.writer.write(task.name, task.host, others)
 
     def _end_output(self, task: SupervisedTask) -> None:

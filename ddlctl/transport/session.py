@@ -28,7 +28,18 @@ from ddlctl.cluster.model import Host
 from ddlctl.contract import envvars
 from ddlctl.contract.errors import LaunchError
 from ddlctl.contract.hostclock import CLOCK_CORRECTED_S
-from ddlctl.contract.wire import FrameReader, Kind, Op, encode_command
+from ddlctl.contract.wire import (
+    MAX_HEADER,
+    FrameReader,
+    GarbledFrame,
+    Kind,
+    Op,
+    encode_command,
+    integer,
+    number,
+    table,
+    text,
+)
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.transport.status import ExitStatus
 
@@ -172,8 +183,11 @@ class HostSession:
         self._progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
         self._activity: dict[str, tuple[int, str | None]] = {}  # task -> (phase lines and beats, open phase)
         self._dumps: dict[str, dict] = {}
+        self._dumps_asked: set[str] = set()  # dumps are kept only for tasks asked for
         self.ports_reply: dict | None = None
+        self._ports_asked = False
         self._replies: dict[object, list[tuple[dict, bytes]]] = {}  # file operations, by request id
+        self._asked: set[int] = set()  # request ids whose replies are awaited
         self._next_id = 0
         self.hello: dict | None = None
         self._pids_changed = False  # a task reported its pids since the supervisor last looked
@@ -220,66 +234,117 @@ class HostSession:
                 return
             self.last_heard = time.monotonic()
             try:
-                frames = self.reader.feed(data)
-            except ValueError as exc:
+                for header, payload in self.reader.feed(data):
+                    self._dispatch(header, payload)
+            except GarbledFrame as exc:
                 self._lose(f"garbled data from the host agent: {exc}")
                 return
-            for header, payload in frames:
-                self._dispatch(header, payload)
 
     def _dispatch(self, header: dict, payload: bytes) -> None:
+        """Act on one frame, each field checked (:func:`~ddlctl.contract.wire.integer` ...); what
+        names a task names one started through this session (a host speaks for its own tasks only);
+        replies are kept only for what was asked. A frame that breaks a rule raises
+        :class:`GarbledFrame` (the session is then lost; the controller goes on)."""
         kind = header.get("k")
-        if kind in (Kind.HELLO, Kind.BEAT, Kind.STEPS) and isinstance(header.get("t"), (int, float)):
-            seen = float(header["t"]) - time.time()
+        if kind in (Kind.HELLO, Kind.BEAT, Kind.STEPS) and "t" in header:
+            seen = number(header["t"]) - time.time()
             self.clock_offset = seen if self.clock_offset is None else max(self.clock_offset, seen)
             self.clock_frames += 1
-        task = self._tasks.get(header.get("task", ""))
+        task = self._tasks.get(header["task"]) if isinstance(header.get("task"), str) else None
         if kind == Kind.OUT and task is not None:
             task.chunks.append(payload)
         elif kind == Kind.EXIT and task is not None:
+            oom = header.get("oom") or None
+            if oom is not None:
+                table(oom)
             if header.get("signal"):
-                status = ExitStatus(signal=int(header["signal"]), oom=header.get("oom") or None)
+                status = ExitStatus(signal=integer(header["signal"], 1, 64), oom=oom)
             else:
-                status = ExitStatus(code=int(header.get("code") or 0))
-            task._end(status, self.here(header.get("t")))
+                status = ExitStatus(code=integer(header.get("code") or 0, -(1 << 31), 1 << 31))
+            task._end(status, self.here(number(header["t"]) if header.get("t") is not None else None))
         elif kind == Kind.STARTED and task is not None:
-            task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection", "executable")
-                          if k in header}
+            pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection", "executable")
+                    if k in header}
+            for key in ("agent_pid", "task_pid", "task_pgid"):
+                if key in pids:
+                    integer(pids[key], 1, 1 << 31)
+            for key in ("ssh_connection", "executable"):
+                if key in pids:
+                    text(pids[key])
+            task._pids = pids
             if header.get("note"):  # what the agent changed about the start (shown with the task's output)
-                task.chunks.append(f"ddlctl: {header['note']}\n".encode())
+                task.chunks.append(f"ddlctl: {text(header['note'])}\n".encode())
             self._pids_changed = True
         elif kind == Kind.START_FAILED and task is not None:
-            task.chunks.append(f"ddlctl: {header.get('error')}\n".encode())
+            error = text(str(header.get("error")))
+            task.chunks.append(f"ddlctl: {error}\n".encode())
             self._pids_changed = True  # (it has none: the supervisor still counts it as started)
-            task._end(ExitStatus(code=int(header.get("code", 127)), not_started=str(header.get("error"))), time.time())
+            task._end(ExitStatus(code=integer(header.get("code", 127), 0, 255), not_started=error), time.time())
         elif kind == Kind.LISTENING and task is not None:
             task.listening = True
         elif kind == Kind.STEPS:
-            when = float(header.get("t") or time.time())
-            last, totals = header.get("last") or {}, header.get("totals") or {}
-            for name, count in header.get("counts", {}).items():
-                self._steps[name] = (int(count), when)
-                self._progress[name] = (int(last.get(name, count)), totals.get(name))
-            opened = header.get("open") or {}
-            for name, busy in (header.get("activity") or {}).items():
-                self._activity[name] = (int(busy), opened.get(name))
-            for name, credits in (header.get("credits") or {}).items():
-                self._credits[name] = {str(w): int(n) for w, n in credits.items()}
-        elif kind == Kind.DUMP:
+            self._take_steps(header)
+        elif kind == Kind.DUMP and task is not None and header["task"] in self._dumps_asked:
+            procs = header.get("procs") or []
+            if not isinstance(procs, list) or not all(
+                    isinstance(p, list) and len(p) == 3 and type(p[0]) is int and isinstance(p[1], str)
+                    and isinstance(p[2], str) for p in procs):
+                raise GarbledFrame(f"a dump's processes are not [pid, state, command] lists: {str(procs)[:80]}")
+            text(header.get("stacks") or "", MAX_HEADER)
+            table(header.get("wchan") or {})
+            for key in ("cpu_s", "at"):
+                if key in header:
+                    number(header[key])
+            if "io_bytes" in header:
+                integer(header["io_bytes"])
+            self._dumps_asked.discard(header["task"])
             self._dumps[header["task"]] = header
-        elif kind == Kind.PORTS:
+        elif kind == Kind.PORTS and self._ports_asked:
+            ports = table(header.get("ports"))
+            for port in ports.values():
+                integer(port, 1, 65535)
+            self._ports_asked = False
             self.ports_reply = header
-        elif kind in Kind.FILE_REPLIES:
-            self._replies.setdefault(header.get("id"), []).append((header, payload))
+        elif kind in Kind.FILE_REPLIES and type(header.get("id")) is int and header["id"] in self._asked:
+            if kind == Kind.LS:
+                for entry in table(header.get("files")).values():
+                    if not isinstance(entry, list) or len(entry) != 2:
+                        raise GarbledFrame(f"a listing's entry is not [size, mtime]: {str(entry)[:40]}")
+                    integer(entry[0]), integer(entry[1], -(1 << 62), 1 << 62)  # (mtime in ns)
+            elif kind == Kind.FILE_ERROR:
+                text(header.get("error"))
+            self._replies.setdefault(header["id"], []).append((header, payload))
         elif kind == Kind.SIGNALLED:  # the agent itself was signalled: its tasks end with the host
+            signum = integer(header.get("sig", 15), 1, 64)
+            name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
             said = self.stream.ended()
-            self._lose(f"its host agent received {signal.Signals(int(header.get('sig', 15))).name}"
+            self._lose(f"its host agent received {name}"
                        + (f": {said}" if said else " (its Slurm step cancelled, or the host shutting down)"))
             self._drain()
         elif kind == Kind.HELLO:
             self.hello = header
         elif kind == Kind.BYE:
             self.closed = True
+
+    def _take_steps(self, header: dict) -> None:
+        """A ``steps`` frame: step counts, highest steps, declared totals, activity and a ps chief's
+        credits, for this session's own tasks only."""
+        when = number(header["t"]) if header.get("t") is not None else time.time()
+        last, totals = table(header.get("last") or {}), table(header.get("totals") or {})
+        opened = table(header.get("open") or {})
+        for name, count in table(header.get("counts") or {}).items():
+            if name in self._tasks:
+                reached = last.get(name, count)
+                total = totals.get(name)
+                self._steps[name] = (integer(count), when)
+                self._progress[name] = (integer(reached), None if total is None else integer(total))
+        for name, busy in table(header.get("activity") or {}).items():
+            if name in self._tasks:
+                phase = opened.get(name)
+                self._activity[name] = (integer(busy), None if phase is None else text(phase, 200))
+        for name, credits in table(header.get("credits") or {}).items():
+            if name in self._tasks:
+                self._credits[name] = {text(w, 200): integer(n) for w, n in table(credits).items()}
 
     def here(self, t: float | None) -> float | None:
         """The host's time ``t`` on this machine's clock (see ``clock_offset``): exits on hosts whose
@@ -409,6 +474,7 @@ class HostSession:
         """Ask the agent for the processes and Python stacks of ``names`` (see :meth:`dump_of`)."""
         for name in names:
             self._dumps.pop(name, None)
+            self._dumps_asked.add(name)
         self.command({"op": Op.DUMP, "tasks": list(names)})
 
     def dump_of(self, name: str) -> dict | None:
@@ -419,7 +485,7 @@ class HostSession:
         """The given ports where still free on the host, fresh ones where not."""
         if not ports:
             return {}
-        self.ports_reply = None
+        self.ports_reply, self._ports_asked = None, True
         self.command({"op": Op.PORTS, "ports": ports})
         if not self.wait_for(lambda: self.ports_reply is not None, timeout):
             return dict(ports)
@@ -429,9 +495,11 @@ class HostSession:
         """Send a file command and wait until ``done(replies)``; raises OSError on failure."""
         self._next_id += 1
         ident = self._next_id
+        self._asked.add(ident)
         self.command({**command, "id": ident})
         finished = self.wait_for(lambda: any(h.get("k") == Kind.FILE_ERROR for h, _ in self._replies.get(ident, ()))
                                  or done(self._replies.get(ident, [])), timeout)
+        self._asked.discard(ident)
         replies = self._replies.pop(ident, [])
         errors = [h["error"] for h, _ in replies if h.get("k") == Kind.FILE_ERROR]
         if errors or not finished:
@@ -448,17 +516,21 @@ class HostSession:
         within ``timeout`` of the one before): nothing is held whole. Raises OSError on failure."""
         self._next_id += 1
         ident = self._next_id
+        self._asked.add(ident)
         self.command({**command, "id": ident})
-        while True:
-            if not self.wait_for(lambda: bool(self._replies.get(ident)), timeout):
-                self._replies.pop(ident, None)
-                raise OSError(f"{self.host.label}: {self.lost or 'no answer'}")
-            for header, payload in self._replies.pop(ident):
-                if header.get("k") == Kind.FILE_ERROR:
-                    raise OSError(f"{self.host.label}: {header['error']}")
-                yield payload
-                if header.get("eof"):
-                    return
+        try:
+            while True:
+                if not self.wait_for(lambda: bool(self._replies.get(ident)), timeout):
+                    raise OSError(f"{self.host.label}: {self.lost or 'no answer'}")
+                for header, payload in self._replies.pop(ident):
+                    if header.get("k") == Kind.FILE_ERROR:
+                        raise OSError(f"{self.host.label}: {header['error']}")
+                    yield payload
+                    if header.get("eof"):
+                        return
+        finally:
+            self._asked.discard(ident)
+            self._replies.pop(ident, None)
 
     def read_chunks(self, path: str, timeout: float = 600.0) -> Iterator[bytes]:
         """``path`` on the host, piece by piece."""

@@ -1,0 +1,219 @@
+"""What a task or a host sends is data: the frame parser, the session's frame handling, the agent's
+step follower and the report's step reader, with the inputs found to break them (issue 59) and
+with arbitrary ones (hypothesis, bounded examples). Each either takes a value or refuses it; none
+raises anything else, loops, or grows without bound."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddlctl.cluster.model import Host
+from ddlctl.contract.wire import MAGIC, MAX_HEADER, MAX_PAYLOAD, FrameReader, GarbledFrame, Kind, encode_frame
+from ddlctl.host.stepfollow import LINE_MAX, STEP_MAX, PhaseFile, StepFile
+from ddlctl.planning.plan import TaskSpec
+from ddlctl.report.stepfile import read_steps
+from ddlctl.transport.session import HostSession
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# JSON values of any shape, the numbers among them at the edges of their types
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats(allow_nan=False)
+    | st.sampled_from([-9, 0, 1, 2**53, 2**63, 1e999]) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12)
+
+
+class Stream:
+    """A session's stream with nothing behind it: what is fed is what the agent 'sent'."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.sent = b""
+
+    def fileno(self) -> int:
+        return -1
+
+    def read(self) -> bytes | None:
+        return self.data.pop(0) if self.data else None
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def errors(self) -> str:
+        return ""
+
+    def abandon(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def ended(self) -> str:
+        return ""
+
+
+OPEN: list[HostSession] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sessions() -> object:
+    yield
+    while OPEN:  # (a signalled agent's session drains its stream in a thread until it is closed)
+        OPEN.pop().close()
+
+
+def session_with(*names: str) -> tuple[HostSession, Stream]:
+    while OPEN:  # (each hypothesis example opens one: the one before is done)
+        OPEN.pop().close()
+    stream = Stream()
+    host = Host("h1")
+    session = HostSession(host, stream, ())
+    OPEN.append(session)
+    for name in names:
+        session.start(TaskSpec(name=name, role=name.split(":")[0], index=int(name.split(":")[1]), host=host,
+                               port=None, kind="program", argv=("python", "t.py"), env={}, unset_env=(),
+                               workdir="/w", task_dir="/w/t", gpus=None, tf_config=None), 1.0)
+    stream.data.append(MAGIC)
+    session.pump()
+    return session, stream
+
+
+def feed(session: HostSession, stream: Stream, *frames: bytes) -> None:
+    stream.data.extend(frames)
+    session.pump()
+
+
+@pytest.mark.parametrize("line", [b'{"n": -9}', b"[1]", b'{"n": 1e999}', b'{"n": 1.5}', b'{"n": true}', b"\xff",
+                                  b"[" * 100000, b'{"n": ' + b"9" * 5000 + b"}"])
+def test_a_header_that_is_not_a_frame_costs_the_session_not_the_controller(line):
+    # before: {"n": -9} appended the same frame forever; [1] and 1e999 raised past pump()
+    session, stream = session_with("worker:0")
+    feed(session, stream, line + b"\n")
+    assert session.lost and session.lost.startswith("garbled data from the host agent: "), session.lost
+    assert session._tasks["worker:0"].status.lost  # its task is reported as on a lost host
+
+
+def test_a_header_line_longer_than_the_bound_is_refused_before_it_ends():
+    reader = FrameReader()
+    reader.feed(MAGIC)
+    reader.feed(b'{"k": "out", "x": "' + b"a" * (MAX_HEADER // 2))
+    with pytest.raises(GarbledFrame, match="longer than"):
+        reader.feed(b"a" * (MAX_HEADER // 2 + 10))
+
+
+@pytest.mark.parametrize("header", [
+    {"k": Kind.EXIT, "task": "worker:0", "signal": "9x"},
+    {"k": Kind.EXIT, "task": "worker:0", "signal": 99},
+    {"k": Kind.EXIT, "task": "worker:0", "code": 1e400},
+    {"k": Kind.EXIT, "task": "worker:0", "code": 0, "t": "soon"},
+    {"k": Kind.STEPS, "counts": [1]},
+    {"k": Kind.STEPS, "counts": {"worker:0": "many"}},
+    {"k": Kind.STEPS, "counts": {"worker:0": 2**63}},
+    {"k": Kind.STEPS, "t": 1e999, "counts": {}},
+    {"k": Kind.SIGNALLED, "sig": 99},
+    {"k": Kind.STARTED, "task": "worker:0", "task_pid": -1},
+])
+def test_a_frame_whose_fields_break_their_types_costs_the_session(header):
+    session, stream = session_with("worker:0")
+    before = session.step_counts()
+    feed(session, stream, json.dumps(header).replace("Infinity", "1e999").encode() + b"\n")
+    assert session.lost and "garbled data from the host agent" in session.lost or \
+        header["k"] == Kind.SIGNALLED and "received signal 99" in session.lost, session.lost
+    assert session.step_counts() == before
+
+
+def test_a_host_speaks_for_its_own_tasks_only():
+    # before: a steps frame from any session set the step counts of any task (a hang hidden)
+    session, stream = session_with("worker:0")
+    feed(session, stream, encode_frame({"k": Kind.STEPS, "t": 1.0, "counts": {"worker:0": 3, "worker:1": 99}}),
+         encode_frame({"k": Kind.EXIT, "task": "worker:1", "code": 0}),
+         encode_frame({"k": Kind.DUMP, "task": "worker:0", "procs": [], "stacks": "made up"}),
+         encode_frame({"k": Kind.LS, "id": 7, "files": {}}),
+         encode_frame({"k": Kind.PORTS, "ports": {"worker:0": 1}}))
+    assert not session.lost
+    assert {name: count for name, (count, _t) in session.step_counts().items()} == {"worker:0": 3}
+    assert session.dump_of("worker:0") is None and not session._replies and session.ports_reply is None
+
+
+@FUZZ
+@given(st.binary(max_size=400), st.integers(1, 64))
+def test_arbitrary_bytes_are_frames_or_refused(data, piece):
+    reader = FrameReader()
+    stream = MAGIC + data
+    try:
+        for at in range(0, len(stream), piece):
+            for header, payload in reader.feed(stream[at:at + piece]):
+                assert isinstance(header, dict) and 0 <= header.get("n", 0) <= MAX_PAYLOAD
+                assert len(payload) == header.get("n", 0)
+    except GarbledFrame:
+        pass
+
+
+@FUZZ
+@given(st.sampled_from([Kind.OUT, Kind.EXIT, Kind.STARTED, Kind.START_FAILED, Kind.STEPS, Kind.DUMP, Kind.PORTS,
+                        Kind.LS, Kind.DATA, Kind.FILE_ERROR, Kind.SIGNALLED, Kind.HELLO, Kind.BEAT, "?"]),
+       st.dictionaries(st.sampled_from(["task", "code", "signal", "t", "oom", "counts", "last", "totals", "open",
+                                        "activity", "credits", "procs", "stacks", "wchan", "ports", "id", "files",
+                                        "sig", "task_pid", "note", "error", "cpu_s", "io_bytes"]), JSON, max_size=6),
+       st.sampled_from(["worker:0", "worker:1"]))
+def test_any_frame_is_taken_or_costs_its_session(kind, fields, task):
+    session, stream = session_with("worker:0")
+    session.request_dump(["worker:0"])
+    header = {**fields, "k": kind}
+    if "task" in fields:
+        header["task"] = task
+    feed(session, stream, json.dumps(header).encode() + b"\n")
+    assert session.lost is None or session.lost.startswith(("garbled data from the host agent: ",
+                                                            "its host agent received "))
+    for count, when in session.step_counts().values():
+        assert 0 <= count <= 2**53 and math.isfinite(when)
+
+
+def steps_file(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "steps.jsonl"
+    path.write_bytes(data)
+    return path
+
+
+def test_an_infinite_or_huge_step_is_a_bad_record_for_the_agent_and_the_report(tmp_path):
+    # before: Infinity ended the host agent (and every task of its host) with OverflowError, and a
+    # step of 2**63 ended `ddlctl report` and the launch's summary
+    good = b'{"task": "worker:0", "step": %d, "start_us": 1, "duration_s": 0.5}\n'
+    path = steps_file(tmp_path, good % 1 + b'{"step": Infinity, "start_us": 1, "duration_s": 1}\n'
+                      + good.replace(b"%d", str(2**63).encode()) + b'{"step": 1e300}\n' + good % 2)
+    follower = StepFile(str(path))
+    assert follower.poll() == 5 and follower.last == 2 and follower.skipped == 3
+    steps = read_steps(path, "worker:0")
+    assert list(steps.step) == [1, 2] and steps.bad_lines == 3
+
+
+def test_a_line_without_end_is_read_once_and_passed_over(tmp_path):
+    # before: an unterminated tail was read whole at every poll
+    path = steps_file(tmp_path, b'{"step": 1}\n' + b"x" * (LINE_MAX + 10))
+    follower = StepFile(str(path))
+    assert follower.poll() == 1 and follower.offset == path.stat().st_size
+    with path.open("ab") as out:
+        out.write(b"x" * 100 + b'\n{"step": 2}\n')
+    assert follower.poll() == 2 and follower.last == 2 and follower.skipped == 1
+
+
+@FUZZ
+@given(st.lists(JSON | st.binary(max_size=30), max_size=8))
+def test_any_step_file_is_read_without_error_by_the_agent_and_the_report(tmp_path, records):
+    folder = tmp_path  # (the same file, rewritten for each example)
+    data = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records)
+    path = steps_file(folder, data)
+    follower, phases = StepFile(str(path)), PhaseFile(str(path))
+    assert 0 <= follower.poll() <= STEP_MAX and 0 <= follower.last <= STEP_MAX
+    phases.poll()
+    steps = read_steps(path, "worker:0")
+    assert len(steps.step) + steps.bad_lines <= len(records) + data.count(b"\n")
+    assert all(abs(v) <= 2**62 for v in steps.step)
+
