@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -123,6 +125,42 @@ class PipeStream:
             with contextlib.suppress(OSError):
                 if stream is not None:
                     stream.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+
+class SocketStream(PipeStream):
+    """A local agent subprocess whose stdin and stdout are one end of a socket pair: unlike a pipe,
+    a socket cannot be opened again through ``/proc/<agent>/fd/1`` (ENXIO), so a task of the agent,
+    a process of the same user, cannot write frames into ddlctl's stream or commands into the
+    agent's (a pipe could: a forged exit was recorded for a running task)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], sock: socket.socket, stderr_path: Path | None) -> None:
+        self.popen = popen
+        self.stderr_path = stderr_path
+        self.sock = sock
+        self._fd = sock.fileno()
+        os.set_blocking(self._fd, False)
+
+    def read(self) -> bytes | None:
+        try:
+            return self.sock.recv(262144)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.sock.send(view):]
+            except BlockingIOError:
+                select.select([], [self._fd], [], 1.0)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
 
@@ -266,10 +304,10 @@ class HostSession:
             pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection", "executable")
                     if k in header}
             for key in ("agent_pid", "task_pid", "task_pgid"):
-                if key in pids:
+                if pids.get(key) is not None:
                     integer(pids[key], 1, 1 << 31)
             for key in ("ssh_connection", "executable"):
-                if key in pids:
+                if pids.get(key) is not None:
                     text(pids[key])
             task._pids = pids
             if header.get("note"):  # what the agent changed about the start (shown with the task's output)
@@ -620,11 +658,18 @@ def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | Non
     stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
     # the agent's environment is its tasks' base
     env = {**own_python_env(), envvars.RUN_ID: run_id, envvars.LAUNCH: launch_key()}
-    with open(stderr_path, "ab") as stderr:
-        popen = subprocess.Popen(agent_argv(python or sys.executable, ports),
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
-                                 close_fds=True)
+    mine, theirs = socket.socketpair()  # (not pipes: see SocketStream)
+    try:
+        with open(stderr_path, "ab") as stderr:
+            popen = subprocess.Popen(agent_argv(python or sys.executable, ports),
+                                     stdin=theirs, stdout=theirs, stderr=stderr, env=env, close_fds=True)
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
     # ddlctl is importable by this interpreter: tasks need only the instrumentation folder.
-    session = HostSession(host, PipeStream(popen, stderr_path), [str(AUTOLOAD_DIR)], python or sys.executable)
+    session = HostSession(host, SocketStream(popen, mine, stderr_path), [str(AUTOLOAD_DIR)],
+                          python or sys.executable)
     session.await_hello()
     return session

@@ -141,10 +141,43 @@ def test_end_of_input_kills_every_task_even_a_stopped_one(tmp_path):
     pids = [running.pids()["task_pid"], stopped.pids()["task_pid"]]
     os.kill(pids[1], signal.SIGSTOP)
     agent = s.stream.popen  # type: ignore[attr-defined]
-    agent.stdin.close()  # what happens when ddlctl is killed or the SSH connection drops
+    s.stream.sock.shutdown(socket.SHUT_WR)  # type: ignore[attr-defined]  # ddlctl killed, the connection dropped
     agent.wait(15)
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+FORGER = """
+import json, os, time
+forged = 0
+for fd in (1, 0):  # the agent's stream to ddlctl, and ddlctl's commands to the agent
+    try:
+        out = os.open(f"/proc/{os.getppid()}/fd/{fd}", os.O_WRONLY)
+    except OSError as exc:
+        print(f"fd {fd}: {exc.strerror}", flush=True)
+        continue
+    forged += 1
+    os.write(out, b'\\n{"k":"exit","task":"worker:0","code":0}\\n{"op":"shutdown"}\\n')
+print(f"forged {forged}", flush=True)
+time.sleep(3)
+print("still running", flush=True)
+"""
+
+
+def test_a_task_cannot_write_frames_or_commands_through_its_agents_streams(tmp_path):
+    # before: a task opened /proc/<agent>/fd/1 (a pipe) and wrote an exit frame: within 0.9 s ddlctl
+    # recorded exit 0 for a task still running. The local agent's streams are a socket now (ENXIO
+    # there, even for root)
+    s = session(tmp_path)
+    try:
+        task = s.start(spec("worker:0", FORGER, tmp_path / "w0"), 1)
+        assert s.wait_for(lambda: task.poll() is not None, 20)
+        said = output(task).decode()
+        assert "forged 0" in said and said.count("No such device or address") == 2, said
+        assert task.poll().code == 0 and "still running" in said and not s.lost
+    finally:
+        s.shutdown()
+        s.close()
 
 
 def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
