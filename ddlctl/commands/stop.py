@@ -67,17 +67,33 @@ def _plan_host(fields: object, where: str) -> Host:
         raise ConfigError(f"{where}: not a host ddlctl wrote ({exc})") from None
 
 
+_JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,12})?$")  # a job (an array task's too): what scancel is given
+_STEP_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,12})?\.[0-9]{1,12}$")
+
+
 def slurm_targets(run_dir: Path) -> tuple[list[str], str] | None:
     """What ``scancel`` must cancel for a Slurm run: the whole job when ``ddlctl submit`` created it
-    (``submit.json``), else the steps of its host agents (``slurm.json``); None: not a Slurm run."""
+    (``submit.json``), else the steps of its host agents (``slurm.json``); None: not a Slurm run.
+    Read only from a folder and file of the user's own that nobody else may write, and only ids
+    of Slurm's shape (never an option: a ``{"job_id": "--user=alice"}`` cancelled every job of alice's)."""
     for name, key in (("submit.json", "job_id"), ("slurm.json", "steps")):
         path = run_dir / name
         if path.is_file():
+            check_private(run_dir, "RUN_DIR")
+            check_private(path, "RUN_DIR")
             try:
-                value = json.loads(path.read_text())[key]
-            except (ValueError, KeyError) as exc:
+                record = json.loads(path.read_text())
+                value = record[key]
+                job = record["job_id"]
+            except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{path}: not what ddlctl wrote ({exc})") from None
-            targets = [str(value)] if name == "submit.json" else [str(v) for v in value]
+            targets = [str(value)] if name == "submit.json" else [str(v) for v in value] \
+                if isinstance(value, list) else []
+            shape = _JOB_ID if name == "submit.json" else _STEP_ID
+            if not _JOB_ID.match(str(job)) or not targets or not all(shape.match(t) for t in targets):
+                what = "job" if name == "submit.json" else "step"
+                raise ConfigError(f"{path}: {key} {str(value)[:80]!r} is not a Slurm {what} id ddlctl wrote",
+                                  "stop the job with scancel yourself if it is yours")
             return targets, ("job" if name == "submit.json" else "the host agents' job steps")
     return None
 

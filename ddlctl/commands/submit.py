@@ -34,6 +34,7 @@ from ddlctl.contract.runfolder import make_dir, new_run_id
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
                           "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"})
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^\d+-\d+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def sbatch_script(opts: SubmitOptions, run_dir: Path, run_id: str, python: str, 
 
 
 def hide_env_values(launch_args: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
-    """``launch_args`` with every ``--env KEY=VALUE`` turned into ``--env KEY``, and those values:
+    """``launch_args`` with every ``--env KEY=VALUE`` (``-e KEY=VALUE``, ``--env=KEY=VALUE``,
+    ``-eKEY=VALUE``) turned into ``--env KEY``, and those values:
     the batch script holds names only; sbatch exports the values to the job from its environment
     (its default ``--export=ALL``), where ``launch --env KEY`` picks them up."""
     args: list[str] = []
@@ -92,8 +94,12 @@ def hide_env_values(launch_args: Sequence[str]) -> tuple[tuple[str, ...], dict[s
             args += [arg, key]
             i += 2
             continue
-        if arg.startswith("--env=") and "=" in arg[len("--env="):]:
-            key, value = arg[len("--env="):].split("=", 1)
+        # the attached forms click takes too: --env=KEY=VALUE and -eKEY=VALUE (which once reached
+        # the batch script's command line whole: in `ps` on the batch node, stored by Slurm)
+        attached = arg[len("--env="):] if arg.startswith("--env=") else \
+            arg[2:] if arg.startswith("-e") and not arg.startswith("--") else None
+        if attached is not None and "=" in attached:
+            key, value = attached.split("=", 1)
             values[key] = value
             args.append(f"--env={key}")
         else:
@@ -107,6 +113,11 @@ def check_options(opts: SubmitOptions) -> None:
     if opts.time_limit and not _TIME.match(opts.time_limit):
         raise ConfigError(f"--time {opts.time_limit!r} is not a Slurm time",
                           "use minutes (30), MM:SS, HH:MM:SS, D-HH or D-HH:MM:SS")
+    for option, value in (("--job-name", opts.job_name), ("--partition", opts.partition), ("--time", opts.time_limit),
+                          *(("--sbatch-arg", a) for a in opts.sbatch_args), ("the working directory", os.getcwd())):
+        if value and _CONTROL.search(str(value)):  # a newline would start a line of the script of its own
+            raise ConfigError(f"{option} {str(value)!r} holds a control character (a newline, a tab...)",
+                              "a #SBATCH line is one line: give the value without it")
     for arg in opts.sbatch_args:
         if not arg.startswith("-"):
             raise ConfigError(f"--sbatch-arg {arg!r} is not an sbatch option", "e.g. --sbatch-arg=--account=proj")
@@ -137,7 +148,8 @@ def submit(opts: SubmitOptions, out: Console, err: Console, env: Mapping[str, st
     env = dict(os.environ if env is None else env)
     check_options(opts)
     run_id = new_run_id(strategy_of(opts.launch_args))
-    run_dir = make_dir(Path(opts.runs_dir).expanduser().resolve() / run_id, "--runs-dir")
+    # (the runs folder checked as launch checks it: /tmp, writable by everyone, is refused)
+    run_dir = make_dir(make_dir(Path(opts.runs_dir).expanduser().resolve(), "--runs-dir") / run_id, "--runs-dir")
     launch_args, values = hide_env_values(opts.launch_args)
     if values and any(a.startswith("--export") for a in opts.sbatch_args):
         raise ConfigError("--env KEY=VALUE needs sbatch to export ddlctl's environment to the job",

@@ -31,6 +31,7 @@ from ddlctl.commands.submit import (
     hide_env_values,
     sbatch_script,
     strategy_of,
+    submit,
 )
 from ddlctl.contract.errors import ConfigError
 from ddlctl.testing.faults import step_count, wait_for
@@ -113,6 +114,17 @@ def test_the_batch_script_runs_launch_slurm_with_the_given_options(tmp_path):
                                     "--env", "D=4"])
     assert args == ("--env", "A", "--env=B", "--env", "C", "-e", "E", "--", "prog", "--env", "D=4")
     assert values == {"A": "1=2", "B": "x y", "E": "5"}, "the program's own arguments after -- are its business"
+    # click's attached short form too (it once reached the script's command line, secret and all)
+    args, values = hide_env_values(["-eAPI_TOKEN=hunter2", "-eKEY", "--", "prog"])
+    assert args == ("--env=API_TOKEN", "-eKEY", "--", "prog") and values == {"API_TOKEN": "hunter2"}
+    # a newline in a value would have written a line of the script of its own (`id > /tmp/pwned`)
+    for opts in (SubmitOptions(job_name="x\nid > /tmp/pwned"), SubmitOptions(partition="gpu\r"),
+                 SubmitOptions(sbatch_args=("--account=a\nid",))):
+        with pytest.raises(ConfigError, match="holds a control character"):
+            check_options(opts)
+    # the runs folder is checked as launch checks it, before anything is written or submitted
+    with pytest.raises(ConfigError, match="/tmp is writable by others"):
+        submit(SubmitOptions(runs_dir="/tmp"), None, None, {})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="--time"):
         check_options(SubmitOptions(time_limit="soon"))
     with pytest.raises(ConfigError, match="--hosts"):

@@ -183,3 +183,31 @@ def test_a_process_of_the_run_already_dying_is_waited_for_not_taken_for_a_leftov
         finally:
             leftover.kill()
             leftover.wait()
+
+
+def test_a_submit_record_others_may_write_or_not_naming_a_job_is_refused_before_scancel_runs(tmp_path):
+    # before: a 0777 folder holding {"job_id": "--user=alice"} made stop run `scancel --user=alice`
+    # and return 0 (submit.json was read before any ownership check; the id was not checked)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    called = tmp_path / "scancel-called"
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {called}\n")
+    (bin_dir / "scancel").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run_dir = tmp_path / "run"
+    write_plan(run_dir)
+    (run_dir / "submit.json").write_text(json.dumps({"job_id": "--user=alice"}))
+    (run_dir / "submit.json").chmod(0o600)
+    os.chmod(run_dir, 0o777)
+    done = run_ddlctl("stop", str(run_dir), env=env)
+    assert done.returncode == 2 and "is writable by others" in done.stderr, done.stderr
+    os.chmod(run_dir, 0o700)
+    for job_id in ("--user=alice", "1 2", 12.5, "12;id"):
+        (run_dir / "submit.json").write_text(json.dumps({"job_id": job_id}))
+        done = run_ddlctl("stop", str(run_dir), env=env)
+        assert done.returncode == 2 and "is not a Slurm job id ddlctl wrote" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not called.exists()
+    (run_dir / "submit.json").write_text(json.dumps({"job_id": "4242"}))  # what submit writes: cancelled
+    done = run_ddlctl("stop", str(run_dir), env=env)
+    assert done.returncode == 0 and called.read_text() == "4242\n", done.stderr
