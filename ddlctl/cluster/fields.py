@@ -98,6 +98,10 @@ def _roles(value: object, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(roles))
 
 
+#: CPU numbers a host may name (Linux's largest NR_CPUS): cpus=0-9999999 took 15 s and 714 MiB.
+MAX_CPUS = 8192
+
+
 def parse_cpus(value: object, where: str) -> tuple[int, ...]:
     """``1``, ``0-3``, ``0,2`` or ``0-1,4`` (a YAML list of numbers too) -> sorted CPU numbers."""
     items = value if isinstance(value, list) else str(value).split(",")
@@ -108,7 +112,7 @@ def parse_cpus(value: object, where: str) -> tuple[int, ...]:
             low, high = int(first), int(last if dash else first)
         except ValueError:
             low, high = 0, -1
-        if isinstance(item, bool) or low < 0 or high < low:
+        if isinstance(item, bool) or low < 0 or high < low or high >= MAX_CPUS:
             raise ConfigError(f"{where}: cpus={value!r} is not valid", f"cpus must be {HOST_KEYS['cpus']}")
         cpus.update(range(low, high + 1))
     return tuple(sorted(cpus))

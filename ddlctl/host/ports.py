@@ -14,6 +14,7 @@ import contextlib
 import os
 import random
 import socket
+import stat
 import time
 
 #: The lowest port :func:`free_ports` picks from below the kernel's ephemeral range.
@@ -52,17 +53,26 @@ def claim(port: int, folder: str | None = None, now: float | None = None) -> boo
     path = os.path.join(folder, str(port))
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not private_folder(folder):
+            return True  # planted by someone else (its name is predictable): the bind check alone
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-            os.utime(path, (now, now))
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
+            os.utime(path, (now, now), follow_symlinks=False)
             return True
         except FileExistsError:
-            if now - os.stat(path).st_mtime < CLAIM_S:
+            if now - os.lstat(path).st_mtime < CLAIM_S:
                 return False
-            os.utime(path, (now, now))  # an old claim: its task bound the port long ago, or never will
+            # an old claim: its task bound the port long ago, or never will (a link is not followed)
+            os.utime(path, (now, now), follow_symlinks=False)
             return True
     except OSError:
         return True  # no folder to keep claims in: the bind check alone
+
+
+def private_folder(folder: str) -> bool:
+    """Whether ``folder`` is a real folder (not a link) of this user's that nobody else may write."""
+    info = os.lstat(folder)
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 #: :func:`prune_claims` clears old claims once the folder holds more than this many.

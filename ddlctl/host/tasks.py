@@ -62,7 +62,23 @@ def unsafe_folder(path: str) -> str | None:
         return f"it belongs to another user (uid {info.st_uid})"
     if info.st_mode & 0o002:
         return "other users may write to it"
+    if info.st_mode & 0o020 and not _private_group(info.st_gid):
+        return f"its group (gid {info.st_gid}) may write to it, and others are in that group"
     return None
+
+
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is this user's own (a user private group: their primary group, with
+    no other member), so that its write permission lets nobody else in."""
+    import grp
+    import pwd
+
+    try:
+        group, me = grp.getgrgid(gid), pwd.getpwuid(os.getuid())
+    except KeyError:
+        return False
+    return gid == me.pw_gid and set(group.gr_mem) <= {me.pw_name} and not any(
+        p.pw_gid == gid and p.pw_uid != me.pw_uid for p in pwd.getpwall())
 
 
 def start_error(spec: dict, exc: OSError) -> str:

@@ -217,3 +217,26 @@ def test_any_step_file_is_read_without_error_by_the_agent_and_the_report(tmp_pat
     assert len(steps.step) + steps.bad_lines <= len(records) + data.count(b"\n")
     assert all(abs(v) <= 2**62 for v in steps.step)
 
+
+
+def test_a_working_folder_a_shared_group_may_write_is_unsafe_a_private_groups_is_not(tmp_path):
+    # before: 0775 was accepted whatever the group (the runs-dir check refuses group write)
+    import grp
+    import os
+    import pwd
+
+    from ddlctl.host.tasks import unsafe_folder
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    folder.chmod(0o775)
+    me = pwd.getpwuid(os.getuid())
+    own = [p for p in pwd.getpwall() if p.pw_gid == me.pw_gid and p.pw_uid != me.pw_uid]
+    assert (unsafe_folder(str(folder)) is None) == (folder.stat().st_gid == me.pw_gid and not own
+                                                   and set(grp.getgrgid(me.pw_gid).gr_mem) <= {me.pw_name})
+    shared = [g for g in grp.getgrall() if g.gr_gid != me.pw_gid]
+    if os.getuid() == 0 and shared:  # (only root may give a folder to another group)
+        os.chown(folder, -1, shared[0].gr_gid)
+        assert "its group" in unsafe_folder(str(folder))
+        folder.chmod(0o755)
+        assert unsafe_folder(str(folder)) is None

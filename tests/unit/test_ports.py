@@ -107,3 +107,22 @@ def test_a_host_that_cannot_bind_says_so_instead_of_searching_forever(monkeypatc
         assert exc.errno == 98
     else:
         raise AssertionError("free_ports returned ports it could not bind")
+
+
+def test_a_claims_folder_someone_else_could_have_planted_is_not_used_and_no_link_is_followed(tmp_path):
+    # before: the folder's name is predictable (/tmp/ddlctl-ports-<uid>) and was used whoever made
+    # it; a link planted there had a victim file's modification time changed
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    os.utime(victim, (1000, 1000))
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    (shared / "23456").symlink_to(victim)
+    assert claim(23456, str(shared), now=5000) and victim.stat().st_mtime == 1000
+    assert claim(23456, str(shared), now=5001), "no claims kept in a folder others may write"
+    planted = tmp_path / "mine"
+    planted.mkdir(mode=0o700)
+    (planted / "23457").symlink_to(victim)
+    assert claim(23457, str(planted), now=os.lstat(planted / "23457").st_mtime + CLAIM_S + 1)
+    assert victim.stat().st_mtime == 1000 and (planted / "23457").is_symlink()
