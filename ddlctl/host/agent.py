@@ -64,6 +64,9 @@ ENDING_TICK_S = 0.01
 STEPS_S = 1.0
 PORTS_S = 0.2  # a look at the listening sockets: cheap over netlink, ~8 ms from /proc/net/tcp*
 CHUNK = 1 << 20
+#: What a stack request reads of a process's stacks file at most, and sends of a task's in all
+#: (its threads' stacks: kilobytes; the frame stays well within the controller's header bound).
+STACKS_MAX = 1 << 20
 DRAIN_S = 2.0
 DUMP_WAIT_S = 1.5
 #: Once ddlctl is gone, tasks that SIGKILL has not ended after this long are left (a process in
@@ -343,10 +346,10 @@ class HostAgent:
                 stacks = []
                 for path, offset in entry["offsets"].items():
                     with contextlib.suppress(OSError), open(path, "rb") as handle:
-                        handle.seek(offset)
-                        stacks.append(handle.read().decode("utf-8", "replace"))
-                self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"], "stacks": "".join(stacks),
-                           "wchan": entry.get("wchan") or {},
+                        handle.seek(offset)  # (a task writes that file: what it added, up to a bound)
+                        stacks.append(handle.read(STACKS_MAX).decode("utf-8", "replace"))
+                self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"],
+                           "stacks": "".join(stacks)[:STACKS_MAX], "wchan": entry.get("wchan") or {},
                            **{key: entry[key] for key in ("cpu_s", "io_bytes", "at", "forking") if key in entry}})
 
     # -- the loop -------------------------------------------------------------------------------

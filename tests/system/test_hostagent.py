@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ from ddlctl.cluster.model import Host
 from ddlctl.contract.wire import MAGIC, FrameReader, encode_frame
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.transport.session import HostSession, open_local_session
+from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
 
 HOST = Host(name="localhost")
 
@@ -638,3 +640,29 @@ def test_descendants_are_found_below_a_process_children_first_leaving_out_skippe
             os.kill(pid, 9)
         child.kill()
         child.wait()
+
+
+def test_a_hostile_task_cannot_crash_fake_or_reach_the_terminal_through_ddlctl(tmp_path):
+    # its steps file holds Infinity, 2**64, random bytes and escapes; its output random bytes and
+    # escapes; it writes frames to its agent's streams. Before: the agent died of OverflowError
+    # (the host lost, every task with it), the report and the summary died of 2**64, the escapes
+    # reached the terminal raw. Now the job ends as its program does, with its report.
+    program = [sys.executable, str(PROGRAMS / "hostile.py")]
+    for fail, code in (("0", 0), ("1", 1)):
+        runs = tmp_path / f"runs{fail}"
+        # (bytes: the task's own bytes that are not UTF-8 pass through as they are, never a control)
+        done = subprocess.run(ddlctl_cmd("launch", "-s", "one_device", "--runs-dir", str(runs), "--", *program),
+                              capture_output=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "HOSTILE_FAIL": fail})
+        console = (done.stdout + done.stderr).decode("utf-8", "replace")
+        assert done.returncode == code, console[-3000:]
+        assert not re.search("[\x1b\x07\x9b]", console), repr(console[-2000:])
+        assert "title^[[2J^[[H^[]0;owned^G" in console and "<U+009B>31m" in console, console[-3000:]
+        run_dir = only_run_dir(runs)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["tasks"][0]["steps"] == 8 and summary["skipped_lines"] >= 3, summary["tasks"]
+        assert not processes_of_run(run_dir.name)
+        report = run_ddlctl("report", str(run_dir), "--csv", str(tmp_path / f"csv{fail}"))
+        assert report.returncode == 0 and "\x1b" not in report.stdout + report.stderr, report.stderr[-2000:]
+    said = done.stderr.decode("utf-8", "replace")
+    assert "✗ worker:0 on localhost failed" in said and "bad^[[2J^[[H" in said, said[-3000:]
