@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ddlctl.cluster.model import Host
 from ddlctl.contract import envvars
-from ddlctl.contract.errors import LaunchError
+from ddlctl.contract.errors import ConfigError, LaunchError
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.options import SshOptions
 from ddlctl.transport.remote import (
@@ -107,6 +107,13 @@ def resolve_target(host: Host, options: SshOptions) -> Target:
     path = Path(options.ssh_config).expanduser()
     if path.is_file():
         config = _ssh_config(str(path)).lookup(host.name)
+    for key, option in (("proxycommand", "ProxyCommand"), ("proxyjump", "ProxyJump"), ("hostkeyalias", "HostKeyAlias")):
+        value = str(config.get(key) or "")
+        if value and value.lower() != "none":  # (connecting straight to HostName would skip what it says)
+            straight = config.get("hostname", host.name)
+            raise ConfigError(f"{path}: {option} {value!r} applies to host {host.name}, and ddlctl does not "
+                              f"follow {option} yet (it would connect straight to {straight})",
+                              f"list a host ddlctl can reach directly, or give it a Host block without {option}")
     port = host.port if host.port != 22 else int(str(config.get("port", 22)))
     user = host.user or options.user or str(config.get("user") or getpass.getuser())
     keys: tuple[str, ...] = ()

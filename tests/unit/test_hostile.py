@@ -240,3 +240,21 @@ def test_a_working_folder_a_shared_group_may_write_is_unsafe_a_private_groups_is
         assert "its group" in unsafe_folder(str(folder))
         folder.chmod(0o755)
         assert unsafe_folder(str(folder)) is None
+
+
+def test_a_host_whose_ssh_config_says_proxyjump_proxycommand_or_hostkeyalias_is_refused_not_reached_directly(
+        tmp_path):
+    # before: they were ignored: ddlctl connected straight to HostName (and with HostKeyAlias plus
+    # --accept-new-host-keys recorded whatever answered there)
+    from ddlctl.contract.errors import ConfigError
+    from ddlctl.transport.options import SshOptions
+    from ddlctl.transport.ssh import resolve_target
+
+    config = tmp_path / "config"
+    config.write_text("Host jumped\n  HostName 10.0.0.5\n  ProxyJump bastion\nHost aliased\n  HostKeyAlias other\n"
+                      "Host piped\n  ProxyCommand ssh -W %h:%p gw\nHost plain\n  HostName 10.0.0.6\n")
+    options = SshOptions(ssh_config=str(config))
+    for name, option in (("jumped", "ProxyJump"), ("aliased", "HostKeyAlias"), ("piped", "ProxyCommand")):
+        with pytest.raises(ConfigError, match=f"{option} .* applies to host {name}, and ddlctl does not follow"):
+            resolve_target(Host(name), options)
+    assert resolve_target(Host("plain"), options).hostname == "10.0.0.6"
