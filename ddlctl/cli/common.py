@@ -15,6 +15,7 @@ from rich.text import Text
 
 from ddlctl import __version__
 from ddlctl.console import closed_stdout as stdoutgone
+from ddlctl.console.safe import SafeConsole
 from ddlctl.contract.errors import UserError
 from ddlctl.contract.rundir import PLAN_FILE
 from ddlctl.contract.strategies import STRATEGIES
@@ -134,7 +135,7 @@ def run_dir_arg(value: str, runs_dir: str = DEFAULT_RUNS_DIR) -> str:
 
 
 
-class _PeopleConsole(Console):
+class _PeopleConsole(SafeConsole):
     """A stdout console that outlives its reader (:mod:`ddlctl.console.closed_stdout`): rich's own answer to a
     closed pipe is to exit at once."""
 
@@ -152,7 +153,7 @@ def people_console() -> Console:
 def error_console() -> Console:
     """Console for messages on stderr. Markup is off on every console: host names, paths, options
     and task output are the user's strings (a ``[/b]`` in a hosts file is text, not markup)."""
-    return Console(stderr=True, soft_wrap=True, markup=False)
+    return SafeConsole(stderr=True, soft_wrap=True, markup=False)
 
 
 def _exit_with(run: Callable[[], int]) -> None:
@@ -165,7 +166,7 @@ def _exit_with(run: Callable[[], int]) -> None:
 
 
 def _fail(exc: UserError) -> None:
-    err = Console(stderr=True, highlight=False, markup=False)
+    err = SafeConsole(stderr=True, highlight=False, markup=False)
     err.print(Text.assemble(("error:", "bold red"), " ", exc.message), soft_wrap=True)
     if exc.hint:
         err.print(f"  hint: {exc.hint}", soft_wrap=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ddlctl.console import closed_stdout as stdoutgone
+from ddlctl.console.safe import SafeConsole
 from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import PLAN_FILE
 from ddlctl.report.export import write_csv
@@ -28,7 +29,7 @@ def report(run_dir: str, json_out: bool, csv_dir: str | None, trace: str | None,
         stdoutgone.write(json.dumps(summary.to_dict(), indent=1) + "\n")
     else:
         render_report(summary, console)
-    err = Console(stderr=True, markup=False)
+    err = SafeConsole(stderr=True, markup=False)
     if csv_dir:
         for path in write_csv(summary, csv_dir):
             err.print(f"wrote {path}", highlight=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,41 @@ def test_a_host_whose_ssh_config_says_proxyjump_proxycommand_or_hostkeyalias_is_
         with pytest.raises(ConfigError, match=f"{option} .* applies to host {name}, and ddlctl does not follow"):
             resolve_target(Host(name), options)
     assert resolve_target(Host("plain"), options).hostname == "10.0.0.6"
+
+
+HOSTILE = "x\x1b[2J\x1b]52;c;aWQ=\x07\u202eevil\x9b31m\rend"
+
+
+def test_every_renderer_shows_hostile_strings_as_text_and_styles_as_styles():
+    # before: the failure block printed a task's traceback with rich Text: ESC (clear the screen,
+    # OSC 52 to the clipboard) reached the terminal raw; so did names in tables and notices
+    import io
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from ddlctl.console.live import LiveState
+    from ddlctl.console.safe import SafeConsole
+    from ddlctl.report.render import render_failure
+    from ddlctl.supervise.results import Failure
+
+    out = io.StringIO()
+    console = SafeConsole(file=out, force_terminal=True, color_system="standard", width=300)
+    render_failure(Failure(reason="exited", message=f"exit code 1 {HOSTILE}", task=f"worker:0{HOSTILE}",
+                           host=HOSTILE, traceback=(f"RuntimeError: {HOSTILE}",), log=f"/runs/{HOSTILE}"), console)
+    table = Table(title=HOSTILE)
+    table.add_column(HOSTILE)
+    table.add_row(Text(HOSTILE, style="red"))
+    console.print(table)
+    console.print(f"ddlctl: {HOSTILE}", style="bold")
+    state = LiveState()
+    state.update(HOSTILE, {"type": "sample", "t": 1.0, "cpu": 5, "steps": {HOSTILE: 3},
+                           "procs": {HOSTILE: [1.0]}, "gpus": []})
+    console.print(state.table())
+    written = out.getvalue()
+    # (rich itself drops BEL and CR from a Text: where it kept them, they are shown too)
+    assert written.count("x^[[2J^[]52;c;aWQ=") >= 9 and written.count("<U+202E>evil<U+009B>31m") >= 9, written
+    assert "^G<U+202E>evil<U+009B>31m^Mend" in written
+    assert "\x1b[1;31m" in written or "\x1b[31m" in written, "rich's own colours still pass"
+    without_styles = re.sub("\x1b\\[[0-9;]*m", "", written)
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", without_styles), repr(without_styles)
