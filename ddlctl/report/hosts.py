@@ -145,27 +145,28 @@ def _typed_records(data: bytes) -> tuple[list, int] | None:
 
 def _general_records(data: bytes) -> tuple[list, int]:
     """Any sound line, as the typed records (GPU readings and task figures written as dicts by older
-    agents become arrays in the hello's field order); unreadable lines counted."""
+    agents become arrays in the hello's field order); unreadable lines, and lines of a shape the
+    agent never writes (a host's file is data: a reading that is not a number), counted."""
     records, bad = parse_json_lines(data)
-    out: list = []
+    typed: list = []
     fields = list(GPU_FIELDS)
     for raw in records:
         kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind == "sample" and isinstance(raw.get("t"), (int, float)):
-            out.append(raw)
-        elif kind == "hello":
-            fields = list(raw.get("gpu_fields") or fields)
-            out.append(_Hello(host=raw.get("host"), interval=float(raw.get("interval", 1.0)),
-                              gpu_note=raw.get("gpu_note"), gpu_fields=raw.get("gpu_fields"), gpus=raw.get("gpus")))
-        elif kind != "error":  # agents report problems as {"type": "error"}; anything else is unreadable
+        try:
+            if kind == "sample":
+                procs, gpus = raw.get("procs") or {}, raw.get("gpus") or ()
+                raw = {**raw, "procs": {task: f if isinstance(f, list) else [f.get("cpu"), f.get("rss")]
+                                        for task, f in procs.items()},
+                       "gpus": [g if isinstance(g, list) else [g.get(f) for f in fields] for g in gpus]}
+                typed.append(msgspec.convert(raw, _Sample))
+            elif kind == "hello":
+                hello = msgspec.convert(raw, _Hello)
+                fields = list(hello.gpu_fields or fields)
+                typed.append(hello)
+            elif kind != "error":  # agents report problems as {"type": "error"}; anything else is unreadable
+                bad += 1
+        except (msgspec.ValidationError, AttributeError, TypeError):
             bad += 1
-    typed = [r if isinstance(r, _Hello) else _Sample(
-        t=float(r["t"]), cpu=r.get("cpu"), mem_used=r.get("mem_used"), mem_total=r.get("mem_total"),
-        net_sent=r.get("net_sent"), net_recv=r.get("net_recv"),
-        procs={task: f if isinstance(f, list) else [f.get("cpu"), f.get("rss")]
-               for task, f in (r.get("procs") or {}).items()},
-        gpus=[g if isinstance(g, list) else [g.get(f) for f in fields] for g in r.get("gpus") or ()])
-        for r in out]
     return typed, bad
 
 
@@ -208,11 +209,16 @@ def read_telemetry(path: Path) -> HostSeries:
             series.gpu_note = record.gpu_note
             fields = list(record.gpu_fields or fields)
             for gpu in record.gpus or []:
-                entry = series.gpus.setdefault(int(gpu["index"]), GpuSeries())
-                entry.name = gpu.get("name")
-                entry.mem_total = gpu.get("memory_total_bytes")
-                entry.sm_clock_max = gpu.get("sm_clock_max_mhz")
-                entry.power_limit = gpu.get("power_limit_w")
+                index = gpu.get("index")
+                if type(index) is not int or not 0 <= index < 1 << 16:
+                    series.bad_lines += 1  # (a host's file is data: a GPU without a number is not one)
+                    continue
+                entry = series.gpus.setdefault(index, GpuSeries())
+                entry.name = None if gpu.get("name") is None else str(gpu["name"])[:200]
+                entry.mem_total, entry.sm_clock_max, entry.power_limit = (
+                    value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+                    for value in (gpu.get("memory_total_bytes"), gpu.get("sm_clock_max_mhz"),
+                                  gpu.get("power_limit_w")))
     series.t = _floats([r.t for r in samples])
     cpu = _floats([r.cpu for r in samples])
     series.cpu, series.cpu_t = _present(cpu), series.t[~np.isnan(cpu)]

@@ -297,3 +297,28 @@ def test_every_renderer_shows_hostile_strings_as_text_and_styles_as_styles():
     assert "\x1b[1;31m" in written or "\x1b[31m" in written, "rich's own colours still pass"
     without_styles = re.sub("\x1b\\[[0-9;]*m", "", written)
     assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", without_styles), repr(without_styles)
+
+
+@FUZZ
+@given(st.lists(st.fixed_dictionaries({"type": st.sampled_from(["sample", "hello", "error", "x"]),
+                                       "t": JSON | st.floats(0, 2e9)},
+                                      optional={"cpu": JSON, "gpus": JSON, "procs": JSON, "host": JSON,
+                                                "gpu_fields": JSON, "interval": JSON, "mem_used": JSON,
+                                                "net_sent": JSON, "gpu_note": JSON}) | JSON, max_size=6))
+def test_any_telemetry_file_is_read_or_its_lines_counted_bad(tmp_path, records):
+    # a host's telemetry is data: GPU names, task names and every reading come from it
+    from ddlctl.report.hosts import read_telemetry
+
+    path = tmp_path / "h1.jsonl"
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    series = read_telemetry(path)
+    assert series.bad_lines <= len(records)
+
+
+def test_a_csv_cell_is_never_a_formula_and_never_a_control_character():
+    from ddlctl.contract.shown import csv_cell
+
+    assert csv_cell("=HYPERLINK(\"http://x\")") == "'=HYPERLINK(\"http://x\")"
+    assert [csv_cell(v) for v in ("+1", "-2+3", "@SUM(A1)", "\tx")] == ["'+1", "'-2+3", "'@SUM(A1)", "'^Ix"]
+    assert [csv_cell(v) for v in ("-", "worker:0", 3, -1.5, None, "a\x1bb")] == ["-", "worker:0", 3, -1.5, None,
+                                                                                "a^[b"]
