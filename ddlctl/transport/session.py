@@ -294,7 +294,7 @@ class HostSession:
         elif kind == Kind.EXIT and task is not None:
             oom = header.get("oom") or None
             if oom is not None:
-                table(oom)
+                text(oom)  # (the agent's evidence: the kernel log's line, or its counters)
             if header.get("signal"):
                 status = ExitStatus(signal=integer(header["signal"], 1, 64), oom=oom)
             else:

@@ -114,6 +114,7 @@ def test_a_header_line_longer_than_the_bound_is_refused_before_it_ends():
     {"k": Kind.EXIT, "task": "worker:0", "signal": 99},
     {"k": Kind.EXIT, "task": "worker:0", "code": 1e400},
     {"k": Kind.EXIT, "task": "worker:0", "code": 0, "t": "soon"},
+    {"k": Kind.EXIT, "task": "worker:0", "signal": 9, "oom": {"not": "evidence"}},
     {"k": Kind.STEPS, "counts": [1]},
     {"k": Kind.STEPS, "counts": {"worker:0": "many"}},
     {"k": Kind.STEPS, "counts": {"worker:0": 2**63}},
@@ -319,6 +320,36 @@ def test_a_csv_cell_is_never_a_formula_and_never_a_control_character():
     from ddlctl.contract.shown import csv_cell
 
     assert csv_cell("=HYPERLINK(\"http://x\")") == "'=HYPERLINK(\"http://x\")"
-    assert [csv_cell(v) for v in ("+1", "-2+3", "@SUM(A1)", "\tx")] == ["'+1", "'-2+3", "'@SUM(A1)", "'^Ix"]
+    assert [csv_cell(v) for v in ("+1", "-2+3", "@SUM(A1)", "\tx")] == ["'+1", "'-2+3", "'@SUM(A1)", "'\tx"]
     assert [csv_cell(v) for v in ("-", "worker:0", 3, -1.5, None, "a\x1bb")] == ["-", "worker:0", 3, -1.5, None,
                                                                                 "a^[b"]
+
+
+def test_frames_as_the_agent_writes_them_are_all_taken():
+    # the other side of the bounds: every field the host agent sends, at its real shape (an OOM
+    # kill's evidence is text; a task's executable may be unknown), costs nothing
+    session, stream = session_with("worker:0", "worker:1")
+    session.request_dump(["worker:1"])
+    session._ports_asked = True  # (as check_ports asks, without its wait)
+    feed(session, stream,
+         encode_frame({"k": Kind.HELLO, "pid": 7, "t": 1.5, "probe": None}),
+         encode_frame({"k": Kind.STARTED, "task": "worker:0", "t": 1.5, "agent_pid": 7, "task_pid": 8,
+                       "task_pgid": 8, "ssh_connection": None, "forked": True, "executable": None,
+                       "note": "starting in /home/me"}),
+         encode_frame({"k": Kind.OUT, "task": "worker:0"}, b"hello\n"),
+         encode_frame({"k": Kind.STEPS, "t": 2.0, "counts": {"worker:0": 5}, "last": {"worker:0": 5},
+                       "totals": {"worker:0": 10}, "credits": {"worker:0": {"worker:1": 5}},
+                       "activity": {"worker:0": 2}, "open": {"worker:0": "eval"}}),
+         encode_frame({"k": Kind.LISTENING, "task": "worker:0", "t": 2.0}),
+         encode_frame({"k": Kind.DUMP, "task": "worker:1", "procs": [[9, "S", "python"]], "stacks": "", "wchan": {},
+                       "cpu_s": 0.5, "io_bytes": 10, "at": 3.0}),
+         encode_frame({"k": Kind.PORTS, "id": None, "ports": {"worker:1": 23456}}),
+         encode_frame({"k": Kind.EXIT, "task": "worker:0", "t": 3.0, "code": None, "signal": 9,
+                       "oom": "the kernel's OOM killer, for its memory (oom-kill: ... pid=8)"}),
+         encode_frame({"k": Kind.START_FAILED, "task": "worker:1", "error": "cannot start 'x'", "code": 127}),
+         encode_frame({"k": Kind.BEAT, "t": 4.0}))
+    assert session.lost is None
+    assert session.step_counts()["worker:0"][0] == 5 and session.credits() == {"worker:0": {"worker:1": 5}}
+    assert session._tasks["worker:0"].poll().signal == 9 and "OOM" in session._tasks["worker:0"].poll().oom
+    assert session.dump_of("worker:1")["cpu_s"] == 0.5 and session.ports_reply["ports"] == {"worker:1": 23456}
+    assert session._tasks["worker:1"].poll().code == 127
