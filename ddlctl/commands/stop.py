@@ -20,6 +20,19 @@ _WORD = re.compile(r"^[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*$")  # one word: no 
 _PATH = re.compile(r"^[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*$")  # no control character, no leading '-'
 
 
+#: The largest run record ``stop`` reads (a plan of thousands of tasks is a few MiB).
+RECORD_MAX = 64 << 20
+
+
+def small_text(path: Path) -> str:
+    """``path``'s text, refused (ConfigError) past :data:`RECORD_MAX`: stop reads only what ddlctl wrote."""
+    with path.open("rb") as handle:
+        data = handle.read(RECORD_MAX + 1)
+    if len(data) > RECORD_MAX:
+        raise ConfigError(f"{path}: larger than {RECORD_MAX >> 20} MiB: not a record ddlctl wrote")
+    return data.decode("utf-8", "replace")
+
+
 def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
     """Run id and the hosts that ran tasks, from ``plan.json``: checked as a hosts file is (it says
     which program runs on each host), and only from a folder and file of the user's own that
@@ -28,7 +41,7 @@ def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
     check_private(run_dir, "RUN_DIR")
     check_private(path, "RUN_DIR")
     try:
-        plan = json.loads(path.read_text())
+        plan = json.loads(small_text(path))
     except FileNotFoundError:
         raise ConfigError(f"{run_dir} is not a run directory (no plan.json)",
                           "pass a folder like runs/<run-id>, or a run id of ./runs") from None
@@ -82,7 +95,7 @@ def slurm_targets(run_dir: Path) -> tuple[list[str], str] | None:
             check_private(run_dir, "RUN_DIR")
             check_private(path, "RUN_DIR")
             try:
-                record = json.loads(path.read_text())
+                record = json.loads(small_text(path))
                 value = record[key]
                 job = record["job_id"]
             except (ValueError, KeyError, TypeError) as exc:
@@ -138,7 +151,7 @@ def stop(run_dir: str, ssh: object | None, console: Console) -> int:
     if slurm is not None:
         targets, what = slurm
         if what != "job":  # steps: those recorded at launch and any a reconnection started since
-            record = json.loads((Path(run_dir) / "slurm.json").read_text())
+            record = json.loads(small_text(Path(run_dir) / "slurm.json"))
             run_id = plan_hosts(Path(run_dir))[0]
             targets = sorted({*targets, *run_steps(str(record["job_id"]), run_id)})
         return stop_slurm(targets, what, console)

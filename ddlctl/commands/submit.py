@@ -210,12 +210,11 @@ def follow(job_id: str, run_dir: Path, err: Console, env: Mapping[str, str], pol
         try:
             with output.open("rb") as handle:
                 handle.seek(offset)
-                data = handle.read()
+                while data := handle.read(1 << 20):  # (in pieces: a job that printed a lot is not held whole)
+                    offset += len(data)
+                    write(data)
         except FileNotFoundError:
             return
-        if data:
-            offset += len(data)
-            write(data)
 
     while True:
         try:

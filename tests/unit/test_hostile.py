@@ -353,3 +353,19 @@ def test_frames_as_the_agent_writes_them_are_all_taken():
     assert session._tasks["worker:0"].poll().signal == 9 and "OOM" in session._tasks["worker:0"].poll().oom
     assert session.dump_of("worker:1")["cpu_s"] == 0.5 and session.ports_reply["ports"] == {"worker:1": 23456}
     assert session._tasks["worker:1"].poll().code == 127
+
+
+def test_stop_reads_no_record_larger_than_ddlctl_writes(tmp_path, monkeypatch):
+    # before: plan.json and submit.json were read whole, whatever their size
+    from ddlctl.commands import stop
+    from ddlctl.contract.errors import ConfigError
+
+    monkeypatch.setattr(stop, "RECORD_MAX", 1 << 10)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "submit.json").write_text(json.dumps({"job_id": "4242", "pad": "x" * 2000}))
+    (run_dir / "submit.json").chmod(0o600)
+    with pytest.raises(ConfigError, match="larger than"):
+        stop.slurm_targets(run_dir)
+    (run_dir / "submit.json").write_text(json.dumps({"job_id": "4242"}))
+    assert stop.slurm_targets(run_dir) == (["4242"], "job")
