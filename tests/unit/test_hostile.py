@@ -21,7 +21,9 @@ from ddlctl.planning.plan import TaskSpec
 from ddlctl.report.stepfile import read_steps
 from ddlctl.transport.session import HostSession
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=150, deadline=None,  # (under CI load generation is slow: no health check on speed)
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                       HealthCheck.data_too_large])
 
 # JSON values of any shape, the numbers among them at the edges of their types
 JSON = st.recursive(
