@@ -208,11 +208,10 @@ def read_telemetry(path: Path) -> HostSeries:
             series.interval = float(record.interval)
             series.gpu_note = record.gpu_note
             fields = list(record.gpu_fields or fields)
-            for gpu in record.gpus or []:
-                index = gpu.get("index")
-                if type(index) is not int or not 0 <= index < 1 << 16:
-                    series.bad_lines += 1  # (a host's file is data: a GPU without a number is not one)
-                    continue
+            numbered = [g for g in record.gpus or [] if type(g.get("index")) is int and 0 <= g["index"] < 1 << 16]
+            series.bad_lines += len(numbered) < len(record.gpus or [])  # (a GPU without a number is not one)
+            for gpu in numbered:
+                index = gpu["index"]
                 entry = series.gpus.setdefault(index, GpuSeries())
                 entry.name = None if gpu.get("name") is None else str(gpu["name"])[:200]
                 entry.mem_total, entry.sm_clock_max, entry.power_limit = (
