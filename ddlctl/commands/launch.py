@@ -41,7 +41,6 @@ from ddlctl.contract.diskspace import LOW_SPACE_BYTES, free_bytes, size_words, w
 from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
 from ddlctl.contract.runfolder import make_dir, new_run_id, remove_unused, write_plan, write_whole
-from ddlctl.contract.shown import shown
 from ddlctl.contract.strategies import facts_of
 from ddlctl.diagnose.tfnoise import is_startup_noise
 from ddlctl.planning.plan import (
@@ -288,7 +287,7 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
     # the terminal would leave copies of the region in the scrollback).
     say = live.print if on_terminal and live is not None else err.print
     notify = (lambda _msg: None) if opts.quiet else \
-        (lambda msg: say(Text.assemble(("ddlctl:", "dim"), f" {shown(msg, keep_newlines=True)}"), highlight=False))
+        (lambda msg: say(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     if not opts.verbose and not opts.quiet:
         # the same line from several tasks shown once ([worker:0-7@host]); --verbose shows each
         writer = QuietWriter(CollapsingWriter(writer), is_startup_noise, lambda: notify(

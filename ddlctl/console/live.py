@@ -23,7 +23,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ddlctl.contract.shown import shown
 from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 
 RATE_WINDOW_S = 5.0
@@ -167,11 +166,11 @@ class LiveState:
             rate = entry.rate.rate
             stall = entry.stall_text()
             steps = Text(f"{entry.count}{stall}", style="yellow" if stall else "")
-            table.add_row(shown(task, limit=60), steps, "-" if rate is None else f"{rate:.1f}",
+            table.add_row(task, steps, "-" if rate is None else f"{rate:.1f}",
                           "-" if entry.cpu is None else f"{entry.cpu:.0f}", "")
         for host, record in sorted(self.hosts.items()):
-            table.add_row(Text(shown(host, limit=60), style="bold"), "", "", _fmt_cpu(record.get("cpu")),
-                          shown(_gpu_text(record)))
+            table.add_row(Text(host, style="bold"), "", "", _fmt_cpu(record.get("cpu")),
+                          _gpu_text(record))
         return table
 
     def line(self) -> str:
@@ -184,7 +183,7 @@ class LiveState:
         for host, record in sorted(self.hosts.items()):
             gpu = " ".join(f"gpu{g['index']} {g.get('util', '-')}%" for g in record.get("gpus") or []) or "no GPU"
             parts.append(f"{host} cpu {_fmt_cpu(record.get('cpu'))}% {gpu}")
-        return shown("ddlctl live | " + " | ".join(parts))
+        return "ddlctl live | " + " | ".join(parts)
 
 
 def _fmt_cpu(cpu: float | None) -> str:

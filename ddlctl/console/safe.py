@@ -7,15 +7,22 @@ cursor moves) are styles and control segments, written as rich writes them."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console
 from rich.segment import Segment
+from rich.text import Text
 
 from ddlctl.contract.shown import shown
 
 
 class SafeConsole(Console):
-    """A rich console whose text segments are shown safe (newlines and tabs kept)."""
+    """A rich console whose text segments are shown safe (newlines and tabs kept). A string given
+    to ``print`` is shown safe before rich makes it a ``Text`` (which would drop BEL and CR
+    unseen); every other piece of text when it is written."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
+        return super().render_str(shown(text, keep_newlines=True), **kwargs)
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return super()._render_buffer(

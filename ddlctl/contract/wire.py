@@ -165,3 +165,73 @@ def table(value: object) -> dict:
     if not isinstance(value, dict):
         raise GarbledFrame(f"not an object: {str(value)[:40]}")
     return value
+
+
+def _opt(header: dict, key: str, check, *bounds: int) -> None:  # noqa: ANN001 - one of the checks above
+    if header.get(key) is not None:
+        check(header[key], *bounds)
+
+
+def _integers(value: object, low: int = 0) -> dict:
+    """An object of integers (step counts by task)."""
+    for count in table(value).values():
+        integer(count, low)
+    return value  # type: ignore[return-value]
+
+
+def check_frame(header: dict) -> dict:
+    """``header`` if every field its kind carries holds what the agent writes there (the schema of
+    the wire, one place); else :class:`GarbledFrame`. Which task a frame may name, and which
+    replies are awaited, is the session's to decide."""
+    kind = header.get("k")
+    _opt(header, "task", text)
+    _opt(header, "t", number)
+    if kind == Kind.EXIT:
+        _opt(header, "oom", text)  # (the agent's evidence: the kernel log's line, or its counters)
+        if header.get("signal"):
+            integer(header["signal"], 1, 64)
+        _opt(header, "code", integer, -(1 << 31), 1 << 31)
+    elif kind == Kind.STARTED:
+        for key in ("agent_pid", "task_pid", "task_pgid"):
+            _opt(header, key, integer, 1, 1 << 31)
+        for key in ("ssh_connection", "executable", "note"):
+            _opt(header, key, text)
+    elif kind == Kind.START_FAILED:
+        _opt(header, "error", text)
+        _opt(header, "code", integer, 0, 255)
+    elif kind == Kind.STEPS:
+        for key in ("counts", "last", "activity"):
+            _integers(header.get(key) or {})
+        for total in table(header.get("totals") or {}).values():
+            if total is not None:
+                integer(total)
+        for phase in table(header.get("open") or {}).values():
+            if phase is not None:
+                text(phase, 200)
+        for credits in table(header.get("credits") or {}).values():
+            for worker in _integers(credits):
+                text(worker, 200)
+    elif kind == Kind.DUMP:
+        procs = header.get("procs") or []
+        if not isinstance(procs, list) or not all(
+                isinstance(p, list) and len(p) == 3 and type(p[0]) is int and isinstance(p[1], str)
+                and isinstance(p[2], str) for p in procs):
+            raise GarbledFrame(f"a dump's processes are not [pid, state, command] lists: {str(procs)[:80]}")
+        _opt(header, "stacks", text, MAX_HEADER)
+        table(header.get("wchan") or {})
+        _opt(header, "cpu_s", number)
+        _opt(header, "at", number)
+        _opt(header, "io_bytes", integer)
+    elif kind == Kind.PORTS:
+        for port in table(header.get("ports")).values():
+            integer(port, 1, 65535)
+    elif kind == Kind.LS:
+        for entry in table(header.get("files")).values():
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise GarbledFrame(f"a listing's entry is not [size, mtime]: {str(entry)[:40]}")
+            integer(entry[0]), integer(entry[1], -(1 << 62), 1 << 62)  # (mtime in ns)
+    elif kind == Kind.FILE_ERROR:
+        text(header.get("error"))
+    elif kind == Kind.SIGNALLED:
+        integer(header.get("sig", 15), 1, 64)
+    return header

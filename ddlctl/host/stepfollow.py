@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 
+from ddlctl.contract.wire import MAX_INT, integer
+
 #: What one poll reads of a file at most, and the longest line taken: a task writes these files,
 #: so neither its speed nor a line without end can make the agent read without bound.
 READ_MAX = 4 << 20
 LINE_MAX = 64 << 10
 #: The largest step number or count taken from a record (what a frame may carry).
-STEP_MAX = 1 << 53
+STEP_MAX = MAX_INT
 
 
 def new_lines(follower: StepFile | PhaseFile) -> list[bytes]:
@@ -46,13 +48,6 @@ def new_lines(follower: StepFile | PhaseFile) -> list[bytes]:
     return lines
 
 
-def whole(value: object, low: int, high: int = STEP_MAX) -> int:
-    """``value`` if it is an int (not a bool) within [low, high]; else ValueError."""
-    if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"not an integer from {low} to {high}")
-    return value
-
-
 class StepFile:
     """Follows a task's ``steps.jsonl``, reading only what is new: ``count`` training steps
     recorded (a record of a block counts its ``steps``), ``last`` the highest step number reached
@@ -76,10 +71,10 @@ class StepFile:
                 continue
             try:
                 record = json.loads(line)
-                steps = whole(record.get("steps", 1), 1, 1 << 31)
-                self.last = max(self.last, min(whole(record["step"], 0) + steps - 1, STEP_MAX))
+                steps = integer(record.get("steps", 1), 1, 1 << 31)
+                self.last = max(self.last, min(integer(record["step"], 0) + steps - 1, STEP_MAX))
                 if record.get("total") is not None:
-                    self.total = whole(record["total"], 0)
+                    self.total = integer(record["total"], 0)
                 worker = record.get("worker")
                 if isinstance(worker, str) and worker and len(worker) <= 200:
                     self.credits[worker] = min(self.credits.get(worker, 0) + steps, STEP_MAX)

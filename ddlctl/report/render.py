@@ -10,7 +10,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ddlctl.contract.faults import Action
-from ddlctl.contract.shown import shown
 from ddlctl.contract.strategies import facts_of
 from ddlctl.planning.plan import Plan, redact_env
 from ddlctl.supervise.job import TaskState
@@ -80,24 +79,24 @@ def plan_notes(plan: Plan) -> list[str]:
 
 
 def render_failure(failure: Failure, console: Console) -> None:
-    """The root cause: which task, where, how it ended, and its traceback or last lines (every
-    string a task or host wrote goes through :func:`~ddlctl.contract.shown.shown`)."""
+    """The root cause: which task, where, how it ended, and its traceback or last lines (shown
+    safe by the console: :class:`~ddlctl.console.safe.SafeConsole`)."""
     where = f"{failure.task} on {failure.host} failed: " if failure.task else ""
     head = f"✗ {where}{failure.message}"
-    console.print(Text(shown(head), style="bold red"))
+    console.print(Text(head, style="bold red"))
     lines = failure.traceback or failure.tail
     if lines:
         label = "traceback" if failure.traceback else "last lines of its output"
         if failure.reporter:  # not the task at fault's own words: whose they are
             label = f"{label} of {failure.reporter}, which reported it" if failure.traceback else \
                 f"last lines of {failure.reporter}'s output, which reported it"
-        console.print(Text(shown(f"  {label}:"), style="red"))
+        console.print(Text(f"  {label}:", style="red"))
         for line in lines:
-            console.print(Text(shown(f"    {line}")), soft_wrap=True)
+            console.print(Text(f"    {line}"), soft_wrap=True)
     if failure.log:
-        console.print(Text(shown(f"  full log: {failure.log}")))
+        console.print(Text(f"  full log: {failure.log}"))
     if failure.reporter_log:
-        console.print(Text(shown(f"  {failure.reporter}'s log: {failure.reporter_log}")))
+        console.print(Text(f"  {failure.reporter}'s log: {failure.reporter_log}"))
 
 
 def _ms(value: float | None) -> str:

@@ -93,7 +93,7 @@ class Supervisor:
         self.job = Job(plan, options, dict(sessions), say, clock)
         self.writer = writer
         self.on_sample = on_sample
-        self.bad_samples = 0  # telemetry lines of a shape nothing expects, passed over
+        self.bad_samples: set[str] = set()  # hosts that sent telemetry of a shape nothing expects (said once)
         self.on_progress = on_progress  # (task -> (highest step, declared total), task -> (work lines, phase))
         self.hard_exit = hard_exit  # the third signal: leave at once (the agents still kill every task)
         self.selector = selectors.DefaultSelector()
@@ -271,8 +271,11 @@ class Supervisor:
                 self.hangs.activity.add(task.host, record, self.job.clock())
                 if self.on_sample is not None:
                     self.on_sample(task.host, record)
-            except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError):
-                self.bad_samples += 1
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+                if task.host not in self.bad_samples:
+                    self.bad_samples.add(task.host)
+                    self.job.notify(f"telemetry from {task.host}: a sample of a shape ddlctl does not know was "
+                                    f"passed over ({type(exc).__name__}); later ones like it are passed over too")
         self.writer.write(task.name, task.host, others)
 
     def _end_output(self, task: SupervisedTask) -> None:

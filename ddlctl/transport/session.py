@@ -30,18 +30,7 @@ from ddlctl.cluster.model import Host
 from ddlctl.contract import envvars
 from ddlctl.contract.errors import LaunchError
 from ddlctl.contract.hostclock import CLOCK_CORRECTED_S
-from ddlctl.contract.wire import (
-    MAX_HEADER,
-    FrameReader,
-    GarbledFrame,
-    Kind,
-    Op,
-    encode_command,
-    integer,
-    number,
-    table,
-    text,
-)
+from ddlctl.contract.wire import FrameReader, GarbledFrame, Kind, Op, check_frame, encode_command
 from ddlctl.planning.plan import TaskSpec
 from ddlctl.transport.status import ExitStatus
 
@@ -279,81 +268,49 @@ class HostSession:
                 return
 
     def _dispatch(self, header: dict, payload: bytes) -> None:
-        """Act on one frame, each field checked (:func:`~ddlctl.contract.wire.integer` ...); what
-        names a task names one started through this session (a host speaks for its own tasks only);
-        replies are kept only for what was asked. A frame that breaks a rule raises
+        """Act on one frame, its fields checked first (:func:`~ddlctl.contract.wire.check_frame`); a
+        task it names must be one started through this session (a host speaks for its own tasks
+        only); replies are kept only for what was asked. A frame that breaks a rule raises
         :class:`GarbledFrame` (the session is then lost; the controller goes on)."""
-        kind = header.get("k")
-        if kind in (Kind.HELLO, Kind.BEAT, Kind.STEPS) and "t" in header:
-            seen = number(header["t"]) - time.time()
+        kind = check_frame(header).get("k")
+        if kind in (Kind.HELLO, Kind.BEAT, Kind.STEPS) and header.get("t") is not None:
+            seen = header["t"] - time.time()
             self.clock_offset = seen if self.clock_offset is None else max(self.clock_offset, seen)
             self.clock_frames += 1
-        task = self._tasks.get(header["task"]) if isinstance(header.get("task"), str) else None
+        task = self._tasks.get(header.get("task") or "")
         if kind == Kind.OUT and task is not None:
             task.chunks.append(payload)
         elif kind == Kind.EXIT and task is not None:
-            oom = header.get("oom") or None
-            if oom is not None:
-                text(oom)  # (the agent's evidence: the kernel log's line, or its counters)
             if header.get("signal"):
-                status = ExitStatus(signal=integer(header["signal"], 1, 64), oom=oom)
+                status = ExitStatus(signal=header["signal"], oom=header.get("oom") or None)
             else:
-                status = ExitStatus(code=integer(header.get("code") or 0, -(1 << 31), 1 << 31))
-            task._end(status, self.here(number(header["t"]) if header.get("t") is not None else None))
+                status = ExitStatus(code=header.get("code") or 0)
+            task._end(status, self.here(header.get("t")))
         elif kind == Kind.STARTED and task is not None:
-            pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection", "executable")
-                    if k in header}
-            for key in ("agent_pid", "task_pid", "task_pgid"):
-                if pids.get(key) is not None:
-                    integer(pids[key], 1, 1 << 31)
-            for key in ("ssh_connection", "executable"):
-                if pids.get(key) is not None:
-                    text(pids[key])
-            task._pids = pids
+            task._pids = {k: header[k] for k in ("agent_pid", "task_pid", "task_pgid", "ssh_connection", "executable")
+                          if k in header}
             if header.get("note"):  # what the agent changed about the start (shown with the task's output)
-                task.chunks.append(f"ddlctl: {text(header['note'])}\n".encode())
+                task.chunks.append(f"ddlctl: {header['note']}\n".encode())
             self._pids_changed = True
         elif kind == Kind.START_FAILED and task is not None:
-            error = text(str(header.get("error")))
+            error = str(header.get("error"))
             task.chunks.append(f"ddlctl: {error}\n".encode())
             self._pids_changed = True  # (it has none: the supervisor still counts it as started)
-            task._end(ExitStatus(code=integer(header.get("code", 127), 0, 255), not_started=error), time.time())
+            task._end(ExitStatus(code=header.get("code", 127), not_started=error), time.time())
         elif kind == Kind.LISTENING and task is not None:
             task.listening = True
         elif kind == Kind.STEPS:
             self._take_steps(header)
         elif kind == Kind.DUMP and task is not None and header["task"] in self._dumps_asked:
-            procs = header.get("procs") or []
-            if not isinstance(procs, list) or not all(
-                    isinstance(p, list) and len(p) == 3 and type(p[0]) is int and isinstance(p[1], str)
-                    and isinstance(p[2], str) for p in procs):
-                raise GarbledFrame(f"a dump's processes are not [pid, state, command] lists: {str(procs)[:80]}")
-            text(header.get("stacks") or "", MAX_HEADER)
-            table(header.get("wchan") or {})
-            for key in ("cpu_s", "at"):
-                if key in header:
-                    number(header[key])
-            if "io_bytes" in header:
-                integer(header["io_bytes"])
             self._dumps_asked.discard(header["task"])
             self._dumps[header["task"]] = header
         elif kind == Kind.PORTS and self._ports_asked:
-            ports = table(header.get("ports"))
-            for port in ports.values():
-                integer(port, 1, 65535)
             self._ports_asked = False
             self.ports_reply = header
         elif kind in Kind.FILE_REPLIES and type(header.get("id")) is int and header["id"] in self._asked:
-            if kind == Kind.LS:
-                for entry in table(header.get("files")).values():
-                    if not isinstance(entry, list) or len(entry) != 2:
-                        raise GarbledFrame(f"a listing's entry is not [size, mtime]: {str(entry)[:40]}")
-                    integer(entry[0]), integer(entry[1], -(1 << 62), 1 << 62)  # (mtime in ns)
-            elif kind == Kind.FILE_ERROR:
-                text(header.get("error"))
             self._replies.setdefault(header["id"], []).append((header, payload))
         elif kind == Kind.SIGNALLED:  # the agent itself was signalled: its tasks end with the host
-            signum = integer(header.get("sig", 15), 1, 64)
+            signum = header.get("sig", 15)
             name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
             said = self.stream.ended()
             self._lose(f"its host agent received {name}"
@@ -365,24 +322,20 @@ class HostSession:
             self.closed = True
 
     def _take_steps(self, header: dict) -> None:
-        """A ``steps`` frame: step counts, highest steps, declared totals, activity and a ps chief's
-        credits, for this session's own tasks only."""
-        when = number(header["t"]) if header.get("t") is not None else time.time()
-        last, totals = table(header.get("last") or {}), table(header.get("totals") or {})
-        opened = table(header.get("open") or {})
-        for name, count in table(header.get("counts") or {}).items():
+        """A ``steps`` frame (checked): step counts, highest steps, declared totals, activity and a ps
+        chief's credits, for this session's own tasks only."""
+        when = header["t"] if header.get("t") is not None else time.time()
+        last, totals, opened = header.get("last") or {}, header.get("totals") or {}, header.get("open") or {}
+        for name, count in (header.get("counts") or {}).items():
             if name in self._tasks:
-                reached = last.get(name, count)
-                total = totals.get(name)
-                self._steps[name] = (integer(count), when)
-                self._progress[name] = (integer(reached), None if total is None else integer(total))
-        for name, busy in table(header.get("activity") or {}).items():
+                self._steps[name] = (count, when)
+                self._progress[name] = (last.get(name, count), totals.get(name))
+        for name, busy in (header.get("activity") or {}).items():
             if name in self._tasks:
-                phase = opened.get(name)
-                self._activity[name] = (integer(busy), None if phase is None else text(phase, 200))
-        for name, credits in table(header.get("credits") or {}).items():
+                self._activity[name] = (busy, opened.get(name))
+        for name, credits in (header.get("credits") or {}).items():
             if name in self._tasks:
-                self._credits[name] = {text(w, 200): integer(n) for w, n in table(credits).items()}
+                self._credits[name] = dict(credits)
 
     def here(self, t: float | None) -> float | None:
         """The host's time ``t`` on this machine's clock (see ``clock_offset``): exits on hosts whose
