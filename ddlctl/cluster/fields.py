@@ -26,7 +26,8 @@ HOST_KEYS: dict[str, str] = {
     "cpu_quota": "a number of CPUs >= 0.01 that each task on this host may use, enforced with a cgroup CPU quota "
                  "(emulates a slower machine; needs a writable cgroup cpu controller, e.g. root); the task's "
                  "TensorFlow ops then use that many threads, rounded up (TF_NUM_INTRAOP_THREADS, unless set)",
-    "cpus": "the CPUs each task on this host is pinned to, e.g. 1, 0-3 or 0,2 (CPU affinity: emulates a machine "
+    "cpus": "the CPUs each task on this host is pinned to, e.g. 1, 0-3 or 0,2, numbers 0-8191 (CPU affinity: "
+            "emulates a machine "
             "of its own on a shared one; TensorFlow then sizes its thread pools to them)",
 }
 
