@@ -12,7 +12,7 @@ from rich.console import Console
 from ddlctl.cluster.model import Host
 from ddlctl.contract.errors import ConfigError, LaunchError
 from ddlctl.contract.rundir import PLAN_FILE
-from ddlctl.contract.runfolder import check_private
+from ddlctl.contract.runfolder import check_private, read_record
 from ddlctl.host.killrun import kill_run, script
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -20,17 +20,9 @@ _WORD = re.compile(r"^[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*$")  # one word: no 
 _PATH = re.compile(r"^[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*$")  # no control character, no leading '-'
 
 
-#: The largest run record ``stop`` reads (a plan of thousands of tasks is a few MiB).
-RECORD_MAX = 64 << 20
-
-
 def small_text(path: Path) -> str:
-    """``path``'s text, refused (ConfigError) past :data:`RECORD_MAX`: stop reads only what ddlctl wrote."""
-    with path.open("rb") as handle:
-        data = handle.read(RECORD_MAX + 1)
-    if len(data) > RECORD_MAX:
-        raise ConfigError(f"{path}: larger than {RECORD_MAX >> 20} MiB: not a record ddlctl wrote")
-    return data.decode("utf-8", "replace")
+    """``path``'s text (:func:`~ddlctl.contract.runfolder.read_record`): stop reads only what ddlctl wrote."""
+    return read_record(path)
 
 
 def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:

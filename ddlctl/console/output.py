@@ -82,7 +82,10 @@ def visible(line: bytes, keep_colors: bool = False) -> bytes:
     """``line`` with every control character a terminal would act on made visible (ESC -> ``^[``,
     BEL -> ``^G``, CSI -> ``<U+009B>``): a task's output cannot move the cursor, rewrite ddlctl's
     lines or set the clipboard. Tabs stay. ``keep_colors``: colour sequences (``ESC [ ... m``)
-    pass unchanged. The task logs keep the raw bytes."""
+    pass unchanged. Bytes that are not UTF-8 are shown escaped (``\\x9b``): a lone 0x9B is CSI to
+    a terminal in an 8-bit locale. The task logs keep the raw bytes."""
+    if not line.isascii():
+        line = line.decode("utf-8", "backslashreplace").encode("utf-8")
     if keep_colors:
         return _SGR_OR_CONTROL.sub(_show_but_colors, line)
     return _CONTROL.sub(_show, line)

@@ -24,6 +24,44 @@ class PlanLike(Protocol):
     def to_dict(self) -> dict: ...
 
 
+#: The most of one record file a task or a telemetry agent appends to (steps, phases, samples) that
+#: the report reads: its last part, from a line's start (10 million step records take about 1 GiB).
+RECORDS_READ_MAX = 1 << 30
+
+
+def read_last(path: Path, limit: int | None = None) -> tuple[bytes, int]:
+    """The last ``limit`` (:data:`RECORDS_READ_MAX`) bytes at most of ``path``, from the start of a
+    line, and how many bytes before them were not read (0: the whole file). A file never costs more
+    memory than ``limit``, whatever a program wrote into it."""
+    limit = RECORDS_READ_MAX if limit is None else limit
+    with path.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size <= limit:
+            data = handle.read(limit + 1)
+            if len(data) <= limit:  # (unless it grew meanwhile)
+                return data, 0
+        handle.seek(max(0, size - limit))
+        data = handle.read(limit)
+    cut = data.find(b"\n") + 1
+    return data[cut:], max(0, size - limit) + cut
+
+
+#: The largest record ddlctl writes whole that it reads back (plan, outcome, summary, submit and
+#: slurm records: a plan of thousands of tasks is a few MiB).
+RECORD_MAX = 64 << 20
+
+
+def read_record(path: Path, limit: int | None = None) -> str:
+    """``path``'s text, refused (ConfigError) past ``limit`` (:data:`RECORD_MAX`): a record ddlctl
+    wrote, never a file of any size put in its place."""
+    limit = RECORD_MAX if limit is None else limit
+    with path.open("rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{path}: larger than {limit >> 20} MiB: not a record ddlctl wrote")
+    return data.decode("utf-8", "replace")
+
+
 def task_dir(run_dir: str | Path, dir_name: str) -> Path:
     """``tasks/<role>-<i>``: a task's folder (``TaskSpec.dir_name``)."""
     return Path(run_dir) / TASKS_DIR / dir_name

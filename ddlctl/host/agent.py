@@ -546,18 +546,23 @@ def slurm_step() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ddlctl.host.agent [--ports N]``: with ``--ports``, the hello carries the
-    launch-time probe (Python, TensorFlow present, N free ports): one process start per host."""
+    """``python -m ddlctl.host.agent --run RUN_ID --launch KEY [--ports N]``: with ``--ports``, the
+    hello carries the launch-time probe (Python, TensorFlow present, N free ports): one process
+    start per host. The run id and launch key (also in its environment, its tasks' base) are on its
+    command line for ``killrun`` and ``stop``: sealed (:func:`~ddlctl.host.procsetup.seal`), its
+    environment is not readable by the user's other processes."""
     args = sys.argv[1:] if argv is None else argv
+    options = dict(zip(args[::2], args[1::2], strict=False))
     os.umask(0o077)  # the run's files on this host (and its tasks' own) are the user's alone
+    procsetup.seal()  # no task of the user's can ptrace it, write its memory or reopen its streams
     with contextlib.suppress(OSError):  # own session: a terminal's Ctrl-C is ddlctl's to handle
         os.setsid()
     os.write(1, MAGIC)
     probe = None
-    if args[:1] == ["--ports"]:
+    if "--ports" in options:
         from ddlctl.host.probe import quick_probe
 
-        probe = quick_probe(int(args[1]))
+        probe = quick_probe(int(options["--ports"]))
     code = HostAgent(probe=probe).run()
     os._exit(code)  # no interpreter shutdown: nothing left to flush, nothing to wait for
 

@@ -2,8 +2,10 @@
 (with ``LAUNCH``, only that launch's: what a launch leaves behind on a host whose agent was killed).
 
 A process belongs to the run when its environment holds ``DDLCTL_RUN_ID=<run id>`` (ddlctl sets
-it for every task): never a name pattern, so other people's jobs on the same host are untouched,
-and only processes whose environment we may read (our own) are considered. Standard library only,
+it for every task), or when it is a host agent whose command line says ``--run <run id>`` (an agent
+is sealed: its environment is not readable by the user's other processes): never a name pattern, so
+other people's jobs on the same host are untouched, and only processes we may signal (our own) are
+killed. Standard library only,
 and nothing of ddlctl's own: ``ddlctl stop`` runs this file's text as ``python -c`` on hosts where
 ddlctl is not installed (an import of ``ddlctl.contract.envvars`` broke that: ModuleNotFoundError). Prints
 the killed pids as JSON.
@@ -31,9 +33,9 @@ _PF_EXITING = 0x4  # (``/proc/PID/stat``'s flags: in do_exit)
 
 def run_processes(run_id: str, launch: str | None = None) -> list[int]:
     """Pids whose environment carries ``DDLCTL_RUN_ID=run_id`` (and ``DDLCTL_LAUNCH=launch``
-    when given; this process excluded)."""
+    when given), and the run's host agents (:func:`agents_of`); this process excluded."""
     needles = [f"{RUN_ID}={run_id}".encode()] + ([f"{LAUNCH}={launch}".encode()] if launch else [])
-    found = []
+    found = set(agents_of(run_id, launch))
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -43,6 +45,38 @@ def run_processes(run_id: str, launch: str | None = None) -> list[int]:
         except OSError:
             continue
         if all(needle in environ for needle in needles):
+            found.add(int(entry))
+    return sorted(found)
+
+
+def agent_of(cmdline: bytes) -> tuple[str, str] | None:
+    """(run id, launch key) of a host agent's command line (``/proc/PID/cmdline``: ``PYTHON -m
+    ddlctl.host.agent --run RUN_ID --launch KEY ...``), or None for any other process."""
+    args = cmdline.decode("utf-8", "replace").split("\0")
+    for i in range(len(args) - 1):
+        if args[i] == "-m" and args[i + 1] == AGENT:
+            options = dict(zip(args[i + 2::2], args[i + 3::2], strict=False))
+            if options.get("--run"):
+                return options["--run"], options.get("--launch", "")
+            return None
+    return None
+
+
+def agents_of(run_id: str, launch: str | None = None, other_launch: bool = False) -> list[int]:
+    """Pids of the host agents here of run ``run_id`` (of ``launch`` when given; with
+    ``other_launch``, of any launch but it), by their command lines."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                agent = agent_of(handle.read(1 << 16))
+        except OSError:
+            continue
+        if agent is None or agent[0] != run_id:
+            continue
+        if launch is None or (agent[1] != launch if other_launch else agent[1] == launch):
             found.append(int(entry))
     return found
 

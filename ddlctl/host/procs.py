@@ -8,6 +8,8 @@ import os
 import socket
 import struct
 
+from ddlctl.host.killrun import agents_of
+
 
 def processes_with(entries: list[str], exclude: set[int] | frozenset[int] = frozenset(),
                    starting: str | None = None, without: str | None = None) -> list[int]:
@@ -87,6 +89,7 @@ def run_elsewhere(run_id: str, launch: str, limit: int = 5) -> list[tuple[int, s
     """(pid, command) of up to ``limit`` processes here that carry ``DDLCTL_RUN_ID=run_id`` but not
     ``DDLCTL_LAUNCH=launch``: another launch given the same run id (or what it left running)."""
     found = processes_with([f"DDLCTL_RUN_ID={run_id}"], without=f"DDLCTL_LAUNCH={launch}")
+    found = sorted(set(found) | set(agents_of(run_id, launch, other_launch=True)))  # (sealed: by command line)
     return [(pid, command) for pid in found[:limit] if (command := command_line(pid))]
 
 

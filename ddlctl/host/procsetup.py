@@ -10,6 +10,7 @@ import signal
 from ddlctl.host import cgroup
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 
 _prctl = None  # libc's prctl, looked up once (in the agent: not in every forked child before exec)
@@ -33,6 +34,17 @@ def die_with_parent(prctl=None) -> None:  # noqa: ANN001 - libc_prctl(), looked 
     prctl = prctl or libc_prctl()
     if prctl is not None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def seal() -> bool:
+    """Make this process not dumpable (``PR_SET_DUMPABLE 0``): another process of the same user - a
+    task - can then neither ptrace it, read or write its memory (``/proc/PID/mem``,
+    ``process_vm_writev``), open its descriptors through ``/proc/PID/fd`` nor read its environment;
+    only a process with ``CAP_SYS_PTRACE`` can. Signals still reach it; its command line and state
+    stay readable (which is how ``killrun`` and ``stop`` find it). Whether it is sealed. A process it
+    starts is dumpable again once it execs (the kernel resets the flag)."""
+    prctl = libc_prctl()
+    return prctl is not None and prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 def become_subreaper() -> bool:

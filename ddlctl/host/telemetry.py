@@ -29,6 +29,7 @@ from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_STEPS
 from ddlctl.contract.telemetry import GPU_FIELDS
 from ddlctl.host.nvml import GpuSampler
+from ddlctl.host.procsetup import seal
 from ddlctl.host.stepfollow import StepFile
 
 WATCHDOG_MARK = "ddlctl.host.watchdog"
@@ -152,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Sample until SIGTERM; one JSON line per sample on stdout."""
     os.umask(0o077)
+    seal()  # (as the host agent: no task can write its samples for it)
     args = parse_args(argv)
     stop = []
     sleeping = []

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from ddlctl.contract.runfolder import read_last
 from ddlctl.contract.stats import percentile
 from ddlctl.contract.telemetry import GPU_FIELDS
 from ddlctl.report.gpudiag import diagnose_gpu, throttling_of
@@ -98,6 +99,7 @@ class HostSeries:
     # task -> (CPU %, RSS, of the CPU % the kernel's; the last empty from agents before it was read)
     procs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     bad_lines: int = 0
+    unread_bytes: int = 0  # the start of the file past RECORDS_READ_MAX, not read
 
 
 class _Hello(msgspec.Struct, tag_field="type", tag="hello"):
@@ -196,7 +198,7 @@ def _matrix(rows: list[list]) -> np.ndarray:
 def read_telemetry(path: Path) -> HostSeries:
     """Parse one ``telemetry/<host>.jsonl`` into columns (hours of samples of many GPUs stay fast)."""
     series = HostSeries(path.stem)
-    data = path.read_bytes()
+    data, series.unread_bytes = read_last(path)
     records, series.bad_lines = _typed_records(data) or _general_records(data)
     fields = list(GPU_FIELDS)
     samples = []

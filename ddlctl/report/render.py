@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddlctl.contract.faults import Action
+from ddlctl.contract.runfolder import RECORDS_READ_MAX
 from ddlctl.contract.strategies import facts_of
 from ddlctl.planning.plan import Plan, redact_env
 from ddlctl.supervise.job import TaskState
@@ -129,6 +130,9 @@ def _throughput_line(summary: RunSummary) -> str:
         line += f" · steps recorded in blocks of {', '.join(map(str, sorted(blocks)))} (steps_per_execution)"
     if summary.skipped_lines:
         line += f" · {summary.skipped_lines} unreadable line(s) skipped"
+    if summary.unread_bytes:
+        line += (f" · {summary.unread_bytes / (1 << 20):,.0f} MiB at the start of record files not read "
+                 f"(each read up to its last {RECORDS_READ_MAX >> 30} GiB)")
     return line
 
 

@@ -15,6 +15,8 @@ from typing import Annotated
 
 import msgspec
 
+from ddlctl.contract.runfolder import read_last
+
 
 @dataclass
 class TaskSteps:
@@ -29,6 +31,7 @@ class TaskSteps:
     sync_s: array = field(default_factory=lambda: array("d"))  # -1: not recorded
     block: int = 1  # steps per record (steps_per_execution)
     bad_lines: int = 0
+    unread_bytes: int = 0  # the start of a steps file past RECORDS_READ_MAX, not read
     worker: list = field(default_factory=list)  # per record: the task that ran it (ps), or None
     total: int | None = None  # steps the task declared it would run
 
@@ -146,13 +149,14 @@ def read_steps(path: Path, name: str) -> TaskSteps:
     """Parse one ``steps.jsonl``; unreadable lines (e.g. a task killed mid-write) are counted."""
     if not path.is_file():
         return TaskSteps(name)
-    data = path.read_bytes()
+    data, unread = read_last(path)
     typed = _typed_steps(data, name)
     if typed is not None:
+        typed.unread_bytes = unread
         return typed
     # the general way: any record that has the three required fields, whatever its numbers' types
     records, bad = parse_json_lines(data)
-    steps = TaskSteps(name, bad_lines=bad)
+    steps = TaskSteps(name, bad_lines=bad, unread_bytes=unread)
     for raw in records:
         try:
             row = (bounded_int(raw["step"]), bounded_int(raw["start_us"]), bounded_seconds(raw["duration_s"]),
@@ -181,7 +185,7 @@ def read_phases(path: Path) -> dict[str, list[tuple[float, float]]]:
     """``phases.jsonl`` (:func:`ddlctl.phase`): phase name -> its (start, end) intervals in epoch
     seconds, in file order (a missing file: none; unreadable lines are left out)."""
     try:
-        records, _bad = parse_json_lines(path.read_bytes())
+        records, _bad = parse_json_lines(read_last(path)[0])
     except OSError:
         return {}
     phases: dict[str, list[tuple[float, float]]] = {}

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
-from ddlctl.contract.runfolder import task_dirs
+from ddlctl.contract.runfolder import read_record, task_dirs
 from ddlctl.contract.stats import mean, median_of, percentile
 from ddlctl.contract.strategies import TABLE, facts_of, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
@@ -133,6 +134,7 @@ class RunSummary:
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers): who left, why, who trained on
     membership_phases: tuple[dict, ...] = ()  # per set of workers: when, why, steps, samples/s while training
     left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
+    unread_bytes: int = 0  # the starts of record files past RECORDS_READ_MAX each, not read
 
     def to_dict(self) -> dict[str, object]:
         """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
@@ -211,8 +213,8 @@ def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[T
 
 def _load_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(read_record(path))
+    except (OSError, ValueError, ConfigError):
         return {}
 
 
@@ -350,6 +352,7 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
         time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)),
         mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])),
         left_running=tuple(outcome.get("left_running", [])),
+        unread_bytes=sum(s.unread_bytes for s in all_steps) + sum(t.unread_bytes for t in telemetry),
         membership_phases=membership_phases(outcome.get("membership", []), [
             t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
     summary = _with_diagnosis(summary, outcome, run_end)

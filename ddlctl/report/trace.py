@@ -13,8 +13,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_PHASES, TASK_STEPS
-from ddlctl.contract.runfolder import task_dirs
+from ddlctl.contract.runfolder import read_last, read_record, task_dirs
 from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_steps
 from ddlctl.report.faults import summarize_restarts
@@ -25,13 +26,13 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
     """The trace as a JSON-ready dict ``{"traceEvents": [...], "displayTimeUnit": "ms"}``."""
     run_dir = Path(run_dir)
     try:
-        plan = json.loads((run_dir / PLAN_FILE).read_text())
-    except (OSError, ValueError):
+        plan = json.loads(read_record(run_dir / PLAN_FILE))
+    except (OSError, ValueError, ConfigError):
         plan = {}
     host_of = {t["name"]: t["host"] for t in plan.get("tasks", [])}
     try:
-        outcome = json.loads((run_dir / OUTCOME_FILE).read_text())
-    except (OSError, ValueError):
+        outcome = json.loads(read_record(run_dir / OUTCOME_FILE))
+    except (OSError, ValueError, ConfigError):
         outcome = {}
     offsets = clock_offsets(outcome)  # hosts whose clocks differ: their times on this machine's
     pids: dict[str, int] = {}
@@ -67,7 +68,7 @@ def build_trace(run_dir: str | Path) -> dict[str, object]:
             events.append({"ph": "X", "name": "step", "cat": "step", "pid": pid, "tid": tid, "ts": start,
                            "dur": round(duration * 1e6, 1), "args": args})
     for path in sorted((run_dir / "telemetry").glob("*.jsonl")):
-        records, _ = parse_json_lines(path.read_bytes())  # one pass: host name, then counters
+        records, _ = parse_json_lines(read_last(path)[0])  # one pass: host name, then counters
         hello = next((r for r in records if isinstance(r, dict) and r.get("type") == "hello"), {})
         pid = pid_for(str(hello.get("host", path.stem)))
         off_us = int(offsets.get(str(hello.get("host", path.stem)), 0.0) * 1e6)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import psutil
 
+from ddlctl.host.killrun import agents_of
+
 #: The source checkout this package runs from (the tests and benchmarks run ddlctl there).
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,11 +29,13 @@ def run_ddlctl(*args: str, timeout: float = 300, cwd: Path | None = None,
 
 
 def processes_of_run(run_id: str) -> list[psutil.Process]:
-    """Live processes whose environment carries ``DDLCTL_RUN_ID=run_id`` (tasks, host agents)."""
-    found = []
+    """Live processes whose environment carries ``DDLCTL_RUN_ID=run_id`` (tasks) or whose command
+    line is a host agent's of that run (sealed, its environment is not ours to read)."""
+    found, agents = [], set(agents_of(run_id))
     for proc in psutil.process_iter(["pid"]):
         try:
-            if proc.environ().get("DDLCTL_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+            ours = proc.pid in agents or proc.environ().get("DDLCTL_RUN_ID") == run_id
+            if ours and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

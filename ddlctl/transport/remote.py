@@ -68,7 +68,7 @@ def bundled_agent_argv(python: str, run_id: str, ports: int | None) -> list[str]
     from ddlctl.transport.session import agent_argv, launch_key
 
     return ["sh", "-c", RUN_BUNDLED, "sh", bundle_path(), "env", f"{envvars.RUN_ID}={run_id}",
-            f"{envvars.LAUNCH}={launch_key()}", f"{envvars.SAFE_PATH}=1", *agent_argv(python, ports)]
+            f"{envvars.LAUNCH}={launch_key()}", f"{envvars.SAFE_PATH}=1", *agent_argv(python, run_id, ports)]
 
 
 def shell_command(argv: Sequence[str]) -> str:

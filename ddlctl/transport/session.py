@@ -590,9 +590,12 @@ def no_python(host: Host, python: str) -> LaunchError:
                        f"install Python 3.10+ there, or set python= for this host ({host.source})")
 
 
-def agent_argv(python: str, ports: int | None) -> list[str]:
-    """The command that starts a host agent (with ``ports``: its hello carries the quick probe)."""
-    return [python, "-m", "ddlctl.host.agent", *([] if ports is None else ["--ports", str(ports)])]
+def agent_argv(python: str, run_id: str, ports: int | None) -> list[str]:
+    """The command that starts a host agent of run ``run_id`` and this launch (with ``ports``: its
+    hello carries the quick probe). Run and launch are on its command line for ``killrun``, which
+    cannot read a sealed agent's environment."""
+    return [python, "-m", "ddlctl.host.agent", "--run", run_id, "--launch", launch_key(),
+            *([] if ports is None else ["--ports", str(ports)])]
 
 
 #: This process's launch key (made once, at import: host agents are opened from several threads at once).
@@ -614,7 +617,7 @@ def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | Non
     mine, theirs = socket.socketpair()  # (not pipes: see SocketStream)
     try:
         with open(stderr_path, "ab") as stderr:
-            popen = subprocess.Popen(agent_argv(python or sys.executable, ports),
+            popen = subprocess.Popen(agent_argv(python or sys.executable, run_id, ports),
                                      stdin=theirs, stdout=theirs, stderr=stderr, env=env, close_fds=True)
     except BaseException:
         mine.close()

@@ -185,8 +185,10 @@ def test_a_task_cannot_write_frames_or_commands_through_its_agents_streams(tmp_p
 def test_dump_reports_a_stopped_process_and_python_stacks(tmp_path):
     s = session(tmp_path)
     try:
-        code = ("import ddlctl.task.stack_dumper as s, time; s.install(); print('ready', flush=True)\n"
-                "def waiting_here():\n    time.sleep(60)\nwaiting_here()")
+        # ('ready' said from inside waiting_here: said before it, a loaded machine's dump could come
+        # while the task was still on the line that said it)
+        code = ("import ddlctl.task.stack_dumper as s, time; s.install()\n"
+                "def waiting_here():\n    print('ready', flush=True)\n    time.sleep(60)\nwaiting_here()")
         live = s.start(spec("worker:0", code, tmp_path / "w0"), 1)
         frozen = s.start(spec("worker:1", "import time; time.sleep(60)", tmp_path / "w1"), 1)
         assert s.wait_for(lambda: b"ready" in b"".join(live.chunks) and frozen.pids(), 20)
@@ -648,16 +650,22 @@ def test_a_hostile_task_cannot_crash_fake_or_reach_the_terminal_through_ddlctl(t
     # (the host lost, every task with it), the report and the summary died of 2**64, the escapes
     # reached the terminal raw. Now the job ends as its program does, with its report.
     program = [sys.executable, str(PROGRAMS / "hostile.py")]
+    # (as root, without the capability that passes by a sealed process: what any other user has)
+    unprivileged = ["setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace"] if os.geteuid() == 0 else []
     for fail, code in (("0", 0), ("1", 1)):
         runs = tmp_path / f"runs{fail}"
-        # (bytes: the task's own bytes that are not UTF-8 pass through as they are, never a control)
-        done = subprocess.run(ddlctl_cmd("launch", "-s", "one_device", "--runs-dir", str(runs), "--", *program),
+        done = subprocess.run([*unprivileged, *ddlctl_cmd("launch", "-s", "one_device", "--runs-dir", str(runs),
+                                                          "--", *program)],
                               capture_output=True, timeout=120, cwd=ROOT,
                               env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "HOSTILE_FAIL": fail})
-        console = (done.stdout + done.stderr).decode("utf-8", "replace")
+        console = (done.stdout + done.stderr).decode("utf-8")  # (all UTF-8: a task's other bytes escaped)
         assert done.returncode == code, console[-3000:]
         assert not re.search("[\x1b\x07\x9b]", console), repr(console[-2000:])
         assert "title^[[2J^[[H^[]0;owned^G" in console and "<U+009B>31m" in console, console[-3000:]
+        assert "lone \\x9b31m C1" in console, console[-3000:]
+        # the host agent and the telemetry agent are sealed: no task writes their memory
+        assert "mem agent refused: Permission denied" in console, console[-3000:]
+        assert "mem telemetry refused: Permission denied" in console, console[-3000:]
         run_dir = only_run_dir(runs)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["tasks"][0]["steps"] == 8 and summary["skipped_lines"] >= 3, summary["tasks"]

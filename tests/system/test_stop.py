@@ -211,3 +211,54 @@ def test_a_submit_record_others_may_write_or_not_naming_a_job_is_refused_before_
     (run_dir / "submit.json").write_text(json.dumps({"job_id": "4242"}))  # what submit writes: cancelled
     done = run_ddlctl("stop", str(run_dir), env=env)
     assert done.returncode == 0 and called.read_text() == "4242\n", done.stderr
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_a_sealed_host_agent_of_a_plain_user_is_found_by_its_command_line_and_killed(tmp_path):
+    """A host agent is sealed (not dumpable): another process of its user - a task - cannot read
+    its environment, memory or descriptors. ``killrun`` (what ``stop`` and a launch's clean-up run
+    on a host, as that user) finds it by its command line instead. As a plain user (root reads any
+    environment): the agent from ddlctl's code bundle, as on a remote host."""
+    import shutil
+    import tempfile
+
+    from ddlctl.host import killrun
+    from ddlctl.transport.remote import code_bundle
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv, to run as another user")
+    python = next((p for p in (sys.executable, "/usr/bin/python3")
+                   if subprocess.run([*NOBODY, p, "-c", ""], capture_output=True).returncode == 0), None)
+    if python is None:
+        pytest.skip("no Python here that another user may run")
+    shared = Path(tempfile.mkdtemp(prefix="ddlctl-sealed-"))  # (pytest's folders are root's alone)
+    try:
+        shared.chmod(0o755)
+        bundle = shared / "ddlctl.zip"
+        bundle.write_bytes(code_bundle()[1])
+        bundle.chmod(0o644)
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(bundle), "HOME": str(shared),
+               "DDLCTL_RUN_ID": "run-sealed", "DDLCTL_LAUNCH": "k1"}
+        agent = subprocess.Popen([*NOBODY, python, "-m", killrun.AGENT, "--run", "run-sealed", "--launch", "k1"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                 cwd=shared, start_new_session=True)
+        try:
+            assert agent.stdout.read(len(b"DDLCTL-HOSTAGENT")) == b"DDLCTL-HOSTAGENT", agent.stderr.read()
+            # not dumpable: its /proc files are root's, not its user's, and its user cannot read them
+            assert os.stat(f"/proc/{agent.pid}").st_uid == 65534
+            assert os.stat(f"/proc/{agent.pid}/environ").st_uid == 0
+            peek = subprocess.run([*NOBODY, python, "-c", f"open('/proc/{agent.pid}/environ', 'rb').read()"],
+                                  capture_output=True, text=True, env=env, cwd=shared)
+            assert "PermissionError" in peek.stderr, peek.stderr
+            killed = subprocess.run([*NOBODY, python, "-I", "-S", "-c", killrun.script(), "run-sealed"],
+                                    capture_output=True, text=True, cwd=shared, timeout=60)
+            assert killed.returncode == 0, killed.stderr
+            assert json.loads(killed.stdout) == [agent.pid]
+            assert agent.wait(timeout=10) == -9
+        finally:
+            agent.kill()
+            agent.wait()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -360,9 +360,10 @@ def test_frames_as_the_agent_writes_them_are_all_taken():
 def test_stop_reads_no_record_larger_than_ddlctl_writes(tmp_path, monkeypatch):
     # before: plan.json and submit.json were read whole, whatever their size
     from ddlctl.commands import stop
+    from ddlctl.contract import runfolder
     from ddlctl.contract.errors import ConfigError
 
-    monkeypatch.setattr(stop, "RECORD_MAX", 1 << 10)
+    monkeypatch.setattr(runfolder, "RECORD_MAX", 1 << 10)
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     (run_dir / "submit.json").write_text(json.dumps({"job_id": "4242", "pad": "x" * 2000}))
@@ -371,3 +372,20 @@ def test_stop_reads_no_record_larger_than_ddlctl_writes(tmp_path, monkeypatch):
         stop.slurm_targets(run_dir)
     (run_dir / "submit.json").write_text(json.dumps({"job_id": "4242"}))
     assert stop.slurm_targets(run_dir) == (["4242"], "job")
+
+
+def test_the_report_reads_a_record_file_up_to_its_last_part_and_says_what_it_left(tmp_path, monkeypatch):
+    # before: steps.jsonl and telemetry files were read whole, whatever size a program made them
+    from ddlctl.contract import runfolder
+    from ddlctl.report.stepfile import read_steps
+
+    path = tmp_path / "steps.jsonl"
+    lines = [json.dumps({"step": i, "start_us": i * 1000, "duration_s": 0.001}) + "\n" for i in range(1, 501)]
+    path.write_text("".join(lines))
+    monkeypatch.setattr(runfolder, "RECORDS_READ_MAX", 4096)
+    steps = read_steps(path, "worker:0")
+    assert steps.bad_lines == 0, "read from a line's start"
+    assert steps.step[-1] == 500 and 4096 - 60 < sum(map(len, lines[-len(steps.step):])) <= 4096
+    assert steps.unread_bytes == path.stat().st_size - sum(map(len, lines[-len(steps.step):]))
+    data, unread = runfolder.read_last(path, 1 << 20)
+    assert unread == 0 and data == path.read_bytes()

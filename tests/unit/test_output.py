@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 
@@ -131,7 +132,17 @@ def test_no_control_character_but_tab_survives(data):
 
     shown = visible(data)
     assert not any(b < 0x20 and b != 0x09 or b == 0x7f for b in shown)
-    assert b"\xc2\x9b" not in shown
+    text = shown.decode("utf-8")  # (a lone 0x9B, CSI to an 8-bit terminal, is shown escaped)
+    assert not any(0x80 <= ord(c) <= 0x9f for c in text)
+    with contextlib.suppress(UnicodeDecodeError):
+        data.decode("utf-8")
+        assert text.count("\\x") == data.count(b"\\x"), "valid UTF-8 is not escaped"
+
+
+def test_bytes_that_are_not_utf8_are_shown_escaped():
+    from ddlctl.console.output import visible
+
+    assert visible(b"a\x9b31m b\xff caf\xc3\xa9") == b"a\\x9b31m b\\xff caf\xc3\xa9"
 
 
 def test_a_task_log_the_disk_refuses_keeps_the_tail_in_memory_and_says_so_once(tmp_path):

@@ -673,3 +673,19 @@ def test_tasks_whose_tensorflow_found_no_cuda_on_a_host_with_gpus_are_named_with
     for task in ("worker:0", "worker:2", "worker:3"):
         (run / "tasks" / task.replace(":", "-") / "output.log").write_text("loss 0.5\n")
     assert not any("found no CUDA" in line for line in summarize(run, warmup_steps=0).diagnosis)
+
+
+def test_a_record_file_larger_than_the_report_reads_is_read_from_its_end_and_said(tmp_path, monkeypatch):
+    from ddlctl.contract import runfolder
+    from ddlctl.report.render import _throughput_line
+
+    run = tmp_path / "run"
+    write_plan(run, "one_device", {"worker:0": "h1"}, hosts=["h1"])
+    write_steps(run, "worker:0", [0.1] * 200)
+    monkeypatch.setattr(runfolder, "RECORDS_READ_MAX", 8192)
+    summary = summarize(run, warmup_steps=0)
+    size = (run / "tasks" / "worker-0" / "steps.jsonl").stat().st_size
+    assert 0 < size - 8192 <= summary.unread_bytes < size - 8192 + 200
+    assert summary.skipped_lines == 0 and summary.tasks[0].steps < 200
+    assert "MiB at the start of record files not read" in _throughput_line(summary)
+    assert summary.to_dict()["unread_bytes"] == summary.unread_bytes
