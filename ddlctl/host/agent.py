@@ -35,25 +35,22 @@ import json
 import os
 import select
 import signal
-import stat
 import sys
 import time
 
 from ddlctl.contract import envvars
 from ddlctl.contract.wire import MAGIC, Kind, Op, encode_frame
 from ddlctl.host import oom, prefork, procsetup
-from ddlctl.host.files import pack_folders, prune_folder, write_json
+from ddlctl.host.dumps import DUMP_WAIT_S, dump_frame, look_at
+from ddlctl.host.files import code_bundle_path, file_command, write_json
 from ddlctl.host.prefork import Zygote
 from ddlctl.host.procs import (
     descendants,
     fresh_port,
     group_listens,
-    group_processes,
     listening_sockets,
     port_free,
     run_elsewhere,
-    wait_channel,
-    work_done,
 )
 from ddlctl.host.tasks import BadEnvironment, MissingProgram, Task, start_error
 
@@ -63,31 +60,12 @@ TICK_S = 0.25  # longest sleep: task output and commands wake the agent at once
 ENDING_TICK_S = 0.01
 STEPS_S = 1.0
 PORTS_S = 0.2  # a look at the listening sockets: cheap over netlink, ~8 ms from /proc/net/tcp*
-CHUNK = 1 << 20
 #: What a stack request reads of a process's stacks file at most, and sends of a task's in all
 #: (its threads' stacks: kilobytes; the frame stays well within the controller's header bound).
-STACKS_MAX = 1 << 20
 DRAIN_S = 2.0
-DUMP_WAIT_S = 1.5
 #: Once ddlctl is gone, tasks that SIGKILL has not ended after this long are left (a process in
 #: uninterruptible sleep, state D, dies only when the kernel lets it go: the signal stays pending).
 LEAVE_AFTER_S = 10.0
-
-
-def code_bundle_path() -> str | None:
-    """The zip this agent's code runs from (ddlctl shipped to a host), or None (installed)."""
-    here = os.path.abspath(__file__)
-    at = here.find(".zip" + os.sep)
-    return here[:at + 4] if at >= 0 else None
-
-
-def _open_plain(path: str, flags: int) -> int:
-    """Open ``path`` as a plain file, never through a symbolic link (OSError ELOOP: refused)."""
-    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path} is not a plain file")
-    return fd
 
 
 class HostAgent:
@@ -137,54 +115,7 @@ class HostAgent:
         elif op == Op.SHUTDOWN:
             self.stop_all(now)
         elif op in Op.FILES:
-            self.files(op, command)
-
-    def files(self, op: str, command: dict) -> None:
-        """Checkpoint copies between hosts that share no file system: list a folder, read a file
-        (in chunks), write a file (chunks to a temporary name, renamed when complete)."""
-        ident = command.get("id")
-        try:
-            if op == Op.LS:
-                root = os.path.expanduser(command["dir"])
-                listing = {}
-                for folder, _dirs, names in os.walk(root):  # (never into a linked folder)
-                    for name in names:
-                        path = os.path.join(folder, name)
-                        info = os.lstat(path)
-                        if stat.S_ISREG(info.st_mode):  # plain files only: a link is not followed
-                            listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
-                self.send({"k": Kind.LS, "id": ident, "root": root, "files": listing})
-            elif op == Op.PACK:  # the run's task files at the end: one tar, no process started
-                last = pack_folders(command["dirs"], lambda chunk: self.send(
-                    {"k": Kind.DATA, "id": ident, "eof": False}, chunk), CHUNK)
-                self.send({"k": Kind.DATA, "id": ident, "eof": True}, last)
-            elif op == Op.PRUNE:
-                prune_folder(os.path.expanduser(command["path"]), command.get("keep") or [])
-                self.send({"k": Kind.WRITTEN, "id": ident})
-            elif op == Op.READ:
-                with os.fdopen(_open_plain(os.path.expanduser(command["path"]), os.O_RDONLY), "rb") as handle:
-                    while True:
-                        chunk = handle.read(CHUNK)
-                        self.send({"k": Kind.DATA, "id": ident, "eof": len(chunk) < CHUNK}, chunk)
-                        if len(chunk) < CHUNK:
-                            break
-            else:
-                import base64
-
-                path = os.path.expanduser(command["path"])
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                partial = f"{path}.ddlctl-partial"
-                append = bool(command.get("append"))
-                flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-                with os.fdopen(_open_plain(partial, flags), "ab" if append else "wb") as handle:
-                    handle.write(base64.b64decode(command.get("data", "")))
-                if command.get("final"):
-                    os.replace(partial, path)
-                    if command.get("mtime_ns"):  # same mtime as the source: not copied again next time
-                        os.utime(path, ns=(int(command["mtime_ns"]), int(command["mtime_ns"])))
-                self.send({"k": Kind.WRITTEN, "id": ident})
-        except (OSError, KeyError, ValueError) as exc:
-            self.send({"k": Kind.FILE_ERROR, "id": ident, "error": f"{type(exc).__name__}: {exc}"})
+            file_command(op, command, self.send)
 
     def start(self, name: str, spec: dict, now: float) -> None:
         previous = self.tasks.get(name)
@@ -313,27 +244,7 @@ class HostAgent:
     # -- stacks of a hung job -------------------------------------------------------------------
 
     def begin_dump(self, names: list[str], now: float) -> None:
-        report: dict[str, dict] = {}
-        for name in names:
-            task = self.tasks.get(name)
-            if task is None:
-                continue
-            procs = group_processes(task.pgid) if task.status is None and task.popen is not None else []
-            blocked = {pid: wait_channel(pid) for pid, state, _cmd in procs if state == "D"}
-            offsets = {}
-            for pid, _state, _cmd in procs:
-                path = os.path.join(task.task_dir, f"stacks-{pid}.txt")
-                if task.task_dir and os.path.exists(path):
-                    offsets[path] = os.path.getsize(path)
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGUSR2)
-            zygote = self.forking.get(name)
-            importing = zygote is not None and zygote.proc is not None and zygote.proc.poll() is None
-            # (not started yet: its zygote still imports TensorFlow for it; that process's work is its own)
-            cpu_s, io_bytes = work_done([zygote.proc.pid] if importing else [pid for pid, _state, _cmd in procs])
-            report[name] = {"procs": procs, "offsets": offsets, "wchan": blocked, "cpu_s": round(cpu_s, 2),
-                            "io_bytes": io_bytes, "at": round(time.monotonic(), 3),
-                            **({"forking": True} if importing else {})}
+        report = {name: look_at(self.tasks[name], self.forking.get(name)) for name in names if name in self.tasks}
         self.dumps.append((now + (DUMP_WAIT_S if any(r["offsets"] for r in report.values()) else 0), report))
 
     def finish_dumps(self, now: float) -> None:
@@ -343,14 +254,7 @@ class HostAgent:
             self.report_steps()  # is progress, whatever the stacks say)
         for _, report in due:
             for name, entry in report.items():
-                stacks = []
-                for path, offset in entry["offsets"].items():
-                    with contextlib.suppress(OSError), open(path, "rb") as handle:
-                        handle.seek(offset)  # (a task writes that file: what it added, up to a bound)
-                        stacks.append(handle.read(STACKS_MAX).decode("utf-8", "replace"))
-                self.send({"k": Kind.DUMP, "task": name, "procs": entry["procs"],
-                           "stacks": "".join(stacks)[:STACKS_MAX], "wchan": entry.get("wchan") or {},
-                           **{key: entry[key] for key in ("cpu_s", "io_bytes", "at", "forking") if key in entry}})
+                self.send(dump_frame(name, entry))
 
     # -- the loop -------------------------------------------------------------------------------
 

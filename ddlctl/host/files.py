@@ -1,13 +1,20 @@
-"""The host agent's file operations: a tar of task folders, pruning a run's folder, a JSON record
-written atomically. Standard library (and ddlctl's name-only contracts) only: it runs from the code bundle."""
+"""The host agent's file operations: listing, reading and writing files for checkpoint copies
+between hosts (plain files only, never through a link), a tar of task folders, pruning a run's
+folder, a JSON record written atomically. Standard library (and ddlctl's name-only contracts)
+only: it runs from the code bundle."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import stat
 
 from ddlctl.contract.rundir import TASK_LOG
+from ddlctl.contract.wire import Kind, Op
+
+#: The largest piece of a file read or a tar a frame carries.
+FILE_CHUNK = 1 << 20
 
 
 def write_json(path: str, record: dict) -> None:
@@ -82,3 +89,67 @@ def prune_folder(path: str, keep: list) -> None:
                 os.remove(full)
     with contextlib.suppress(OSError):
         os.rmdir(path)  # only when empty
+
+
+def code_bundle_path() -> str | None:
+    """The zip this agent's code runs from (ddlctl shipped to a host), or None (installed)."""
+    here = os.path.abspath(__file__)
+    at = here.find(".zip" + os.sep)
+    return here[:at + 4] if at >= 0 else None
+
+
+def open_plain(path: str, flags: int) -> int:
+    """Open ``path`` as a plain file, never through a symbolic link (OSError ELOOP: refused)."""
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a plain file")
+    return fd
+
+
+def file_command(op: str, command: dict, send) -> None:  # noqa: ANN001 - send(header, payload=b"")
+    """Checkpoint copies between hosts that share no file system: list a folder, read a file
+    (in chunks), write a file (chunks to a temporary name, renamed when complete)."""
+    ident = command.get("id")
+    try:
+        if op == Op.LS:
+            root = os.path.expanduser(command["dir"])
+            listing = {}
+            for folder, _dirs, names in os.walk(root):  # (never into a linked folder)
+                for name in names:
+                    path = os.path.join(folder, name)
+                    info = os.lstat(path)
+                    if stat.S_ISREG(info.st_mode):  # plain files only: a link is not followed
+                        listing[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
+            send({"k": Kind.LS, "id": ident, "root": root, "files": listing})
+        elif op == Op.PACK:  # the run's task files at the end: one tar, no process started
+            last = pack_folders(command["dirs"], lambda chunk: send(
+                {"k": Kind.DATA, "id": ident, "eof": False}, chunk), FILE_CHUNK)
+            send({"k": Kind.DATA, "id": ident, "eof": True}, last)
+        elif op == Op.PRUNE:
+            prune_folder(os.path.expanduser(command["path"]), command.get("keep") or [])
+            send({"k": Kind.WRITTEN, "id": ident})
+        elif op == Op.READ:
+            with os.fdopen(open_plain(os.path.expanduser(command["path"]), os.O_RDONLY), "rb") as handle:
+                while True:
+                    chunk = handle.read(FILE_CHUNK)
+                    send({"k": Kind.DATA, "id": ident, "eof": len(chunk) < FILE_CHUNK}, chunk)
+                    if len(chunk) < FILE_CHUNK:
+                        break
+        else:
+            import base64
+
+            path = os.path.expanduser(command["path"])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            partial = f"{path}.ddlctl-partial"
+            append = bool(command.get("append"))
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+            with os.fdopen(open_plain(partial, flags), "ab" if append else "wb") as handle:
+                handle.write(base64.b64decode(command.get("data", "")))
+            if command.get("final"):
+                os.replace(partial, path)
+                if command.get("mtime_ns"):  # same mtime as the source: not copied again next time
+                    os.utime(path, ns=(int(command["mtime_ns"]), int(command["mtime_ns"])))
+            send({"k": Kind.WRITTEN, "id": ident})
+    except (OSError, KeyError, ValueError) as exc:
+        send({"k": Kind.FILE_ERROR, "id": ident, "error": f"{type(exc).__name__}: {exc}"})

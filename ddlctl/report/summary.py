@@ -137,13 +137,13 @@ class RunSummary:
     unread_bytes: int = 0  # the starts of record files past RECORDS_READ_MAX each, not read
 
     def to_dict(self) -> dict[str, object]:
-        """``summary.json`` (``schema`` 4: schema 1 plus restarts, goodput, steps_lost, degraded,
+        """``summary.json`` (``schema`` 11: schema 1 plus restarts, goodput, steps_lost, degraded,
         hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
         total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
         plus time_by_cause and mfu (7), plus membership and membership_phases (8), plus left_running
-        (9), plus per-task last_step (10))."""
+        (9), plus per-task last_step (10), plus unread_bytes (11))."""
         data = asdict(self)
-        data = {"schema": 10, **data}
+        data = {"schema": 11, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data

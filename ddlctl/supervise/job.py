@@ -37,6 +37,35 @@ class TaskState(enum.Enum):
     STOPPED = "stopped"
 
 
+class JobPhase(enum.Enum):
+    """Where the job is, one phase at a time; it only moves forward, as :data:`PHASE_MOVES` allows:
+
+    * STARTING -> RUNNING: every task listens on its port (or has none): the hang watch is armed.
+      Restarts happen within STARTING or RUNNING (``Restarts.under_way``); the phase stays.
+    * STARTING or RUNNING -> STOPPING: training finished, a failure the policy does not restart,
+      the startup timeout or ddlctl's first signal: TERM to every task. Never a restart after this.
+    * STOPPING -> KILLING: the grace period passed, or ddlctl's second signal: KILL to every task
+      (a task even that does not end is left, said, after ``UNKILLABLE_S``).
+    * any -> ENDED: every task has ended and its output was read (the loop's last step).
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    KILLING = "killing"
+    ENDED = "ended"
+
+
+#: Each phase -> the phases it may move to.
+PHASE_MOVES: dict[JobPhase, frozenset[JobPhase]] = {
+    JobPhase.STARTING: frozenset({JobPhase.RUNNING, JobPhase.STOPPING, JobPhase.ENDED}),
+    JobPhase.RUNNING: frozenset({JobPhase.STOPPING, JobPhase.ENDED}),
+    JobPhase.STOPPING: frozenset({JobPhase.KILLING, JobPhase.ENDED}),
+    JobPhase.KILLING: frozenset({JobPhase.ENDED}),
+    JobPhase.ENDED: frozenset(),
+}
+
+
 @dataclass(frozen=True)
 class SupervisorOptions:
     """How to supervise: timeouts in seconds (0 disables the startup timeout and the hang watch;
@@ -114,7 +143,8 @@ class Job:
     notify: Callable[[str], None] = lambda _msg: None
     clock: Callable[[], float] = time.monotonic
     tasks: dict[str, SupervisedTask] = field(default_factory=dict)
-    stopping_since: float | None = None  # when stopping began (never a restart after that)
+    phase: JobPhase = JobPhase.STARTING
+    entered: dict[JobPhase, float] = field(default_factory=dict)  # when (the clock's) each phase began
     pids: dict[str, object] = field(default_factory=dict)
     left: set[str] = field(default_factory=set)  # tasks that left the job (--min-workers)
     aliases: dict[str, str] = field(default_factory=dict)  # TensorFlow's task name -> ddlctl's, where they differ
@@ -133,9 +163,30 @@ class Job:
         """Every program and server task of the job -> its role (those that left it aside)."""
         return {t.name: t.role for t in self.plan.tasks if t.name not in self.left}
 
+    def __post_init__(self) -> None:
+        self.entered.setdefault(self.phase, self.clock())
+
+    def phases(self) -> dict[str, float]:
+        """Each phase entered -> seconds after the job began (``outcome.json``'s ``phases``)."""
+        began = self.entered[JobPhase.STARTING]
+        return {phase.value: round(at - began, 3) for phase, at in self.entered.items()}
+
+    def enter(self, phase: JobPhase) -> bool:
+        """Move to ``phase`` if :data:`PHASE_MOVES` allows it from the current one; whether it moved."""
+        if phase not in PHASE_MOVES[self.phase]:
+            return False
+        self.phase = phase
+        self.entered[phase] = self.clock()
+        return True
+
     @property
     def stopping(self) -> bool:
-        return self.stopping_since is not None
+        """Stopping began (TERM sent): never a restart after that."""
+        return JobPhase.STOPPING in self.entered
+
+    @property
+    def stopping_since(self) -> float | None:
+        return self.entered.get(JobPhase.STOPPING)
 
     def alive(self) -> set[str]:
         """Names of the training tasks still running (telemetry agents left out)."""

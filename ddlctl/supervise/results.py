@@ -73,6 +73,7 @@ class JobResult:
     clock_offsets: Mapping[str, float] = field(default_factory=dict)  # host -> its clock less this machine's
     unjoined: tuple[str, ...] = ()  # workers that took steps without joining the cluster (trained alone)
     preparing: tuple[dict, ...] = ()  # each time tasks that had not begun were found at work, not hung
+    phases: Mapping[str, float] = field(default_factory=dict)  # each JobPhase entered -> seconds after the start
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -153,7 +154,8 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      hosts_lost=tuple(hosts_lost), hangs=tuple(hangs), started_at=started_at,
                      membership=tuple(membership), left_running=tuple(left_running), paused=tuple(paused),
                      clock_offsets=dict(clock_offsets or {}), unjoined=tuple(unjoined),
-                     preparing=tuple(sorted(preparing, key=lambda event: event.get("time") or 0.0)))
+                     preparing=tuple(sorted(preparing, key=lambda event: event.get("time") or 0.0)),
+                     phases=job.phases())
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -190,6 +192,7 @@ def outcome_record(result: JobResult) -> dict:
         "clock_offsets": dict(result.clock_offsets),
         "unjoined": list(result.unjoined),
         "preparing": list(result.preparing),
+        "phases": dict(result.phases),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

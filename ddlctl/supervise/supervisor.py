@@ -24,8 +24,9 @@ Telemetry agents (one per host) are supervised the same way, but their output go
 ``telemetry/<host>.jsonl`` (each sample also to ``on_sample`` for a live view), and an agent that
 dies only leaves a gap in the telemetry: the job goes on.
 
-Stopping is TERM to every task's process group, then KILL after the grace period (MWMS ignores
-SIGTERM; a stopped process takes only SIGKILL). The loop returns only when every task has ended.
+The job's phase is one :class:`~.job.JobPhase` (its moves: ``PHASE_MOVES``). Stopping (:mod:`~.stopping`)
+is TERM to every task's group, then KILL after the grace period (MWMS ignores SIGTERM; a stopped
+process takes only SIGKILL). The loop returns only when every task has ended.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import dataclasses
 import json
 import os
 import selectors
-import signal
 import time
 from collections.abc import Callable, Mapping
 
@@ -47,10 +47,9 @@ from ddlctl.planning.plan import Plan
 from ddlctl.supervise.hangs.blame import Hangs
 from ddlctl.supervise.hangs.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
 from ddlctl.supervise.hosts import HostWatch, Reconnect
-from ddlctl.supervise.job import Job, SupervisedTask, SupervisorOptions, TaskState, log_file
+from ddlctl.supervise.job import Job, JobPhase, SupervisedTask, SupervisorOptions, TaskState, log_file
 from ddlctl.supervise.join_watch import JoinWatch
 from ddlctl.supervise.policy import (
-    UNKILLABLE_S,
     Decision,
     Fault,
     classify,
@@ -59,14 +58,13 @@ from ddlctl.supervise.policy import (
     died_of_stack_request,
     ended_early,
     stuck_in_exit,
-    unkillable,
 )
 from ddlctl.supervise.recovery.elastic import Elastic
 from ddlctl.supervise.recovery.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
+from ddlctl.supervise.stopping import Stopping
 from ddlctl.supervise.tasklog import TaskLog
 from ddlctl.transport.base import AgentSession
-from ddlctl.transport.status import ExitStatus, signal_name
 
 __all__ = ["Failure", "JobResult", "Supervisor", "SupervisorOptions", "TaskState"]
 
@@ -95,24 +93,19 @@ class Supervisor:
         self.on_sample = on_sample
         self.bad_samples: set[str] = set()  # hosts that sent telemetry of a shape nothing expects (said once)
         self.on_progress = on_progress  # (task -> (highest step, declared total), task -> (work lines, phase))
-        self.hard_exit = hard_exit  # the third signal: leave at once (the agents still kill every task)
         self.selector = selectors.DefaultSelector()
         self.hosts = HostWatch(self.job, reconnect, self._attach, self._detach)
         self.restarts = Restarts(self.job, self.hosts)
         self.hangs = Hangs(self.job)
         self.elastic = Elastic(self.job, self.hosts, self.restarts)
         self.joined = JoinWatch(self.job, self.job.notify)
+        self.stopping = Stopping(self.job, self.hangs, hard_exit)
         self.failure: Failure | None = None
         self.telemetry_gaps: list[str] = []
         self.degraded: list[dict] = []
-        self.left_running: list[dict] = []  # tasks SIGKILL could not end
         self.paused: list[dict] = []  # each time ddlctl itself did not run (Ctrl-Z, SIGSTOP, suspended)
         self.starting = Looks(self.hangs.dump)  # whether tasks not listening yet are at work
         self.preparing: list[dict] = []  # tasks not listening yet found at work (the hang watch keeps its own)
-        self.signals: list[int] = []
-        self.killed_at: float | None = None
-        self.killed_now = False
-        self.all_ready_noted = False
         self.started_noted = False
 
     @property
@@ -125,16 +118,17 @@ class Supervisor:
     def run(self) -> JobResult:
         """Start every task, supervise until all have ended, return the result."""
         started, started_at = self.job.clock(), time.time()
-        previous = self._install_signal_handlers()
+        previous = self.stopping.install_handlers()
         try:
             for session in self.job.sessions.values():
                 self._attach(session)
             self._start_all()
             while self._active():
                 self._tick()
+            self.job.enter(JobPhase.ENDED)
             self.joined.at_end()
         finally:
-            self._restore_signal_handlers(previous)
+            self.stopping.restore_handlers(previous)
             self.elastic.close()
             self.writer.flush()
             for task in self.job.tasks.values():
@@ -143,10 +137,11 @@ class Supervisor:
                 with contextlib.suppress(OSError):
                     task.log.close()
             self.selector.close()
-        return job_result(self.job, self.job.clock() - started, self.failure, self.signals,
+        return job_result(self.job, self.job.clock() - started, self.failure, self.stopping.signals,
                           telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
-                          started_at=started_at, membership=self.job.membership, left_running=self.left_running,
+                          started_at=started_at, membership=self.job.membership,
+                          left_running=self.stopping.left_running,
                           paused=self.paused, clock_offsets=self.hosts.clock_offsets, unjoined=self.joined.unjoined,
                           preparing=[*self.preparing, *self.hangs.preparing])
 
@@ -192,7 +187,9 @@ class Supervisor:
                 self.writer.write(task.name, task.host, task.splitter.flush_stale(now))
         self.writer.tick(now)
         self._note_pids()
-        self._handle_signals()
+        failure = self.stopping.handle_signals()
+        if failure is not None:
+            self.failure = failure
         self.hosts.watch(now)
         self._poll_exits(now)
         if self.on_progress is not None:
@@ -200,7 +197,7 @@ class Supervisor:
             self.on_progress({name: figures for session in sessions for name, figures in session.progress().items()},
                              {name: busy for session in sessions for name, busy in session.activity().items()})
         if self.job.stopping:
-            self._escalate(now)
+            self.stopping.escalate(now)
             return
         self.hangs.feed(now)
         self.elastic.tick(now)
@@ -406,12 +403,12 @@ class Supervisor:
             return
         self.job.notify(failed.decision.message)
         self.failure = Failure(reason="start-failed", message=failed.decision.message, exit_code=1)
-        self._begin_stop()
+        self.stopping.begin()
 
     def _fail(self, fault: Fault, decision: Decision) -> None:
         self.failure = describe_failure(self.job, fault, decision.message)
         write_error(self.job, fault, self.failure)
-        self._begin_stop()
+        self.stopping.begin()
 
     # -- startup -----------------------------------------------------------------------------
 
@@ -425,8 +422,8 @@ class Supervisor:
                     self.restarts.listening(task.name)
                     if task.restarts:  # its peers may have waited for it: their clocks start now
                         self.hangs.watch.rearm(now)
-        if not self.all_ready_noted and tasks and all(t.state is not TaskState.STARTING for t in tasks):
-            self.all_ready_noted = True
+        if self.job.phase is JobPhase.STARTING and tasks and all(t.state is not TaskState.STARTING for t in tasks):
+            self.job.enter(JobPhase.RUNNING)
             self.hangs.watch.arm(now)  # a job that never steps at all is hung too
             ports = [t for t in tasks if t.spec.port]
             if ports and all(t.proc.listening for t in ports):  # (not when some ended without listening)
@@ -491,7 +488,7 @@ class Supervisor:
                     f"{timeout:g}s: {names}",
             missing=tuple(t.name for t in missing))
         self.job.notify(self.failure.message)
-        self._begin_stop()
+        self.stopping.begin()
 
     def _check_job_done(self) -> None:
         tasks = self.job.tasks.values()
@@ -500,82 +497,4 @@ class Supervisor:
         if not self.restarts.under_way and programs and all(t.state is TaskState.SUCCEEDED for t in programs):
             if any(t.alive for t in tasks):
                 self.job.notify("training finished: stopping the remaining tasks")
-            self._begin_stop()
-
-    # -- stopping ----------------------------------------------------------------------------
-
-    def _begin_stop(self) -> None:
-        if self.job.stopping:
-            return
-        self.job.stopping_since = self.job.clock()
-        for task in self.job.tasks.values():
-            if task.alive:
-                task.proc.send("TERM")
-
-    def _escalate(self, now: float) -> None:
-        assert self.job.stopping_since is not None
-        alive = [t for t in self.job.tasks.values() if t.alive]
-        if self.killed_at is None and now - self.job.stopping_since > self.job.options.grace_s + 1.0:
-            self.killed_at = now
-            for task in alive:
-                task.proc.send("KILL")
-        elif self.killed_at is not None and now - self.killed_at > UNKILLABLE_S:
-            self._leave_unkillable(alive)
-        elif self.killed_at is not None and now - self.killed_at > 3.0:
-            for task in alive:
-                task.proc.force_kill()
-                status = task.proc.poll()
-                if status is not None and status.lost:  # its host is gone: nothing more will come
-                    task.status = task.status or status
-                    task.eof = True
-
-    def _leave_unkillable(self, tasks: list[SupervisedTask]) -> None:
-        """Tasks SIGKILL has not ended (state D: the kernel holds them): said, recorded and left, so
-        that ddlctl ends (their host agents leave them too once ddlctl is gone)."""
-        standings = self.hangs.where([t.name for t in tasks if not t.is_agent])
-        for task in tasks:
-            pid = task.proc.pids().get("task_pid", "?")
-            where = standings[task.name].where if task.name in standings else "it did not die"
-            self.job.notify(unkillable(task.name, task.host, pid, where))
-            self.left_running.append({"task": task.name, "host": task.host, "pid": pid, "where": where})
-            task.status, task.eof = task.status or ExitStatus(signal=signal.SIGKILL), True
-
-    # -- signals -----------------------------------------------------------------------------
-
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        """Only records the request (teardown runs in the loop); the third exits at once."""
-        self.signals.append(signum)
-        if len(self.signals) >= 3:
-            self.hard_exit(128 + self.signals[0])
-
-    def _handle_signals(self) -> None:
-        if not self.signals:
-            return
-        if not self.job.stopping:  # never a restart after this
-            name = signal_name(self.signals[0])
-            self.failure = Failure(reason="interrupted", message=f"interrupted by {name}")
-            self.job.notify(f"{name}: stopping all tasks (again to kill them at once)")
-            self._begin_stop()
-        if len(self.signals) >= 2 and not self.killed_now:
-            self.killed_now = True
-            self.job.notify("stopping now: SIGKILL to every task")
-            for task in self.job.tasks.values():
-                if task.alive:
-                    task.proc.send("KILL")
-            self.killed_at = self.job.clock()
-
-    def _install_signal_handlers(self) -> dict[int, object]:
-        previous: dict[int, object] = {}
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            with contextlib.suppress(ValueError):  # not the main thread
-                previous[signum] = signal.signal(signum, self._on_signal)
-        return previous
-
-    def _restore_signal_handlers(self, previous: dict[int, object]) -> None:
-        """The previous handlers again; after an interrupted run, one more signal (while files are
-        collected and the report written) exits at once, as the third would have."""
-        for signum, handler in previous.items():
-            if self.signals:
-                handler = lambda _signum, _frame: self.hard_exit(128 + self.signals[0])  # noqa: E731
-            with contextlib.suppress(ValueError):
-                signal.signal(signum, handler)  # type: ignore[arg-type]
+            self.stopping.begin()

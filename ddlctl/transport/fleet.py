@@ -23,10 +23,11 @@ from ddlctl.contract import envvars
 from ddlctl.contract.diskspace import write_failure
 from ddlctl.contract.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT, Plan, TaskSpec
+from ddlctl.transport.agentcmd import launch_key
 from ddlctl.transport.base import Transport
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.local import LocalTransport
-from ddlctl.transport.session import HostSession, launch_key
+from ddlctl.transport.session import HostSession
 
 if TYPE_CHECKING:
     from ddlctl.cluster.slurm import Allocation

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from ddlctl.cluster.model import Host
+from ddlctl.contract import envvars
 from ddlctl.contract.errors import LaunchError
 from ddlctl.host.ports import free_ports
-from ddlctl.transport.session import HostSession, open_local_session, own_python_env
+from ddlctl.transport.agentcmd import AUTOLOAD_DIR, agent_argv, launch_key, own_python_env
+from ddlctl.transport.session import HostSession
+from ddlctl.transport.streams import SocketStream
 
 
 class LocalTransport:
@@ -59,3 +63,27 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | None = None,
+                       ports: int | None = None) -> HostSession:
+    """Start a host agent on this machine (a subprocess in its own session)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
+    # the agent's environment is its tasks' base
+    env = {**own_python_env(), envvars.RUN_ID: run_id, envvars.LAUNCH: launch_key()}
+    mine, theirs = socket.socketpair()  # (not pipes: see SocketStream)
+    try:
+        with open(stderr_path, "ab") as stderr:
+            popen = subprocess.Popen(agent_argv(python or sys.executable, run_id, ports),
+                                     stdin=theirs, stdout=theirs, stderr=stderr, env=env, close_fds=True)
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    # ddlctl is importable by this interpreter: tasks need only the instrumentation folder.
+    session = HostSession(host, SocketStream(popen, mine, stderr_path), [str(AUTOLOAD_DIR)],
+                          python or sys.executable)
+    session.await_hello()
+    return session

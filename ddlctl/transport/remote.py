@@ -22,7 +22,9 @@ from ddlctl.cluster.model import Host
 from ddlctl.contract import envvars
 from ddlctl.contract.errors import LaunchError
 from ddlctl.planning.plan import REMOTE_ROOT
-from ddlctl.transport.session import HostSession, Stream
+from ddlctl.transport.agentcmd import agent_argv, launch_key
+from ddlctl.transport.session import HostSession
+from ddlctl.transport.streams import Stream
 
 PACKAGE_DIR = Path(ddlctl.__file__).resolve().parent
 
@@ -65,8 +67,6 @@ def upload_args(data: bytes, python: str) -> list[str]:
 
 def bundled_agent_argv(python: str, run_id: str, ports: int | None) -> list[str]:
     """The argv that starts a host agent of run ``run_id`` from the shipped code bundle."""
-    from ddlctl.transport.session import agent_argv, launch_key
-
     return ["sh", "-c", RUN_BUNDLED, "sh", bundle_path(), "env", f"{envvars.RUN_ID}={run_id}",
             f"{envvars.LAUNCH}={launch_key()}", f"{envvars.SAFE_PATH}=1", *agent_argv(python, run_id, ports)]
 

@@ -13,145 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import select
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Protocol
 
 from ddlctl.cluster.model import Host
-from ddlctl.contract import envvars
 from ddlctl.contract.errors import LaunchError
 from ddlctl.contract.hostclock import CLOCK_CORRECTED_S
 from ddlctl.contract.wire import FrameReader, GarbledFrame, Kind, Op, check_frame, encode_command
 from ddlctl.planning.plan import TaskSpec
+from ddlctl.transport.agentcmd import no_python, task_command
 from ddlctl.transport.status import ExitStatus
+from ddlctl.transport.streams import Stream
 
-#: Folder with the sitecustomize that installs the model.fit hook and the stack dumper.
-AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "task" / "instrument" / "autoload"
-
-
-def own_python_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for ddlctl's own Python processes on this machine: this ddlctl first on
-    ``PYTHONPATH`` (it need not be installed), no empty entry (Python reads one as the current
-    directory) and :data:`envvars.SAFE_PATH` (nothing from the working directory either)."""
-    environ = os.environ if environ is None else environ
-    package_root = str(Path(__file__).resolve().parents[2])
-    path = [package_root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_root)]
-    return {**environ, "PYTHONPATH": os.pathsep.join(path), envvars.SAFE_PATH: "1"}
 HELLO_TIMEOUT_S = 60.0
 
 
 #: The most one write command carries (base64 in a JSON frame).
 WRITE_PIECE = 1 << 20
 
-
-
-class Stream(Protocol):
-    """A bidirectional byte stream to an agent."""
-
-    def fileno(self) -> int: ...
-    def read(self) -> bytes | None: ...  # None: nothing now; b"": ended
-    def write(self, data: bytes) -> None: ...
-    def errors(self) -> str: ...  # what the agent printed on stderr (for messages)
-    def abandon(self) -> None: ...  # the agent went silent: cut it off (it then kills its tasks)
-    def close(self) -> None: ...
-    def ended(self) -> str: ...  # what the transport knows of why the stream ended ("" when nothing)
-
-
-class PipeStream:
-    """A local agent subprocess: its stdin and stdout."""
-
-    def __init__(self, popen: subprocess.Popen[bytes], stderr_path: Path | None) -> None:
-        self.popen = popen
-        self.stderr_path = stderr_path
-        assert popen.stdout is not None
-        self._fd = popen.stdout.fileno()
-        os.set_blocking(self._fd, False)
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def read(self) -> bytes | None:
-        try:
-            return os.read(self._fd, 262144)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return b""
-
-    def write(self, data: bytes) -> None:
-        assert self.popen.stdin is not None
-        self.popen.stdin.write(data)
-        self.popen.stdin.flush()
-
-    def errors(self) -> str:
-        if self.stderr_path is None:
-            return ""
-        with contextlib.suppress(OSError):
-            return self.stderr_path.read_text(errors="replace")[-2000:]
-        return ""
-
-    def ended(self) -> str:
-        """A local pipe says nothing more than its end."""
-        return ""
-
-    def abandon(self) -> None:
-        """The agent stopped answering (stopped, wedged): kill it; its tasks die with it."""
-        with contextlib.suppress(OSError):
-            self.popen.kill()
-        self.close()
-
-    def close(self) -> None:
-        for stream in (self.popen.stdin, self.popen.stdout):
-            with contextlib.suppress(OSError):
-                if stream is not None:
-                    stream.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
-
-
-class SocketStream(PipeStream):
-    """A local agent subprocess whose stdin and stdout are one end of a socket pair: unlike a pipe,
-    a socket cannot be opened again through ``/proc/<agent>/fd/1`` (ENXIO), so a task of the agent,
-    a process of the same user, cannot write frames into ddlctl's stream or commands into the
-    agent's (a pipe could: a forged exit was recorded for a running task)."""
-
-    def __init__(self, popen: subprocess.Popen[bytes], sock: socket.socket, stderr_path: Path | None) -> None:
-        self.popen = popen
-        self.stderr_path = stderr_path
-        self.sock = sock
-        self._fd = sock.fileno()
-        os.set_blocking(self._fd, False)
-
-    def read(self) -> bytes | None:
-        try:
-            return self.sock.recv(262144)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return b""
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self.sock.send(view):]
-            except BlockingIOError:
-                select.select([], [self._fd], [], 1.0)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
 
 
 class AgentTask:
@@ -356,7 +239,6 @@ class HostSession:
     def _drain(self) -> None:
         """Read and drop what a signalled agent still sends while it stops its tasks (its last
         output, exits), so that it never blocks on a full pipe or window; ends with the stream."""
-        import select
 
         def drain() -> None:
             while True:
@@ -400,7 +282,6 @@ class HostSession:
 
     def wait_for(self, ready, timeout: float) -> bool:  # noqa: ANN001 - a predicate
         """Pump until ``ready()`` or the timeout (or the connection is lost)."""
-        import select
 
         deadline = time.monotonic() + timeout
         while not ready():
@@ -569,63 +450,3 @@ class HostSession:
         self.closed = True
         if self._end_stream():
             self.stream.close()
-
-
-def task_command(spec: TaskSpec, grace_s: float, pythonpath: Sequence[str]) -> dict[str, object]:
-    """What the agent needs to start ``spec`` (sent over the agent's stdin, never in argv)."""
-    paths = list(pythonpath)
-    if spec.kind == "agent":  # the telemetry agent needs ddlctl's code, not the instrumentation
-        paths = paths[1:]
-    return {"argv": list(spec.argv), "env": dict(spec.env), "unset": list(spec.unset_env),
-            "cwd": spec.workdir, "cwd_default": spec.host.workdir is None and spec.kind != "agent",
-            "task_dir": spec.task_dir, "grace": grace_s, "pythonpath": paths,
-            "mkdirs": [spec.task_dir], "port": spec.port or 0,
-            "cpu_quota": spec.host.cpu_quota if spec.kind != "agent" else None,
-            "cpus": list(spec.host.cpus) if spec.host.cpus and spec.kind != "agent" else None}
-
-
-def no_python(host: Host, python: str) -> LaunchError:
-    """The error for a host without the Python ddlctl was told to use there."""
-    return LaunchError(f"{host.label}: Python {python!r} not found on the host",
-                       f"install Python 3.10+ there, or set python= for this host ({host.source})")
-
-
-def agent_argv(python: str, run_id: str, ports: int | None) -> list[str]:
-    """The command that starts a host agent of run ``run_id`` and this launch (with ``ports``: its
-    hello carries the quick probe). Run and launch are on its command line for ``killrun``, which
-    cannot read a sealed agent's environment."""
-    return [python, "-m", "ddlctl.host.agent", "--run", run_id, "--launch", launch_key(),
-            *([] if ports is None else ["--ports", str(ports)])]
-
-
-#: This process's launch key (made once, at import: host agents are opened from several threads at once).
-_LAUNCH_KEY = secrets.token_hex(8)
-
-
-def launch_key() -> str:
-    """This launch's key (:data:`ddlctl.contract.envvars.LAUNCH`): the same for every host agent it starts."""
-    return _LAUNCH_KEY
-
-
-def open_local_session(host: Host, run_id: str, log_dir: Path, python: str | None = None,
-                       ports: int | None = None) -> HostSession:
-    """Start a host agent on this machine (a subprocess in its own session)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    stderr_path = log_dir / f"hostagent-{host.label.replace('/', '_')}.log"
-    # the agent's environment is its tasks' base
-    env = {**own_python_env(), envvars.RUN_ID: run_id, envvars.LAUNCH: launch_key()}
-    mine, theirs = socket.socketpair()  # (not pipes: see SocketStream)
-    try:
-        with open(stderr_path, "ab") as stderr:
-            popen = subprocess.Popen(agent_argv(python or sys.executable, run_id, ports),
-                                     stdin=theirs, stdout=theirs, stderr=stderr, env=env, close_fds=True)
-    except BaseException:
-        mine.close()
-        raise
-    finally:
-        theirs.close()
-    # ddlctl is importable by this interpreter: tasks need only the instrumentation folder.
-    session = HostSession(host, SocketStream(popen, mine, stderr_path), [str(AUTOLOAD_DIR)],
-                          python or sys.executable)
-    session.await_hello()
-    return session

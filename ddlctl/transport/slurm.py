@@ -32,7 +32,8 @@ from ddlctl.transport.remote import (
     start_bundled_agent,
     upload_args,
 )
-from ddlctl.transport.session import HostSession, PipeStream
+from ddlctl.transport.session import HostSession
+from ddlctl.transport.streams import PipeStream
 
 
 def step_name(run_id: str) -> str:

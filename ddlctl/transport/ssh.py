@@ -27,6 +27,7 @@ from pathlib import Path
 from ddlctl.cluster.model import Host
 from ddlctl.contract import envvars
 from ddlctl.contract.errors import ConfigError, LaunchError
+from ddlctl.transport.agentcmd import no_python
 from ddlctl.transport.fanout import all_or_fail, each_host
 from ddlctl.transport.options import SshOptions
 from ddlctl.transport.remote import (
@@ -41,7 +42,7 @@ from ddlctl.transport.remote import (
     start_bundled_agent,
     upload_args,
 )
-from ddlctl.transport.session import HostSession, no_python
+from ddlctl.transport.session import HostSession
 
 
 def _import_paramiko():  # noqa: ANN202 - the module
@@ -301,7 +302,7 @@ def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, SshConn
 
 
 class ChannelStream:
-    """A host agent's SSH exec channel as a :class:`~ddlctl.transport.session.Stream`."""
+    """A host agent's SSH exec channel as a :class:`~ddlctl.transport.streams.Stream`."""
 
     def __init__(self, channel: paramiko.Channel) -> None:
         self.channel = channel

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from ddlctl.cluster.model import Host
 from ddlctl.contract.wire import MAGIC, FrameReader, encode_frame
 from ddlctl.planning.plan import TaskSpec
-from ddlctl.transport.session import HostSession, open_local_session
+from ddlctl.transport.local import open_local_session
+from ddlctl.transport.session import HostSession
 from tests.conftest import PROGRAMS, ROOT, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
 
 HOST = Host(name="localhost")

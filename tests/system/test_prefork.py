@@ -19,7 +19,7 @@ import psutil
 from ddlctl.cluster.model import Host
 from ddlctl.host import prefork
 from ddlctl.planning.plan import TaskSpec
-from ddlctl.transport.session import open_local_session
+from ddlctl.transport.local import open_local_session
 from tests.conftest import processes_of_run
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"

@@ -32,3 +32,36 @@ def test_the_public_api_is_declared():
 
     for module in (ddlctl, mp):
         assert module.__all__ and all(callable(getattr(module, name)) for name in module.__all__), module
+
+
+def test_no_module_is_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"split these (one job a module): {long}"
+
+
+def _paragraphs(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each prose paragraph and list item of a Markdown text (code blocks,
+    tables and headings aside)."""
+    found: list[tuple[int, list[str]]] = []
+    fenced, current = False, None
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced, current = not fenced, None
+        elif fenced or not line.strip() or line.startswith(("|", "#")):
+            current = None
+        elif current is None or re.match(r"\s*([-*]|\d+\.)\s", line):
+            current = [line]
+            found.append((number, current))
+        else:
+            current.append(line)
+    return [(number, " ".join(lines)) for number, lines in found]
+
+
+def test_readme_and_docs_read_in_short_paragraphs():
+    """README under 130 lines; no paragraph or list item over 120 words (figures go in tables)."""
+    assert len((ROOT / "README.md").read_text().splitlines()) < 130
+    long = [f"{path.relative_to(ROOT)}:{number} ({len(text.split())} words)"
+            for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+            for number, text in _paragraphs(path.read_text()) if len(text.split()) > 120]
+    assert not long, f"split these: {long}"

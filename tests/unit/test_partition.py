@@ -32,9 +32,10 @@ def objective(p, micro: bool) -> tuple[float, float]:
 
 def brute_force(layers, devices, microbatches, link):
     """Every contiguous split (devices in order, empty stages allowed) that fits: the best objective."""
-    from ddlctl.modelparallel.planner import _Model, _plan
+    from ddlctl.modelparallel.costmodel import PrefixSums
+    from ddlctl.modelparallel.planner import _plan
 
-    model = _Model(layers)
+    model = PrefixSums(layers)
     n, k = len(layers), len(devices)
     best = None
     for inner in itertools.combinations_with_replacement(range(n + 1), k - 1):

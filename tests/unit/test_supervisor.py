@@ -1020,3 +1020,25 @@ def test_the_task_whose_process_keeps_a_cpu_busy_while_its_waiting_peers_idle_is
     result, _ = gpus.run(tmp_path / "gpus", hang_timeout_s=5.0)
     [hang] = result.hangs
     assert hang["why"].startswith("it stopped making progress first; its GPU"), hang["why"]
+
+
+def test_the_jobs_phase_moves_forward_only_and_each_move_is_recorded(tmp_path):
+    from ddlctl.supervise.job import PHASE_MOVES, Job, JobPhase
+
+    # a job that ends as planned: every task listened, training finished, the servers stopped
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    result, _ = ps_world().run(tmp_path / "a")
+    assert list(result.phases) == ["starting", "running", "stopping", "ended"], result.phases
+    assert 0 == result.phases["starting"] < result.phases["running"] < result.phases["stopping"] \
+        <= result.phases["ended"]
+    # MWMS ignores SIGTERM: KILL once the grace period has passed
+    world = mwms_world(**{"worker:0": Behaviour(exit_after=None, ignores_term=True)})
+    world.at(1.0, world.kill, "worker:1")
+    result, _ = world.run(tmp_path / "b", max_restarts=0)
+    assert list(result.phases) == ["starting", "running", "stopping", "killing", "ended"], result.phases
+    assert result.phases["killing"] - result.phases["stopping"] >= 2.0, "after the grace (2 s)"
+    # never backwards, never twice
+    job = Job(plan=None, options=None, sessions={}, clock=lambda: 1.0)  # type: ignore[arg-type]
+    assert not job.enter(JobPhase.KILLING) and job.enter(JobPhase.STOPPING) and not job.enter(JobPhase.RUNNING)
+    assert not job.enter(JobPhase.STOPPING) and job.stopping and job.phase is JobPhase.STOPPING
+    assert all(phase not in PHASE_MOVES[later] for phase in JobPhase for later in PHASE_MOVES[phase])

@@ -1,0 +1,116 @@
+"""Ending a job: TERM to every task (the job's phase goes STOPPING), KILL once the grace period has
+passed (KILLING: MWMS ignores SIGTERM; a stopped process takes only SIGKILL), and tasks even SIGKILL
+cannot end (state D: the kernel holds them) left, said and recorded, so that ddlctl ends. And
+ddlctl's own signals (SIGINT, SIGTERM, SIGHUP): the first stops the job (never a restart after it),
+the second kills every task at once, the third exits at once (the host agents still kill every
+task)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Callable
+
+from ddlctl.supervise.hangs.blame import Hangs
+from ddlctl.supervise.job import Job, JobPhase, SupervisedTask
+from ddlctl.supervise.policy import UNKILLABLE_S, unkillable
+from ddlctl.supervise.results import Failure
+from ddlctl.transport.status import ExitStatus, signal_name
+
+#: After KILL, how long before a task still there is killed again, directly where its agent is gone.
+KILL_AGAIN_S = 3.0
+
+
+class Stopping:
+    """The job's end, and ddlctl's signals (recorded by the handler, acted on in the loop)."""
+
+    def __init__(self, job: Job, hangs: Hangs, hard_exit: Callable[[int], None]) -> None:
+        self.job, self.hangs, self.hard_exit = job, hangs, hard_exit
+        self.signals: list[int] = []
+        self.killed_at: float | None = None  # when KILL went to every task (the second signal: again)
+        self.killed_now = False
+        self.left_running: list[dict] = []  # tasks SIGKILL could not end
+
+    def begin(self) -> None:
+        """TERM to every task still running (once)."""
+        if not self.job.enter(JobPhase.STOPPING):
+            return
+        for task in self.job.tasks.values():
+            if task.alive:
+                task.proc.send("TERM")
+
+    def escalate(self, now: float) -> None:
+        """Past the grace period, KILL; later again, directly where a host agent is gone; past
+        ``UNKILLABLE_S``, what is left is left."""
+        assert self.job.stopping_since is not None
+        alive = [t for t in self.job.tasks.values() if t.alive]
+        if self.killed_at is None and now - self.job.stopping_since > self.job.options.grace_s + 1.0:
+            self._kill_all(now)
+        elif self.killed_at is not None and now - self.killed_at > UNKILLABLE_S:
+            self._leave_unkillable(alive)
+        elif self.killed_at is not None and now - self.killed_at > KILL_AGAIN_S:
+            for task in alive:
+                task.proc.force_kill()
+                status = task.proc.poll()
+                if status is not None and status.lost:  # its host is gone: nothing more will come
+                    task.status = task.status or status
+                    task.eof = True
+
+    def _kill_all(self, now: float) -> None:
+        self.job.enter(JobPhase.KILLING)
+        self.killed_at = now
+        for task in self.job.tasks.values():
+            if task.alive:
+                task.proc.send("KILL")
+
+    def _leave_unkillable(self, tasks: list[SupervisedTask]) -> None:
+        """Tasks SIGKILL has not ended: said, recorded and left (their host agents leave them too
+        once ddlctl is gone)."""
+        standings = self.hangs.where([t.name for t in tasks if not t.is_agent])
+        for task in tasks:
+            pid = task.proc.pids().get("task_pid", "?")
+            where = standings[task.name].where if task.name in standings else "it did not die"
+            self.job.notify(unkillable(task.name, task.host, pid, where))
+            self.left_running.append({"task": task.name, "host": task.host, "pid": pid, "where": where})
+            task.status, task.eof = task.status or ExitStatus(signal=signal.SIGKILL), True
+
+    # -- ddlctl's signals --------------------------------------------------------------------
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        """Only records the request (teardown runs in the loop); the third exits at once."""
+        self.signals.append(signum)
+        if len(self.signals) >= 3:
+            self.hard_exit(128 + self.signals[0])
+
+    def handle_signals(self) -> Failure | None:
+        """Act on the signals received: the job's failure when the first one stopped it."""
+        failure = None
+        if not self.signals:
+            return None
+        if not self.job.stopping:  # never a restart after this
+            name = signal_name(self.signals[0])
+            failure = Failure(reason="interrupted", message=f"interrupted by {name}")
+            self.job.notify(f"{name}: stopping all tasks (again to kill them at once)")
+            self.begin()
+        if len(self.signals) >= 2 and not self.killed_now:
+            self.killed_now = True
+            self.job.notify("stopping now: SIGKILL to every task")
+            self._kill_all(self.job.clock())
+        return failure
+
+    def install_handlers(self) -> dict[int, object]:
+        """Handlers of SIGINT, SIGTERM and SIGHUP that record them; the previous ones."""
+        previous: dict[int, object] = {}
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError):  # not the main thread
+                previous[signum] = signal.signal(signum, self.on_signal)
+        return previous
+
+    def restore_handlers(self, previous: dict[int, object]) -> None:
+        """The previous handlers again; after an interrupted run, one more signal (while files are
+        collected and the report written) exits at once, as the third would have."""
+        for signum, handler in previous.items():
+            if self.signals:
+                handler = lambda _signum, _frame: self.hard_exit(128 + self.signals[0])  # noqa: E731
+            with contextlib.suppress(ValueError):
+                signal.signal(signum, handler)  # type: ignore[arg-type]
