@@ -50,6 +50,7 @@ from ddlctl.planning.plan import (
     layout,
     make_plan,
     needs_port,
+    python_note,
 )
 from ddlctl.supervise.results import outcome_record
 from ddlctl.supervise.supervisor import JobResult, Supervisor
@@ -233,6 +234,9 @@ def launch(config: LaunchConfig, out: Console, err: Console) -> int:
 def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsServer | None) -> int:
     output = config.output
     plan, connected = prepare(config, err)
+    note = python_note(plan)
+    if note is not None and not output.quiet:
+        err.print(f"ddlctl: {note}", highlight=False)
     if output.dry_run:
         if output.json_out:
             stdoutgone.write(json.dumps(plan.to_dict(), indent=1) + "\n")

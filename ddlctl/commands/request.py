@@ -60,6 +60,15 @@ def partition_counts(path: str) -> list[int]:
                           "could place the model)") from None
 
 
+def own_environment(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ddlctl runs from a Python environment of its own (a venv) that no other replaced on
+    PATH (none activated: ``VIRTUAL_ENV``, ``CONDA_PREFIX`` unset): then a bare ``python`` of the
+    command means ddlctl's interpreter on this machine (PATH's would be the system's, without
+    TensorFlow), not whatever PATH finds."""
+    environ = os.environ if environ is None else environ
+    return sys.prefix != sys.base_prefix and not environ.get("VIRTUAL_ENV") and not environ.get("CONDA_PREFIX")
+
+
 def load_speeds(path: str) -> dict[str, float]:
     """Per-host device speeds from a cluster profile (``ddlctl check --bench --save FILE``)."""
     from ddlctl.commands.bench import load_profile
@@ -119,6 +128,7 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
         env=env,
         legacy_keras=legacy_keras,
         local_python=sys.executable,
+        command_python_here=sys.executable if own_environment() else None,
         default_workdir=os.getcwd(),
         run_id=run_id,
         run_dir=str(run_root / run_id),

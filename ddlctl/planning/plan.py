@@ -191,6 +191,41 @@ def task_python(host: Host, request: LaunchRequest) -> str:
     return host.python or (request.local_python if host.is_local else "python3")
 
 
+#: A command's first word that means "this host's Python".
+BARE_PYTHONS = frozenset({"python", "python3"})
+
+
+def command_on(host: Host, request: LaunchRequest) -> tuple[str, ...]:
+    """The user's command on ``host``: a bare ``python`` or ``python3`` as its first word is the
+    host's ``python=`` when the hosts file gives one (on this machine without one:
+    ``request.command_python_here``, ddlctl's own interpreter when it runs from an environment no
+    other has replaced on PATH); anything else as given."""
+    command = tuple(request.command)
+    if command and command[0] in BARE_PYTHONS:
+        python = host.python or (request.command_python_here if host.is_local else None)
+        if python:
+            return (python, *command[1:])
+    return command
+
+
+def python_note(plan: Plan) -> str | None:
+    """One line saying what a bare ``python`` of the command runs as, where it is not PATH's."""
+    command = plan.request.command
+    if not command or command[0] not in BARE_PYTHONS:
+        return None
+    given: dict[tuple[str, str], list[str]] = {}
+    for task in plan.program_tasks():
+        if task.argv and task.argv[0] != command[0]:
+            why = "python= in the hosts file" if task.host.python else "ddlctl's environment: no other is active"
+            hosts = given.setdefault((task.argv[0], why), [])
+            if task.host.label not in hosts:
+                hosts.append(task.host.label)
+    if not given:
+        return None
+    runs = "; ".join(f"{python} on {', '.join(hosts)} ({why})" for (python, why), hosts in given.items())
+    return f"'{command[0]}' in the command is run as {runs}; give a path after -- to run another"
+
+
 def common_env(request: LaunchRequest) -> dict[str, str]:
     """What the environment of every task of ``request`` holds (``--env`` included): the part a
     host agent's zygote is chosen by (:func:`ddlctl.host.prefork.zygote_key`), so that another
@@ -223,7 +258,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
         if server:
             argv: tuple[str, ...] = (python, "-m", "ddlctl.task.server")
         elif request.command:
-            argv = tuple(request.command)
+            argv = command_on(p.host, request)
         else:
             argv = (python, "-m", "ddlctl.workloads", *request.workload_args)
         tf_config = None

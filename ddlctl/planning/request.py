@@ -34,6 +34,7 @@ class LaunchRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     legacy_keras: bool = True
     local_python: str = "python3"
+    command_python_here: str | None = None  # what a bare ``python`` of ``command`` means here (None: PATH's)
     default_workdir: str = "."
     run_id: str = "run"
     run_dir: str = "runs/run"

@@ -48,7 +48,9 @@ def test_dry_run_json_is_the_plan_and_nothing_else(runs):
     plan = json.loads(result.stdout)
     assert [t["name"] for t in plan["tasks"]] == ["chief:0", "worker:0", "worker:1", "ps:0"]
     chief = plan["tasks"][0]
-    assert chief["argv"] == ["python", "train.py", "--lr", "0.1"] and chief["env"]["A"] == "***"
+    # (a bare python: ddlctl's own interpreter, run from its environment with no other active)
+    assert chief["argv"] == [sys.executable, "train.py", "--lr", "0.1"] and chief["env"]["A"] == "***"
+    assert f"'python' in the command is run as {sys.executable} on localhost" in result.stderr
     assert chief["env"]["DDLCTL_TASK"] == "chief:0", "ddlctl's own variables stay readable"
     ports = [t["port"] for t in plan["tasks"]]
     assert all(ports) and len(set(ports)) == 4

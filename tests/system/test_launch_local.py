@@ -268,6 +268,27 @@ def test_a_program_that_is_not_there_or_a_command_not_found_is_not_started_said_
         assert_nothing_left(only_run_dir(runs / str(code)))
 
 
+def test_a_bare_python_in_the_command_runs_as_the_python_the_hosts_file_names(runs, tmp_path):
+    """``-- python prog.py`` on a host with ``python=``: that interpreter runs prog.py (before, the
+    ``python`` on the host's PATH did), said once. The host's Python here: a virtual environment of
+    its own that sees this one's packages (a .pth), so that it has TensorFlow."""
+    other = tmp_path / "hostpy"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
+    site = subprocess.run([str(other / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+    mine = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "ours.pth").write_text(mine + "\n")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f"localhost python={other / 'bin' / 'python'}\n")
+    result = run_ddlctl("launch", "--hosts", str(hosts), "-s", "one_device", "--no-telemetry", "--runs-dir",
+                        str(runs), "--", "python", "-c", "import sys; print('ran under', sys.executable)", timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"ran under {other / 'bin' / 'python'}" in result.stdout, result.stdout[-2000:]
+    assert result.stderr.count(f"'python' in the command is run as {other / 'bin' / 'python'} on localhost "
+                               "(python= in the hosts file)") == 1, result.stderr[-2000:]
+
+
 def test_a_program_whose_python_lacks_a_module_is_told_which_python_ran_it_and_given_ddlctls_own(runs, tmp_path):
     """The most common first failure: ``-- python train.py`` with a ``python`` that is not the
     environment with TensorFlow (here a fresh virtual environment without this one's packages)."""

@@ -133,6 +133,29 @@ def test_builtin_workload_uses_the_hosts_python():
     assert plan.task("worker:0").argv[0] == "/opt/venv/bin/python"
 
 
+def test_a_bare_python_in_the_command_is_the_hosts_own_where_it_has_one():
+    from ddlctl.commands.request import own_environment
+    from ddlctl.planning.plan import python_note
+
+    cluster = parse_hosts("localhost slots=1\nnode python=/opt/venv/bin/python\nbare\n", "h")
+    req = request("mwms", workers=3, command=("python", "train.py", "python"), command_python_here="/venv/bin/python")
+    plan = make_plan(cluster, req, fake_ports(cluster, req))
+    assert [t.argv for t in plan.tasks] == [("/venv/bin/python", "train.py", "python"),
+                                            ("/opt/venv/bin/python", "train.py", "python"),
+                                            ("python", "train.py", "python")], "a host without python=: PATH's"
+    assert python_note(plan) == ("'python' in the command is run as /venv/bin/python on localhost (ddlctl's "
+                                 "environment: no other is active); /opt/venv/bin/python on node (python= in the "
+                                 "hosts file); give a path after -- to run another")
+    # a path: as given; another environment active here: PATH's here, python= still on node
+    plan = make_plan(cluster, request("mwms", workers=3, command=("/usr/bin/python3", "t.py"),
+                                      command_python_here="/venv/bin/python"), fake_ports(cluster, req))
+    assert {t.argv[0] for t in plan.tasks} == {"/usr/bin/python3"} and python_note(plan) is None
+    plan = make_plan(cluster, request("mwms", workers=3, command=("python3", "t.py")), fake_ports(cluster, req))
+    assert [t.argv[0] for t in plan.tasks] == ["python3", "/opt/venv/bin/python", "python3"]
+    assert python_note(plan).startswith("'python3' in the command is run as /opt/venv/bin/python on node (python=")
+    assert not own_environment({"VIRTUAL_ENV": "/other"}) and not own_environment({"CONDA_PREFIX": "/c"})
+
+
 def test_legacy_keras_only_for_commands_under_ps_and_mwms():
     cmd = ("python", "fit.py")
     for strategy, expected in (("ps", "1"), ("mwms", "1"), ("mirrored", None)):
