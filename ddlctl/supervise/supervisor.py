@@ -22,7 +22,8 @@ records, the result); every decision is a pure function of :mod:`~.policy`.
 
 Telemetry agents (one per host) are supervised the same way, but their output goes to
 ``telemetry/<host>.jsonl`` (each sample also to ``on_sample`` for a live view), and an agent that
-dies only leaves a gap in the telemetry: the job goes on.
+dies only leaves a gap in the telemetry: the job goes on (:mod:`~.telemetry`; one lost with its
+host starts again with it).
 
 The job's phase is one :class:`~.job.JobPhase` (its moves: ``PHASE_MOVES``). Stopping (:mod:`~.stopping`)
 is TERM to every task's group, then KILL after the grace period (MWMS ignores SIGTERM; a stopped
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import selectors
 import time
@@ -64,6 +64,7 @@ from ddlctl.supervise.recovery.restarts import RestartFailed, Restarts
 from ddlctl.supervise.results import Failure, JobResult, describe_failure, fault_event, job_result, write_error
 from ddlctl.supervise.stopping import Stopping
 from ddlctl.supervise.tasklog import TaskLog
+from ddlctl.supervise.telemetry import TelemetryAgents
 from ddlctl.transport.base import AgentSession
 
 __all__ = ["Failure", "JobResult", "Supervisor", "SupervisorOptions", "TaskState"]
@@ -90,18 +91,16 @@ class Supervisor:
 
         self.job = Job(plan, options, dict(sessions), say, clock)
         self.writer = writer
-        self.on_sample = on_sample
-        self.bad_samples: set[str] = set()  # hosts that sent telemetry of a shape nothing expects (said once)
         self.on_progress = on_progress  # (task -> (highest step, declared total), task -> (work lines, phase))
         self.selector = selectors.DefaultSelector()
         self.hosts = HostWatch(self.job, reconnect, self._attach, self._detach)
         self.restarts = Restarts(self.job, self.hosts)
         self.hangs = Hangs(self.job)
+        self.telemetry = TelemetryAgents(self.job, self.hangs, on_sample)
         self.elastic = Elastic(self.job, self.hosts, self.restarts)
         self.joined = JoinWatch(self.job, self.job.notify)
         self.stopping = Stopping(self.job, self.hangs, hard_exit)
         self.failure: Failure | None = None
-        self.telemetry_gaps: list[str] = []
         self.degraded: list[dict] = []
         self.paused: list[dict] = []  # each time ddlctl itself did not run (Ctrl-Z, SIGSTOP, suspended)
         self.starting = Looks(self.hangs.dump)  # whether tasks not listening yet are at work
@@ -138,7 +137,7 @@ class Supervisor:
                     task.log.close()
             self.selector.close()
         return job_result(self.job, self.job.clock() - started, self.failure, self.stopping.signals,
-                          telemetry_gaps=self.telemetry_gaps, restarts=self.restarts.events,
+                          telemetry_gaps=self.telemetry.gaps, restarts=self.restarts.events,
                           degraded=self.degraded, hosts_lost=self.hosts.lost, hangs=self.hangs.reports,
                           started_at=started_at, membership=self.job.membership,
                           left_running=self.stopping.left_running,
@@ -201,6 +200,7 @@ class Supervisor:
             return
         self.hangs.feed(now)
         self.elastic.tick(now)
+        self.telemetry.tick(now)
         self.joined.tick(now)
         self._probe_ports(now)
         self._check_startup_timeout(now)
@@ -255,25 +255,7 @@ class Supervisor:
             if task.reports.stragglers:
                 self._left_waiting(task)
             return
-        others = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                others.append(line)
-                continue
-            if not isinstance(record, dict):
-                continue
-            try:  # (a sample is data from a host: one of a shape nothing expects is passed over)
-                self.hangs.activity.add(task.host, record, self.job.clock())
-                if self.on_sample is not None:
-                    self.on_sample(task.host, record)
-            except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
-                if task.host not in self.bad_samples:
-                    self.bad_samples.add(task.host)
-                    self.job.notify(f"telemetry from {task.host}: a sample of a shape ddlctl does not know was "
-                                    f"passed over ({type(exc).__name__}); later ones like it are passed over too")
-        self.writer.write(task.name, task.host, others)
+        self.writer.write(task.name, task.host, self.telemetry.lines(task, lines))
 
     def _end_output(self, task: SupervisedTask) -> None:
         if task.eof:
@@ -305,10 +287,7 @@ class Supervisor:
             return
         task.handled = True
         if task.is_agent:  # telemetry has a gap from here on; training goes on
-            task.state = TaskState.FAILED
-            gap = f"telemetry agent on {task.host} stopped ({status.describe()}): no telemetry from it after this"
-            self.telemetry_gaps.append(gap)
-            self.job.notify(gap)
+            self.telemetry.ended(task)
             return
         text = self.job.log_text(task.name) if not status.ok else ""
         if task.dump_asked and died_of_stack_request(status):  # it was past Python's shutdown

@@ -228,8 +228,10 @@ def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_
     # step's CPU a quarter of 64's)
     batch, steps = 16, 360
     hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+    # (with telemetry: the host's agent starts again with its worker)
     job = Job(runs, "--hosts", str(hosts), "-s", "ps", "--max-restarts", "1", "--min-workers", "2",
-              *ELASTIC, "--", *ids_workload(batch, steps), "--steps-per-call", "4", env=cluster.env)
+              *(a for a in ELASTIC if a != "--no-telemetry"), "--", *ids_workload(batch, steps),
+              "--steps-per-call", "4", env=cluster.env)
     wait_for(lambda: remote_steps(job, "chief-0") >= 40 or job.proc.poll() is not None, 180, "training")
     assert job.proc.poll() is None, job.stderr()[-3000:]
     down = cluster.hosts[2]
@@ -249,6 +251,11 @@ def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_
     assert (left["workers"], left["left"], left["host"]) == (["worker:0", "worker:1"], ["worker:2"], label)
     assert (joined["joined"], joined["cause"]) == (["worker:2"], "grow")
     assert "starting worker:2 again (3 worker(s)); it rejoins the chief" in job.stderr()
+    # telemetry follows the host back: samples of it from after it rejoined
+    samples = [json.loads(line) for line in (job.run_dir / "telemetry" / f"{label}.jsonl").read_text().splitlines()
+               if '"sample"' in line]
+    assert any(s["t"] > joined["time"] + 1 for s in samples), (joined["time"], [s["t"] for s in samples][-5:])
+    assert f"telemetry agent on {label} started again with its host" in job.stderr()
     # every id read; twice only by closures the lost worker had begun (ps is at-least-once: TensorFlow's
     # coordinator runs them again elsewhere) or blocks the chief scheduled again, saying so
     chief = (job.run_dir / "tasks" / "chief-0" / "output.log").read_text()

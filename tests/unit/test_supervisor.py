@@ -926,6 +926,22 @@ def test_a_dead_telemetry_agent_leaves_a_gap_and_the_job_goes_on(tmp_path):
     assert (result.agents[0].name, result.agents[0].state) == ("agent:0", TaskState.FAILED)
 
 
+def test_a_telemetry_agent_lost_with_its_host_starts_again_when_the_host_is_back(tmp_path):
+    # before: "no telemetry from it after this", though the host came back and trained on
+    world = mwms_world()
+    world.telemetry = True
+    world.at(1.0, lambda: world.sessions["node2"].lose("connection reset"))
+    result, _ = world.run(tmp_path, reconnect=world.reconnect_to("node2"), max_restarts=1)
+    assert result.ok, result.failure
+    agents = {a.name: a for a in result.agents}
+    back = next(a for a in agents.values() if a.host == "node2")
+    assert back.restarts == 1 and back.status is not None and not back.status.lost, back
+    assert world.task(back.name).session is world.sessions["node2"], "started on the host's new session"
+    assert len(result.telemetry_gaps) == 1 and "started again with its host" in result.telemetry_gaps[0]
+    assert any(m.startswith("telemetry agent on node2 started again with its host") for m in world.messages)
+    assert next(a for a in agents.values() if a.host == "node1").restarts == 0
+
+
 # -- no TensorFlow ----------------------------------------------------------------------------------
 
 
