@@ -42,7 +42,7 @@ from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, SUMMARY_FILE, TRACE_FILE
 from ddlctl.contract.runfolder import make_dir, new_run_id, remove_unused, write_plan, write_whole
 from ddlctl.contract.strategies import facts_of
-from ddlctl.diagnose.tfnoise import is_startup_noise
+from ddlctl.diagnose.tfnoise import is_startup_noise, noise_in
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
     LaunchRequest,
@@ -294,9 +294,9 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
         (lambda msg: say(Text.assemble(("ddlctl:", "dim"), f" {msg}"), highlight=False))
     if not opts.verbose and not opts.quiet:
         # the same line from several tasks shown once ([worker:0-7@host]); --verbose shows each
-        writer = QuietWriter(CollapsingWriter(writer), is_startup_noise, lambda: notify(
+        writer = QuietWriter(CollapsingWriter(writer, tasks=len(plan.tasks)), is_startup_noise, lambda: notify(
             f"TensorFlow's start-up notices are left out here (all output is in {plan.run_dir}/tasks/*/output.log; "
-            "--verbose shows everything)"))
+            "--verbose shows everything)"), in_block=noise_in)
     try:
         metrics = server.metrics if server is not None else None
         if server is not None:

@@ -45,8 +45,9 @@ class CollapsingWriter:
     (plus :meth:`tick` and :meth:`flush`, which the supervisor calls)."""
 
     def __init__(self, inner: LineWriter, window_s: float = WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tasks: int | None = None) -> None:
         self.inner = inner
+        self.alone = tasks == 1  # one task: no line can ever merge, none is held
         self.window_s = window_s
         self.clock = clock  # the supervisor's clock: tick(now) is given its time
         self._groups: list[_Group] = []
@@ -62,6 +63,9 @@ class CollapsingWriter:
         this task has printed other lines since, the merged line moves down after them, unless that
         would put it after a later line of one of its tasks (every task's lines keep their order)."""
         if not lines:
+            return
+        if self.alone:
+            self.inner.write(task, host, lines)
             return
         now = self.clock()
         for line in lines:
@@ -131,9 +135,18 @@ class CollapsingWriter:
         self._show(groups)
 
     def _show(self, groups: list[_Group]) -> None:
+        """Each group's line under its tasks' prefix; a run of lines of one task in one write."""
+        run: list[bytes] = []
+        who: tuple[str, str] | None = None
         for group in groups:
             if len(group.tasks) == 1:
                 task, host = group.tasks[0]
             else:
                 task, host = task_range(t for t, _ in group.tasks), hosts_label(h for _, h in group.tasks)
-            self.inner.write(task, host, [group.line])
+            if (task, host) != who:
+                if run and who is not None:
+                    self.inner.write(*who, run)
+                run, who = [], (task, host)
+            run.append(group.line)
+        if run and who is not None:
+            self.inner.write(*who, run)

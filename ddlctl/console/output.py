@@ -10,9 +10,6 @@ from typing import BinaryIO
 from ddlctl.console import closed_stdout as stdoutgone
 from ddlctl.console.collapse import LineWriter
 
-#: A whole line of text that ends with a line end (see :meth:`LineSplitter.feed`).
-_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
-
 
 class LineSplitter:
     """Cuts a byte stream into whole lines, holding back an unfinished tail.
@@ -36,7 +33,8 @@ class LineSplitter:
         # cost time in the square of a long line without a newline (200 KB: minutes)
         start = max(0, len(self.pending) - 1)
         end = max(buffer.rfind(b"\n", start), buffer.rfind(b"\r", start, len(buffer) - 1)) + 1
-        lines = _LINE.findall(buffer, 0, end) if end else []
+        # (bytes.splitlines breaks at \n, \r\n and \r alone, keeping them; in C)
+        lines = buffer[:end].splitlines(keepends=True) if end else []
         self.pending = buffer[end:]
         if not self.pending:
             self.pending_since = None
@@ -65,6 +63,9 @@ _COLORS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\xc2[\x80-\x9f]")
 _SGR = re.compile(rb"\x1b\[[0-9;]*m")  # colours and text attributes only
 _SGR_OR_CONTROL = re.compile(_SGR.pattern + b"|" + _CONTROL.pattern)
+#: What makes a block of lines (joined by newlines) need line-by-line care: a control character
+#: other than the newlines between them, or a byte that is not ASCII.
+_NOT_PLAIN = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f-\xff]")
 
 
 def _show(match: re.Match[bytes]) -> bytes:
@@ -118,12 +119,13 @@ class PrefixedWriter:
         if not lines:
             return
         prefix = self.prefix(task, host)
-        out = bytearray()
-        for line in lines:
-            body = visible(line.rstrip(b"\r\n"), self.task_colors)
-            out += prefix + body + b"\n"
+        plain = b"\n".join([line.rstrip(b"\r\n") for line in lines])
+        if _NOT_PLAIN.search(plain) is None:  # a block of printable ASCII lines: one scan, one write
+            out = prefix + plain.replace(b"\n", b"\n" + prefix) + b"\n"
+        else:
+            out = b"".join(prefix + visible(line.rstrip(b"\r\n"), self.task_colors) + b"\n" for line in lines)
         try:
-            self.stream.write(bytes(out))
+            self.stream.write(out)
             self.stream.flush()
         except BrokenPipeError:  # the reader of our stdout went away; the log files still have everything
             if stdoutgone.is_stdout(self.stream):
@@ -142,13 +144,18 @@ class QuietWriter:
     """Leaves lines that ``hide`` matches (TensorFlow's start-up notices) off the console, and says
     so once; the task logs keep every byte. Same interface as :class:`PrefixedWriter`."""
 
-    def __init__(self, inner: LineWriter, hide: Callable[[bytes], bool], on_first: Callable[[], None]) -> None:
+    def __init__(self, inner: LineWriter, hide: Callable[[bytes], bool], on_first: Callable[[], None],
+                 in_block: Callable[[bytes], bool] | None = None) -> None:
         self.inner = inner
         self.hide = hide
+        self.in_block = in_block  # whether a block of lines may hold one to hide (one scan)
         self.on_first = on_first
         self.hidden = 0
 
     def write(self, task: str, host: str, lines: list[bytes]) -> None:
+        if self.in_block is not None and not self.in_block(b"".join(lines)):
+            self.inner.write(task, host, lines)
+            return
         shown = [line for line in lines if not self.hide(line)]
         if len(shown) < len(lines):
             if not self.hidden:

@@ -132,6 +132,14 @@ class LiveReports:
         self.waiting = ""
         self._listing = False  # the lines after "Example stragglers:" name them
 
+    def feed_lines(self, lines: list[bytes]) -> list[Blame]:
+        """:meth:`feed` of each of ``lines`` (raw): one scan of the block when none can matter."""
+        if not self._listing and not self._pending:
+            block = b"".join(lines)
+            if b"tasks to connect" not in block and b"heartbeats" not in block:
+                return []
+        return [blame for line in lines if (blame := self.feed(line.decode("utf-8", "replace"))) is not None]
+
     def feed(self, line: str) -> Blame | None:
         """The peer named by ``line`` (with the line before it, when that one began the report)."""
         if self._listing or "tasks to connect" in line:

@@ -27,12 +27,29 @@ STARTUP_NOISE = re.compile(
     rb"|" + _GLOG + rb"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU"
     rb"|" + _GLOG + rb"kernel_and_device\.cc:\d+\] Ignoring error status when releasing multi-device function "
     rb"handle UNIMPLEMENTED: Releasing a multi-device component handle on a remote device is not yet implemented\."
+    rb"|" + _GLOG + rb"generator_dataset_op\.cc:\d+\] Memory patch applied: "
+    rb"|" + _GLOG + rb"dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be optimized because "
     rb"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)")
+#: Whether a block of lines holds one of them (one scan: most blocks hold none).
+_NOISE_IN_BLOCK = re.compile(rb"(?m)" + STARTUP_NOISE.pattern)
 
 
 def is_startup_noise(line: bytes) -> bool:
-    """Whether ``line`` is one of TensorFlow's known-harmless start-up notices."""
+    """Whether ``line`` is one of TensorFlow's known-harmless notices (most come at start-up)."""
     return STARTUP_NOISE.match(line) is not None
+
+
+#: How every notice's line begins (a glog prefix: I, W or E; absl's WARNING; "To enable").
+_FIRST_BYTES = (b"I", b"W", b"E", b"T")
+_AFTER_NEWLINE = tuple(b"\n" + first for first in _FIRST_BYTES)
+
+
+def noise_in(block: bytes) -> bool:
+    """Whether any line of ``block`` (whole lines, joined) may be one of the notices: a line that
+    begins as one does is looked for first (C's memchr), the notices' pattern only then."""
+    if not block.startswith(_FIRST_BYTES) and not any(start in block for start in _AFTER_NEWLINE):
+        return False
+    return _NOISE_IN_BLOCK.search(block) is not None
 
 
 @contextlib.contextmanager

@@ -230,10 +230,12 @@ def read_telemetry(path: Path) -> HostSeries:
                   if r.net_sent is not None and r.net_recv is not None] if samples else []
     # GPU readings: arrays in the order of hello's gpu_fields, grouped by the GPU's index
     rows = [row for r in samples if r.gpus for row in r.gpus]
-    if rows:
-        readings = _matrix(rows)
+    readings = _matrix(rows) if rows else None
+    position = {name: i for i, name in enumerate(fields) if readings is not None and i < readings.shape[1]}
+    if readings is not None and "index" not in position:  # readings without a GPU's number: none is a GPU's
+        series.bad_lines += sum(1 for r in samples if r.gpus)
+    elif readings is not None:
         times = np.repeat(series.t, [len(r.gpus) if r.gpus else 0 for r in samples])
-        position = {name: i for i, name in enumerate(fields) if i < readings.shape[1]}
         indexes = readings[:, position["index"]]
         for index in dict.fromkeys(indexes[~np.isnan(indexes)].tolist()):
             mine = readings[indexes == index]

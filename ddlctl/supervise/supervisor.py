@@ -248,10 +248,8 @@ class Supervisor:
         """Task lines go to the terminal; agent lines are samples (anything else is shown)."""
         if not task.is_agent:
             self.writer.write(task.name, task.host, lines)
-            for line in lines:
-                blame = task.reports.feed(line.decode("utf-8", "replace"))
-                if blame is not None:
-                    self._peer_report(task, blame)
+            for blame in task.reports.feed_lines(lines):
+                self._peer_report(task, blame)
             if task.reports.stragglers:
                 self._left_waiting(task)
             return

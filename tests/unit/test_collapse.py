@@ -151,3 +151,26 @@ def test_a_flood_of_lines_is_held_in_bounded_numbers_and_shown_whole_in_order():
     lines = out.getvalue().decode().splitlines()
     assert lines[:3] == ["[worker:0-1@h] line 0", "[worker:0@h] ", "[worker:0-1@h] line 1"]
     assert len(lines) == 40000 and writer.merged == 20000
+
+
+def test_a_job_of_one_task_holds_nothing_and_a_run_of_one_tasks_lines_is_one_write():
+    class Counting(PrefixedWriter):
+        def __init__(self, out: io.BytesIO) -> None:
+            super().__init__(out, color=False)
+            self.writes = 0
+
+        def write(self, task, host, lines):  # noqa: ANN001
+            self.writes += 1
+            super().write(task, host, lines)
+
+    out, clock = io.BytesIO(), Clock()
+    inner = Counting(out)
+    alone = CollapsingWriter(inner, window_s=0.5, clock=clock, tasks=1)
+    alone.write("worker:0", "h", [b"a\n", b"b\n"])
+    assert out.getvalue() == b"[worker:0@h] a\n[worker:0@h] b\n" and inner.writes == 1, "shown at once"
+    out, inner = io.BytesIO(), Counting(io.BytesIO())
+    many = CollapsingWriter(inner, window_s=0.5, clock=clock, tasks=2)
+    many.write("worker:0", "h", [f"{i}\n".encode() for i in range(500)])
+    many.write("worker:1", "h", [b"x\n"])
+    many.flush()
+    assert inner.writes == 2 and inner.stream.getvalue().count(b"\n") == 501

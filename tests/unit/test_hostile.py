@@ -389,3 +389,14 @@ def test_the_report_reads_a_record_file_up_to_its_last_part_and_says_what_it_lef
     assert steps.unread_bytes == path.stat().st_size - sum(map(len, lines[-len(steps.step):]))
     data, unread = runfolder.read_last(path, 1 << 20)
     assert unread == 0 and data == path.read_bytes()
+
+
+def test_gpu_readings_without_a_gpus_number_are_bad_lines_not_a_crash(tmp_path):
+    # found by the fuzz test above: a sample whose GPU rows were empty raised KeyError in the report
+    from ddlctl.report.hosts import read_telemetry
+
+    path = tmp_path / "h1.jsonl"
+    path.write_text(json.dumps({"type": "sample", "t": 0.0, "gpus": [[]]}) + "\n"
+                    + json.dumps({"type": "sample", "t": 1.0, "cpu": 50.0}) + "\n")
+    series = read_telemetry(path)
+    assert series.bad_lines == 1 and series.gpus == {} and list(series.cpu) == [50.0]

@@ -139,6 +139,48 @@ def test_no_control_character_but_tab_survives(data):
         assert text.count("\\x") == data.count(b"\\x"), "valid UTF-8 is not escaped"
 
 
+@given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"x", b"\r").replace(b"y", b"\n")), max_size=8))
+def test_the_splitter_cuts_any_stream_into_whole_lines_losing_nothing(chunks):
+    """Each line it gives is one line with its one terminator (\\n, \\r\\n or \\r), as a scan for
+    them would cut it; with what it still holds, the stream whole."""
+    line = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
+    splitter, lines = LineSplitter(), []
+    for chunk in chunks:
+        lines += splitter.feed(chunk, 0.0)
+    assert all(line.fullmatch(one) for one in lines), lines
+    assert b"".join(lines + splitter.flush()) == b"".join(chunks), "nothing lost, nothing added"
+
+
+@given(st.lists(st.tuples(st.sampled_from([b"plain text", b"caf\xc3\xa9", b"\x1b[31mred", b"tab\there", b"\x9b",
+                                           b"", b"x" * 50]),
+                          st.sampled_from([b"\n", b"\r\n", b"\r", b""])), max_size=12), st.booleans())
+def test_a_block_of_lines_is_written_as_each_line_alone_would_be(lines, colors):
+    """The one-scan path for plain blocks writes exactly what line-by-line writing does."""
+    raw = [text + end for text, end in lines]
+    block, each = io.BytesIO(), io.BytesIO()
+    PrefixedWriter(block, color=colors, task_colors=colors).write("worker:0", "h", raw)
+    one = PrefixedWriter(each, color=colors, task_colors=colors)
+    for line in raw:
+        one.write("worker:0", "h", [line])
+    assert block.getvalue() == each.getvalue()
+
+
+def test_known_notices_are_left_out_whenever_they_come_and_a_block_without_one_passes_whole():
+    from ddlctl.console.output import QuietWriter
+    from ddlctl.diagnose.tfnoise import is_startup_noise, noise_in
+
+    notices = [b"I0000 00:00:1795887105.418929    8258 generator_dataset_op.cc:213] Memory patch applied: "
+               b"M_TRIM_THRESHOLD=128 kb was set.\n",
+               b"W0000 00:00:1795887105.427049    8258 dataset.cc:997] Input of GeneratorDatasetOp::Dataset will not "
+               b"be optimized because the dataset does not implement the AsGraphDefInternal() method\n"]
+    out, said = io.BytesIO(), []
+    quiet = QuietWriter(PrefixedWriter(out, color=False), is_startup_noise, lambda: said.append(1), in_block=noise_in)
+    quiet.write("worker:0", "h", [b"step 1\n", b"step 2\n"])
+    quiet.write("worker:0", "h", [b"step 3\n", *notices, b"step 4\n"])
+    assert out.getvalue().count(b"step") == 4 and b"dataset" not in out.getvalue()
+    assert quiet.hidden == 2 and said == [1]
+
+
 def test_bytes_that_are_not_utf8_are_shown_escaped():
     from ddlctl.console.output import visible
 
