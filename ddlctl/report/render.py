@@ -119,6 +119,20 @@ def _header(summary: RunSummary) -> str:
     return " · ".join(parts)
 
 
+#: A cell longer than this, the same on every row, is said once under its table.
+LONG_CELL = 12
+
+
+def said_once(cells: list[str]) -> tuple[list[str], str | None]:
+    """A column's cells with a long one that repeats on two rows or more made ``*`` (said once
+    under the table: the returned note), or the cells as they are and None."""
+    counts = {cell: cells.count(cell) for cell in cells if len(cell) > LONG_CELL}
+    repeated = [cell for cell, count in counts.items() if count > 1]
+    if len(repeated) != 1:
+        return cells, None
+    return ["*" if cell == repeated[0] else cell for cell in cells], repeated[0]
+
+
 def _throughput_line(summary: RunSummary) -> str:
     line = f"{summary.total_steps} step records"
     if summary.throughput_samples_per_s is not None:
@@ -377,13 +391,16 @@ def render_report(summary: RunSummary, console: Console) -> None:
     hosts = Table(title="hosts", title_justify="left")
     for column in ("host", "CPU % mean", "memory peak / total", "net MB/s out / in", "samples", "GPUs"):
         hosts.add_column(column, justify="left" if column in ("host", "GPUs") else "right", overflow="fold")
-    for h in summary.hosts:
+    gpu_cells, gpu_note = said_once([str(len(h.gpus)) if h.gpus else (h.gpu_note or "no GPU") for h in summary.hosts])
+    for h, gpu_cell in zip(summary.hosts, gpu_cells, strict=True):
         net = "-" if h.net_sent_bytes_per_s is None else \
             f"{h.net_sent_bytes_per_s / 1e6:.1f} / {h.net_recv_bytes_per_s / 1e6:.1f}"
         gaps = f" ({len(h.gaps)} gap(s))" if h.gaps else ""
         hosts.add_row(h.host, fmt(h.cpu_util_mean, ".0f"), f"{_bytes(h.mem_peak_bytes)} / {_bytes(h.mem_total_bytes)}",
-                      net, f"{h.samples}{gaps}", str(len(h.gpus)) if h.gpus else (h.gpu_note or "no GPU"))
+                      net, f"{h.samples}{gaps}", gpu_cell)
     console.print(hosts)
+    if gpu_note:
+        console.print(f"GPUs (*): {gpu_note}", highlight=False)
     if any(h.gpus for h in summary.hosts):
         gpus = Table(title="GPUs", title_justify="left")
         for column in ("host", "GPU", "util % mean / p5", "SM active %", "memory peak / total",

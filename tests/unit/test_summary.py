@@ -689,3 +689,26 @@ def test_a_record_file_larger_than_the_report_reads_is_read_from_its_end_and_sai
     assert summary.skipped_lines == 0 and summary.tasks[0].steps < 200
     assert "MiB at the start of record files not read" in _throughput_line(summary)
     assert summary.to_dict()["unread_bytes"] == summary.unread_bytes
+
+
+def test_a_long_host_cell_the_same_on_every_row_is_said_once_under_the_table(tmp_path):
+    # before: "no NVIDIA GPU (NVML: NVML Shared Library Not Found)" on every host's row
+    from rich.console import Console
+
+    from ddlctl.report.render import render_report, said_once
+
+    run = tmp_path / "run"
+    write_plan(run, "mwms", {f"worker:{i}": f"h{i}" for i in range(3)}, hosts=["h0", "h1", "h2"])
+    note = "no NVIDIA GPU (NVML: NVML Shared Library Not Found)"
+    for i in range(3):
+        write_steps(run, f"worker:{i}", [0.1] * 5, host=f"h{i}")
+        (run / "telemetry").mkdir(exist_ok=True)
+        (run / "telemetry" / f"h{i}.jsonl").write_text(
+            json.dumps({"type": "hello", "host": f"h{i}", "interval": 1.0, "gpu_note": note, "gpus": []}) + "\n"
+            + json.dumps({"type": "sample", "t": T0, "cpu": 10.0}) + "\n")
+    console = Console(record=True, width=200)
+    render_report(summarize(run), console)
+    text = console.export_text()
+    assert text.count(note) == 1 and f"GPUs (*): {note}" in text, text
+    assert said_once(["4", "4"]) == (["4", "4"], None), "short cells stay"
+    assert said_once([note, "8"]) == ([note, "8"], None), "once is once"
