@@ -1,14 +1,17 @@
-"""Where a job's time went, by cause (pure): productive steps, start-up, restart downtime, steps
-redone, checkpoint saves, evaluation and the rest, adding up to the job's wall time.
+"""Where a job's time went, by cause (pure): productive steps, start-up, compilation, restart
+downtime, hangs, steps redone, checkpoint saves, evaluation, the end and the rest, adding up to the
+job's wall time.
 
 Every second of the job's window (ddlctl's start to its end) is counted once, in this order of
-precedence: a kept step of the lead task (the ps chief, mwms worker 0) is *productive*; a step that
-a restart made the job redo is *redone*; a checkpoint save or evaluation the lead reported
-(:func:`ddlctl.phase`) is *checkpoint* / *eval*; a fault until the restarted task steps (or
-listens) again is *restart*; before the first step is *start-up*; the rest is *other* (input
-between steps, the end of the run). Two figures lie inside productive time: *degraded* (after a
-task was lost and not replaced) and *straggler wait* (synchronous jobs: the lead waiting at the
-all-reduce for the last worker to arrive).
+precedence: what the lead task's (the ps chief's, mwms worker 0's) first step took beyond its usual
+step is *compile* (tracing, graph building); a kept step of the lead is *productive*; a step that a
+restart made the job redo is *redone*; a hang, from the last progress of the task found hung to its
+being found, is *stalled* (a save or an evaluation waiting for it too); a checkpoint save or
+evaluation the lead reported (:func:`ddlctl.phase`) is *checkpoint* / *eval*; a fault until the restarted task steps (or listens) again is
+*restart*; before the first step is *start-up*; after the lead's last step is *ending* (the
+program's end, stopping the other tasks); the rest is *other* (time between steps). Two figures lie
+inside productive time: *degraded* (after a task was lost and not replaced) and *straggler wait*
+(synchronous jobs: the lead waiting at the all-reduce for the last worker to arrive).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ Interval = tuple[float, float]
 
 #: The exclusive causes, in the order they claim time, with their labels for people.
 CAUSES: tuple[tuple[str, str], ...] = (
-    ("productive", "productive"), ("redone", "redone"), ("checkpoint", "checkpoints"), ("eval", "evaluation"),
-    ("restart", "restarts"), ("startup", "start-up"), ("other", "other"))
+    ("compile", "compile"), ("productive", "productive"), ("redone", "redone"), ("stalled", "stalled (hang)"),
+    ("checkpoint", "checkpoints"), ("eval", "evaluation"), ("restart", "restarts"), ("startup", "start-up"),
+    ("ending", "ending"), ("other", "other"))
 
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
@@ -74,6 +78,9 @@ class TimeByCause:
     other_s: float
     degraded_s: float  # inside productive_s
     straggler_wait_s: float | None  # inside productive_s; None: not a synchronous job
+    compile_s: float = 0.0
+    stalled_s: float = 0.0
+    ending_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -90,12 +97,25 @@ class TimeByCause:
         return " · ".join(parts) + (f" (of the productive time: {', '.join(inside)})" if inside else "")
 
 
+def first_step_excess(kept: Sequence[Interval]) -> list[Interval]:
+    """The start of the lead's first kept step beyond its median step (tracing and building the
+    graph: compilation), as an interval; none with fewer than 3 steps to judge by."""
+    if len(kept) < 3:
+        return []
+    durations = sorted(b - a for a, b in kept)
+    usual = durations[len(durations) // 2]
+    start, end = kept[0]
+    return [(start, end - usual)] if end - start > usual else []
+
+
 def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[Interval],
                   phases: dict[str, Sequence[Interval]], restarts: Sequence[Interval],
-                  degraded_since: Sequence[float], straggler_wait_s: float | None) -> TimeByCause:
+                  degraded_since: Sequence[float], straggler_wait_s: float | None,
+                  stalls: Sequence[Interval] = ()) -> TimeByCause:
     """The job's ``window`` (start, end; epoch seconds) split by cause. ``kept``/``redone``: the lead
-    task's step intervals; ``phases``: "checkpoint"/"eval" intervals the lead reported; ``restarts``:
-    (fault, back) per restart; ``degraded_since``: when each unreplaced loss happened."""
+    task's step intervals (in order); ``phases``: "checkpoint"/"eval" intervals the lead reported;
+    ``restarts``: (fault, back) per restart; ``degraded_since``: when each unreplaced loss
+    happened; ``stalls``: (last progress, found) per hang."""
     claimed: list[Interval] = []
     found: dict[str, float] = {}
 
@@ -106,20 +126,25 @@ def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[I
         found[key] = length(mine)
         return mine
 
+    claim("compile", first_step_excess(kept))
     productive = claim("productive", kept)
     claim("redone", redone)
+    claim("stalled", stalls)  # (a save or an evaluation that waits for the hung task is the hang's)
     claim("checkpoint", phases.get("checkpoint", ()))
     claim("eval", phases.get("eval", ()))
     claim("restart", restarts)
     first = min((a for a, _ in [*kept, *redone]), default=window[1])
     claim("startup", [(window[0], first)])
+    last = max((b for _, b in [*kept, *redone]), default=window[1])
+    claim("ending", [(last, window[1])])
     wall = window[1] - window[0]
     other = max(0.0, wall - sum(found.values()))
     degraded = length(clip(productive, (min(degraded_since), window[1]))) if degraded_since else 0.0
     return TimeByCause(wall_s=wall, productive_s=found["productive"], redone_s=found["redone"],
                        checkpoint_s=found["checkpoint"], eval_s=found["eval"], restart_s=found["restart"],
                        startup_s=found["startup"], other_s=other, degraded_s=degraded,
-                       straggler_wait_s=straggler_wait_s)
+                       straggler_wait_s=straggler_wait_s, compile_s=found["compile"], stalled_s=found["stalled"],
+                       ending_s=found["ending"])
 
 
 def straggler_wait(lead: dict[int, float], arrivals: Sequence[dict[int, float]]) -> float:

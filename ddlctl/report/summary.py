@@ -405,8 +405,12 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
     workers = [s for s in all_steps if s.name.startswith("worker:") and s.step]
     if plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split and len(workers) > 1:
         wait = straggler_wait_of(lead, workers)
+    stalls = [(float(h["time"]) - float(h["idle_s"]), float(h["time"])) for h in outcome.get("hangs", [])
+              if h.get("kind", "hang") == "hang" and isinstance(h.get("time"), (int, float))
+              and isinstance(h.get("idle_s"), (int, float))]
     result = time_by_cause((float(start), float(end)), [x for x, r in zip(spans, redone, strict=True) if not r],
-                           [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait)
+                           [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait,
+                           stalls)
     return {**result.to_dict(), "line": result.line()}
 
 

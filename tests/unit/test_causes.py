@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ddlctl.report.causes import minus, straggler_wait, time_by_cause, union
+from ddlctl.report.causes import CAUSES, minus, straggler_wait, time_by_cause, union
 from ddlctl.report.summary import summarize
 
 
@@ -21,11 +21,25 @@ def test_every_second_of_the_window_is_counted_once_in_order_of_precedence():
                            phases={"checkpoint": [(40, 42)], "eval": [(95, 97)]}, restarts=[(40, 50)],
                            degraded_since=[55.0], straggler_wait_s=3.0)
     assert (causes.productive_s, causes.redone_s, causes.checkpoint_s, causes.eval_s, causes.restart_s,
-            causes.startup_s, causes.other_s) == (30, 10, 2, 2, 8, 10, 38)  # the restart's first 2 s: a save
+            causes.startup_s, causes.ending_s, causes.other_s) == (30, 10, 2, 2, 8, 10, 38, 0)  # (the restart's
+    # first 2 s: a save; after the last step, but the evaluation: the end)
     assert causes.degraded_s == 5 and causes.straggler_wait_s == 3.0
     assert causes.line() == ("productive 30% · redone 10% · checkpoints 2% · evaluation 2% · restarts 8% · "
-                             "start-up 10% · other 38% (of the productive time: degraded 5%, waiting for "
+                             "start-up 10% · ending 38% (of the productive time: degraded 5%, waiting for "
                              "stragglers 3%)")
+
+
+def test_a_first_step_longer_than_the_usual_is_compile_and_a_hang_until_found_is_stalled():
+    # before: the first step's tracing counted as productive, a hang's stall as "other"
+    causes = time_by_cause((0.0, 40.0), kept=[(10, 14), (14, 15), (15, 16), (16, 17), (30, 31)], redone=[],
+                           phases={}, restarts=[(32, 35)], degraded_since=[], straggler_wait_s=None,
+                           stalls=[(17, 32)])
+    assert (causes.startup_s, causes.compile_s, causes.productive_s, causes.stalled_s, causes.restart_s,
+            causes.ending_s, causes.other_s) == (10, 3, 5, 14, 3, 5, 0)  # (the step at 30 is the hung one's
+    # progress: productive; the end after the last step, but the restart)
+    assert causes.line() == ("compile 8% · productive 12% · stalled (hang) 35% · restarts 8% · start-up 25% · "
+                             "ending 12%")
+    assert sum(getattr(causes, key + "_s") for key, _ in CAUSES) == causes.wall_s
 
 
 def test_the_lead_waits_for_the_last_worker_to_arrive_at_each_step():
@@ -59,8 +73,8 @@ def test_a_recorded_run_with_a_restart_is_split_by_cause(tmp_path):
                       "scope": "task", "tasks": ["chief:0"], "restarted_at": t0 + 10.0}]}))
     causes = summarize(run, warmup_steps=0).time_by_cause
     assert {k: causes[k] for k in ("wall_s", "productive_s", "redone_s", "checkpoint_s", "eval_s", "restart_s",
-                                   "startup_s", "other_s")} == {
+                                   "startup_s", "ending_s", "other_s")} == {
         "wall_s": 20.0, "productive_s": 6.0, "redone_s": 2.0, "checkpoint_s": 0.0, "eval_s": 1.0,
-        "restart_s": 4.5, "startup_s": 5.0, "other_s": 1.5}
+        "restart_s": 4.5, "startup_s": 5.0, "ending_s": 1.0, "other_s": 0.5}  # (other: the last step to the kill)
     assert causes["straggler_wait_s"] is None, "ps: no all-reduce to wait at"
     assert causes["line"].startswith("productive 30% · redone 10% · evaluation 5% · restarts 22% · start-up 25%")
