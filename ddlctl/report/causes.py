@@ -8,10 +8,11 @@ step is *compile* (tracing, graph building); a kept step of the lead is *product
 restart made the job redo is *redone*; a hang, from the last progress of the task found hung to its
 being found, is *stalled* (a save or an evaluation waiting for it too); a checkpoint save or
 evaluation the lead reported (:func:`ddlctl.phase`) is *checkpoint* / *eval*; a fault until the
-restarted task steps (or listens) again is *restart*; before the first step is *start-up*; after the lead's last step is *ending* (the
-program's end, stopping the other tasks); the rest is *other* (time between steps). Two figures lie
-inside productive time: *degraded* (after a task was lost and not replaced) and *straggler wait*
-(synchronous jobs: the lead waiting at the all-reduce for the last worker to arrive).
+restarted task steps (or listens) again is *restart*; before the first step is *start-up*; after
+the lead's last step is *ending* (the program's end, stopping the other tasks); the rest is *other*
+(time between steps). Two figures lie inside productive time: *degraded* (after a task was lost
+and not replaced) and *straggler wait* (synchronous jobs: the lead waiting at the all-reduce for
+the last worker to arrive).
 """
 
 from __future__ import annotations
