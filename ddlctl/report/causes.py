@@ -9,8 +9,9 @@ restart made the job redo is *redone*; a hang, from the last progress of the tas
 being found, is *stalled* (a save or an evaluation waiting for it too); a checkpoint save or
 evaluation the lead reported (:func:`ddlctl.phase`) is *checkpoint* / *eval*; a fault until the
 restarted task steps (or listens) again is *restart*; before the first step is *start-up*; after
-the lead's last step is *ending* (the program's end, stopping the other tasks); the rest is *other*
-(time between steps). Two figures lie inside productive time: *degraded* (after a task was lost
+the lead's last step is *ending* (the program's end, stopping the other tasks); a short pause
+between two of its steps is *between steps* (the loop's own: under ps, dispatching the next block);
+the rest is *other*. Two figures lie inside productive time: *degraded* (after a task was lost
 and not replaced) and *straggler wait* (synchronous jobs: the lead waiting at the all-reduce for
 the last worker to arrive).
 """
@@ -26,7 +27,7 @@ Interval = tuple[float, float]
 CAUSES: tuple[tuple[str, str], ...] = (
     ("compile", "compile"), ("productive", "productive"), ("redone", "redone"), ("stalled", "stalled (hang)"),
     ("checkpoint", "checkpoints"), ("eval", "evaluation"), ("restart", "restarts"), ("startup", "start-up"),
-    ("ending", "ending"), ("other", "other"))
+    ("ending", "ending"), ("between", "between steps"), ("other", "other"))
 
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
@@ -82,6 +83,7 @@ class TimeByCause:
     compile_s: float = 0.0
     stalled_s: float = 0.0
     ending_s: float = 0.0
+    between_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -107,6 +109,28 @@ def first_step_excess(kept: Sequence[Interval]) -> list[Interval]:
     usual = durations[len(durations) // 2]
     start, end = kept[0]
     return [(start, end - usual)] if end - start > usual else []
+
+
+#: A pause between two of the lead's steps longer than this many usual steps (and than a second) is
+#: not the loop's own (dispatching the next step, logging): it stays *other*.
+BETWEEN_MAX_STEPS = 10
+
+
+def short_gaps(steps: Sequence[Interval]) -> list[Interval]:
+    """The pauses between consecutive steps of the lead (``steps`` in order) no longer than
+    :data:`BETWEEN_MAX_STEPS` usual steps or a second: the loop's own time between steps (under ps,
+    the coordinator dispatching the next block of closures)."""
+    if len(steps) < 2:
+        return []
+    ordered = sorted(steps)
+    durations = sorted(b - a for a, b in ordered)
+    bound = max(1.0, BETWEEN_MAX_STEPS * durations[len(durations) // 2])
+    gaps, reached = [], ordered[0][1]
+    for start, end in ordered[1:]:
+        if reached < start <= reached + bound:
+            gaps.append((reached, start))
+        reached = max(reached, end)
+    return gaps
 
 
 def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[Interval],
@@ -138,6 +162,7 @@ def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[I
     claim("startup", [(window[0], first)])
     last = max((b for _, b in [*kept, *redone]), default=window[1])
     claim("ending", [(last, window[1])])
+    claim("between", short_gaps([*kept, *redone]))
     wall = window[1] - window[0]
     other = max(0.0, wall - sum(found.values()))
     degraded = length(clip(productive, (min(degraded_since), window[1]))) if degraded_since else 0.0
@@ -145,7 +170,7 @@ def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[I
                        checkpoint_s=found["checkpoint"], eval_s=found["eval"], restart_s=found["restart"],
                        startup_s=found["startup"], other_s=other, degraded_s=degraded,
                        straggler_wait_s=straggler_wait_s, compile_s=found["compile"], stalled_s=found["stalled"],
-                       ending_s=found["ending"])
+                       ending_s=found["ending"], between_s=found["between"])
 
 
 def straggler_wait(lead: dict[int, float], arrivals: Sequence[dict[int, float]]) -> float:

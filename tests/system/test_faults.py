@@ -88,7 +88,7 @@ def test_ps_worker_then_chief_killed_are_each_restarted_alone_and_training_finis
     causes = summary["time_by_cause"]
     assert causes["startup_s"] > 0 and causes["restart_s"] > 0 and causes["eval_s"] > 0 and causes["productive_s"] > 0
     exclusive = ("compile_s", "productive_s", "redone_s", "checkpoint_s", "eval_s", "stalled_s", "restart_s",
-                 "startup_s", "ending_s", "other_s")
+                 "startup_s", "ending_s", "between_s", "other_s")
     assert sum(causes[k] for k in exclusive) == pytest.approx(causes["wall_s"], abs=0.01)
     assert causes["wall_s"] == pytest.approx(job.outcome()["wall_time_s"], abs=0.01)
     assert f"time by cause: {causes['line']}" in (runs.parent / "ddlctl.out").read_text()

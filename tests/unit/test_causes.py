@@ -29,6 +29,17 @@ def test_every_second_of_the_window_is_counted_once_in_order_of_precedence():
                              "stragglers 3%)")
 
 
+def test_short_pauses_between_the_leads_steps_are_the_loops_own_and_a_long_one_stays_other():
+    from ddlctl.report.causes import short_gaps
+
+    steps = [(0, 1), (1.2, 2.2), (2.5, 3.5), (20, 21), (21.1, 22.1)]  # a 16.5 s pause: no loop's own
+    assert [(round(a, 1), round(b, 1)) for a, b in short_gaps(steps)] == [(1, 1.2), (2.2, 2.5), (21, 21.1)]
+    causes = time_by_cause((0.0, 22.1), kept=steps, redone=[], phases={}, restarts=[], degraded_since=[],
+                           straggler_wait_s=None)
+    assert round(causes.between_s, 3) == 0.6 and round(causes.other_s, 3) == 16.5
+    assert "between steps 3%" in causes.line() and "other 75%" in causes.line()
+
+
 def test_a_first_step_longer_than_the_usual_is_compile_and_a_hang_until_found_is_stalled():
     # before: the first step's tracing counted as productive, a hang's stall as "other"
     causes = time_by_cause((0.0, 40.0), kept=[(10, 14), (14, 15), (15, 16), (16, 17), (30, 31)], redone=[],
@@ -73,8 +84,9 @@ def test_a_recorded_run_with_a_restart_is_split_by_cause(tmp_path):
                       "scope": "task", "tasks": ["chief:0"], "restarted_at": t0 + 10.0}]}))
     causes = summarize(run, warmup_steps=0).time_by_cause
     assert {k: causes[k] for k in ("wall_s", "productive_s", "redone_s", "checkpoint_s", "eval_s", "restart_s",
-                                   "startup_s", "ending_s", "other_s")} == {
+                                   "startup_s", "ending_s", "between_s", "other_s")} == {
         "wall_s": 20.0, "productive_s": 6.0, "redone_s": 2.0, "checkpoint_s": 0.0, "eval_s": 1.0,
-        "restart_s": 4.5, "startup_s": 5.0, "ending_s": 1.0, "other_s": 0.5}  # (other: the last step to the kill)
+        "restart_s": 4.5, "startup_s": 5.0, "ending_s": 1.0, "between_s": 0.5, "other_s": 0.0}  # (between:
+    # the last step to the kill)
     assert causes["straggler_wait_s"] is None, "ps: no all-reduce to wait at"
     assert causes["line"].startswith("productive 30% · redone 10% · evaluation 5% · restarts 22% · start-up 25%")

@@ -405,7 +405,7 @@ def test_summary_trace_and_csv_of_a_recorded_run_with_a_restart(tmp_path):
     assert causes["productive_s"] + causes["compile_s"] == pytest.approx(3.118, abs=1e-3) and causes["compile_s"] > 0
     assert causes["restart_s"] == pytest.approx(13.12, abs=0.01) and causes["startup_s"] == 0
     exclusive = ("compile_s", "productive_s", "redone_s", "checkpoint_s", "eval_s", "stalled_s", "restart_s",
-                 "startup_s", "ending_s", "other_s")
+                 "startup_s", "ending_s", "between_s", "other_s")
     assert sum(causes[k] for k in exclusive) == pytest.approx(causes["wall_s"], abs=0.01)
     instants = [e["name"] for e in trace if e["ph"] == "i"]
     assert instants == ["fault: worker:1 (signal)", "restart: worker:0, worker:1"]
