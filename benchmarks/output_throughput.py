@@ -10,12 +10,16 @@ ddlctl's own CPU-seconds (the controller and its host agent). Each round also ru
 output at all: what ddlctl's start and end cost (its zygote imports TensorFlow for any Python
 program), so that the output's own cost is printed too (each less its no-output time).
 
-    .venv/bin/python benchmarks/output_throughput.py --lines 1000000 --rounds 3
+With ``--ssh`` (as root, OpenSSH installed) the task runs on an sshd test host of this machine
+(``ddlctl.testing.sshd``): every line also crosses an SSH channel.
+
+    .venv/bin/python benchmarks/output_throughput.py --lines 1000000 --rounds 3 [--ssh]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -39,15 +43,16 @@ def alone(program: Path, lines: int, out: Path) -> float:
     return time.perf_counter() - started
 
 
-def under_ddlctl(program: Path, lines: int, runs: Path, out: Path) -> tuple[float, float]:
-    """(wall seconds, ddlctl's CPU-seconds) of the program under ``ddlctl launch``; checks that the
-    task's log and ddlctl's console each hold every line."""
+def under_ddlctl(program: Path, lines: int, runs: Path, out: Path, hosts: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(wall seconds, ddlctl's CPU-seconds) of the program under ``ddlctl launch`` (``hosts``: its
+    ``--hosts`` option); checks that the task's log and ddlctl's console each hold every line."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with out.open("wb") as handle:
         done = subprocess.run([sys.executable, "-m", "ddlctl", "launch", "-s", "one_device", "--no-telemetry",
-                               "--runs-dir", str(runs), "--", sys.executable, str(program), str(lines)],
-                              stdout=handle, stderr=subprocess.PIPE, check=False)
+                               *hosts, "--runs-dir", str(runs), "--", sys.executable, str(program), str(lines)],
+                              stdout=handle, stderr=subprocess.PIPE, check=False, env={**os.environ, **(env or {})})
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -65,6 +70,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ssh", action="store_true", help="run the task on an sshd test host of this machine")
     args = parser.parse_args()
     walls: dict[str, list[float]] = {"alone": [], "ddlctl": []}
     cpus: list[float] = []
@@ -72,21 +78,31 @@ def main() -> int:
         folder = Path(tmp)
         program = folder / "lines.py"
         program.write_text(PROGRAM)
+        hosts: tuple[str, ...] = ()
+        env: dict[str, str] = {}
+        cluster = None
+        if args.ssh:
+            from ddlctl.testing.sshd import SshTestCluster
+
+            cluster = SshTestCluster(folder / "ssh", 1)
+            hosts, env = ("--hosts", str(cluster.hosts_file(folder / "hosts.txt"))), cluster.env
         walls["alone0"], walls["ddlctl0"] = [], []
         for round_ in range(args.rounds):
             walls["alone"].append(alone(program, args.lines, folder / "alone.txt"))
             walls["alone0"].append(alone(program, 0, folder / "alone.txt"))
             runs = folder / f"runs{round_}"
             runs.mkdir(mode=0o700)
-            wall, cpu = under_ddlctl(program, args.lines, runs, folder / "console.txt")
+            wall, cpu = under_ddlctl(program, args.lines, runs, folder / "console.txt", hosts, env)
             walls["ddlctl"].append(wall)
             cpus.append(cpu)
             runs = folder / f"empty{round_}"
             runs.mkdir(mode=0o700)
-            walls["ddlctl0"].append(under_ddlctl(program, 0, runs, folder / "console.txt")[0])
+            walls["ddlctl0"].append(under_ddlctl(program, 0, runs, folder / "console.txt", hosts, env)[0])
+        if cluster is not None:
+            cluster.stop()
     alone_s, ddlctl_s = statistics.median(walls["alone"]), statistics.median(walls["ddlctl"])
     fixed_alone, fixed_ddlctl = statistics.median(walls["alone0"]), statistics.median(walls["ddlctl0"])
-    print(f"{args.lines:,} lines of 100 bytes, {args.rounds} rounds (medians)")
+    print(f"{args.lines:,} lines of 100 bytes, {args.rounds} rounds (medians){', over SSH' if args.ssh else ''}")
     print(f"  program alone, to a file: {alone_s:.2f} s  ({', '.join(f'{w:.2f}' for w in walls['alone'])})")
     print(f"  under ddlctl launch:      {ddlctl_s:.2f} s  ({', '.join(f'{w:.2f}' for w in walls['ddlctl'])}); "
           f"CPU {statistics.median(cpus):.2f} s (program, agent, controller)")
