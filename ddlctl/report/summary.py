@@ -405,13 +405,21 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
     workers = [s for s in all_steps if s.name.startswith("worker:") and s.step]
     if plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split and len(workers) > 1:
         wait = straggler_wait_of(lead, workers)
-    stalls = [(float(h["time"]) - float(h["idle_s"]), float(h["time"])) for h in outcome.get("hangs", [])
+    stalls = [stall_of(float(h["time"]), float(h["idle_s"]), spans) for h in outcome.get("hangs", [])
               if h.get("kind", "hang") == "hang" and isinstance(h.get("time"), (int, float))
               and isinstance(h.get("idle_s"), (int, float))]
     result = time_by_cause((float(start), float(end)), [x for x, r in zip(spans, redone, strict=True) if not r],
                            [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait,
                            stalls)
     return {**result.to_dict(), "line": result.line()}
+
+
+def stall_of(found: float, idle_s: float, lead_steps: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """A hang's stall: from the hung task's last progress, or from the lead's last step before it
+    if that ended earlier (the lead waited for the hung task before it stopped itself: a stage of
+    a pipeline), to the hang being found."""
+    before = [end for _, end in lead_steps if end <= found]
+    return (min(found - idle_s, max(before)) if before else found - idle_s), found
 
 
 def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice]) -> dict | None:

@@ -90,3 +90,14 @@ def test_a_recorded_run_with_a_restart_is_split_by_cause(tmp_path):
     # the last step to the kill)
     assert causes["straggler_wait_s"] is None, "ps: no all-reduce to wait at"
     assert causes["line"].startswith("productive 30% · redone 10% · evaluation 5% · restarts 22% · start-up 25%")
+
+
+def test_a_stall_starts_where_the_lead_stopped_if_it_waited_for_the_hung_task_before_it_hung():
+    from ddlctl.report.summary import stall_of
+
+    # a pipeline's chief stopped stepping at 16.9 (waiting on the stage), the stage's last progress
+    # was 19.2, the hang found at 27.3: the stall is the chief's wait too (it was "other")
+    assert stall_of(27.3, 8.1, [(10.0, 14.4), (14.4, 16.9)]) == (16.9, 27.3)
+    # a ps chief stepping on while a worker hung: the worker's last progress
+    assert stall_of(27.3, 8.1, [(10.0, 14.4), (26.0, 27.0)]) == (pytest.approx(19.2), 27.3)
+    assert stall_of(27.3, 8.1, []) == (pytest.approx(19.2), 27.3)
