@@ -32,6 +32,8 @@ from ddlctl.transport.streams import Stream
 HELLO_TIMEOUT_S = 60.0
 
 
+#: The most of a task's received output one read gives the supervisor.
+READ_MAX = 1 << 20
 #: The most one write command carries (base64 in a JSON frame).
 WRITE_PIECE = 1 << 20
 
@@ -51,8 +53,16 @@ class AgentTask:
         self._pids: dict[str, object] = {}
 
     def read(self) -> bytes | None:
-        if self.chunks:
+        """The output received so far and not read (the pieces that came, joined, up to
+        :data:`READ_MAX`: what each piece costs the supervisor is paid once); b"" at its end."""
+        if len(self.chunks) == 1:
             return self.chunks.popleft()
+        if self.chunks:
+            pieces, size = [], 0
+            while self.chunks and size < READ_MAX:
+                pieces.append(self.chunks.popleft())
+                size += len(pieces[-1])
+            return b"".join(pieces)
         return b"" if self.eof else None
 
     def poll(self) -> ExitStatus | None:
