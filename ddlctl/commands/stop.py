@@ -20,11 +20,6 @@ _WORD = re.compile(r"^[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*$")  # one word: no 
 _PATH = re.compile(r"^[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*$")  # no control character, no leading '-'
 
 
-def small_text(path: Path) -> str:
-    """``path``'s text (:func:`~ddlctl.contract.runfolder.read_record`): stop reads only what ddlctl wrote."""
-    return read_record(path)
-
-
 def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
     """Run id and the hosts that ran tasks, from ``plan.json``: checked as a hosts file is (it says
     which program runs on each host), and only from a folder and file of the user's own that
@@ -33,7 +28,7 @@ def plan_hosts(run_dir: Path) -> tuple[str, list[Host]]:
     check_private(run_dir, "RUN_DIR")
     check_private(path, "RUN_DIR")
     try:
-        plan = json.loads(small_text(path))
+        plan = json.loads(read_record(path))
     except FileNotFoundError:
         raise ConfigError(f"{run_dir} is not a run directory (no plan.json)",
                           "pass a folder like runs/<run-id>, or a run id of ./runs") from None
@@ -87,7 +82,7 @@ def slurm_targets(run_dir: Path) -> tuple[list[str], str] | None:
             check_private(run_dir, "RUN_DIR")
             check_private(path, "RUN_DIR")
             try:
-                record = json.loads(small_text(path))
+                record = json.loads(read_record(path))
                 value = record[key]
                 job = record["job_id"]
             except (ValueError, KeyError, TypeError) as exc:
@@ -143,7 +138,7 @@ def stop(run_dir: str, ssh: object | None, console: Console) -> int:
     if slurm is not None:
         targets, what = slurm
         if what != "job":  # steps: those recorded at launch and any a reconnection started since
-            record = json.loads(small_text(Path(run_dir) / "slurm.json"))
+            record = json.loads(read_record(Path(run_dir) / "slurm.json"))
             run_id = plan_hosts(Path(run_dir))[0]
             targets = sorted({*targets, *run_steps(str(record["job_id"]), run_id)})
         return stop_slurm(targets, what, console)

@@ -5,6 +5,7 @@ only: it runs from the code bundle."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -137,8 +138,6 @@ def file_command(op: str, command: dict, send) -> None:  # noqa: ANN001 - send(h
                     if len(chunk) < FILE_CHUNK:
                         break
         else:
-            import base64
-
             path = os.path.expanduser(command["path"])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             partial = f"{path}.ddlctl-partial"

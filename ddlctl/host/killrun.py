@@ -33,20 +33,30 @@ _PF_EXITING = 0x4  # (``/proc/PID/stat``'s flags: in do_exit)
 
 def run_processes(run_id: str, launch: str | None = None) -> list[int]:
     """Pids whose environment carries ``DDLCTL_RUN_ID=run_id`` (and ``DDLCTL_LAUNCH=launch``
-    when given), and the run's host agents (:func:`agents_of`); this process excluded."""
+    when given), and, where the environment cannot be read (a sealed host agent), those whose
+    command line is the run's host agent's (:func:`agent_of`); this process excluded. One pass."""
     needles = [f"{RUN_ID}={run_id}".encode()] + ([f"{LAUNCH}={launch}".encode()] if launch else [])
-    found = set(agents_of(run_id, launch))
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
                 environ = handle.read().split(b"\0")
+        except PermissionError:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    agent = agent_of(handle.read(1 << 16))
+            except OSError:
+                continue
+            if agent is not None and agent[0] == run_id and launch in (None, agent[1]):
+                found.append(int(entry))
+            continue
         except OSError:
             continue
         if all(needle in environ for needle in needles):
-            found.add(int(entry))
-    return sorted(found)
+            found.append(int(entry))
+    return found
 
 
 def agent_of(cmdline: bytes) -> tuple[str, str] | None:

@@ -25,10 +25,9 @@ micro-batch, for every message it takes part in: its input, its output (the last
 loss), the gradient it gets back (the last stage: its labels) and, but for the first stage, the
 gradient it sends back (:func:`messages`), in place of the link's latency on its sends. A step
 also costs a fixed ``dispatch_s`` (the link's, measured in place: sending the step to every stage).
-A stage task under a 0.2-CPU quota took 0.8 ms a
-message where one under 0.6 took 0.2 ms, and without this term the same plan ran 16% (4
-micro-batches) and 21% (8) slower than predicted: the bottleneck stage's messages lengthen every
-micro-batch's turn there.
+A stage task under a 0.2-CPU quota took 0.8 ms a message where one under 0.6 took 0.2 ms, and
+without this term the same plan ran 16% (4 micro-batches) and 21% (8) slower than predicted: the
+bottleneck stage's messages lengthen every micro-batch's turn there.
 
 A layer's cost includes the optimizer's update of its weights (``update_s``). A stage updates once
 per step, after its last micro-batch's backward pass, while the stages before it still run theirs:
@@ -36,9 +35,10 @@ the updates are off the pipeline's critical path, and a stage's time above leave
 step waits only for what an update overhangs: the update of stage *i* less the backward passes of
 the last micro-batch on the stages before it (backward taken as 2/3 of a stage's time), at least
 the first stage's whole update. Measured on the built-in ``deep`` model, the update (Adam) is
-15-20% of a step; counting it on the critical path overpredicted sequential steps by up to 25%. A device's memory
-use is its layers' parameter/optimizer bytes plus their activations (kept for the backward pass;
-``m`` micro-batches of ``1/m`` of the batch each keep as much as the whole batch).
+15-20% of a step; counting it on the critical path overpredicted sequential steps by up to 25%.
+
+A device's memory use is its layers' parameter/optimizer bytes plus their activations (kept for the
+backward pass; ``m`` micro-batches of ``1/m`` of the batch each keep as much as the whole batch).
 """
 
 from __future__ import annotations

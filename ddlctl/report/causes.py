@@ -100,13 +100,18 @@ class TimeByCause:
         return " · ".join(parts) + (f" (of the productive time: {', '.join(inside)})" if inside else "")
 
 
+def usual_step(steps: Sequence[Interval]) -> float:
+    """The median length of ``steps`` (some)."""
+    durations = sorted(b - a for a, b in steps)
+    return durations[len(durations) // 2]
+
+
 def first_step_excess(kept: Sequence[Interval]) -> list[Interval]:
     """The start of the lead's first kept step beyond its median step (tracing and building the
     graph: compilation), as an interval; none with fewer than 3 steps to judge by."""
     if len(kept) < 3:
         return []
-    durations = sorted(b - a for a, b in kept)
-    usual = durations[len(durations) // 2]
+    usual = usual_step(kept)
     start, end = kept[0]
     return [(start, end - usual)] if end - start > usual else []
 
@@ -123,14 +128,21 @@ def short_gaps(steps: Sequence[Interval]) -> list[Interval]:
     if len(steps) < 2:
         return []
     ordered = sorted(steps)
-    durations = sorted(b - a for a, b in ordered)
-    bound = max(1.0, BETWEEN_MAX_STEPS * durations[len(durations) // 2])
+    bound = max(1.0, BETWEEN_MAX_STEPS * usual_step(ordered))
     gaps, reached = [], ordered[0][1]
     for start, end in ordered[1:]:
         if reached < start <= reached + bound:
             gaps.append((reached, start))
         reached = max(reached, end)
     return gaps
+
+
+def stall_of(found: float, idle_s: float, lead_steps: Sequence[Interval]) -> Interval:
+    """A hang's stall: from the hung task's last progress, or from the lead's last step before it
+    if that ended earlier (the lead waited for the hung task before it stopped itself: a stage of
+    a pipeline), to the hang being found."""
+    before = [end for _, end in lead_steps if end <= found]
+    return (min(found - idle_s, max(before)) if before else found - idle_s), found
 
 
 def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[Interval],

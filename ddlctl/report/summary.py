@@ -39,7 +39,7 @@ from ddlctl.contract.stats import mean, median_of, percentile
 from ddlctl.contract.strategies import TABLE, facts_of, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_section
-from ddlctl.report.causes import time_by_cause
+from ddlctl.report.causes import stall_of, time_by_cause
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_series, shift_steps
 from ddlctl.report.diagnosis import diagnosis_lines
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
@@ -412,14 +412,6 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
                            [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait,
                            stalls)
     return {**result.to_dict(), "line": result.line()}
-
-
-def stall_of(found: float, idle_s: float, lead_steps: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """A hang's stall: from the hung task's last progress, or from the lead's last step before it
-    if that ended earlier (the lead waited for the hung task before it stopped itself: a stage of
-    a pipeline), to the hang being found."""
-    before = [end for _, end in lead_steps if end <= found]
-    return (min(found - idle_s, max(before)) if before else found - idle_s), found
 
 
 def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of: Mapping[str, slice]) -> dict | None:

@@ -93,7 +93,7 @@ def test_a_recorded_run_with_a_restart_is_split_by_cause(tmp_path):
 
 
 def test_a_stall_starts_where_the_lead_stopped_if_it_waited_for_the_hung_task_before_it_hung():
-    from ddlctl.report.summary import stall_of
+    from ddlctl.report.causes import stall_of
 
     # a pipeline's chief stopped stepping at 16.9 (waiting on the stage), the stage's last progress
     # was 19.2, the hang found at 27.3: the stall is the chief's wait too (it was "other")
