@@ -17,6 +17,7 @@ HANG_DIR = "hang"
 TASK_LOG = "output.log"
 TASK_ERROR = "error.json"
 TASK_STEPS = "steps.jsonl"  # a task's step records (ddlctl.task.steps)
+TASK_PID = "pid.json"  # the pid a host agent started a task as (ddlctl.host.agent)
 TASK_PHASES = "phases.jsonl"  # a task's checkpoint saves and evaluations (ddlctl.phase)
 TASK_RESULT = "result.json"  # the built-in workload's final loss and accuracy
 TASK_FLOPS = "flops.json"  # model FLOPs per training sample (ddlctl.task.flops)

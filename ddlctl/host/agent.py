@@ -39,6 +39,7 @@ import sys
 import time
 
 from ddlctl.contract import envvars
+from ddlctl.contract.rundir import TASK_PID
 from ddlctl.contract.wire import MAGIC, Kind, Op, encode_frame
 from ddlctl.host import oom, prefork, procsetup
 from ddlctl.host.dumps import DUMP_WAIT_S, dump_frame, look_at
@@ -150,7 +151,7 @@ class HostAgent:
                   "ssh_connection": os.environ.get("SSH_CONNECTION"), "forked": task.forked,
                   "executable": task.executable()}
         if task.task_dir:
-            write_json(os.path.join(task.task_dir, "pid.json"),
+            write_json(os.path.join(task.task_dir, TASK_PID),
                        {**record, **({"fork_note": task.fork_note} if task.fork_note else {}),
                         **({"zygote_pid": task.zygote_pid} if task.zygote_pid else {})})
         self.send({"k": Kind.STARTED, "task": task.name, "t": time.time(), **record,

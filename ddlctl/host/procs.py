@@ -85,6 +85,54 @@ def descendants(root: int, skip: set[int] | frozenset[int] = frozenset(),
     return found
 
 
+def tree_of(roots: list[int]) -> dict[int, int]:
+    """Every process at or below the processes ``roots``: pid -> the root it is under. From the
+    kernel's lists of each thread's children (``/proc/PID/task/TID/children``: a few small reads per
+    process of the tree, whatever else runs on the host); where the kernel has no such lists
+    (built without ``CONFIG_PROC_CHILDREN``), from one pass over every process's parent."""
+    found: dict[int, int] = {}
+    table: dict[int, int] | None = None
+    for root in roots:
+        if root in found or not os.path.exists(f"/proc/{root}"):
+            continue
+        found[root] = root
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            kids = _children(pid)
+            if kids is None:  # (no children lists here: the parents of every process, once)
+                table = parents() if table is None else table
+                kids = [child for child in descendants(pid, table=table) if child not in found]
+                found.update((child, root) for child in kids)
+                continue
+            for child in kids:
+                if child not in found:
+                    found[child] = root
+                    todo.append(child)
+    return found
+
+
+def _children(pid: int) -> list[int] | None:
+    """The children of process ``pid`` (of each of its threads; [] when gone), None when this
+    kernel keeps no children lists."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children", "rb") as handle:
+                kids.extend(int(child) for child in handle.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{thread}"):
+                continue  # (the thread ended)
+            return None
+        except OSError:
+            continue
+    return kids
+
+
 def run_elsewhere(run_id: str, launch: str, limit: int = 5) -> list[tuple[int, str]]:
     """(pid, command) of up to ``limit`` processes here that carry ``DDLCTL_RUN_ID=run_id`` but not
     ``DDLCTL_LAUNCH=launch``: another launch given the same run id (or what it left running)."""

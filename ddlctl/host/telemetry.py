@@ -6,10 +6,11 @@ It prints JSON lines on stdout (ddlctl streams them into ``telemetry/<host>.json
 * first ``{"type": "hello", ...}``: host, interval, GPU inventory or why there is none, whether
   psutil is available;
 * then every ``--interval`` seconds ``{"type": "sample", "t": epoch_s, ...}`` with host CPU %,
-  memory, network byte counters, per-task ``[cpu %, rss bytes, kernel cpu %]`` (processes found by the run id in
-  their environment), every GPU's reading as an array in the order of ``hello``'s ``gpu_fields``
-  (see :class:`ddlctl.host.nvml.GpuSampler`; arrays keep hours of samples small and fast to
-  read) and the number of steps each task on this host has recorded so far (for the live view).
+  memory, network byte counters, per-task ``[cpu %, rss bytes, kernel cpu %]`` (each task's
+  process, from its folder's ``pid.json``, and the processes below it), every GPU's reading as an
+  array in the order of ``hello``'s ``gpu_fields`` (see :class:`ddlctl.host.nvml.GpuSampler`;
+  arrays keep hours of samples small and fast to read) and the number of steps each task on this
+  host has recorded so far (for the live view).
 
 A missing library (psutil, nvidia-ml-py) or no GPU is reported once in ``hello`` and the agent
 goes on with what it has. It exits 0 on SIGTERM.
@@ -26,13 +27,13 @@ import time
 from dataclasses import asdict
 
 from ddlctl.contract import envvars
-from ddlctl.contract.rundir import TASK_STEPS
+from ddlctl.contract.rundir import TASK_PID, TASK_STEPS
 from ddlctl.contract.telemetry import GPU_FIELDS
 from ddlctl.host.nvml import GpuSampler
+from ddlctl.host.procs import tree_of
 from ddlctl.host.procsetup import seal
 from ddlctl.host.stepfollow import StepFile
 
-WATCHDOG_MARK = "ddlctl.host.watchdog"
 RESCAN_S = 5.0
 
 
@@ -41,10 +42,17 @@ class _Stop(Exception):
 
 
 class HostSampler:
-    """psutil figures for the host and the run's task processes (None-filled without psutil)."""
+    """psutil figures for the host and the run's task processes (None-filled without psutil).
 
-    def __init__(self, run_id: str) -> None:
+    A task's processes are the one its host agent started (the pid in the task folder's
+    ``pid.json``, checked against the run id and task name in its environment) and everything below
+    it: found without looking at the host's other processes, so a busy host costs no more to sample
+    than an idle one."""
+
+    def __init__(self, run_id: str, task_dirs: dict[str, str] | None = None) -> None:
         self.run_id = run_id
+        self.task_dirs = dict(task_dirs or {})
+        self.roots: dict[str, tuple[tuple[int, int], int]] = {}  # task -> (pid.json's stamp, its pid checked)
         try:
             import psutil
         except ImportError:
@@ -56,26 +64,43 @@ class HostSampler:
         self.next_scan = 0.0
         psutil.cpu_percent(None)  # start the CPU-time baseline
 
+    def _root(self, task: str, folder: str) -> int | None:
+        """The pid the host agent started task ``task`` as (its ``pid.json``), once its environment
+        says it is that task of this run (not a pid used again, nor a file a task wrote for another)."""
+        path = os.path.join(folder, TASK_PID)
+        try:
+            info = os.stat(path)
+            stamp = (info.st_ino, info.st_mtime_ns)  # (written anew by a rename each time)
+        except OSError:
+            return None
+        known = self.roots.get(task)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        try:
+            with open(path, "rb") as handle:
+                pid = int(json.loads(handle.read(1 << 16))["task_pid"])
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = set(handle.read().split(b"\0"))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if {f"{envvars.RUN_ID}={self.run_id}".encode(), f"{envvars.TASK}={task}".encode()} - environ:
+            return None  # (not yet itself: a forked task sets its environment just after the fork)
+        self.roots[task] = (stamp, pid)
+        return pid
+
     def _scan(self) -> set[int]:
         """Find the run's task processes; the pids found now (their CPU figures start from now)."""
         psutil = self.psutil
+        roots = {pid: task for task, folder in self.task_dirs.items() if (pid := self._root(task, folder))}
         found: dict[int, tuple[str, object]] = {}
-        me = os.getpid()
-        for proc in psutil.process_iter(["pid", "cmdline"]):
+        for pid, root in tree_of(list(roots)).items():
+            previous = self.procs.get(pid)
             try:
-                if proc.pid == me:
-                    continue
-                env = proc.environ()
-                task = env.get(envvars.TASK)
-                if env.get(envvars.RUN_ID) != self.run_id or not task or task.startswith("agent"):
-                    continue
-                if any(WATCHDOG_MARK in part for part in proc.info["cmdline"] or ()):
-                    continue
-                previous = self.procs.get(proc.pid)
                 if previous is None:
+                    proc = psutil.Process(pid)
                     proc.cpu_percent(None)
-                    self._kernel_percent(proc.pid, proc.cpu_times().system)
-                found[proc.pid] = (task, previous[1] if previous else proc)
+                    self._kernel_percent(pid, proc.cpu_times().system)
+                found[pid] = (roots[root], previous[1] if previous else proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         fresh = set(found) - set(self.procs)
@@ -146,7 +171,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("--watch", action="append", default=[], metavar="TASK=DIR",
-                        help="a task on this host and its task directory (for live step counts)")
+                        help="a program task on this host and its task directory (its processes "
+                             "and live step counts)")
+    parser.add_argument("--task", action="append", default=[], metavar="TASK=DIR",
+                        help="another task on this host (a server) and its task directory (its processes)")
     return parser.parse_args(argv)
 
 
@@ -166,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     gpus = GpuSampler()
-    host = HostSampler(args.run_id)
+    folders = dict(item.partition("=")[::2] for item in args.watch + args.task)
+    host = HostSampler(args.run_id, folders)
     counters = {}
     for item in args.watch:
         task, _, folder = item.partition("=")

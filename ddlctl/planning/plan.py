@@ -401,7 +401,8 @@ def regroup(specs: Sequence[TaskSpec], members: Sequence[str]) -> list[TaskSpec]
 
 
 def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[TaskSpec, ...]:
-    """One telemetry agent per host that runs tasks, watching its program tasks' step files."""
+    """One telemetry agent per host that runs tasks, following its tasks' processes and its program
+    tasks' step files."""
     hosts: list[Host] = []
     for task in tasks:
         if task.host not in hosts:
@@ -409,7 +410,8 @@ def make_agents(tasks: Sequence[TaskSpec], request: LaunchRequest) -> tuple[Task
     agents = []
     for index, host in enumerate(hosts):
         python = host.python or (request.local_python if host.is_local else "python3")
-        watch = [f"--watch={t.name}={t.task_dir}" for t in tasks if t.host == host and t.kind == "program"]
+        watch = [f"--{'watch' if t.kind == 'program' else 'task'}={t.name}={t.task_dir}"
+                 for t in tasks if t.host == host and t.kind != "agent"]
         argv = (python, "-m", "ddlctl.host.telemetry", "--host", host.label, "--run-id", request.run_id,
                 "--interval", f"{request.sample_interval_s:g}", *watch)
         task_dir = f"{request.run_dir}/telemetry/agent-{index}" if host.is_local \

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ddlctl.contract.rundir import TASK_PID
 from ddlctl.testing.run import ROOT, ddlctl_cmd
 
 
@@ -19,7 +20,7 @@ def step_count(path: Path) -> int:
 
 
 def task_pid(run_dir: Path, task: str) -> int:
-    return int(json.loads((run_dir / "tasks" / task / "pid.json").read_text())["task_pid"])
+    return int(json.loads((run_dir / "tasks" / task / TASK_PID).read_text())["task_pid"])
 
 
 def wait_for(predicate, timeout: float, what: str):  # noqa: ANN001

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,14 +43,28 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
     task_dir.mkdir()
     steps = task_dir / "steps.jsonl"
     steps.write_text("")
-    # a stand-in task process: the agent finds it by the run id in its environment
-    task = subprocess.Popen([sys.executable, "-c", "import time\nx = bytearray(50_000_000)\nwhile True: pass"],
+    # a stand-in task: a shell (the pid its host agent would record) whose child holds 50 MB and
+    # spins; the agent follows the task from its pid.json down to that child
+    spin = "import time\nx = bytearray(50_000_000)\nwhile True: pass"
+    task = subprocess.Popen(["sh", "-c", f"{sys.executable} -c '{spin}'; true"], start_new_session=True,
                             env={**os.environ, "DDLCTL_RUN_ID": run_id, "DDLCTL_TASK": "worker:0"})
+    (task_dir / "pid.json").write_text(json.dumps({"task_pid": task.pid}))
     # and one whose time is the kernel's: 8 MiB taken from it, written and given back, again and again
+    churn_dir = tmp_path / "worker-1"
+    churn_dir.mkdir()
     churn = subprocess.Popen([sys.executable, "-c", KERNEL_HEAVY], env={
         **os.environ, "DDLCTL_RUN_ID": run_id, "DDLCTL_TASK": "worker:1", "MALLOC_MMAP_THRESHOLD_": "131072"})
+    (churn_dir / "pid.json").write_text(json.dumps({"task_pid": churn.pid}))
+    # a process of the same run id nobody started as a task, and a pid.json that names a process
+    # of another task: neither is counted
+    stray = subprocess.Popen([sys.executable, "-c", spin],
+                             env={**os.environ, "DDLCTL_RUN_ID": run_id, "DDLCTL_TASK": "worker:2"})
+    liar_dir = tmp_path / "worker-3"
+    liar_dir.mkdir()
+    (liar_dir / "pid.json").write_text(json.dumps({"task_pid": churn.pid}))
     agent = subprocess.Popen([sys.executable, "-m", "ddlctl.host.telemetry", "--host", "here", "--run-id", run_id,
-                              "--interval", "0.25", f"--watch=worker:0={task_dir}"],
+                              "--interval", "0.25", f"--watch=worker:0={task_dir}",
+                              f"--task=worker:1={churn_dir}", f"--task=worker:3={liar_dir}"],
                              stdout=subprocess.PIPE, text=True)
     try:
         hello = json.loads(agent.stdout.readline())
@@ -85,10 +100,12 @@ def test_agent_reports_host_task_and_step_figures(tmp_path):
         assert cpu > 0 and kernel > 0.5 * cpu, seen
         assert hello["gpu_fields"][:2] == ["index", "util"]
         assert last["steps"] == {"worker:0": 2}, "only complete lines count"
+        assert not {"worker:2", "worker:3"} & {t for r in samples for t in r.get("procs", {})}
         gaps = [b["t"] - a["t"] for a, b in zip(samples, samples[1:], strict=False)]
         assert all(0.1 < g < 1.0 for g in gaps)
     finally:
-        task.kill()
-        churn.kill()
+        os.killpg(task.pid, signal.SIGKILL)
+        for process in (churn, stray):
+            process.kill()
         agent.terminate()
         assert agent.wait(10) == 0, "the agent exits 0 on SIGTERM"
