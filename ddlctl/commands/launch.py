@@ -309,10 +309,11 @@ def supervise(plan: Plan, connected: Connected, config: LaunchConfig, out: Conso
 
         def on_progress(figures: Mapping[str, tuple[int, int | None]],
                         activity: Mapping[str, tuple[int, str | None]]) -> None:
+            causes = supervisor.time_by_cause()
             if live is not None:
-                live.on_progress(figures, activity)
+                live.on_progress(figures, activity, causes)
             if metrics is not None:
-                metrics.on_progress(figures, supervisor.status())
+                metrics.on_progress(figures, supervisor.status(), causes)
 
         supervisor = Supervisor(plan, connected.sessions, writer, config.supervision, notify=notify,  # type: ignore[arg-type]
                                 on_sample=on_sample if samples else None,

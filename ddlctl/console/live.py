@@ -2,7 +2,8 @@
 per-task steps, step rate and CPU, and per-host CPU and GPU figures.
 
 Fed by two callbacks: ``on_progress`` (the host agents' step reports: highest step reached and the
-declared total per task, with or without telemetry) and ``on_sample`` (the telemetry agents'
+declared total per task, with or without telemetry, and the job's time so far by cause, shown under
+the bar) and ``on_sample`` (the telemetry agents'
 samples: step counts, per-task CPU, host CPU and GPUs). On a terminal it is one rich ``Live``
 region, redrawn in place, with the tasks' output scrolling above it (everything printed while it
 is up must go through its console). Elsewhere (CI, ``| tee``) it stays line-oriented: a status line
@@ -23,9 +24,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ddlctl.contract.causes import TimeByCause
 from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 
 RATE_WINDOW_S = 5.0
+#: The time by cause is shown once the job has run this long (before, it is all start-up).
+CAUSES_AFTER_S = 5.0
 
 
 class WindowRate:
@@ -109,6 +113,7 @@ class LiveState:
     done: int = 0
     total: int | None = None
     job_rate: WindowRate = field(default_factory=WindowRate)
+    causes: str = ""  # the job's time so far by cause ("productive 81% · start-up 15% · ...")
 
     def update(self, host: str, record: dict) -> None:
         """Take one telemetry record (``hello`` or ``sample``) from ``host``'s agent."""
@@ -183,6 +188,8 @@ class LiveState:
         for host, record in sorted(self.hosts.items()):
             gpu = " ".join(f"gpu{g['index']} {g.get('util', '-')}%" for g in record.get("gpus") or []) or "no GPU"
             parts.append(f"{host} cpu {_fmt_cpu(record.get('cpu'))}% {gpu}")
+        if self.causes:
+            parts.append(f"time: {self.causes}")
         return "ddlctl live | " + " | ".join(parts)
 
 
@@ -242,7 +249,8 @@ class LiveView:
     def _render(self) -> RenderableType:
         with self.lock:
             parts: list[RenderableType] = [self.state.table()] if self.show_table else []
-            return Group(*parts, self.bar)
+            time_by_cause = [Text(f"time so far: {self.state.causes}", style="dim")] if self.state.causes else []
+            return Group(*parts, self.bar, *time_by_cause)
 
     def on_sample(self, host: str, record: dict) -> None:
         with self.lock:
@@ -251,9 +259,12 @@ class LiveView:
             self._plain_line()
 
     def on_progress(self, figures: Mapping[str, tuple[int, int | None]],
-                    activity: Mapping[str, tuple[int, str | None]] | None = None) -> None:
+                    activity: Mapping[str, tuple[int, str | None]] | None = None,
+                    causes: TimeByCause | None = None) -> None:
         done, total = job_progress(figures)
         with self.lock:
+            if causes is not None and causes.wall_s >= CAUSES_AFTER_S:
+                self.state.causes = causes.line()
             if activity:
                 self.state.activity(activity)
             if done == self.state.done and total == self.state.total:

@@ -9,7 +9,12 @@ Series (Prometheus naming: base units, ``_total`` for counters, ratios 0-1):
   which they were reported (mean step time = sum / count; reports arrive in blocks);
 * ``ddlctl_task_up{task,host,role}``: 1 while the task runs, 0 once it ended;
 * ``ddlctl_restarts_total``; ``ddlctl_goodput_ratio``: the share of the job's time so far in which
-  it made progress (the time between two progress reports at most 5 s apart);
+  it made progress (productive over the wall of the time by cause below; without it, the time
+  between two progress reports at most 5 s apart);
+* ``ddlctl_time_seconds{cause}``: the job's time so far by cause (``productive``, ``startup``,
+  ``restart``, ``stalled``, ``checkpoint``, ... ``other``: they add up to its wall time; the
+  report's accounting over the progress reports, :mod:`ddlctl.supervise.accounting`), and
+  ``ddlctl_degraded_seconds``: of the productive time, that on fewer workers than planned;
 * ``ddlctl_host_cpu_utilization_ratio{host}``; per GPU ``{host,gpu}``: ``ddlctl_gpu_utilization_ratio``,
   ``ddlctl_gpu_sm_active_ratio``, ``ddlctl_gpu_memory_used_bytes``, ``ddlctl_gpu_memory_total_bytes``,
   ``ddlctl_gpu_power_watts``.
@@ -21,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from ddlctl.contract.causes import CAUSES, TimeByCause
 from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.telemetry import GPU_FIELDS, gpu_reading
 
@@ -63,11 +69,15 @@ class JobMetrics:
         self._fields: dict[str, list[str]] = {}
         self.cpu: dict[str, float] = {}
         self.gpus: dict[tuple[str, int], dict] = {}
+        self.causes: TimeByCause | None = None
 
-    def on_progress(self, figures: Mapping[str, tuple[int, int | None]], status: Status | None = None) -> None:
-        """Each task's highest step (the agents' reports), once a tick."""
+    def on_progress(self, figures: Mapping[str, tuple[int, int | None]], status: Status | None = None,
+                    causes: TimeByCause | None = None) -> None:
+        """Each task's highest step (the agents' reports), once a tick; the job's time by cause so far."""
         now = self.clock()
         with self.lock:
+            if causes is not None:
+                self.causes = causes
             moved = False
             for task, (last, _total) in figures.items():
                 if task.startswith("agent:"):
@@ -123,11 +133,24 @@ class JobMetrics:
             restarts.add_metric([], self.restarts)
             wall = self.clock() - self.started
             goodput = GaugeMetricFamily("ddlctl_goodput_ratio", "Share of the job's time so far with progress")
-            goodput.add_metric([], self.productive_s / wall if wall > 0 else 0.0)
+            counted = self.causes
+            if counted is not None and counted.wall_s > 0:
+                goodput.add_metric([], counted.productive_s / counted.wall_s)
+            else:
+                goodput.add_metric([], self.productive_s / wall if wall > 0 else 0.0)
             cpu = GaugeMetricFamily("ddlctl_host_cpu_utilization_ratio", "Host CPU busy share", labels=["host"])
             for host, value in sorted(self.cpu.items()):
                 cpu.add_metric([host], value / 100)
             families = [steps, timing, up, restarts, goodput, cpu]
+            if counted is not None:
+                by_cause = GaugeMetricFamily("ddlctl_time_seconds", "The job's time so far by cause (adds up to "
+                                             "its wall time)", labels=["cause"])
+                for key, _label in CAUSES:
+                    by_cause.add_metric([key], getattr(counted, key + "_s"))
+                degraded = GaugeMetricFamily("ddlctl_degraded_seconds", "Of the productive time, that on fewer "
+                                             "workers than planned")
+                degraded.add_metric([], counted.degraded_s)
+                families += [by_cause, degraded]
             for name, text, key, scale in _GPU_SERIES:
                 family = GaugeMetricFamily(name, text, labels=["host", "gpu"])
                 for (host, index), gpu in sorted(self.gpus.items()):

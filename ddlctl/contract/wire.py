@@ -205,7 +205,7 @@ def check_frame(header: dict) -> dict:
         for total in table(header.get("totals") or {}).values():
             if total is not None:
                 integer(total)
-        for phase in table(header.get("open") or {}).values():
+        for phase in [*table(header.get("open") or {}).values(), *table(header.get("beats") or {}).values()]:
             if phase is not None:
                 text(phase, 200)
         for credits in table(header.get("credits") or {}).values():

@@ -362,7 +362,7 @@ class HostAgent:
                 self.send({"k": Kind.LISTENING, "task": task.name, "t": time.time()})
 
     def report_steps(self) -> None:
-        counts, last, totals, credits, activity, phases = {}, {}, {}, {}, {}, {}
+        counts, last, totals, credits, activity, phases, beats = {}, {}, {}, {}, {}, {}, {}
         for task in self.tasks.values():
             if task.steps is not None and task.phases is not None:
                 count, busy = task.steps.poll(), task.phases.poll()
@@ -372,13 +372,15 @@ class HostAgent:
                     last[task.name] = task.steps.last
                     activity[task.name] = busy  # work outside the steps: phases, beats
                     phases[task.name] = task.phases.open
+                    if task.phases.beat:
+                        beats[task.name] = task.phases.beat
                     if task.steps.total is not None:
                         totals[task.name] = task.steps.total
                     if task.steps.credits:
                         credits[task.name] = dict(task.steps.credits)
         if counts:
             self.send({"k": Kind.STEPS, "t": time.time(), "counts": counts, "last": last, "totals": totals,
-                       "credits": credits, "activity": activity, "open": phases})
+                       "credits": credits, "activity": activity, "open": phases, "beats": beats})
 
     def run(self) -> int:
         def on_signal(signum: int, _frame: object) -> None:

@@ -90,7 +90,8 @@ class PhaseFile:
     only what is new: ``activity`` the lines written (each a sign of work outside the step
     records: a phase begun or ended, a beat; an earlier attempt's lines count too, as its steps
     do) and ``open`` the phase this attempt began and has not ended yet (its name; None: none; a
-    phase an earlier attempt left open when it died is not this one's)."""
+    phase an earlier attempt left open when it died is not this one's); ``beat`` the kind of the
+    last beat this attempt wrote."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.expanduser(path)
@@ -99,6 +100,7 @@ class PhaseFile:
         self.skipped = 0
         self.activity = 0
         self.open: str | None = None
+        self.beat: str | None = None  # the kind of this attempt's last beat ("eval", "train")
         try:
             self.earlier = os.path.getsize(self.path)  # what earlier attempts wrote
         except OSError:
@@ -115,6 +117,8 @@ class PhaseFile:
                 record = json.loads(line)
                 if record.get("phase") and at > self.earlier:
                     self.open = str(record["phase"])[:200] if record.get("open") else None
+                if record.get("beat") and at > self.earlier:
+                    self.beat = str(record["beat"])[:200]
             except (ValueError, TypeError, AttributeError, RecursionError):
                 self.skipped += 1
         return self.activity

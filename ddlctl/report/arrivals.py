@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ddlctl.contract.causes import straggler_wait
 from ddlctl.contract.stats import median_of, percentile
-from ddlctl.report.causes import straggler_wait
 from ddlctl.report.stepfile import TaskSteps, kept_records
 
 
@@ -48,7 +48,7 @@ def arrival_lateness(all_steps: Sequence[TaskSteps], warmup: int) -> dict[str, f
 
 
 def straggler_wait_of(lead: TaskSteps, workers: Sequence[TaskSteps]) -> float | None:
-    """:func:`~ddlctl.report.causes.straggler_wait` of the lead among ``workers`` (None: the lead is
+    """:func:`~ddlctl.contract.causes.straggler_wait` of the lead among ``workers`` (None: the lead is
     not one of them, or recorded no arrival); in columns when every worker recorded the same steps,
     each once, all with arrivals."""
     if lead not in workers:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ddlctl.contract.causes import stall_of, time_by_cause
 from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
 from ddlctl.contract.runfolder import read_record, task_dirs
@@ -39,7 +40,6 @@ from ddlctl.contract.stats import mean, median_of, percentile
 from ddlctl.contract.strategies import TABLE, facts_of, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_section
-from ddlctl.report.causes import stall_of, time_by_cause
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_series, shift_steps
 from ddlctl.report.diagnosis import diagnosis_lines
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
@@ -129,7 +129,7 @@ class RunSummary:
     balance: dict | None = None  # mwms: per-worker speed, share, compute and wait; predictions
     stage_plan: dict | None = None  # model strategy: the plan, its predicted and measured step time
     hangs: tuple[dict, ...] = ()  # each hang handled: culprit, why, threshold and rule, where each task stood
-    time_by_cause: dict | None = None  # the job's wall time split by cause (ddlctl.report.causes)
+    time_by_cause: dict | None = None  # the job's wall time split by cause (ddlctl.contract.causes)
     mfu: tuple[dict, ...] = ()  # per task with flops.json: model FLOPs per sample, achieved FLOP/s, MFU
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers): who left, why, who trained on
     membership_phases: tuple[dict, ...] = ()  # per set of workers: when, why, steps, samples/s while training

@@ -40,10 +40,12 @@ import time
 from collections.abc import Callable, Mapping
 
 from ddlctl.console.collapse import LineWriter
+from ddlctl.contract.causes import TimeByCause
 from ddlctl.contract.faults import Action, Cause
 from ddlctl.diagnose.imports import import_hint
 from ddlctl.diagnose.tfmessages import Blame, port_taken
 from ddlctl.planning.plan import Plan
+from ddlctl.supervise.accounting import LiveCauses
 from ddlctl.supervise.hangs.blame import Hangs
 from ddlctl.supervise.hangs.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
 from ddlctl.supervise.hosts import HostWatch, Reconnect
@@ -106,6 +108,7 @@ class Supervisor:
         self.starting = Looks(self.hangs.dump)  # whether tasks not listening yet are at work
         self.preparing: list[dict] = []  # tasks not listening yet found at work (the hang watch keeps its own)
         self.started_noted = False
+        self.causes = LiveCauses(time.time())  # the time so far by cause (live view, metrics)
 
     @property
     def sessions(self) -> dict[str, AgentSession]:
@@ -117,6 +120,7 @@ class Supervisor:
     def run(self) -> JobResult:
         """Start every task, supervise until all have ended, return the result."""
         started, started_at = self.job.clock(), time.time()
+        self.causes.started = started_at
         previous = self.stopping.install_handlers()
         try:
             for session in self.job.sessions.values():
@@ -148,6 +152,10 @@ class Supervisor:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""
         return ([(t.name, t.host, t.spec.role, t.alive) for t in self.job.tasks.values()
                  if not t.is_agent], len(self.restarts.events))
+
+    def time_by_cause(self) -> TimeByCause:
+        """The job's time so far by cause (counted again at most once a second)."""
+        return self.causes.now(time.time(), self.degraded, self.hangs.reports)
 
     def _attach(self, session: AgentSession) -> None:
         self.selector.register(session.fileno(), selectors.EVENT_READ, session)
@@ -191,10 +199,14 @@ class Supervisor:
             self.failure = failure
         self.hosts.watch(now)
         self._poll_exits(now)
+        sessions = self.job.sessions.values()
+        progress = {name: figures for session in sessions for name, figures in session.progress().items()}
+        activity = {name: busy for session in sessions for name, busy in session.activity().items()}
+        beats = {name: kind for session in sessions for name, kind in session.beats().items()}
+        self.causes.tick(time.time(), progress, activity, [float(e["time"]) for e in self.restarts.events],
+                         self.restarts.under_way, beats)
         if self.on_progress is not None:
-            sessions = self.job.sessions.values()
-            self.on_progress({name: figures for session in sessions for name, figures in session.progress().items()},
-                             {name: busy for session in sessions for name, busy in session.activity().items()})
+            self.on_progress(progress, activity)
         if self.job.stopping:
             self.stopping.escalate(now)
             return

@@ -240,6 +240,9 @@ class FakeSession:
     def activity(self) -> dict[str, tuple[int, str | None]]:
         return self.busy
 
+    def beats(self) -> dict[str, str]:
+        return {}
+
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         return False
 

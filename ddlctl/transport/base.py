@@ -69,6 +69,9 @@ class AgentSession(Protocol):
     def activity(self) -> Mapping[str, tuple[int, str | None]]:
         """Task -> (lines of its phases file so far, the phase it is in: None if none)."""
 
+    def beats(self) -> Mapping[str, str]:
+        """Task -> the kind of its last beat ("eval", "train"), for tasks that wrote one."""
+
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         """Lose (and cut off) the session when the agent said nothing for ``limit_s``."""
 

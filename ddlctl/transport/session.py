@@ -102,6 +102,7 @@ class HostSession:
         self._credits: dict[str, dict[str, int]] = {}  # task -> worker -> steps it ran (ps chief)
         self._progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
         self._activity: dict[str, tuple[int, str | None]] = {}  # task -> (phase lines and beats, open phase)
+        self._beats: dict[str, str] = {}  # task -> the kind of its last beat
         self._dumps: dict[str, dict] = {}
         self._dumps_asked: set[str] = set()  # dumps are kept only for tasks asked for
         self.ports_reply: dict | None = None
@@ -226,6 +227,9 @@ class HostSession:
         for name, busy in (header.get("activity") or {}).items():
             if name in self._tasks:
                 self._activity[name] = (busy, opened.get(name))
+        for name, kind in (header.get("beats") or {}).items():
+            if name in self._tasks:
+                self._beats[name] = kind
         for name, credits in (header.get("credits") or {}).items():
             if name in self._tasks:
                 self._credits[name] = dict(credits)
@@ -325,6 +329,7 @@ class HostSession:
         self._tasks[spec.name] = task
         self._steps.pop(spec.name, None)
         self._activity.pop(spec.name, None)
+        self._beats.pop(spec.name, None)
         if self.lost:
             task._end(ExitStatus(lost=True), time.time())
             return task
@@ -347,6 +352,10 @@ class HostSession:
     def activity(self) -> Mapping[str, tuple[int, str | None]]:
         """Task -> (lines of its phases file so far: work outside its steps, the phase it is in)."""
         return self._activity
+
+    def beats(self) -> Mapping[str, str]:
+        """Task -> the kind of its last beat ("eval", "train"), for tasks that wrote one."""
+        return self._beats
 
     def progress(self) -> Mapping[str, tuple[int, int | None]]:
         """Task -> (highest step reached, declared total)."""

@@ -153,6 +153,8 @@ def test_model_fit_at_work_between_its_step_records_is_not_a_hang(runs, strategy
     if strategy == "mwms":
         live = [line for line in result.stdout.splitlines() if line.startswith("ddlctl live |")]
         assert any(re.search(r"worker:0 5 steps \(at work, none for 1\ds\) ", line) for line in live), live
+        # the time so far by cause, live: the evaluation counted as it ran
+        assert any(re.search(r"time: .*evaluation \d+%", line) for line in live), live
     trainer = "chief-0" if strategy == "ps" else "worker-0"
     phases = [json.loads(line) for line in
               (only_run_dir(runs) / "tasks" / trainer / "phases.jsonl").read_text().splitlines()]

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 
@@ -105,6 +106,7 @@ def test_a_real_prometheus_scrapes_a_live_job(tmp_path):
                                f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     runs = tmp_path / "runs"
+    started = time.time()
     job = subprocess.Popen(ddlctl_cmd("launch", "-s", "one_device", "--metrics-port", str(exporter), "--runs-dir",
                                       str(runs), "--", sys.executable, "-c", STEPPING),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -121,6 +123,11 @@ def test_a_real_prometheus_scrapes_a_live_job(tmp_path):
         [goodput] = query(web, "ddlctl_goodput_ratio")
         assert 0 < float(goodput["value"][1]) <= 1
         assert query(web, "ddlctl_restarts_total")[0]["value"][1] == "0"
+        # the time so far by cause adds up to the wall (ddlctl's start to the last count: <= 1 s apart)
+        [counted] = wait_for(lambda: query(web, 'ddlctl_time_seconds{cause="productive"} > 1'), 30, "productive time")
+        [total] = query(web, "sum(ddlctl_time_seconds)")
+        [startup] = query(web, 'ddlctl_time_seconds{cause="startup"}')
+        assert 0 < float(startup["value"][1]) < float(total["value"][1]) < time.time() - started + 1
         job.send_signal(signal.SIGINT)
         out, err = job.communicate(timeout=60)
         assert job.returncode == 130, err[-2000:]

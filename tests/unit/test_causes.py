@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ddlctl.report.causes import CAUSES, minus, straggler_wait, time_by_cause, union
+from ddlctl.contract.causes import CAUSES, minus, straggler_wait, time_by_cause, union
 from ddlctl.report.summary import summarize
 
 
@@ -30,7 +30,7 @@ def test_every_second_of_the_window_is_counted_once_in_order_of_precedence():
 
 
 def test_short_pauses_between_the_leads_steps_are_the_loops_own_and_a_long_one_stays_other():
-    from ddlctl.report.causes import short_gaps
+    from ddlctl.contract.causes import short_gaps
 
     steps = [(0, 1), (1.2, 2.2), (2.5, 3.5), (20, 21), (21.1, 22.1)]  # a 16.5 s pause: no loop's own
     assert [(round(a, 1), round(b, 1)) for a, b in short_gaps(steps)] == [(1, 1.2), (2.2, 2.5), (21, 21.1)]
@@ -93,7 +93,7 @@ def test_a_recorded_run_with_a_restart_is_split_by_cause(tmp_path):
 
 
 def test_a_stall_starts_where_the_lead_stopped_if_it_waited_for_the_hung_task_before_it_hung():
-    from ddlctl.report.causes import stall_of
+    from ddlctl.contract.causes import stall_of
 
     # a pipeline's chief stopped stepping at 16.9 (waiting on the stage), the stage's last progress
     # was 19.2, the hang found at 27.3: the stall is the chief's wait too (it was "other")
@@ -101,3 +101,76 @@ def test_a_stall_starts_where_the_lead_stopped_if_it_waited_for_the_hung_task_be
     # a ps chief stepping on while a worker hung: the worker's last progress
     assert stall_of(27.3, 8.1, [(10.0, 14.4), (26.0, 27.0)]) == (pytest.approx(19.2), 27.3)
     assert stall_of(27.3, 8.1, []) == (pytest.approx(19.2), 27.3)
+
+
+def test_a_running_jobs_time_is_counted_from_its_progress_reports_as_the_report_counts_steps():
+    from ddlctl.supervise.accounting import LiveCauses
+
+    live = LiveCauses(started=1000.0)
+    beat = {"chief:0": (0, None)}
+
+    def tick(t: float, step: int, phase: str | None = None, restarts: tuple = (), restarting: bool = False) -> None:
+        live.tick(t, {"chief:0": (step, 100), "worker:0": (step, None)}, {"chief:0": (0, phase)},
+                  list(restarts), restarting)
+
+    live.tick(1001.0, beat, {}, [], False)  # start-up: no step yet
+    tick(1010.0, 5)  # the first report with steps: start-up ends here
+    for t, step in ((1011, 10), (1012, 15), (1013, 20)):
+        tick(t, step)  # productive 1010-1013 (one merged interval)
+    tick(1014.0, 20, phase="checkpoint")
+    tick(1016.0, 20)  # a 2 s save
+    tick(1017.0, 25)  # 1016-1017: productive
+    tick(1020.0, 25, restarts=(1017.5,), restarting=True)  # a fault; the chief starts again
+    tick(1030.0, 15, restarts=(1017.5,))  # back at its checkpoint (step 15)
+    tick(1032.0, 25, restarts=(1017.5,))  # steps 15-25 again: redone; the restart ends (1017.5-1030)
+    tick(1033.0, 27, restarts=(1017.5,))
+    assert len(live.kept) == 3 and live.redone == [(1030.0, 1032.0)]
+    causes = live.breakdown(1040.0, degraded_since=[1032.5], hangs=[(1040.0, 7.0)])  # stalled since 1033
+    assert (causes.startup_s, causes.productive_s, causes.checkpoint_s, causes.redone_s, causes.restart_s,
+            causes.stalled_s) == (10.0, 5.0, 2.0, 2.0, 12.5, 7.0)
+    assert causes.degraded_s == 0.5 and causes.wall_s == 40.0
+    assert sum(getattr(causes, key + "_s") for key, _ in CAUSES) == pytest.approx(causes.wall_s)
+    # the supervisor's records as outcome.json keeps them; counted again only a second later
+    first = live.now(1040.0, [{"since": 1032.5}], [{"kind": "hang", "time": 1040.0, "idle_s": 7.0}, {"kind": "x"}])
+    assert first == causes and live.now(1040.5, [], []) is first and live.now(1041.5, [], []) != first
+
+
+def test_the_metrics_give_the_time_by_cause_and_goodput_from_it():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ddlctl.console.metrics import JobMetrics
+
+    metrics = JobMetrics()
+    causes = time_by_cause((0.0, 50.0), kept=[(10, 40)], redone=[], phases={"checkpoint": [(40, 45)]},
+                           restarts=[], degraded_since=[30.0], straggler_wait_s=None)
+    metrics.on_progress({"worker:0": (10, None)}, None, causes)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    got = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+           for line in generate_latest(registry).decode().splitlines() if not line.startswith("#")}
+    assert got['ddlctl_time_seconds{cause="productive"}'] == 30
+    assert got['ddlctl_time_seconds{cause="checkpoint"}'] == 5 and got['ddlctl_time_seconds{cause="startup"}'] == 10
+    assert sum(v for k, v in got.items() if k.startswith("ddlctl_time_seconds")) == 50
+    assert got["ddlctl_degraded_seconds"] == 10 and got["ddlctl_goodput_ratio"] == 0.6
+
+
+def test_an_evaluation_the_lead_beats_through_is_evaluation_while_it_runs():
+    # model.fit's validation writes its phase record at its end; its batches beat once a second
+    from ddlctl.supervise.accounting import LiveCauses
+
+    live = LiveCauses(started=0.0)
+    busy = 0
+    for t in range(1, 30):
+        step = 10 + t if t <= 5 else (15 if t < 17 else 15 + t - 16)  # steps, an evaluation 5-13, steps from 17
+        if 5 < t <= 13:
+            busy += 1  # a beat a second
+        live.tick(float(t), {"worker:0": (step, None)}, {"worker:0": (busy, None)}, [], False,
+                  {"worker:0": "eval"} if busy else {})
+        if t == 10:
+            assert live.breakdown(10.0).eval_s == 4.0, "under way: counted as it runs"
+    causes = live.breakdown(29.0)
+    assert live.phases == {"eval": [(6.0, 14.0)]}  # its first beat to a second after its last
+    # (steps resumed at 16: the report's step records say so; live, the time from the evaluation's
+    # end to the first report of a step is the steps')
+    assert (causes.startup_s, causes.productive_s, causes.eval_s) == (1.0, 4.0 + 15.0, 8.0)
+    assert causes.ending_s == 0 and causes.between_s == 1.0 and causes.other_s == 0  # (5-6: to the first beat)

@@ -14,6 +14,10 @@ between two of its steps is *between steps* (the loop's own: under ps, dispatchi
 the rest is *other*. Two figures lie inside productive time: *degraded* (after a task was lost
 and not replaced) and *straggler wait* (synchronous jobs: the lead waiting at the all-reduce for
 the last worker to arrive).
+
+One accounting for both ends: the report counts a finished run's step records with it, and the
+controller counts a running job's progress reports with it (:mod:`ddlctl.supervise.accounting`:
+the live view and the Prometheus metrics).
 """
 
 from __future__ import annotations
@@ -148,11 +152,13 @@ def stall_of(found: float, idle_s: float, lead_steps: Sequence[Interval]) -> Int
 def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[Interval],
                   phases: dict[str, Sequence[Interval]], restarts: Sequence[Interval],
                   degraded_since: Sequence[float], straggler_wait_s: float | None,
-                  stalls: Sequence[Interval] = ()) -> TimeByCause:
+                  stalls: Sequence[Interval] = (), steps: bool = True, ended: bool = True) -> TimeByCause:
     """The job's ``window`` (start, end; epoch seconds) split by cause. ``kept``/``redone``: the lead
     task's step intervals (in order); ``phases``: "checkpoint"/"eval" intervals the lead reported;
     ``restarts``: (fault, back) per restart; ``degraded_since``: when each unreplaced loss
-    happened; ``stalls``: (last progress, found) per hang."""
+    happened; ``stalls``: (last progress, found) per hang. ``steps``: ``kept`` are single steps (so a
+    first one longer than the rest is compilation); not so for stretches of several. ``ended``: the
+    window ends with the job (after the lead's last step is its *ending*); not so while it runs."""
     claimed: list[Interval] = []
     found: dict[str, float] = {}
 
@@ -163,7 +169,7 @@ def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[I
         found[key] = length(mine)
         return mine
 
-    claim("compile", first_step_excess(kept))
+    claim("compile", first_step_excess(kept) if steps else [])
     productive = claim("productive", kept)
     claim("redone", redone)
     claim("stalled", stalls)  # (a save or an evaluation that waits for the hung task is the hang's)
@@ -173,7 +179,7 @@ def time_by_cause(window: Interval, kept: Sequence[Interval], redone: Sequence[I
     first = min((a for a, _ in [*kept, *redone]), default=window[1])
     claim("startup", [(window[0], first)])
     last = max((b for _, b in [*kept, *redone]), default=window[1])
-    claim("ending", [(last, window[1])])
+    claim("ending", [(last, window[1])] if ended else [])
     claim("between", short_gaps([*kept, *redone]))
     wall = window[1] - window[0]
     other = max(0.0, wall - sum(found.values()))
