@@ -181,6 +181,11 @@ def launch(
     private_network: Annotated[bool, typer.Option(
         "--private-network", help="Run a job of this machine in a network namespace of its own, out of other users' "
                                   "reach (Linux).")] = False,
+    trace: Annotated[str | None, typer.Option(
+        "--trace", metavar="A-B", help="Capture TensorFlow's profiler in every training task over its steps A to B "
+                                       "(e.g. 100-110, each task by its own step count): runs/<id>/profile opens in "
+                                       "XProf or TensorBoard, and the report splits those steps by what they did.",
+        show_default=False)] = None,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
                                          "and a random suffix).", show_default=False)] = None,
@@ -204,7 +209,7 @@ def launch(
             strategy=_value(strategy), workers=workers, ps=ps, evaluator=evaluator, env=tuple(env or ()),
             legacy_keras=legacy_keras, telemetry=telemetry, sample_interval_s=sample_interval, auto_steps=auto_steps,
             prefork=prefork, partition=partition, worker_per=_value(worker_per), balance=_value(balance),
-            speeds=speeds, bench=bench, command=tuple(command or ())),
+            speeds=speeds, bench=bench, command=tuple(command or ()), trace=trace),
         workload=WorkloadOptions(workload=_value(workload), steps=steps, batch_size=batch_size,
                                  execution=_value(execution)),
         supervision=SupervisorOptions(startup_timeout_s=startup_timeout, grace_s=grace, max_restarts=max_restarts,

@@ -23,6 +23,7 @@ from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
     LaunchRequest,
 )
+from ddlctl.task.trace import parse_steps
 
 if TYPE_CHECKING:
     pass
@@ -136,10 +137,21 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
         sample_interval_s=req.sample_interval_s,
         auto_steps=req.auto_steps,
         prefork=req.prefork,
+        trace=trace_steps(req.trace),
         worker_per=req.worker_per or defaults.worker_per or "auto",
         balance=balance,
         speeds=load_speeds(speeds) if speeds else {},
     )
+
+
+def trace_steps(text: str | None) -> tuple[int, int] | None:
+    """``--trace A-B`` as (A, B) (None: no capture); a clear error for anything else."""
+    if text is None:
+        return None
+    try:
+        return parse_steps(text)
+    except ValueError as exc:
+        raise ConfigError(f"--trace {exc}") from None
 
 
 def check_min_workers(min_workers: int, strategy: str, workers: int, max_restarts: int) -> None:

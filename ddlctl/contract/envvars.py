@@ -16,6 +16,7 @@ STRATEGY = "DDLCTL_STRATEGY"  # ps, mwms, model, mirrored, central_storage, one_
 NUM_WORKERS = "DDLCTL_NUM_WORKERS"
 CHECKPOINT_DIR = "DDLCTL_CHECKPOINT_DIR"  # where the built-in workload checkpoints (restarts resume there)
 RESTART_COUNT = "DDLCTL_RESTART_COUNT"  # how often this task was started again (0 the first time)
+TRACE_STEPS = "DDLCTL_TRACE_STEPS"  # "A-B": capture the TensorFlow Profiler over steps A to B (ddlctl.task.trace)
 TOTAL_STEPS = "DDLCTL_TOTAL_STEPS"  # the steps the program declared it will run (progress bars)
 AUTO_STEPS = "DDLCTL_AUTO_STEPS"  # "1": the model.fit hook records steps on its own
 PARTITION = "DDLCTL_PARTITION"  # model parallelism: layers per stage, "3,2,1"

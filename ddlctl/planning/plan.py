@@ -239,6 +239,8 @@ def common_env(request: LaunchRequest) -> dict[str, str]:
         env[envvars.AUTO_STEPS] = "1"
     if not request.prefork:
         env[envvars.PREFORK] = "0"
+    if request.trace is not None:
+        env[envvars.TRACE_STEPS] = "{}-{}".format(*request.trace)
     return {**env, **request.env}
 
 

@@ -42,6 +42,7 @@ class LaunchRequest:
     sample_interval_s: float = 1.0
     auto_steps: bool = True
     prefork: bool = True  # tasks forked from a process that imported TensorFlow (ddlctl.host.prefork)
+    trace: tuple[int, int] | None = None  # steps to capture with TensorFlow's profiler (ddlctl.task.trace)
     worker_per: str = "auto"
     balance: str = "off"
     speeds: Mapping[str, float] = field(default_factory=dict)  # host label -> measured device speed

@@ -176,6 +176,7 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
         console.print(f"time by cause: {summary.time_by_cause['line']}", highlight=False)
     if summary.mfu:
         console.print(mfu_line(summary.mfu), highlight=False)
+    render_traces(summary, console)
     render_work(summary, console)
     render_balance(summary, console)
     render_stages(summary, console)
@@ -363,6 +364,30 @@ def render_hangs(summary: RunSummary, console: Console) -> None:
                            f"could not end it ({left.get('where')})", style="red"), soft_wrap=True)
 
 
+def render_traces(summary: RunSummary, console: Console) -> None:
+    """``--trace``: each task's captured steps split by part, the slowest against a typical peer."""
+    traces = summary.traces
+    if not traces:
+        return
+    if traces.get("note"):
+        console.print(Text(f"• {traces['note']}", style="yellow"))
+    tasks = traces.get("tasks") or []
+    if not tasks:
+        return
+    steps = "-".join(str(s) for s in tasks[0]["steps"])
+    console.print(f"profiler capture, steps {steps} (open: xprof --logdir {traces['logdir']}):", highlight=False)
+    for task in tasks:
+        wall = task["wall_s"] or 1e-9
+        parts = " · ".join(f"{name.replace('_', ' ')} {seconds / wall:.0%}" for name, seconds in task["parts"].items()
+                           if seconds / wall >= 0.005)
+        compute = task["parts"].get("compute") or 1e-9
+        top = ", ".join(f"{op} {seconds / compute:.0%}" for op, seconds in task["top_ops"][:3])
+        console.print(f"  {task['task']} {wall * 1000:.0f} ms: {parts}" + (f" (ops: {top})" if top else ""),
+                      highlight=False)
+    if traces.get("comparison"):
+        console.print(Text(f"• {traces['comparison']}", style="yellow"))
+
+
 def _triple(a: float | None, b: float | None, c: float | None) -> str:
     return " / ".join(_ms(v) for v in (a, b, c))
 
@@ -376,6 +401,7 @@ def render_report(summary: RunSummary, console: Console) -> None:
         console.print(f"time by cause: {summary.time_by_cause['line']}", highlight=False)
     if summary.mfu:
         console.print(mfu_line(summary.mfu), highlight=False)
+    render_traces(summary, console)
     tasks = Table(title="tasks", title_justify="left")
     for column in ("task", "host", "steps", "step ms p50 / p90 / p99", "samples/s", "input %", "late ms",
                    "CPU %", "RSS", "straggler"):

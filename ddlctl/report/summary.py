@@ -34,7 +34,15 @@ import numpy as np
 
 from ddlctl.contract.causes import stall_of, time_by_cause
 from ddlctl.contract.errors import ConfigError
-from ddlctl.contract.rundir import OUTCOME_FILE, PLAN_FILE, TASK_FLOPS, TASK_PHASES, TASK_RESULT, TASK_STEPS, TASKS_DIR
+from ddlctl.contract.rundir import (
+    OUTCOME_FILE,
+    PLAN_FILE,
+    TASK_FLOPS,
+    TASK_PHASES,
+    TASK_RESULT,
+    TASK_STEPS,
+    TASKS_DIR,
+)
 from ddlctl.contract.runfolder import read_record, task_dirs
 from ddlctl.contract.stats import mean, median_of, percentile
 from ddlctl.contract.strategies import TABLE, facts_of, strategy
@@ -49,6 +57,7 @@ from ddlctl.report.mfu import task_mfu
 from ddlctl.report.nocuda import run_no_cuda_line
 from ddlctl.report.stages import stage_plan_of, stage_rows
 from ddlctl.report.stepfile import TaskSteps, kept_records, last_end_us, read_phases, read_steps
+from ddlctl.report.traces import traces_section
 from ddlctl.supervise.results import task_exit_code
 
 DEFAULT_WARMUP_STEPS = 5
@@ -129,21 +138,18 @@ class RunSummary:
     balance: dict | None = None  # mwms: per-worker speed, share, compute and wait; predictions
     stage_plan: dict | None = None  # model strategy: the plan, its predicted and measured step time
     hangs: tuple[dict, ...] = ()  # each hang handled: culprit, why, threshold and rule, where each task stood
-    time_by_cause: dict | None = None  # the job's wall time split by cause (ddlctl.contract.causes)
+    time_by_cause: dict | None = None  # the job's wall time by cause (ddlctl.contract.causes)
     mfu: tuple[dict, ...] = ()  # per task with flops.json: model FLOPs per sample, achieved FLOP/s, MFU
     membership: tuple[dict, ...] = ()  # each change of the job's workers (--min-workers): who left, why, who trained on
     membership_phases: tuple[dict, ...] = ()  # per set of workers: when, why, steps, samples/s while training
     left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
     unread_bytes: int = 0  # the starts of record files past RECORDS_READ_MAX each, not read
+    traces: dict | None = None  # --trace: the profiler captures split by part (ddlctl.report.traces)
 
     def to_dict(self) -> dict[str, object]:
-        """``summary.json`` (``schema`` 11: schema 1 plus restarts, goodput, steps_lost, degraded,
-        hosts_lost (2), plus work, work_note and per-task steps_in_flight_mean,
-        total_steps_declared (3), plus stages and balance (4), plus stage_plan (5), plus hangs (6),
-        plus time_by_cause and mfu (7), plus membership and membership_phases (8), plus left_running
-        (9), plus per-task last_step (10), plus unread_bytes (11))."""
+        """``summary.json`` (``schema`` 12: 11 plus ``traces``; docs/report.md lists its keys)."""
         data = asdict(self)
-        data = {"schema": 11, **data}
+        data = {"schema": 12, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -353,6 +359,7 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
         mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])),
         left_running=tuple(outcome.get("left_running", [])),
         unread_bytes=sum(s.unread_bytes for s in all_steps) + sum(t.unread_bytes for t in telemetry),
+        traces=traces_section(run_dir),
         membership_phases=membership_phases(outcome.get("membership", []), [
             t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
     summary = _with_diagnosis(summary, outcome, run_end)

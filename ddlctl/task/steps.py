@@ -34,6 +34,7 @@ from types import TracebackType
 
 from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_PHASES, TASK_STEPS
+from ddlctl.task.trace import Capture
 
 
 class StepRecorder:
@@ -54,6 +55,7 @@ class StepRecorder:
         self._lock = threading.Lock()  # one line at a time, whichever thread records
         self.count = 0
         self.total: int | None = None
+        self.capture: Capture | None = None  # a profiler capture ddlctl asked for (``--trace``)
 
     @classmethod
     def from_env(cls) -> StepRecorder:
@@ -62,6 +64,7 @@ class StepRecorder:
         task_dir = os.environ.get(envvars.TASK_DIR)
         task = os.environ.get(envvars.TASK, "local:0")
         recorder = cls(Path(task_dir) / TASK_STEPS if task_dir else None, task)
+        recorder.capture = Capture.from_env()
         total = os.environ.get(envvars.TOTAL_STEPS, "")
         if total.isdigit() and int(total) > 0:
             recorder.total = int(total)
@@ -72,6 +75,8 @@ class StepRecorder:
                worker: str | None = None) -> None:
         """Write one step that started at ``start_wall_s`` (epoch seconds) and lasted ``duration_s``."""
         self.count += 1
+        if self.capture is not None:
+            self.capture.after(step, steps, start_wall_s)
         if self._file is None:
             return
         line: dict[str, object] = {"task": self.task, "step": step, "start_us": int(start_wall_s * 1e6),

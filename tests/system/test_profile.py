@@ -106,3 +106,67 @@ def test_agent_death_leaves_a_gap_and_the_job_goes_on(runs):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert any("telemetry" in line for line in summary["diagnosis"])
     assert "telemetry agent on localhost stopped" in out
+
+
+def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after_its_start(tmp_path):
+    import tensorflow as tf  # (the real profiler, in this process)
+
+    from ddlctl.report.traces import xplane_module
+    from ddlctl.task.trace import Capture, parse_steps
+
+    assert parse_steps("20-30") == (20, 30) and parse_steps(" 7 ") == (7, 7)
+    for bad in ("30-20", "0-3", "a-b", ""):
+        with pytest.raises(ValueError, match="100-110"):
+            parse_steps(bad)
+    capture = Capture(20, 30, str(tmp_path / "profile"))
+    for step in range(1, 19):
+        capture.after(step, 1, float(step))
+    assert capture.state == "waiting" and not (tmp_path / "profile").exists()
+    capture.after(19, 1, 19.0)  # a block of 19-24 recorded together: 20-24 ran before the start
+    for step in range(20, 25):
+        capture.after(step, 1, 19.0 + (step - 19) * 0.01)
+    assert capture.state == "tracing"
+    tf.reduce_sum(tf.ones((64, 64)) @ tf.ones((64, 64)))
+    for step in range(25, 33):  # the next block, after the start
+        capture.after(step, 1, capture.began[1] + step)
+    record = json.loads((tmp_path / "capture.json").read_text())
+    assert capture.state == "done" and record["steps"] == [25, 30] and record["asked"] == [20, 30]
+    [written] = (tmp_path / "profile" / "plugins" / "profile" / record["session"]).glob("*.xplane.pb")
+    space = xplane_module().XSpace()
+    space.ParseFromString(written.read_bytes())
+    assert any(plane.name == "/host:CPU" for plane in space.planes)
+
+
+
+def test_trace_captures_the_asked_steps_of_every_worker_for_xprof_and_the_report(runs):
+    # mwms, 2 workers, the built-in workload: each worker's capture of its own steps 20-30
+    result = run_ddlctl("profile", "-s", "mwms", "--workers", "2", "--steps", "50", "--trace", "20-30",
+                        "--runs-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    from ddlctl.report.traces import xplane_module
+
+    session = run_dir / "profile" / "plugins" / "profile" / "steps-20-30"
+    assert sorted(p.name for p in session.iterdir()) == ["worker-0.xplane.pb", "worker-1.xplane.pb"]
+    for worker in ("worker:0", "worker:1"):
+        capture = json.loads((run_dir / "tasks" / worker.replace(":", "-") / "capture.json").read_text())
+        first, last = capture["steps"]
+        assert 20 <= first <= last and last >= 30, capture
+        records = {r["step"]: r for r in steps_of(run_dir, worker)}
+        # the capture ran from before its first step began to after its last ended (the task's own
+        # steps: a block's later steps that ran before the start are not counted as captured)
+        assert records[first - 1]["start_us"] / 1e6 <= capture["start_s"] <= records[first]["start_us"] / 1e6 + 1e-3
+        assert records[last]["start_us"] / 1e6 + records[last]["duration_s"] - 1e-3 <= capture["end_s"]
+        space = xplane_module().XSpace()
+        space.ParseFromString((session / f"{worker.replace(':', '-')}.xplane.pb").read_bytes())
+        assert any(plane.name == "/host:CPU" and len(plane.lines) > 3 for plane in space.planes)
+    traces = json.loads((run_dir / "summary.json").read_text())["traces"]
+    assert [t["task"] for t in traces["tasks"]] == ["worker:0", "worker:1"]
+    for task in traces["tasks"]:
+        parts = task["parts"]
+        assert sum(parts.values()) == pytest.approx(task["wall_s"], abs=1e-5)  # (each rounded to 1 us)
+        assert parts["compute"] > 0.2 * task["wall_s"] and parts["collective"] > 0, task  # mwms all-reduces
+        assert "Conv2D" in task["top_ops"][0][0]
+    assert f"xprof --logdir {run_dir / 'profile'}" in result.stdout
+    bad = run_ddlctl("profile", "-s", "mwms", "--trace", "30-20", "--runs-dir", str(runs))
+    assert bad.returncode == 2 and "--trace '30-20'" in bad.stderr and "Traceback" not in bad.stderr

@@ -174,3 +174,4 @@ def test_an_evaluation_the_lead_beats_through_is_evaluation_while_it_runs():
     # end to the first report of a step is the steps')
     assert (causes.startup_s, causes.productive_s, causes.eval_s) == (1.0, 4.0 + 15.0, 8.0)
     assert causes.ending_s == 0 and causes.between_s == 1.0 and causes.other_s == 0  # (5-6: to the first beat)
+

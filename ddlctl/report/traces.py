@@ -1,0 +1,205 @@
+"""TensorFlow Profiler captures read back (``--trace``): each task's capture gathered into one
+logdir for XProf / TensorBoard, and its captured time split by what the task did (pure functions of
+the run directory).
+
+Layout: ``runs/<id>/profile/plugins/profile/steps-A-B/<task>.xplane.pb``, one session per capture
+and one file per task, named by the task (``worker-1``), so ``xprof --logdir runs/<id>/profile``
+shows every task's trace side by side. The files are hard links to (or copies of) what each task
+wrote in its folder (``tasks/<task>/profile``), which came back with the task folders.
+
+Decoding uses the XPlane protobuf TensorFlow ships (``tsl/profiler/protobuf/xplane_pb2.py``),
+loaded from its file without importing TensorFlow; XProf's copy where TensorFlow is not installed.
+
+The split of a task's captured wall time, each instant counted once, in this order: *compute* (a
+TensorFlow op running on a compute thread or a device), *collective* (all-reduce and its kin, not
+hidden behind compute), *ps rpc* (remote calls, tensors sent and received across tasks), *copies*
+(host <-> device), *input* (the training loop waiting in ``IteratorGetNext`` for its batch), and
+*idle* (nothing of the above: Python, dispatch, waiting on nothing TensorFlow names).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddlctl.contract.causes import Interval, length, minus, union
+from ddlctl.contract.rundir import PROFILE_DIR, TASK_CAPTURE, TASK_TRACE_DIR, TASKS_DIR
+
+#: The parts of a captured step, in the order they claim time.
+PARTS = ("compute", "collective", "ps_rpc", "copies", "input", "idle")
+_COLLECTIVE = ("Collective", "AllReduce", "NcclAll", "AllGather", "ReduceScatter")
+_RPC = ("_Recv", "_Send", "RemoteCall", "RecvTensor", "RunComponentFunction", "GrpcRemote")
+_COPIES = ("Memcpy", "CopyToDevice", "CopyFromDevice", "_HostSend", "_HostRecv")
+_INPUT = ("IteratorGetNext", "GetNextFromShard", "MultiDeviceIteratorGetNextFromShard")
+
+
+@dataclass
+class TaskTrace:
+    """One task's capture, split."""
+
+    task: str
+    steps: tuple[int, int]
+    wall_s: float
+    parts: dict[str, float]  # part -> seconds of the capture's wall time
+    top_ops: list[tuple[str, float]] = field(default_factory=list)  # op type -> seconds (compute threads)
+    file: str = ""
+
+    def share(self, part: str) -> float:
+        return self.parts.get(part, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "steps": list(self.steps), "wall_s": round(self.wall_s, 6),
+                "parts": {k: round(v, 6) for k, v in self.parts.items()},
+                "top_ops": [[name, round(s, 6)] for name, s in self.top_ops], "file": self.file}
+
+
+def xplane_module():  # noqa: ANN201 - the generated protobuf module
+    """TensorFlow's (else XProf's) ``xplane_pb2``, loaded without importing either; None if neither."""
+    for package, relative in (("tensorflow", "tsl/profiler/protobuf/xplane_pb2.py"),
+                              ("xprof", "protobuf/xplane_pb2.py")):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        path = Path(next(iter(spec.submodule_search_locations))) / relative
+        if path.is_file():
+            loader = importlib.util.spec_from_file_location(f"_ddlctl_xplane_{package}", path)
+            module = importlib.util.module_from_spec(loader)  # type: ignore[arg-type]
+            loader.loader.exec_module(module)  # type: ignore[union-attr]
+            return module
+    return None
+
+
+def gather(run_dir: Path) -> list[tuple[str, dict, Path]]:
+    """Link every task's capture into ``profile/plugins/profile/steps-A-B/<task>.xplane.pb``;
+    (task, its capture.json, the linked file) for each capture that has a trace file."""
+    found = []
+    for folder in sorted((run_dir / TASKS_DIR).glob("*")):
+        try:
+            capture = json.loads((folder / TASK_CAPTURE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(capture, dict) or not isinstance(capture.get("session"), str) or "/" in capture["session"]:
+            continue
+        sources = sorted((folder / TASK_TRACE_DIR / "plugins" / "profile" / capture["session"]).glob("*.xplane.pb"))
+        steps = capture.get("asked") or capture.get("steps") or [0, 0]
+        target = run_dir / PROFILE_DIR / "plugins" / "profile" / f"steps-{int(steps[0])}-{int(steps[1])}"
+        for source in sources[:1]:
+            target.mkdir(parents=True, exist_ok=True)
+            linked = target / f"{folder.name}.xplane.pb"
+            if not linked.exists():
+                try:
+                    os.link(source, linked)
+                except OSError:
+                    shutil.copyfile(source, linked)
+            found.append((folder.name.replace("-", ":", 1), capture, linked))
+    return found
+
+
+def split(task: str, capture: dict, space: object) -> TaskTrace:
+    """The capture's wall time split into :data:`PARTS` (``space``: a decoded XSpace)."""
+    spans: dict[str, list[Interval]] = {part: [] for part in PARTS[:-1]}
+    ops: dict[str, float] = {}
+    first, last = float("inf"), float("-inf")
+    for plane in space.planes:  # type: ignore[attr-defined]
+        device = plane.name.startswith("/device:")
+        names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        for line in plane.lines:
+            compute_line = device or line.name.startswith(("tf_Compute", "tf_XLA", "collective_ops"))
+            base = line.timestamp_ns / 1e9
+            for event in line.events:
+                name = names.get(event.metadata_id, "")
+                start = base + event.offset_ps / 1e12
+                end = start + event.duration_ps / 1e12
+                first, last = min(first, start), max(last, end)
+                part = _part_of(name, compute_line)
+                if part is None:
+                    continue
+                spans[part].append((start, end))
+                if part == "compute":
+                    kind = name.rpartition(":")[2] if ":" in name else name
+                    ops[kind] = ops.get(kind, 0.0) + end - start
+    start_s, end_s = capture.get("start_s"), capture.get("end_s")
+    if isinstance(start_s, (int, float)) and isinstance(end_s, (int, float)) and end_s > start_s:
+        # times in the file count from the profiler's start (epoch nanoseconds in older files)
+        window = (start_s, end_s) if first > 1e9 else (0.0, end_s - start_s)
+    else:
+        window = (first, last) if last > first else (0.0, 0.0)
+    claimed: list[Interval] = []
+    parts: dict[str, float] = {}
+    for part in PARTS[:-1]:
+        mine = minus(union([(max(a, window[0]), min(b, window[1])) for a, b in spans[part]
+                            if b > window[0] and a < window[1]]), claimed)
+        claimed = union([*claimed, *mine])
+        parts[part] = length(mine)
+    wall = window[1] - window[0]
+    parts["idle"] = max(0.0, wall - sum(parts.values()))
+    steps = capture.get("steps") or capture.get("asked") or [0, 0]
+    top = sorted(ops.items(), key=lambda kv: -kv[1])[:5]
+    return TaskTrace(task, (int(steps[0]), int(steps[1])), wall, parts, top)
+
+
+def _part_of(name: str, compute_line: bool) -> str | None:
+    """Which part an event is (None: none: a framework event, or an op off the compute threads)."""
+    if any(marker in name for marker in _INPUT):
+        return "input"
+    if "::" in name and not name.startswith("Iterator"):  # (framework TraceMe: ExecutorState::Process ...)
+        return None
+    if any(marker in name for marker in _COLLECTIVE):
+        return "collective"
+    if any(marker in name for marker in _RPC):
+        return "ps_rpc"
+    if any(marker in name for marker in _COPIES):
+        return "copies"
+    if compute_line and ":" in name:  # an op: "scope/name:Type"
+        return "compute"
+    return None
+
+
+def read_traces(run_dir: Path) -> tuple[list[TaskTrace], str | None]:
+    """Every task's capture split (gathered first), and a note when they cannot be read."""
+    gathered = gather(run_dir)
+    if not gathered:
+        return [], None
+    module = xplane_module()
+    if module is None:
+        return [], "the traces cannot be read here: install TensorFlow (or 'ddlctl[profile]') to decode them"
+    traces = []
+    for task, capture, path in gathered:
+        space = module.XSpace()
+        try:
+            space.ParseFromString(path.read_bytes())
+        except Exception:  # noqa: BLE001 - (google.protobuf.message.DecodeError: a damaged file)
+            continue
+        trace = split(task, capture, space)
+        trace.file = str(path.relative_to(run_dir))
+        traces.append(trace)
+    return traces, None
+
+
+def compare(traces: Sequence[TaskTrace]) -> str | None:
+    """The slowest task's capture against a typical peer's, when it is clearly slower (1.2x)."""
+    if len(traces) < 2:
+        return None
+    per_step = sorted(traces, key=lambda t: t.wall_s / max(1, t.steps[1] - t.steps[0] + 1))
+    slow, typical = per_step[-1], per_step[len(per_step) // 2 - (len(per_step) % 2 == 0)]
+    ratio = (slow.wall_s / max(1, slow.steps[1] - slow.steps[0] + 1)) / max(
+        1e-9, typical.wall_s / max(1, typical.steps[1] - typical.steps[0] + 1))
+    if ratio < 1.2:
+        return None
+    part = max(PARTS, key=lambda p: slow.share(p) - typical.share(p))
+    return (f"{slow.task}'s captured steps are {ratio:.1f}x longer than {typical.task}'s: {slow.share(part):.0%} of "
+            f"its time is {part.replace('_', ' ')} against {typical.share(part):.0%} on {typical.task}")
+
+
+def traces_section(run_dir: Path) -> dict | None:
+    """``summary.json``'s ``traces``: the captures gathered under ``profile/`` and split (None: none)."""
+    traces, note = read_traces(run_dir)
+    if not traces and note is None:
+        return None
+    return {"logdir": str(run_dir / PROFILE_DIR), "tasks": [t.to_dict() for t in traces],
+            "comparison": compare(traces), "note": note}

@@ -1,0 +1,122 @@
+"""TensorFlow Profiler captures at step boundaries (``ddlctl profile --trace A-B``).
+
+ddlctl asks for a capture through the task's environment (``DDLCTL_TRACE_STEPS=A-B``). Every
+path that records steps (``ddlctl.step``, the ``model.fit`` hook, the built-in workload, the
+pipeline loop) goes through :meth:`ddlctl.task.steps.StepRecorder.record`, which calls
+:meth:`Capture.after` with the steps just recorded: once the task has recorded step ``A - 1`` the
+profiler starts (``tf.profiler.experimental.start`` into ``$DDLCTL_TASK_DIR/profile``), and once it
+has recorded step ``B`` it stops and ``capture.json`` says what was captured (the steps, the
+wall-clock span, the session folder TensorFlow wrote). A program that records its steps in blocks
+is captured from the block after ``A - 1`` to the block that holds ``B``: the record says the steps
+actually covered. Aligned on the task's own step counter, not on the clock, so every task captures
+the same steps however far apart they run.
+
+Nothing here imports TensorFlow: a program that has not imported it (a PyTorch one) is not
+captured, and says so once in ``capture.json``. A capture that TensorFlow refuses (another profiler
+session running) is recorded as refused; training goes on either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+from ddlctl.contract import envvars
+from ddlctl.contract.rundir import TASK_CAPTURE, TASK_TRACE_DIR
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """``"A-B"`` or ``"A"`` -> (A, B), steps counted from 1; ValueError with what to give otherwise."""
+    first, dash, last = text.strip().partition("-")
+    try:
+        start, end = int(first), int(last) if dash else int(first)
+    except ValueError:
+        raise ValueError(f"{text!r}: give the steps to capture as A-B (e.g. 100-110) or one step A") from None
+    if start < 1 or end < start:
+        raise ValueError(f"{text!r}: steps count from 1 and the last is not before the first (e.g. 100-110)")
+    return start, end
+
+
+class Capture:
+    """One capture over steps ``first``..``last`` of this task, into ``folder``."""
+
+    def __init__(self, first: int, last: int, folder: str) -> None:
+        self.first, self.last, self.folder = first, last, folder
+        self.state = "waiting"  # -> "tracing" -> "done" | "refused" | "not TensorFlow"
+        self.began: tuple[int, float] | None = None  # (the first step after the start, epoch s)
+
+    @classmethod
+    def from_env(cls) -> Capture | None:
+        """The capture ddlctl asked this task for, if any (a bad value asks for none)."""
+        text, task_dir = os.environ.get(envvars.TRACE_STEPS), os.environ.get(envvars.TASK_DIR)
+        if not text or not task_dir:
+            return None
+        try:
+            first, last = parse_steps(text)
+        except ValueError:
+            return None
+        return cls(first, last, os.path.join(task_dir, TASK_TRACE_DIR))
+
+    def after(self, step: int, steps: int = 1, started: float | None = None) -> None:
+        """Steps ``step``..``step + steps - 1`` (begun at ``started``, epoch s) were just recorded:
+        start or stop the capture. The first step captured is the first that began after the start
+        (a block's later steps, recorded after the start, ran before it)."""
+        reached = step + steps - 1
+        if self.state == "waiting" and reached >= self.first - 1 and reached < self.last:
+            self._start(reached + 1)
+        elif self.state == "tracing":
+            if self.began is not None and started is not None and started < self.began[1] - 1e-4:
+                self.began = (reached + 1, self.began[1])
+            if reached >= max(self.last, self.began[0] if self.began else 0):  # (at least one step)
+                self._stop(reached)
+
+    def _start(self, next_step: int) -> None:
+        tf = sys.modules.get("tensorflow")
+        if tf is None:
+            self.state = "not TensorFlow"
+            self._write({"error": "the program had not imported TensorFlow: nothing to capture"})
+            return
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            tf.profiler.experimental.start(self.folder)
+        except Exception as exc:  # noqa: BLE001 - (tf.errors.AlreadyExistsError: another session)
+            self.state = "refused"
+            self._write({"error": f"TensorFlow refused to start its profiler: {type(exc).__name__}: {exc}"[:500]})
+            return
+        self.state = "tracing"
+        self.began = (next_step, time.time())
+
+    def _stop(self, reached: int) -> None:
+        tf = sys.modules["tensorflow"]
+        ended = time.time()
+        before = set(_sessions(self.folder))
+        try:
+            tf.profiler.experimental.stop()
+        except Exception as exc:  # noqa: BLE001
+            self.state = "refused"
+            self._write({"error": f"TensorFlow could not stop its profiler: {type(exc).__name__}: {exc}"[:500]})
+            return
+        self.state = "done"
+        made = sorted(set(_sessions(self.folder)) - before) or sorted(_sessions(self.folder))[-1:]
+        assert self.began is not None
+        self._write({"steps": [self.began[0], reached], "asked": [self.first, self.last],
+                     "start_s": round(self.began[1], 6), "end_s": round(ended, 6),
+                     "session": made[-1] if made else None})
+
+    def _write(self, record: dict) -> None:
+        path = os.path.join(os.path.dirname(self.folder), TASK_CAPTURE)
+        with contextlib.suppress(OSError):
+            with open(f"{path}.tmp", "w") as handle:
+                json.dump({"asked": [self.first, self.last], **record}, handle)
+            os.replace(f"{path}.tmp", path)
+
+
+def _sessions(folder: str) -> list[str]:
+    """The session folders TensorFlow wrote under ``folder`` (``plugins/profile/<session>``)."""
+    try:
+        return os.listdir(os.path.join(folder, "plugins", "profile"))
+    except OSError:
+        return []
