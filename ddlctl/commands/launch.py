@@ -45,11 +45,13 @@ from ddlctl.contract.strategies import facts_of
 from ddlctl.diagnose.tfnoise import is_startup_noise, noise_in
 from ddlctl.planning.plan import (
     MULTI_HOST_STRATEGIES,
+    PROFILER_PORT_SUFFIX,
     LaunchRequest,
     Plan,
     layout,
     make_plan,
     needs_port,
+    profiler_tasks,
     python_note,
 )
 from ddlctl.supervise.results import outcome_record
@@ -78,9 +80,12 @@ if TYPE_CHECKING:
 def tasks_needing_ports(cluster: Cluster, request: LaunchRequest) -> dict[str, list[str]]:
     """Host label -> names of its tasks that listen on a port (members of the cluster spec)."""
     by_host: dict[str, list[str]] = {}
-    for placement in layout(cluster, request):
+    placements = layout(cluster, request)
+    for placement in placements:
         if needs_port(placement, request.strategy):
             by_host.setdefault(placement.host.label, []).append(placement.name)
+    for placement in profiler_tasks(placements, request):  # (--trace: where their profilers serve)
+        by_host.setdefault(placement.host.label, []).append(placement.name + PROFILER_PORT_SUFFIX)
     return by_host
 
 

@@ -32,6 +32,7 @@ OFF_VAR = envvars.PREFORK
 PER_TASK = frozenset({
     "TF_CONFIG", envvars.TASK, envvars.TASK_DIR, envvars.RESTART_COUNT, envvars.NUM_WORKERS, envvars.DEVICES,
     envvars.BALANCE, envvars.SPEEDS, envvars.TOTAL_STEPS, envvars.CHECKPOINT_DIR, "TMPDIR", "CUDA_VISIBLE_DEVICES",
+    envvars.PROFILER_SERVE, envvars.PROFILER_ADDRESSES,
     "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", envvars.SAFE_PATH, "DDLCTL_SERVER_FULL_IMPORT", OFF_VAR,
     "TF_FORCE_GPU_ALLOW_GROWTH",  # (read when the GPUs are first used: after the fork)
     "TF_GRPC_DEFAULT_OPTIONS",  # (read when a gRPC channel is made; a task with TF_CONFIG gets it)

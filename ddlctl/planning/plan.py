@@ -171,6 +171,17 @@ def _address_host(host: Host) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+#: Appended to a server task's name for the port its profiler serves on (``--trace``).
+PROFILER_PORT_SUFFIX = "@profiler"
+
+
+def profiler_tasks(placements: Sequence[Placement], request: LaunchRequest) -> list[Placement]:
+    """The server tasks whose profiler the chief traces over ``--trace`` (ps workers and ps, stages)."""
+    if request.trace is None or request.strategy not in SERVER_STRATEGIES:
+        return []
+    return [p for p in placements if p.role in ("worker", "ps")]
+
+
 def needs_port(placement: Placement, strategy: str) -> bool:
     """Whether the task listens on a TensorFlow port (it is a member of the cluster spec)."""
     return strategy in MULTI_HOST_STRATEGIES and placement.role != "evaluator"
@@ -288,6 +299,12 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
                 {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes,
                  "gflops": request.speeds.get(w.host.label) if request.speeds else None}
                 for w in placements if w.role == "worker"])
+        profiled = {q.name: f"{_address_host(q.host)}:{ports[q.name + PROFILER_PORT_SUFFIX]}"
+                    for q in profiler_tasks(placements, request) if ports.get(q.name + PROFILER_PORT_SUFFIX)}
+        if server and p.name in profiled:
+            env[envvars.PROFILER_SERVE] = profiled[p.name].rpartition(":")[2]
+        elif p.role == "chief" and profiled:
+            env[envvars.PROFILER_ADDRESSES] = json.dumps(profiled, sort_keys=True)
         if request.balance == "speed" and p.role == "worker":
             env[envvars.BALANCE] = "speed"
             if request.speeds:

@@ -5,7 +5,7 @@ the run directory).
 Layout: ``runs/<id>/profile/plugins/profile/steps-A-B/<task>.xplane.pb``, one session per capture
 and one file per task, named by the task (``worker-1``), so ``xprof --logdir runs/<id>/profile``
 shows every task's trace side by side. The files are hard links to (or copies of) what each task
-wrote in its folder (``tasks/<task>/profile``), which came back with the task folders.
+kept in its folder (``tasks/<task>/capture.xplane.pb``), which came back with the task folders.
 
 Decoding uses the XPlane protobuf TensorFlow ships (``tsl/profiler/protobuf/xplane_pb2.py``),
 loaded from its file without importing TensorFlow; XProf's copy where TensorFlow is not installed.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlctl.contract.causes import Interval, length, minus, union
-from ddlctl.contract.rundir import PROFILE_DIR, TASK_CAPTURE, TASK_TRACE_DIR, TASKS_DIR
+from ddlctl.contract.rundir import PROFILE_DIR, TASK_CAPTURE, TASKS_DIR
 
 #: The parts of a captured step, in the order they claim time.
 PARTS = ("compute", "collective", "ps_rpc", "copies", "input", "idle")
@@ -75,28 +75,39 @@ def xplane_module():  # noqa: ANN201 - the generated protobuf module
 
 
 def gather(run_dir: Path) -> list[tuple[str, dict, Path]]:
-    """Link every task's capture into ``profile/plugins/profile/steps-A-B/<task>.xplane.pb``;
-    (task, its capture.json, the linked file) for each capture that has a trace file."""
+    """Link every task's capture into ``profile/plugins/profile/steps-A-B/<task>.xplane.pb`` (a ps
+    chief's folder also holds its servers' traces: ``servers``); (task, its capture record, the
+    linked file) for each capture that has a trace file."""
     found = []
     for folder in sorted((run_dir / TASKS_DIR).glob("*")):
         try:
             capture = json.loads((folder / TASK_CAPTURE).read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(capture, dict) or not isinstance(capture.get("session"), str) or "/" in capture["session"]:
+        if not isinstance(capture, dict):
             continue
-        sources = sorted((folder / TASK_TRACE_DIR / "plugins" / "profile" / capture["session"]).glob("*.xplane.pb"))
         steps = capture.get("asked") or capture.get("steps") or [0, 0]
-        target = run_dir / PROFILE_DIR / "plugins" / "profile" / f"steps-{int(steps[0])}-{int(steps[1])}"
-        for source in sources[:1]:
+        try:
+            target = run_dir / PROFILE_DIR / "plugins" / "profile" / f"steps-{int(steps[0])}-{int(steps[1])}"
+        except (TypeError, ValueError, IndexError):
+            continue
+        captures = [(folder.name, capture.get("file"), capture)]
+        servers = capture.get("servers")
+        if isinstance(servers, dict):  # (the servers' traces span the chief's remote trace)
+            window = {"start_s": capture.get("servers_start_s"), "end_s": capture.get("servers_end_s")}
+            captures += [(str(task).replace(":", "-"), name, {**capture, **window}) for task, name in servers.items()]
+        for name, file, record in captures:
+            if not isinstance(file, str) or "/" in file or not file.endswith(".xplane.pb") \
+                    or not (folder / file).is_file() or "/" in name or name.startswith("."):
+                continue
             target.mkdir(parents=True, exist_ok=True)
-            linked = target / f"{folder.name}.xplane.pb"
+            linked = target / f"{name}.xplane.pb"
             if not linked.exists():
                 try:
-                    os.link(source, linked)
+                    os.link(folder / file, linked)
                 except OSError:
-                    shutil.copyfile(source, linked)
-            found.append((folder.name.replace("-", ":", 1), capture, linked))
+                    shutil.copyfile(folder / file, linked)
+            found.append((name.replace("-", ":", 1), record, linked))
     return found
 
 
@@ -181,14 +192,35 @@ def read_traces(run_dir: Path) -> tuple[list[TaskTrace], str | None]:
     return traces, None
 
 
+#: A task whose captured time waits for input this much (and twice a typical peer's) is input-bound.
+INPUT_BOUND_SHARE = 0.2
+
+
 def compare(traces: Sequence[TaskTrace]) -> str | None:
-    """The slowest task's capture against a typical peer's, when it is clearly slower (1.2x)."""
-    if len(traces) < 2:
+    """What sets one worker's capture apart from a typical peer's (workers with workers; without
+    two of them, tasks of one role): input-bound (its share waiting for
+    input at least :data:`INPUT_BOUND_SHARE` and twice the peer's), else clearly slower steps (1.2x:
+    the part it spends most more on)."""
+    workers = [t for t in traces if t.task.startswith("worker:")]  # (peers: tasks of one role)
+    traces = workers if len(workers) >= 2 else traces
+    if len(traces) < 2 or len({t.task.partition(":")[0] for t in traces}) > 1:
         return None
-    per_step = sorted(traces, key=lambda t: t.wall_s / max(1, t.steps[1] - t.steps[0] + 1))
-    slow, typical = per_step[-1], per_step[len(per_step) // 2 - (len(per_step) % 2 == 0)]
-    ratio = (slow.wall_s / max(1, slow.steps[1] - slow.steps[0] + 1)) / max(
-        1e-9, typical.wall_s / max(1, typical.steps[1] - typical.steps[0] + 1))
+    hungry = max(traces, key=lambda t: t.share("input"))
+    peers = sorted((t for t in traces if t is not hungry), key=lambda t: t.share("input"))
+    peer = peers[(len(peers) - 1) // 2]
+    if hungry.share("input") >= INPUT_BOUND_SHARE and hungry.share("input") >= 2 * peer.share("input"):
+        waits = max(("collective", "ps_rpc"), key=peer.share)
+        why = f" (which waits in {waits.replace('_', ' ')} {peer.share(waits):.0%}: for it)" \
+            if peer.share(waits) >= INPUT_BOUND_SHARE else ""
+        return (f"{hungry.task} is input-bound in its capture: {hungry.share('input'):.0%} of its time waits for "
+                f"input, against {peer.share('input'):.0%} on {peer.task}{why}")
+
+    def per_step(trace: TaskTrace) -> float:
+        return trace.wall_s / max(1, trace.steps[1] - trace.steps[0] + 1)
+
+    ranked = sorted(traces, key=per_step)
+    slow, typical = ranked[-1], ranked[(len(ranked) - 1) // 2]
+    ratio = per_step(slow) / max(1e-9, per_step(typical))
     if ratio < 1.2:
         return None
     part = max(PARTS, key=lambda p: slow.share(p) - typical.share(p))

@@ -63,9 +63,12 @@ def server_api(lean: bool) -> tuple[type, type, type]:
     return tf.distribute.Server, tf.distribute.cluster_resolver.TFConfigClusterResolver, tf.compat.v1.ConfigProto
 
 
-def profiler_port(base: str | None, role: str, index: int) -> int | None:
-    """The port this task serves TensorFlow's profiler on (``$DDLCTL_PROFILER_PORT`` + its index,
-    ps tasks + 100 more), or None when the variable is unset or not a port number."""
+def profiler_port(base: str | None, role: str, index: int, planned: str | None = None) -> int | None:
+    """The port this task serves TensorFlow's profiler on: the one ddlctl planned for ``--trace``
+    (``$DDLCTL_PROFILER_SERVE``), else ``$DDLCTL_PROFILER_PORT`` + its index (ps tasks + 100 more),
+    or None when neither is a port number."""
+    if planned and planned.isdigit():
+        return int(planned)
     if not base or not base.isdigit():
         return None
     return int(base) + index + (100 if role == "ps" else 0)
@@ -75,7 +78,8 @@ def main() -> int:
     """Start the server described by TF_CONFIG and join it."""
     quiet_tensorflow_logs()
     ctx = task_context("ps")
-    profiler = profiler_port(os.environ.get(envvars.PROFILER_PORT), ctx.role, ctx.index)
+    profiler = profiler_port(os.environ.get(envvars.PROFILER_PORT), ctx.role, ctx.index,
+                             os.environ.get(envvars.PROFILER_SERVE))
     try:
         server_class, resolver_class, config_class = server_api(lean=not profiler and not os.environ.get(FULL_IMPORT))
     except ImportError:

@@ -76,7 +76,7 @@ class StepRecorder:
         """Write one step that started at ``start_wall_s`` (epoch seconds) and lasted ``duration_s``."""
         self.count += 1
         if self.capture is not None:
-            self.capture.after(step, steps, start_wall_s)
+            self.capture.after(step, steps, start_wall_s, duration_s)
         if self._file is None:
             return
         line: dict[str, object] = {"task": self.task, "step": step, "start_us": int(start_wall_s * 1e6),

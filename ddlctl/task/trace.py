@@ -5,11 +5,11 @@ path that records steps (``ddlctl.step``, the ``model.fit`` hook, the built-in w
 pipeline loop) goes through :meth:`ddlctl.task.steps.StepRecorder.record`, which calls
 :meth:`Capture.after` with the steps just recorded: once the task has recorded step ``A - 1`` the
 profiler starts (``tf.profiler.experimental.start`` into ``$DDLCTL_TASK_DIR/profile``), and once it
-has recorded step ``B`` it stops and ``capture.json`` says what was captured (the steps, the
-wall-clock span, the session folder TensorFlow wrote). A program that records its steps in blocks
-is captured from the block after ``A - 1`` to the block that holds ``B``: the record says the steps
-actually covered. Aligned on the task's own step counter, not on the clock, so every task captures
-the same steps however far apart they run.
+has recorded step ``B`` it stops; the trace moves up to ``capture.xplane.pb`` in the task folder
+and ``capture.json`` says what was captured (the steps, the wall-clock span, the file). Steps
+recorded in blocks: a block's steps that began before the start are not counted as captured (the
+capture then runs to the end of a block that began after it). Aligned on the task's own step
+counter, not on the clock, so every task captures the same steps however far apart they run.
 
 Nothing here imports TensorFlow: a program that has not imported it (a PyTorch one) is not
 captured, and says so once in ``capture.json``. A capture that TensorFlow refuses (another profiler
@@ -21,11 +21,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
+import threading
 import time
 
 from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_CAPTURE, TASK_TRACE_DIR
+
+#: Seconds past its stop a ps chief waits for its servers' traces to come back.
+REMOTE_WAIT_S = 15.0
+#: A task's capture, moved to its folder's top level (a remote task's folder comes back without subfolders).
+CAPTURE_FILE = "capture.xplane.pb"
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -43,10 +50,14 @@ def parse_steps(text: str) -> tuple[int, int]:
 class Capture:
     """One capture over steps ``first``..``last`` of this task, into ``folder``."""
 
-    def __init__(self, first: int, last: int, folder: str) -> None:
+    def __init__(self, first: int, last: int, folder: str, servers: dict[str, str] | None = None) -> None:
         self.first, self.last, self.folder = first, last, folder
         self.state = "waiting"  # -> "tracing" -> "done" | "refused" | "not TensorFlow"
         self.began: tuple[int, float] | None = None  # (the first step after the start, epoch s)
+        self.servers = dict(servers or {})  # a ps chief: server task -> "host:port" of its profiler
+        self.step_s: list[float] = []  # the last steps' durations (how long a remote trace should run)
+        self.remote: threading.Thread | None = None
+        self.remote_record: dict = {}
 
     @classmethod
     def from_env(cls) -> Capture | None:
@@ -56,15 +67,19 @@ class Capture:
             return None
         try:
             first, last = parse_steps(text)
+            servers = json.loads(os.environ.get(envvars.PROFILER_ADDRESSES) or "{}")
         except ValueError:
             return None
-        return cls(first, last, os.path.join(task_dir, TASK_TRACE_DIR))
+        servers = {str(k): str(v) for k, v in servers.items()} if isinstance(servers, dict) else {}
+        return cls(first, last, os.path.join(task_dir, TASK_TRACE_DIR), servers)
 
-    def after(self, step: int, steps: int = 1, started: float | None = None) -> None:
+    def after(self, step: int, steps: int = 1, started: float | None = None, duration_s: float | None = None) -> None:
         """Steps ``step``..``step + steps - 1`` (begun at ``started``, epoch s) were just recorded:
         start or stop the capture. The first step captured is the first that began after the start
         (a block's later steps, recorded after the start, ran before it)."""
         reached = step + steps - 1
+        if duration_s is not None and self.servers:
+            self.step_s = [*self.step_s[-19:], duration_s / max(1, steps)]
         if self.state == "waiting" and reached >= self.first - 1 and reached < self.last:
             self._start(reached + 1)
         elif self.state == "tracing":
@@ -88,7 +103,11 @@ class Capture:
             return
         self.state = "tracing"
         self.began = (next_step, time.time())
-
+        if self.servers:  # the ps servers, traced from here over about as long as the steps take
+            usual = sorted(self.step_s)[len(self.step_s) // 2] if self.step_s else 0.05
+            duration_ms = int(min(60_000, max(500, (self.last - next_step + 1) * usual * 1000 + 200)))
+            self.remote = threading.Thread(target=self._trace_servers, args=(tf, duration_ms), daemon=True)
+            self.remote.start()
     def _stop(self, reached: int) -> None:
         tf = sys.modules["tensorflow"]
         ended = time.time()
@@ -102,9 +121,34 @@ class Capture:
         self.state = "done"
         made = sorted(set(_sessions(self.folder)) - before) or sorted(_sessions(self.folder))[-1:]
         assert self.began is not None
-        self._write({"steps": [self.began[0], reached], "asked": [self.first, self.last],
+        if self.remote is not None:
+            self.remote.join(timeout=REMOTE_WAIT_S)
+        self._write({**self.remote_record, "steps": [self.began[0], reached], "asked": [self.first, self.last],
                      "start_s": round(self.began[1], 6), "end_s": round(ended, 6),
-                     "session": made[-1] if made else None})
+                     "file": _keep(self.folder, made[-1]) if made else None})
+
+    def _trace_servers(self, tf, duration_ms: int) -> None:  # noqa: ANN001 - the tensorflow module
+        """Trace every server's profiler (``client.trace``) into ``capture-<task>.xplane.pb`` files."""
+        folder = os.path.join(os.path.dirname(self.folder), "profile-servers")
+        began = time.time()
+        try:
+            tf.profiler.experimental.client.trace(",".join(f"grpc://{a}" for a in self.servers.values()), folder,
+                                                  duration_ms)
+        except Exception as exc:  # noqa: BLE001 - (tf.errors.UnavailableError: a profiler not reached)
+            self.remote_record = {"servers_error": f"{type(exc).__name__}: {exc}"[:500]}
+            return
+        kept: dict[str, str] = {}
+        for session in _sessions(folder):
+            for task, address in self.servers.items():
+                written = os.path.join(folder, "plugins", "profile", session, address.replace(":", "_") + ".xplane.pb")
+                name = f"capture-{task.replace(':', '-')}.xplane.pb"
+                with contextlib.suppress(OSError):
+                    os.replace(written, os.path.join(os.path.dirname(self.folder), name))
+                    kept[task] = name
+        with contextlib.suppress(OSError):
+            shutil.rmtree(folder)
+        self.remote_record = {"servers": kept, "servers_start_s": round(began, 6),
+                              "servers_end_s": round(began + duration_ms / 1000, 6)}
 
     def _write(self, record: dict) -> None:
         path = os.path.join(os.path.dirname(self.folder), TASK_CAPTURE)
@@ -112,6 +156,29 @@ class Capture:
             with open(f"{path}.tmp", "w") as handle:
                 json.dump({"asked": [self.first, self.last], **record}, handle)
             os.replace(f"{path}.tmp", path)
+
+
+def _keep(folder: str, session: str) -> str | None:
+    """Move the trace TensorFlow wrote in ``folder``'s ``session`` up to the task folder as
+    ``capture.xplane.pb`` (what comes back with a remote task's folder); its name, or None."""
+    written = os.path.join(folder, "plugins", "profile", session)
+    names = sorted(n for n in _listing(written) if n.endswith(".xplane.pb"))
+    if not names:
+        return None
+    try:
+        os.replace(os.path.join(written, names[0]), os.path.join(os.path.dirname(folder), CAPTURE_FILE))
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        shutil.rmtree(folder)
+    return CAPTURE_FILE
+
+
+def _listing(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 def _sessions(folder: str) -> list[str]:

@@ -12,6 +12,8 @@ linear execution, so both train on exactly the same data.
 
 from __future__ import annotations
 
+import time
+
 IMAGE_SIZE = 24
 CHANNELS = 3
 CLASSES = 8
@@ -83,9 +85,10 @@ def step_ids(step: int, batch: int, shard: int = 0, num_shards: int = 1):
 
 
 def shard_dataset(seed: int, augment: bool, batch: int, shard: int = 0, num_shards: int = 1,
-                  epoch_size: int | None = None, parallel: bool = True, first_step: int = 0):
+                  epoch_size: int | None = None, parallel: bool = True, first_step: int = 0, delay_s: float = 0.0):
     """Shard ``shard`` of the id stream, as (images, labels, ids) batches: pipelined input.
-    ``first_step``: start where step ``first_step`` (0-based) reads (a resumed run)."""
+    ``first_step``: start where step ``first_step`` (0-based) reads (a resumed run); ``delay_s``:
+    each batch takes that much longer to make (a slow map: input-bound on purpose)."""
     import tensorflow as tf
 
     end = epoch_size if epoch_size else 1 << 62
@@ -95,7 +98,7 @@ def shard_dataset(seed: int, augment: bool, batch: int, shard: int = 0, num_shar
         # all-reduce of "has data" across workers (a hidden barrier per step).
         ids = ids.repeat()
     return _batches(ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE if parallel else None,
-                            deterministic=True), batch, parallel)
+                            deterministic=True), batch, parallel, delay_s)
 
 
 def slice_ids(step: int, global_batch: int, offset: int, batch: int):
@@ -193,13 +196,25 @@ def range_dataset(seed: int, augment: bool, batch: int, first_id, count, paralle
                             deterministic=True), batch, parallel)
 
 
-def _batches(samples, batch: int, parallel: bool):
+def _batches(samples, batch: int, parallel: bool, delay_s: float = 0.0):
     """Batches of ``samples``; pipelined (``parallel``): prefetched, so the next batch is made while
     a step computes. Otherwise strictly sequential: no prefetch, and none of the optimisations that
-    tf.data would otherwise apply behind the program's back (injected prefetch, parallelised map)."""
+    tf.data would otherwise apply behind the program's back (injected prefetch, parallelised map).
+    ``delay_s``: a map that takes that long per batch (one batch at a time)."""
     import tensorflow as tf
 
     dataset = samples.batch(batch, drop_remainder=True)
+    if delay_s > 0:
+        def wait(ids):  # noqa: ANN001, ANN202 - a numpy array
+            time.sleep(delay_s)
+            return ids
+
+        def slow(images, labels, ids):  # noqa: ANN001, ANN202 - tensors
+            waited = tf.numpy_function(wait, [ids], tf.int64, stateful=True)
+            waited.set_shape(ids.shape)
+            return images, labels, waited
+
+        dataset = dataset.map(slow)
     if parallel:
         return dataset.prefetch(tf.data.AUTOTUNE)
     return _sequential(dataset)

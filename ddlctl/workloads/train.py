@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="make this task (e.g. worker:1) slow on purpose: a straggler for testing")
     parser.add_argument("--slow-ms", type=float, default=0.0,
                         help="extra milliseconds of input time per step for --slow-task")
+    parser.add_argument("--slow-input-ms", type=float, default=0.0, metavar="MS",
+                        help="milliseconds more that --slow-task's input pipeline takes to make each batch (a slow "
+                             "map in tf.data: that task waits for its input, input-bound on purpose)")
     parser.add_argument("--min-step-ms", type=float, default=0.0, metavar="MS",
                         help="each step takes at least MS milliseconds: the task sleeps the rest (a block of N steps "
                              "begins at least N x MS after the one before; ps: the chief schedules no faster). "
@@ -165,6 +168,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
     resumed = checkpointer.restore() if checkpointer is not None else 0
     progress = Progress(args, resumed)
     slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
+    slow_input_s = args.slow_input_ms / 1000.0 if args.slow_task == ctx.name else 0.0
     pace = Pace(args.min_step_ms)
     feed = args.execution == "python-feed"
     if not feed:
@@ -183,7 +187,8 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         else:
             iterator = iter(strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
                 args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
-                ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=resumed),
+                ictx.num_input_pipelines, args.epoch_size or None, parallel=args.pipeline, first_step=resumed,
+                delay_s=slow_input_s),
                 options=options))
     else:
         make_batch = make_batch_fn(args.seed, args.augment)

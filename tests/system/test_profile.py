@@ -131,9 +131,9 @@ def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after
         capture.after(step, 1, capture.began[1] + step)
     record = json.loads((tmp_path / "capture.json").read_text())
     assert capture.state == "done" and record["steps"] == [25, 30] and record["asked"] == [20, 30]
-    [written] = (tmp_path / "profile" / "plugins" / "profile" / record["session"]).glob("*.xplane.pb")
+    assert record["file"] == "capture.xplane.pb" and not (tmp_path / "profile").exists()  # (moved up)
     space = xplane_module().XSpace()
-    space.ParseFromString(written.read_bytes())
+    space.ParseFromString((tmp_path / record["file"]).read_bytes())
     assert any(plane.name == "/host:CPU" for plane in space.planes)
 
 
@@ -167,6 +167,44 @@ def test_trace_captures_the_asked_steps_of_every_worker_for_xprof_and_the_report
         assert sum(parts.values()) == pytest.approx(task["wall_s"], abs=1e-5)  # (each rounded to 1 us)
         assert parts["compute"] > 0.2 * task["wall_s"] and parts["collective"] > 0, task  # mwms all-reduces
         assert "Conv2D" in task["top_ops"][0][0]
+    assert traces["comparison"] is None or "input-bound" not in traces["comparison"], traces  # compute-bound
     assert f"xprof --logdir {run_dir / 'profile'}" in result.stdout
     bad = run_ddlctl("profile", "-s", "mwms", "--trace", "30-20", "--runs-dir", str(runs))
     assert bad.returncode == 2 and "--trace '30-20'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_worker_whose_input_pipeline_is_slow_is_named_from_its_trace_beside_its_peer(runs):
+    # worker:1's tf.data map takes 60 ms a batch (steps take ~15 ms): it waits for input, and
+    # worker:0 waits for it in the all-reduce; the step records alone show both slow alike
+    result = run_ddlctl("profile", "-s", "mwms", "--workers", "2", "--trace", "30-40", "--runs-dir", str(runs),
+                        "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "50", "--slow-task", "worker:1",
+                        "--slow-input-ms", "60")
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = json.loads((only_run_dir(runs) / "summary.json").read_text())["traces"]
+    shares = {t["task"]: {k: v / t["wall_s"] for k, v in t["parts"].items()} for t in traces["tasks"]}
+    assert shares["worker:1"]["input"] > 0.3 > shares["worker:0"]["input"], shares
+    assert shares["worker:0"]["collective"] > 0.3, shares  # (waiting for worker:1 at each all-reduce)
+    assert traces["comparison"].startswith("worker:1 is input-bound in its capture: ") and "on worker:0" in \
+        traces["comparison"], traces["comparison"]
+    assert traces["comparison"] in " ".join(result.stdout.split())
+
+
+def test_trace_under_ps_takes_the_chief_and_every_server_through_planned_profiler_ports(runs):
+    result = run_ddlctl("profile", "-s", "ps", "--workers", "2", "--steps", "80", "--trace", "30-40",
+                        "--runs-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    plan = {t["name"]: t for t in json.loads((run_dir / "plan.json").read_text())["tasks"]}
+    served = {name: int(t["env"]["DDLCTL_PROFILER_SERVE"]) for name, t in plan.items() if name != "chief:0"}
+    assert len(set(served.values()) | {t["port"] for t in plan.values()}) == 2 * len(served) + 1  # all distinct
+    assert json.loads(plan["chief:0"]["env"]["DDLCTL_PROFILER_ADDRESSES"]) == {
+        name: f"localhost:{port}" for name, port in served.items()}
+    session = run_dir / "profile" / "plugins" / "profile" / "steps-30-40"
+    assert sorted(p.name for p in session.iterdir()) == [
+        "chief-0.xplane.pb", "ps-0.xplane.pb", "worker-0.xplane.pb", "worker-1.xplane.pb"]
+    capture = json.loads((run_dir / "tasks" / "chief-0" / "capture.json").read_text())
+    assert capture["steps"][0] >= 30 and capture["steps"][1] >= 40 and "servers_error" not in capture
+    traces = {t["task"]: t for t in json.loads((run_dir / "summary.json").read_text())["traces"]["tasks"]}
+    for worker in ("worker:0", "worker:1"):  # the closures ran there: the model's ops in their traces
+        assert traces[worker]["parts"]["compute"] > 0 and any("Conv2D" in op for op, _ in traces[worker]["top_ops"])
+    assert not [line for line in result.stdout.splitlines() if "input-bound in its capture" in line and "ps:0" in line]
