@@ -184,9 +184,11 @@ def step(samples: int | None = None, input_s: float | None = None) -> Iterator[S
     """
     global _step_counter
     recorder = shared_recorder()
+    marker = recorder.capture.marker(_step_counter + 1) if recorder.capture is not None else contextlib.nullcontext()
     wall, start = time.time(), time.monotonic()
     timer = StepTimer(start, input_s)
-    yield timer
+    with marker:  # (a step marker in a profiler capture, --trace)
+        yield timer
     duration = time.monotonic() - start
     with _shared_lock:
         _step_counter += 1

@@ -88,6 +88,13 @@ class Capture:
             if reached >= max(self.last, self.began[0] if self.began else 0):  # (at least one step)
                 self._stop(reached)
 
+    def marker(self, step: int):  # noqa: ANN201 - a context manager
+        """While tracing, step ``step``'s marker in the trace (XProf's step-time view counts the
+        ``train`` events with their ``step_num``); nothing otherwise."""
+        if self.state != "tracing":
+            return contextlib.nullcontext()
+        return sys.modules["tensorflow"].profiler.experimental.Trace("train", step_num=step, _r=1)
+
     def _start(self, next_step: int) -> None:
         tf = sys.modules.get("tensorflow")
         if tf is None:

@@ -83,10 +83,18 @@ def check_ssh_run(cluster, run_dir: Path, strategy: str, hosts=None) -> None:  #
 
 @pytest.mark.cluster
 def test_ps_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs):
+    # --trace: the chief captures itself and, through the profiler ports planned on their hosts, every
+    # server; the traces come back with its folder
     result = ssh_launch(cluster, "--hosts", str(hosts_file), "--strategy", "ps", "--steps", str(STEPS_OVER_SSH["ps"]),
-                        "--runs-dir", str(runs))
+                        "--trace", "30-40", "--runs-dir", str(runs))
     assert result.returncode == 0, result.stderr[-3000:]
-    check_ssh_run(cluster, only_run_dir(runs), "ps")
+    run_dir = only_run_dir(runs)
+    check_ssh_run(cluster, run_dir, "ps")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    traced = sorted(p.name for p in (run_dir / "profile" / "plugins" / "profile" / "steps-30-40").iterdir())
+    assert traced == sorted(f"{t['name'].replace(':', '-')}.xplane.pb" for t in plan["tasks"])
+    traces = json.loads((run_dir / "summary.json").read_text())["traces"]["tasks"]
+    assert all(t["parts"]["compute"] > 0 for t in traces if t["task"].startswith("worker:")), traces
 
 
 def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, runs):
