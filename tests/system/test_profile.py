@@ -193,24 +193,3 @@ def test_trace_captures_every_workers_own_steps_for_xprof_and_names_the_input_bo
     bad = run_ddlctl("profile", "-s", "mwms", "--trace", "30-20", "--runs-dir", str(runs))
     assert bad.returncode == 2 and "--trace '30-20'" in bad.stderr and "Traceback" not in bad.stderr
 
-
-def test_trace_under_ps_takes_the_chief_and_every_server_through_planned_profiler_ports(runs):
-    result = run_ddlctl("profile", "-s", "ps", "--workers", "2", "--steps", "80", "--trace", "30-40",
-                        "--runs-dir", str(runs))
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(runs)
-    plan = {t["name"]: t for t in json.loads((run_dir / "plan.json").read_text())["tasks"]}
-    served = {name: int(t["env"]["DDLCTL_PROFILER_SERVE"]) for name, t in plan.items() if name != "chief:0"}
-    assert len(set(served.values()) | {t["port"] for t in plan.values()}) == 2 * len(served) + 1  # all distinct
-    assert json.loads(plan["chief:0"]["env"]["DDLCTL_PROFILER_ADDRESSES"]) == {
-        name: f"localhost:{port}" for name, port in served.items()}
-    session = run_dir / "profile" / "plugins" / "profile" / "steps-30-40"
-    assert sorted(p.name for p in session.iterdir()) == [
-        "chief-0.xplane.pb", "ps-0.xplane.pb", "worker-0.xplane.pb", "worker-1.xplane.pb"]
-    capture = json.loads((run_dir / "tasks" / "chief-0" / "capture.json").read_text())
-    assert capture["steps"][0] >= 30 and capture["steps"][1] >= 40 and "servers_error" not in capture
-    traces = {t["task"]: t for t in json.loads((run_dir / "summary.json").read_text())["traces"]["tasks"]}
-    for worker in ("worker:0", "worker:1"):  # the closures ran there: the model's ops in their traces
-        assert traces[worker]["parts"]["compute"] > 0 and any("Conv2D" in op for op, _ in traces[worker]["top_ops"])
-    comparison = json.loads((run_dir / "summary.json").read_text())["traces"]["comparison"] or ""
-    assert "ps:0" not in comparison and "chief:0" not in comparison  # (workers compared with workers)

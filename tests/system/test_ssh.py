@@ -91,6 +91,15 @@ def test_ps_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs):
     run_dir = only_run_dir(runs)
     check_ssh_run(cluster, run_dir, "ps")
     plan = json.loads((run_dir / "plan.json").read_text())
+    tasks = {t["name"]: t for t in plan["tasks"]}
+    served = {name: int(t["env"]["DDLCTL_PROFILER_SERVE"]) for name, t in tasks.items() if name != "chief:0"}
+    assert all(port != tasks[name]["port"] for name, port in served.items())  # (planned apart from TF's)
+    cluster_spec = json.loads(tasks["chief:0"]["env"]["TF_CONFIG"])["cluster"]
+    assert json.loads(tasks["chief:0"]["env"]["DDLCTL_PROFILER_ADDRESSES"]) == {  # (on each server's host)
+        name: cluster_spec[name.split(":")[0]][int(name.split(":")[1])].rpartition(":")[0] + f":{port}"
+        for name, port in served.items()}
+    capture = json.loads((run_dir / "tasks" / "chief-0" / "capture.json").read_text())
+    assert capture["steps"][0] >= 30 and capture["steps"][1] >= 40 and "servers_error" not in capture
     traced = sorted(p.name for p in (run_dir / "profile" / "plugins" / "profile" / "steps-30-40").iterdir())
     assert traced == sorted(f"{t['name'].replace(':', '-')}.xplane.pb" for t in plan["tasks"])
     traces = json.loads((run_dir / "summary.json").read_text())["traces"]["tasks"]
