@@ -181,6 +181,10 @@ def launch(
     private_network: Annotated[bool, typer.Option(
         "--private-network", help="Run a job of this machine in a network namespace of its own, out of other users' "
                                   "reach (Linux).")] = False,
+    tensorboard: Annotated[bool, typer.Option(
+        "--tensorboard", help="At the end, write the run's scalars (each task's step time and samples/s, loss and "
+                              "accuracy; each host's CPU and GPU use) as TensorBoard event files in "
+                              "runs/<id>/profile.")] = False,
     trace: Annotated[str | None, typer.Option(
         "--trace", metavar="A-B", help="Capture TensorFlow's profiler in every training task over its steps A to B "
                                        "(e.g. 100-110, each task by its own step count): runs/<id>/profile opens in "
@@ -218,7 +222,7 @@ def launch(
                                       rejoin_after_s=rejoin_after),
         output=OutputOptions(run_dir=runs_dir, run_id=_run_id(run_id), dry_run=dry_run,
                              json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose,
-                             task_colors=task_colors, metrics=metrics_port),
+                             task_colors=task_colors, metrics=metrics_port, tensorboard=tensorboard),
         ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
     )
     _exit_with(lambda: run_launch(config, people_console(), error_console()))

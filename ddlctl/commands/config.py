@@ -71,6 +71,7 @@ class OutputOptions:
     verbose: bool = False
     task_colors: bool = False  # let tasks' colour sequences through to the console (other controls never)
     metrics: str | None = None  # --metrics-port: [HOST:]PORT to serve Prometheus metrics on while the job runs
+    tensorboard: bool = False  # --tensorboard: the run's scalars as TensorBoard event files at its end
 
 
 @dataclass(frozen=True)

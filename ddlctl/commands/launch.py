@@ -264,6 +264,12 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
         out = err
     result = supervise(plan, connected, config, out, err, server)
     finished = finish(plan, result, out, err, full_report=output.profile, render=not output.quiet)
+    if output.tensorboard:
+        from ddlctl.report.tensorboard import write_in_child
+
+        said = write_in_child(Path(plan.run_dir))
+        if not output.quiet:
+            err.print(f"ddlctl: {said}", highlight=False)
     if output.json_out:
         stdoutgone.write(json.dumps(finished.summary, indent=1) + "\n")
     return finished.exit_code(result)

@@ -69,8 +69,8 @@ def test_no_auto_steps_turns_the_hook_off(runs):
 
 
 def test_custom_loop_with_ddlctl_step(runs):
-    result = run_ddlctl("launch", "--strategy", "one_device", "--trace", "10-14", "--runs-dir", str(runs), "--",
-                        sys.executable, str(PROGRAMS / "custom_loop.py"))
+    result = run_ddlctl("launch", "--strategy", "one_device", "--trace", "10-14", "--tensorboard", "--runs-dir",
+                        str(runs), "--", sys.executable, str(PROGRAMS / "custom_loop.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     records = steps_of(run_dir, "worker:0")
@@ -91,6 +91,20 @@ def test_custom_loop_with_ddlctl_step(runs):
                     marked += [s.int64_value or s.uint64_value for s in event.stats
                                if plane.stat_metadata[s.metadata_id].name == "step_num"]
     assert sorted(marked) == [10, 11, 12, 13, 14]
+    # --tensorboard: the step times by step beside the profile, read back with TensorFlow
+    import tensorflow as tf
+
+    assert f"tensorboard --logdir {run_dir / 'profile'}" in " ".join(result.stderr.split())
+    [events] = (run_dir / "profile" / "worker-0").glob("events.out.tfevents.*")
+    scalars = {}
+    for record in tf.data.TFRecordDataset(str(events)):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        for value in event.summary.value:
+            scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    assert sorted(scalars["step_time_s"]) == list(range(1, 26))
+    assert scalars["step_time_s"] == pytest.approx({r["step"]: r["duration_s"] for r in records}, rel=1e-5)
+    assert scalars["samples_per_s"][5] == pytest.approx(8 / records[4]["duration_s"], rel=1e-5)
+    assert list((run_dir / "profile" / "host-localhost").glob("events.out.tfevents.*"))
 
 
 def test_agent_death_leaves_a_gap_and_the_job_goes_on(runs):
