@@ -327,7 +327,8 @@ def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
     # (one node, one task: launch --slurm across nodes is the other tests')
     done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--time", "10", "--runs-dir", str(runs), "--follow",
-                                     "-s", "one_device", "--steps", "12", "--env", "DB_URL=postgres://u:pw@db/x"),
+                                     "-s", "one_device", "--steps", "12", "--trace", "5-8",
+                                     "--env", "DB_URL=postgres://u:pw@db/x"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     job = done.stdout.split()[0]
@@ -343,6 +344,8 @@ def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     assert (run_dir / f"slurm-{job}.out").is_file()
     assert json.loads((run_dir / "outcome.json").read_text())["ok"]
     assert job not in idle.jobs()
+    # --trace passed through the batch script: the task's capture, in the run's profile logdir
+    assert (run_dir / "profile" / "plugins" / "profile" / "steps-5-8" / "worker-0.xplane.pb").stat().st_size > 0
 
 
 @needs_slurm
