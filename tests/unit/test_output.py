@@ -95,6 +95,11 @@ def test_tensorflow_startup_notices_are_recognised_and_nothing_else():
     keep = (fixtures / "not_noise.log").read_bytes().splitlines()
     assert len(noise) >= 6 and all(is_startup_noise(line) for line in noise)
     assert keep and not any(is_startup_noise(line) for line in keep)
+    # in a block: each notice found wherever it stands (its marks looked for first), none where none is
+    from ddlctl.diagnose.tfnoise import noise_in
+
+    assert all(noise_in(b"\n".join([*keep, line, *keep])) and noise_in(line) for line in noise)
+    assert not noise_in(b"\n".join(keep))
 
 
 def test_quiet_writer_leaves_noise_off_the_console_and_says_so_once():
