@@ -374,15 +374,17 @@ def render_traces(summary: RunSummary, console: Console) -> None:
     tasks = traces.get("tasks") or []
     if not tasks:
         return
-    steps = "-".join(str(s) for s in tasks[0]["steps"])
-    console.print(f"profiler capture, steps {steps} (open: xprof --logdir {traces['logdir']}):", highlight=False)
+    asked = "-".join(str(s) for s in tasks[0].get("asked") or tasks[0]["steps"])
+    console.print(f"profiler capture, steps {asked} (open: xprof --logdir {traces['logdir']}):", highlight=False)
     for task in tasks:
         wall = task["wall_s"] or 1e-9
         parts = " · ".join(f"{name.replace('_', ' ')} {seconds / wall:.0%}" for name, seconds in task["parts"].items()
                            if seconds / wall >= 0.005)
         compute = task["parts"].get("compute") or 1e-9
         top = ", ".join(f"{op} {seconds / compute:.0%}" for op, seconds in task["top_ops"][:3])
-        console.print(f"  {task['task']} {wall * 1000:.0f} ms: {parts}" + (f" (ops: {top})" if top else ""),
+        covered = "" if task["steps"] == (task.get("asked") or task["steps"]) else \
+            " (steps {}-{}: those begun after the start)".format(*task["steps"])
+        console.print(f"  {task['task']} {wall * 1000:.0f} ms{covered}: {parts}" + (f" (ops: {top})" if top else ""),
                       highlight=False)
     if traces.get("comparison"):
         console.print(Text(f"• {traces['comparison']}", style="yellow"))

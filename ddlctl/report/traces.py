@@ -48,12 +48,14 @@ class TaskTrace:
     parts: dict[str, float]  # part -> seconds of the capture's wall time
     top_ops: list[tuple[str, float]] = field(default_factory=list)  # op type -> seconds (compute threads)
     file: str = ""
+    asked: tuple[int, int] | None = None  # the steps --trace asked for (``steps``: those it covered)
 
     def share(self, part: str) -> float:
         return self.parts.get(part, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "steps": list(self.steps), "wall_s": round(self.wall_s, 6),
+        return {"task": self.task, "steps": list(self.steps), "asked": list(self.asked or self.steps),
+                "wall_s": round(self.wall_s, 6),
                 "parts": {k: round(v, 6) for k, v in self.parts.items()},
                 "top_ops": [[name, round(s, 6)] for name, s in self.top_ops], "file": self.file}
 
@@ -94,7 +96,8 @@ def gather(run_dir: Path) -> list[tuple[str, dict, Path]]:
         captures = [(folder.name, capture.get("file"), capture)]
         servers = capture.get("servers")
         if isinstance(servers, dict):  # (the servers' traces span the chief's remote trace)
-            window = {"start_s": capture.get("servers_start_s"), "end_s": capture.get("servers_end_s")}
+            window = {"start_s": capture.get("servers_start_s"), "end_s": capture.get("servers_end_s"),
+                      "steps": capture.get("asked")}  # (traced for as long as the asked steps take)
             captures += [(str(task).replace(":", "-"), name, {**capture, **window}) for task, name in servers.items()]
         for name, file, record in captures:
             if not isinstance(file, str) or "/" in file or not file.endswith(".xplane.pb") \
@@ -150,8 +153,9 @@ def split(task: str, capture: dict, space: object) -> TaskTrace:
     wall = window[1] - window[0]
     parts["idle"] = max(0.0, wall - sum(parts.values()))
     steps = capture.get("steps") or capture.get("asked") or [0, 0]
+    asked = capture.get("asked") or steps
     top = sorted(ops.items(), key=lambda kv: -kv[1])[:5]
-    return TaskTrace(task, (int(steps[0]), int(steps[1])), wall, parts, top)
+    return TaskTrace(task, (int(steps[0]), int(steps[1])), wall, parts, top, asked=(int(asked[0]), int(asked[1])))
 
 
 def _part_of(name: str, compute_line: bool) -> str | None:
