@@ -369,8 +369,8 @@ def render_traces(summary: RunSummary, console: Console) -> None:
     traces = summary.traces
     if not traces:
         return
-    if traces.get("note"):
-        console.print(Text(f"• {traces['note']}", style="yellow"))
+    for note in traces.get("notes") or ([traces["note"]] if traces.get("note") else []):
+        console.print(Text(f"• {note}", style="yellow"))
     tasks = traces.get("tasks") or []
     if not tasks:
         return

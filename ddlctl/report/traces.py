@@ -175,25 +175,52 @@ def _part_of(name: str, compute_line: bool) -> str | None:
     return None
 
 
-def read_traces(run_dir: Path) -> tuple[list[TaskTrace], str | None]:
-    """Every task's capture split (gathered first), and a note when they cannot be read."""
+def capture_problems(run_dir: Path, asked: Sequence[int] | None, programs: Sequence[str]) -> list[str]:
+    """What went wrong with ``--trace`` (``asked``: its steps; ``programs``: the training tasks), a
+    sentence each: a capture TensorFlow refused, a ps chief that could not reach its servers'
+    profilers, a trace that did not come back, a task that never reached the steps."""
+    problems = []
+    for task in programs:
+        folder = run_dir / TASKS_DIR / task.replace(":", "-")
+        try:
+            capture = json.loads((folder / TASK_CAPTURE).read_text())
+        except (OSError, ValueError):
+            capture = None
+        if not isinstance(capture, dict):
+            if asked and (folder / "steps.jsonl").exists():
+                problems.append(f"{task}: nothing captured (it recorded no step {asked[0] - 1} while tracing was "
+                                f"asked for steps {asked[0]}-{asked[1]}: fewer steps, or steps it does not record)")
+            continue
+        if capture.get("error"):
+            problems.append(f"{task}: nothing captured ({str(capture['error'])[:300]})")
+        elif isinstance(capture.get("file"), str) and not (folder / capture["file"]).is_file():
+            problems.append(f"{task}: its trace did not come back ({capture['file']} is not in {folder})")
+        if capture.get("servers_error"):
+            problems.append(f"{task} could not trace the servers' profilers ({str(capture['servers_error'])[:300]}): "
+                            "their traces are missing (a profiler port taken by another process?)")
+    return problems
+
+
+def read_traces(run_dir: Path) -> tuple[list[TaskTrace], list[str]]:
+    """Every task's capture split (gathered first), and what could not be read, a sentence each."""
     gathered = gather(run_dir)
     if not gathered:
-        return [], None
+        return [], []
     module = xplane_module()
     if module is None:
-        return [], "the traces cannot be read here: install TensorFlow (or 'ddlctl[profile]') to decode them"
-    traces = []
+        return [], ["the traces cannot be read here: install TensorFlow (or 'ddlctl[profile]') to decode them"]
+    traces, notes = [], []
     for task, capture, path in gathered:
         space = module.XSpace()
         try:
             space.ParseFromString(path.read_bytes())
         except Exception:  # noqa: BLE001 - (google.protobuf.message.DecodeError: a damaged file)
+            notes.append(f"{task}: its trace {path.relative_to(run_dir)} cannot be decoded (damaged)")
             continue
         trace = split(task, capture, space)
         trace.file = str(path.relative_to(run_dir))
         traces.append(trace)
-    return traces, None
+    return traces, notes
 
 
 #: A task whose captured time waits for input this much (and twice a typical peer's) is input-bound.
@@ -232,10 +259,15 @@ def compare(traces: Sequence[TaskTrace]) -> str | None:
             f"its time is {part.replace('_', ' ')} against {typical.share(part):.0%} on {typical.task}")
 
 
-def traces_section(run_dir: Path) -> dict | None:
-    """``summary.json``'s ``traces``: the captures gathered under ``profile/`` and split (None: none)."""
-    traces, note = read_traces(run_dir)
-    if not traces and note is None:
+def traces_section(run_dir: Path, plan: dict) -> dict | None:
+    """``summary.json``'s ``traces``: the captures gathered under ``profile/`` and split, and what
+    went wrong (None: nothing was asked and nothing captured)."""
+    asked = (plan.get("request") or {}).get("trace")
+    asked = asked if isinstance(asked, list) and len(asked) == 2 else None
+    programs = [str(t.get("name")) for t in plan.get("tasks", []) if t.get("kind") == "program" and t.get("name")]
+    traces, notes = read_traces(run_dir)
+    notes = [*capture_problems(run_dir, asked, programs), *notes]
+    if not traces and not notes:
         return None
     return {"logdir": str(run_dir / PROFILE_DIR), "tasks": [t.to_dict() for t in traces],
-            "comparison": compare(traces), "note": note}
+            "comparison": compare(traces), "notes": notes}
