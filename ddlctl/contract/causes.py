@@ -22,7 +22,7 @@ the live view and the Prometheus metrics).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 Interval = tuple[float, float]
@@ -139,6 +139,19 @@ def short_gaps(steps: Sequence[Interval]) -> list[Interval]:
             gaps.append((reached, start))
         reached = max(reached, end)
     return gaps
+
+
+def hang_records(hangs: Iterable[Mapping]) -> list[tuple[float, float]]:
+    """(found, idle seconds) of each hang the supervisor handled (``outcome.json``'s ``hangs``;
+    the kind "exit", a program stuck in its exit, is no stall)."""
+    return [(float(h["time"]), float(h["idle_s"])) for h in hangs if h.get("kind", "hang") == "hang"
+            and isinstance(h.get("time"), (int, float)) and isinstance(h.get("idle_s"), (int, float))]
+
+
+def loss_times(degraded: Iterable[Mapping]) -> list[float]:
+    """When each loss left unreplaced happened (``outcome.json``'s ``degraded``: ``since``, in
+    records older than it ``time``)."""
+    return [float(at) for d in degraded if isinstance(at := d.get("since") or d.get("time"), (int, float))]
 
 
 def stall_of(found: float, idle_s: float, lead_steps: Sequence[Interval]) -> Interval:

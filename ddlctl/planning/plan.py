@@ -264,6 +264,9 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     spec_cluster = tf_config_cluster(placements, ports) if multi else None
     n_workers = sum(1 for p in placements if p.role == "worker")
     shared_gpus = sharing_a_gpu((p.name, p.host.label, p.host.gpus or 0, p.gpus) for p in placements)
+    # --trace under ps: where each server's profiler serves (the chief traces them all)
+    profiled = {q.name: f"{_address_host(q.host)}:{ports[q.name + PROFILER_PORT_SUFFIX]}"
+                for q in profiler_tasks(placements, request) if ports.get(q.name + PROFILER_PORT_SUFFIX)}
     tasks: list[TaskSpec] = []
     for p in placements:
         python = task_python(p.host, request)
@@ -299,8 +302,6 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
                 {"name": w.name, "speed": device_speed(w.host, p.host, request), "memory_bytes": w.host.memory_bytes,
                  "gflops": request.speeds.get(w.host.label) if request.speeds else None}
                 for w in placements if w.role == "worker"])
-        profiled = {q.name: f"{_address_host(q.host)}:{ports[q.name + PROFILER_PORT_SUFFIX]}"
-                    for q in profiler_tasks(placements, request) if ports.get(q.name + PROFILER_PORT_SUFFIX)}
         if server and p.name in profiled:
             env[envvars.PROFILER_SERVE] = profiled[p.name].rpartition(":")[2]
         elif p.role == "chief" and profiled:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddlctl.contract.causes import stall_of, time_by_cause
+from ddlctl.contract.causes import hang_records, loss_times, stall_of, time_by_cause
 from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import (
     OUTCOME_FILE,
@@ -407,14 +407,12 @@ def _time_by_cause(run_dir: Path, plan: dict, outcome: dict, lead: TaskSteps | N
     phases = shift_phases(read_phases(run_dir / TASKS_DIR / lead.name.replace(":", "-") / TASK_PHASES),
                           clock_offsets(outcome).get(_host_of(plan, lead.name), 0.0))
     downtime = [(r.time, r.time + r.downtime_s) for r in restarts if r.downtime_s is not None]
-    since = [float(at) for d in outcome.get("degraded", []) if (at := d.get("since") or d.get("time"))]
+    since = loss_times(outcome.get("degraded", []))
     wait = None
     workers = [s for s in all_steps if s.name.startswith("worker:") and s.step]
     if plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split and len(workers) > 1:
         wait = straggler_wait_of(lead, workers)
-    stalls = [stall_of(float(h["time"]), float(h["idle_s"]), spans) for h in outcome.get("hangs", [])
-              if h.get("kind", "hang") == "hang" and isinstance(h.get("time"), (int, float))
-              and isinstance(h.get("idle_s"), (int, float))]
+    stalls = [stall_of(found, idle, spans) for found, idle in hang_records(outcome.get("hangs", []))]
     result = time_by_cause((float(start), float(end)), [x for x, r in zip(spans, redone, strict=True) if not r],
                            [x for x, r in zip(spans, redone, strict=True) if r], phases, downtime, since, wait,
                            stalls)

@@ -19,6 +19,7 @@ hidden behind compute), *ps rpc* (remote calls, tensors sent and received across
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddlctl.contract.causes import Interval, length, minus, union
+from ddlctl.contract.causes import Interval, clip, length, minus, union
 from ddlctl.contract.rundir import PROFILE_DIR, TASK_CAPTURE, TASKS_DIR
 
 #: The parts of a captured step, in the order they claim time.
@@ -60,6 +61,7 @@ class TaskTrace:
                 "top_ops": [[name, round(s, 6)] for name, s in self.top_ops], "file": self.file}
 
 
+@functools.cache
 def xplane_module():  # noqa: ANN201 - the generated protobuf module
     """TensorFlow's (else XProf's) ``xplane_pb2``, loaded without importing either; None if neither."""
     for package, relative in (("tensorflow", "tsl/profiler/protobuf/xplane_pb2.py"),
@@ -135,7 +137,7 @@ def split(task: str, capture: dict, space: object) -> TaskTrace:
                     continue
                 spans[part].append((start, end))
                 if part == "compute":
-                    kind = name.rpartition(":")[2] if ":" in name else name
+                    kind = name.rpartition(":")[2]  # (the op's type: "scope/name:Type")
                     ops[kind] = ops.get(kind, 0.0) + end - start
     start_s, end_s = capture.get("start_s"), capture.get("end_s")
     if isinstance(start_s, (int, float)) and isinstance(end_s, (int, float)) and end_s > start_s:
@@ -146,8 +148,7 @@ def split(task: str, capture: dict, space: object) -> TaskTrace:
     claimed: list[Interval] = []
     parts: dict[str, float] = {}
     for part in PARTS[:-1]:
-        mine = minus(union([(max(a, window[0]), min(b, window[1])) for a, b in spans[part]
-                            if b > window[0] and a < window[1]]), claimed)
+        mine = minus(union(clip(spans[part], window)), claimed)
         claimed = union([*claimed, *mine])
         parts[part] = length(mine)
     wall = window[1] - window[0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ddlctl.contract.causes import Interval, TimeByCause, stall_of, time_by_cause
+from ddlctl.contract.causes import Interval, TimeByCause, hang_records, loss_times, stall_of, time_by_cause
 
 #: A longer time between two reports of the lead's progress is not all steps: only this much of it is.
 PROGRESS_GAP_S = 5.0
@@ -39,7 +39,7 @@ class LiveCauses:
         self.kept: list[Interval] = []
         self.redone: list[Interval] = []
         self.phases: dict[str, list[Interval]] = {}
-        self.restarts: list[list[float | None]] = []  # [fault, back or None while under way]
+        self.restarts: list[tuple[float, float | None]] = []  # (fault, back; None while under way)
         self._last: tuple[int, float] | None = None  # the lead's step and when it was reported
         self._high = 0  # the highest step the lead reached (below it after a restart: redone)
         self._phase: tuple[str, float, bool] | None = None  # (name, since, from beats)
@@ -52,7 +52,7 @@ class LiveCauses:
         """Take one tick's reports: each task's (highest step, total), (phase lines, open phase) and
         last beat's kind, the times of the restarts so far and whether one is under way."""
         while len(self.restarts) < len(restart_times):
-            self.restarts.append([float(restart_times[len(self.restarts)]), None])
+            self.restarts.append((float(restart_times[len(self.restarts)]), None))
         lead = self.lead or next((n for n in LEADS if n in progress), None)
         if lead is None or lead not in progress:
             return
@@ -72,10 +72,8 @@ class LiveCauses:
             if self._last is not None:  # (the steps after it start after it)
                 self._last = (self._last[0], ends)
         moved = self._move(step, now)
-        if moved and not restarting:
-            for span in self.restarts:
-                if span[1] is None and span[0] is not None and span[0] < now:
-                    span[1] = now
+        if moved and not restarting:  # (a restart is over once the lead moves after it)
+            self.restarts = [(fault, now if back is None and fault < now else back) for fault, back in self.restarts]
         if phase and self._phase is None:
             self._phase = (phase if phase in ("checkpoint", "eval") else "other", now, beating)
 
@@ -103,21 +101,17 @@ class LiveCauses:
         phases = {name: list(spans) for name, spans in self.phases.items()}
         if self._phase is not None:
             phases.setdefault(self._phase[0], []).append((self._phase[1], now))  # (still under way)
-        restarts = [(float(a), float(b if b is not None else now)) for a, b in self.restarts if a is not None]
+        restarts = [(fault, now if back is None else back) for fault, back in self.restarts]
         stalls = [stall_of(found, idle, self.kept) for found, idle in hangs]
         return time_by_cause((self.started, max(now, self.started)), self.kept, self.redone, phases, restarts,
                              list(degraded_since), None, stalls, steps=False, ended=False)
-
 
     def now(self, now: float, degraded: Sequence[Mapping], hangs: Sequence[Mapping]) -> TimeByCause:
         """:meth:`breakdown` from the supervisor's records (``outcome.json``'s ``degraded`` and
         ``hangs`` entries so far), made again only :data:`RECOUNT_S` after the last."""
         if self._counted is not None and now - self._counted[0] < RECOUNT_S:
             return self._counted[1]
-        since = [float(d["since"]) for d in degraded if isinstance(d.get("since"), (int, float))]
-        stalls = [(float(h["time"]), float(h["idle_s"])) for h in hangs if h.get("kind", "hang") == "hang"
-                  and isinstance(h.get("time"), (int, float)) and isinstance(h.get("idle_s"), (int, float))]
-        counted = self.breakdown(now, since, stalls)
+        counted = self.breakdown(now, loss_times(degraded), hang_records(hangs))
         self._counted = (now, counted)
         return counted
 

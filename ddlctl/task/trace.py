@@ -115,10 +115,10 @@ class Capture:
             duration_ms = int(min(60_000, max(500, (self.last - next_step + 1) * usual * 1000 + 200)))
             self.remote = threading.Thread(target=self._trace_servers, args=(tf, duration_ms), daemon=True)
             self.remote.start()
+
     def _stop(self, reached: int) -> None:
         tf = sys.modules["tensorflow"]
         ended = time.time()
-        before = set(_sessions(self.folder))
         try:
             tf.profiler.experimental.stop()
         except Exception as exc:  # noqa: BLE001
@@ -126,7 +126,7 @@ class Capture:
             self._write({"error": f"TensorFlow could not stop its profiler: {type(exc).__name__}: {exc}"[:500]})
             return
         self.state = "done"
-        made = sorted(set(_sessions(self.folder)) - before) or sorted(_sessions(self.folder))[-1:]
+        made = sorted(_sessions(self.folder))  # (the folder is removed once its trace is kept: this one alone)
         assert self.began is not None
         if self.remote is not None:
             self.remote.join(timeout=REMOTE_WAIT_S)
@@ -190,7 +190,4 @@ def _listing(folder: str) -> list[str]:
 
 def _sessions(folder: str) -> list[str]:
     """The session folders TensorFlow wrote under ``folder`` (``plugins/profile/<session>``)."""
-    try:
-        return os.listdir(os.path.join(folder, "plugins", "profile"))
-    except OSError:
-        return []
+    return _listing(os.path.join(folder, "plugins", "profile"))
