@@ -186,10 +186,11 @@ def launch(
                               "accuracy; each host's CPU and GPU use) as TensorBoard event files in "
                               "runs/<id>/profile.")] = False,
     trace: Annotated[str | None, typer.Option(
-        "--trace", metavar="A-B", help="Capture TensorFlow's profiler in every training task over its steps A to B "
-                                       "(e.g. 100-110, each task by its own step count): runs/<id>/profile opens in "
-                                       "XProf or TensorBoard, and the report splits those steps by what they did.",
-        show_default=False)] = None,
+        "--trace", metavar="A-B|auto|off", help="A-B: capture TensorFlow's profiler in every training task over its "
+        "steps A to B (e.g. 100-110, each task by its own step count); auto (profile's default): capture a task and a "
+        "typical peer for 10 steps when its steps stand out while the job runs (a straggler, steps slower than early "
+        "in the run; at most once every 10 minutes); off: never. runs/<id>/profile opens in XProf or TensorBoard, "
+        "and the report splits the captured steps by what they did.", show_default=False)] = None,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
                                          "and a random suffix).", show_default=False)] = None,
@@ -213,7 +214,8 @@ def launch(
             strategy=_value(strategy), workers=workers, ps=ps, evaluator=evaluator, env=tuple(env or ()),
             legacy_keras=legacy_keras, telemetry=telemetry, sample_interval_s=sample_interval, auto_steps=auto_steps,
             prefork=prefork, partition=partition, worker_per=_value(worker_per), balance=_value(balance),
-            speeds=speeds, bench=bench, command=tuple(command or ()), trace=trace),
+            speeds=speeds, bench=bench, command=tuple(command or ()),
+            trace=trace if trace is not None else "auto" if ctx.info_name == "profile" else None),
         workload=WorkloadOptions(workload=_value(workload), steps=steps, batch_size=batch_size,
                                  execution=_value(execution)),
         supervision=SupervisorOptions(startup_timeout_s=startup_timeout, grace_s=grace, max_restarts=max_restarts,

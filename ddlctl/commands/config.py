@@ -44,7 +44,7 @@ class RequestOptions:
     balance: str | None = None  # None: the template's, else "off"
     speeds: str | None = None  # a cluster profile of ddlctl check --bench (--balance speed)
     bench: bool = False  # measure the hosts first (as check --bench) and use those speeds
-    trace: str | None = None  # "A-B": a TensorFlow Profiler capture of those steps in every task (--trace)
+    trace: str | None = None  # "A-B": a TensorFlow Profiler capture of those steps in every task; "auto"; "off"
     command: Sequence[str] = field(default_factory=tuple)  # empty: the built-in workload
 
 

@@ -138,6 +138,7 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
         auto_steps=req.auto_steps,
         prefork=req.prefork,
         trace=trace_steps(req.trace),
+        trace_auto=req.trace == "auto",
         worker_per=req.worker_per or defaults.worker_per or "auto",
         balance=balance,
         speeds=load_speeds(speeds) if speeds else {},
@@ -145,8 +146,8 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
 
 
 def trace_steps(text: str | None) -> tuple[int, int] | None:
-    """``--trace A-B`` as (A, B) (None: no capture); a clear error for anything else."""
-    if text is None:
+    """``--trace A-B`` as (A, B) (None: no capture, or ``auto``/``off``); a clear error for anything else."""
+    if text is None or text in ("auto", "off"):
         return None
     try:
         return parse_steps(text)

@@ -22,6 +22,7 @@ class Op:
     DUMP = "dump"  # {tasks}: processes and Python stacks
     PORTS = "ports"  # {ports}: still free? fresh ones where not
     SHUTDOWN = "shutdown"  # stop every task and leave
+    TRACE = "trace"  # {task, request}: --trace auto asks a running task for a profiler capture
     LS = "ls"  # file operations, each with an "id" its replies carry
     READ = "read"
     WRITE = "write"
@@ -211,6 +212,12 @@ def check_frame(header: dict) -> dict:
         for credits in table(header.get("credits") or {}).values():
             for worker in _integers(credits):
                 text(worker, 200)
+        for paces in table(header.get("pace") or {}).values():
+            for ran_by, pace in table(paces).items():
+                text(ran_by, 200)
+                if not isinstance(pace, list) or len(pace) != 3:
+                    raise GarbledFrame(f"a pace is not [step s, sync s, records]: {str(pace)[:40]}")
+                number(pace[0]), pace[1] is None or number(pace[1]), integer(pace[2])
     elif kind == Kind.DUMP:
         procs = header.get("procs") or []
         if not isinstance(procs, list) or not all(

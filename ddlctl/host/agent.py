@@ -39,7 +39,7 @@ import sys
 import time
 
 from ddlctl.contract import envvars
-from ddlctl.contract.rundir import TASK_PID
+from ddlctl.contract.rundir import TASK_PID, TASK_TRACE_REQUEST
 from ddlctl.contract.wire import MAGIC, Kind, Op, encode_frame
 from ddlctl.host import oom, prefork, procsetup
 from ddlctl.host.dumps import DUMP_WAIT_S, dump_frame, look_at
@@ -113,6 +113,11 @@ class HostAgent:
         elif op == Op.PORTS:
             ports = {name: (port if port_free(port) else fresh_port()) for name, port in command["ports"].items()}
             self.send({"k": Kind.PORTS, "id": command.get("id"), "ports": ports})
+        elif op == Op.TRACE:
+            task = self.tasks.get(command["task"])
+            if task is not None and task.task_dir:
+                with contextlib.suppress(OSError, TypeError, ValueError):
+                    write_json(os.path.join(task.task_dir, TASK_TRACE_REQUEST), dict(command["request"]))
         elif op == Op.SHUTDOWN:
             self.stop_all(now)
         elif op in Op.FILES:
@@ -362,7 +367,7 @@ class HostAgent:
                 self.send({"k": Kind.LISTENING, "task": task.name, "t": time.time()})
 
     def report_steps(self) -> None:
-        counts, last, totals, credits, activity, phases, beats = {}, {}, {}, {}, {}, {}, {}
+        counts, last, totals, credits, activity, phases, beats, paces = {}, {}, {}, {}, {}, {}, {}, {}
         for task in self.tasks.values():
             if task.steps is not None and task.phases is not None:
                 count, busy = task.steps.poll(), task.phases.poll()
@@ -378,9 +383,11 @@ class HostAgent:
                         totals[task.name] = task.steps.total
                     if task.steps.credits:
                         credits[task.name] = dict(task.steps.credits)
+                    if task.steps.recent:
+                        paces[task.name] = task.steps.pace()
         if counts:
             self.send({"k": Kind.STEPS, "t": time.time(), "counts": counts, "last": last, "totals": totals,
-                       "credits": credits, "activity": activity, "open": phases, "beats": beats})
+                       "credits": credits, "activity": activity, "open": phases, "beats": beats, "pace": paces})
 
     def run(self) -> int:
         def on_signal(signum: int, _frame: object) -> None:

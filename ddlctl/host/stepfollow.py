@@ -14,6 +14,10 @@ READ_MAX = 4 << 20
 LINE_MAX = 64 << 10
 #: The largest step number or count taken from a record (what a frame may carry).
 STEP_MAX = MAX_INT
+#: The records of each task (a ps chief's: each worker) whose step times make its pace, and how
+#: many tasks a file may name (a chief names its workers; more names are passed over).
+PACE_RECORDS = 16
+PACE_NAMES = 64
 
 
 def new_lines(follower: StepFile | PhaseFile) -> list[bytes]:
@@ -53,7 +57,8 @@ class StepFile:
     recorded (a record of a block counts its ``steps``), ``last`` the highest step number reached
     (a resumed run records steps again from its checkpoint: ``last`` is progress, ``count`` work),
     ``total`` the steps the task declared it will run (None: unknown) and ``credits`` the steps
-    of each worker that ran some (a ps chief's records say which worker ran each block)."""
+    of each worker that ran some (a ps chief's records say which worker ran each block); :meth:`pace`
+    the recent step times of each task that ran steps (``--trace auto`` compares them)."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.expanduser(path)
@@ -64,6 +69,8 @@ class StepFile:
         self.last = 0
         self.total: int | None = None
         self.credits: dict[str, int] = {}
+        self.recent: dict[str, list[tuple[float, float | None]]] = {}  # ran by -> (s a step, sync s a step)
+        self.seen: dict[str, int] = {}  # ran by -> records with a step time
 
     def poll(self) -> int:
         for line in new_lines(self):
@@ -78,11 +85,38 @@ class StepFile:
                 worker = record.get("worker")
                 if isinstance(worker, str) and worker and len(worker) <= 200:
                     self.credits[worker] = min(self.credits.get(worker, 0) + steps, STEP_MAX)
+                self._time(worker if isinstance(worker, str) and worker and len(worker) <= 200 else "",
+                           record, steps)
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
                 self.skipped += 1
                 steps = 1  # an unreadable line still counts as a record (progress)
             self.count = min(self.count + steps, STEP_MAX)
         return self.count
+
+    def _time(self, ran_by: str, record: dict, steps: int) -> None:
+        duration, sync = record.get("duration_s"), record.get("sync_s")
+        if type(duration) not in (int, float) or not 0 <= duration < 1e7:
+            return
+        if ran_by not in self.recent and len(self.recent) >= PACE_NAMES:
+            return
+        sync_s = sync / steps if type(sync) in (int, float) and 0 <= sync < 1e7 else None
+        kept = self.recent.setdefault(ran_by, [])
+        kept.append((duration / steps, sync_s))
+        del kept[:-PACE_RECORDS]
+        self.seen[ran_by] = min(self.seen.get(ran_by, 0) + 1, STEP_MAX)
+
+    def pace(self) -> dict[str, list]:
+        """Who ran steps ("": the task itself; a ps chief's workers by name) -> [the median seconds a
+        step over its last :data:`PACE_RECORDS` records, the median sync seconds a step (null: some
+        record lacks it), the records timed so far]."""
+        paces = {}
+        for ran_by, kept in self.recent.items():
+            times = sorted(t for t, _ in kept)
+            syncs = sorted(s for _, s in kept if s is not None)
+            paces[ran_by] = [round(times[len(times) // 2], 6),
+                             round(syncs[len(syncs) // 2], 6) if len(syncs) == len(kept) else None,
+                             self.seen[ran_by]]
+        return paces
 
 
 class PhaseFile:

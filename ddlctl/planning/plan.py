@@ -177,7 +177,7 @@ PROFILER_PORT_SUFFIX = "@profiler"
 
 def profiler_tasks(placements: Sequence[Placement], request: LaunchRequest) -> list[Placement]:
     """The server tasks whose profiler the chief traces over ``--trace`` (ps workers and ps, stages)."""
-    if request.trace is None or request.strategy not in SERVER_STRATEGIES:
+    if (request.trace is None and not request.trace_auto) or request.strategy not in SERVER_STRATEGIES:
         return []
     return [p for p in placements if p.role in ("worker", "ps")]
 
@@ -252,6 +252,8 @@ def common_env(request: LaunchRequest) -> dict[str, str]:
         env[envvars.PREFORK] = "0"
     if request.trace is not None:
         env[envvars.TRACE_STEPS] = "{}-{}".format(*request.trace)
+    elif request.trace_auto:
+        env[envvars.TRACE_STEPS] = "auto"
     return {**env, **request.env}
 
 

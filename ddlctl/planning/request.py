@@ -43,6 +43,7 @@ class LaunchRequest:
     auto_steps: bool = True
     prefork: bool = True  # tasks forked from a process that imported TensorFlow (ddlctl.host.prefork)
     trace: tuple[int, int] | None = None  # steps to capture with TensorFlow's profiler (ddlctl.task.trace)
+    trace_auto: bool = False  # --trace auto: captures asked while the job runs (ddlctl.supervise.autotrace)
     worker_per: str = "auto"
     balance: str = "off"
     speeds: Mapping[str, float] = field(default_factory=dict)  # host label -> measured device speed

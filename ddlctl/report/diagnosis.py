@@ -38,6 +38,9 @@ def diagnosis_lines(summary: Any, outcome: dict, run_end: float | None = None) -
     for task in summary.tasks:
         if task.straggler:
             lines.append(f"straggler: {task.name} on {task.host}: {task.straggler_reason}")
+    for capture in (getattr(summary, "traces", None) or {}).get("captures") or []:
+        if capture.get("why") and capture.get("comparison"):  # (--trace auto: what its capture shows)
+            lines.append(f"profiler capture {capture['session']} (trace auto): {capture['comparison']}")
     short = [t for t in summary.tasks if t.state == "succeeded" and t.total_steps_declared and t.last_step is not None
              and t.last_step < t.total_steps_declared]
     if short:  # a success that trained less than it meant to (model.fit whose input ran out, a loop cut short)

@@ -372,10 +372,21 @@ def render_traces(summary: RunSummary, console: Console) -> None:
     for note in traces.get("notes") or ([traces["note"]] if traces.get("note") else []):
         console.print(Text(f"• {note}", style="yellow"))
     tasks = traces.get("tasks") or []
-    if not tasks:
-        return
-    asked = "-".join(str(s) for s in tasks[0].get("asked") or tasks[0]["steps"])
-    console.print(f"profiler capture, steps {asked} (open: xprof --logdir {traces['logdir']}):", highlight=False)
+    captures = traces.get("captures") or [{"session": "", "comparison": traces.get("comparison")}]
+    for capture in captures:
+        mine = [t for t in tasks if t.get("session", "") == capture["session"]]
+        if not mine:
+            continue
+        asked = "-".join(str(s) for s in mine[0].get("asked") or mine[0]["steps"])
+        why = f", asked by trace auto: {capture['why']}" if capture.get("why") else ""
+        console.print(f"profiler capture, steps {asked}{why} (open: xprof --logdir {traces['logdir']}):",
+                      highlight=False)
+        _trace_lines(mine, console)
+        if capture.get("comparison"):
+            console.print(Text(f"• {capture['comparison']}", style="yellow"))
+
+
+def _trace_lines(tasks: list[dict], console: Console) -> None:
     for task in tasks:
         wall = task["wall_s"] or 1e-9
         parts = " · ".join(f"{name.replace('_', ' ')} {seconds / wall:.0%}" for name, seconds in task["parts"].items()
@@ -386,8 +397,6 @@ def render_traces(summary: RunSummary, console: Console) -> None:
             " (steps {}-{}: those begun after the start)".format(*task["steps"])
         console.print(f"  {task['task']} {wall * 1000:.0f} ms{covered}: {parts}" + (f" (ops: {top})" if top else ""),
                       highlight=False)
-    if traces.get("comparison"):
-        console.print(Text(f"• {traces['comparison']}", style="yellow"))
 
 
 def _triple(a: float | None, b: float | None, c: float | None) -> str:

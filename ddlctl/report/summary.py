@@ -359,7 +359,7 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
         mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])),
         left_running=tuple(outcome.get("left_running", [])),
         unread_bytes=sum(s.unread_bytes for s in all_steps) + sum(t.unread_bytes for t in telemetry),
-        traces=traces_section(run_dir, plan),
+        traces=traces_section(run_dir, plan, outcome),
         membership_phases=membership_phases(outcome.get("membership", []), [
             t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
     summary = _with_diagnosis(summary, outcome, run_end)

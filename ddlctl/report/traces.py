@@ -6,6 +6,8 @@ Layout: ``runs/<id>/profile/plugins/profile/steps-A-B/<task>.xplane.pb``, one se
 and one file per task, named by the task (``worker-1``), so ``xprof --logdir runs/<id>/profile``
 shows every task's trace side by side. The files are hard links to (or copies of) what each task
 kept in its folder (``tasks/<task>/capture.xplane.pb``), which came back with the task folders.
+``--trace auto``'s captures are sessions ``auto-N-steps-A-B`` (``capture-auto-N.*`` in the task
+folders, each record saying why ddlctl asked for it).
 
 Decoding uses the XPlane protobuf TensorFlow ships (``tsl/profiler/protobuf/xplane_pb2.py``),
 loaded from its file without importing TensorFlow; XProf's copy where TensorFlow is not installed.
@@ -50,6 +52,7 @@ class TaskTrace:
     top_ops: list[tuple[str, float]] = field(default_factory=list)  # op type -> seconds (compute threads)
     file: str = ""
     asked: tuple[int, int] | None = None  # the steps --trace asked for (``steps``: those it covered)
+    session: str = ""  # the capture's session folder (``steps-30-40``, ``auto-1-steps-41-50``)
 
     def share(self, part: str) -> float:
         return self.parts.get(part, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
@@ -58,7 +61,8 @@ class TaskTrace:
         return {"task": self.task, "steps": list(self.steps), "asked": list(self.asked or self.steps),
                 "wall_s": round(self.wall_s, 6),
                 "parts": {k: round(v, 6) for k, v in self.parts.items()},
-                "top_ops": [[name, round(s, 6)] for name, s in self.top_ops], "file": self.file}
+                "top_ops": [[name, round(s, 6)] for name, s in self.top_ops], "file": self.file,
+                "session": self.session}
 
 
 @functools.cache
@@ -78,23 +82,44 @@ def xplane_module():  # noqa: ANN201 - the generated protobuf module
     return None
 
 
+def capture_records(folder: Path) -> list[dict]:
+    """A task folder's capture records: ``--trace A-B``'s, then ``--trace auto``'s in order."""
+    autos = sorted(folder.glob("capture-auto-*.json"), key=lambda p: (len(p.name), p.name))
+    records = []
+    for path in [folder / TASK_CAPTURE, *autos]:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and (path.name == TASK_CAPTURE or _plain_name(str(record.get("session")))):
+            records.append(record)
+    return records
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and len(name) <= 100 and "/" not in name and not name.startswith(".")
+
+
+def session_of(capture: dict) -> str | None:
+    """The session folder of a capture record (None: a record without its steps)."""
+    steps = capture.get("asked") or capture.get("steps") or [0, 0]
+    try:
+        named = f"steps-{int(steps[0])}-{int(steps[1])}"
+    except (TypeError, ValueError, IndexError):
+        return None
+    return f"{capture['session']}-{named}" if capture.get("session") else named
+
+
 def gather(run_dir: Path) -> list[tuple[str, dict, Path]]:
-    """Link every task's capture into ``profile/plugins/profile/steps-A-B/<task>.xplane.pb`` (a ps
+    """Link every task's captures into ``profile/plugins/profile/<session>/<task>.xplane.pb`` (a ps
     chief's folder also holds its servers' traces: ``servers``); (task, its capture record, the
     linked file) for each capture that has a trace file."""
     found = []
-    for folder in sorted((run_dir / TASKS_DIR).glob("*")):
-        try:
-            capture = json.loads((folder / TASK_CAPTURE).read_text())
-        except (OSError, ValueError):
+    for folder, capture in [(f, c) for f in sorted((run_dir / TASKS_DIR).glob("*")) for c in capture_records(f)]:
+        session = session_of(capture)
+        if session is None:
             continue
-        if not isinstance(capture, dict):
-            continue
-        steps = capture.get("asked") or capture.get("steps") or [0, 0]
-        try:
-            target = run_dir / PROFILE_DIR / "plugins" / "profile" / f"steps-{int(steps[0])}-{int(steps[1])}"
-        except (TypeError, ValueError, IndexError):
-            continue
+        target = run_dir / PROFILE_DIR / "plugins" / "profile" / session
         captures = [(folder.name, capture.get("file"), capture)]
         servers = capture.get("servers")
         if isinstance(servers, dict):  # (the servers' traces span the chief's remote trace)
@@ -183,22 +208,19 @@ def capture_problems(run_dir: Path, asked: Sequence[int] | None, programs: Seque
     problems = []
     for task in programs:
         folder = run_dir / TASKS_DIR / task.replace(":", "-")
-        try:
-            capture = json.loads((folder / TASK_CAPTURE).read_text())
-        except (OSError, ValueError):
-            capture = None
-        if not isinstance(capture, dict):
-            if asked and (folder / "steps.jsonl").exists():
-                problems.append(f"{task}: nothing captured (it recorded no step {asked[0] - 1} while tracing was "
-                                f"asked for steps {asked[0]}-{asked[1]}: fewer steps, or steps it does not record)")
-            continue
-        if capture.get("error"):
-            problems.append(f"{task}: nothing captured ({str(capture['error'])[:300]})")
-        elif isinstance(capture.get("file"), str) and not (folder / capture["file"]).is_file():
-            problems.append(f"{task}: its trace did not come back ({capture['file']} is not in {folder})")
-        if capture.get("servers_error"):
-            problems.append(f"{task} could not trace the servers' profilers ({str(capture['servers_error'])[:300]}): "
-                            "their traces are missing (a profiler port taken by another process?)")
+        records = capture_records(folder)
+        if asked and not any(not r.get("session") for r in records) and (folder / "steps.jsonl").exists():
+            problems.append(f"{task}: nothing captured (it recorded no step {asked[0] - 1} while tracing was "
+                            f"asked for steps {asked[0]}-{asked[1]}: fewer steps, or steps it does not record)")
+        for capture in records:
+            who = f"{task} ({capture['session']})" if capture.get("session") else task
+            if capture.get("error"):
+                problems.append(f"{who}: nothing captured ({str(capture['error'])[:300]})")
+            elif isinstance(capture.get("file"), str) and not (folder / capture["file"]).is_file():
+                problems.append(f"{who}: its trace did not come back ({capture['file']} is not in {folder})")
+            if capture.get("servers_error"):
+                problems.append(f"{who} could not trace the servers' profilers ({str(capture['servers_error'])[:300]}):"
+                                " their traces are missing (a profiler port taken by another process?)")
     return problems
 
 
@@ -219,7 +241,7 @@ def read_traces(run_dir: Path) -> tuple[list[TaskTrace], list[str]]:
             notes.append(f"{task}: its trace {path.relative_to(run_dir)} cannot be decoded (damaged)")
             continue
         trace = split(task, capture, space)
-        trace.file = str(path.relative_to(run_dir))
+        trace.file, trace.session = str(path.relative_to(run_dir)), path.parent.name
         traces.append(trace)
     return traces, notes
 
@@ -253,22 +275,44 @@ def compare(traces: Sequence[TaskTrace]) -> str | None:
     ranked = sorted(traces, key=per_step)
     slow, typical = ranked[-1], ranked[(len(ranked) - 1) // 2]
     ratio = per_step(slow) / max(1e-9, per_step(typical))
-    if ratio < 1.2:
-        return None
+    if ratio < 1.2:  # in lockstep every step lasts as long: who computes while the others wait for it
+        busy = max(traces, key=lambda t: t.share("compute"))
+        peers = sorted((t for t in traces if t is not busy), key=lambda t: t.share("compute"))
+        peer = peers[(len(peers) - 1) // 2]
+        waits = max(("collective", "ps_rpc"), key=peer.share)
+        if busy.share("compute") < 1.5 * peer.share("compute") or peer.share(waits) < INPUT_BOUND_SHARE:
+            return None
+        return (f"{busy.task} holds the others up in its capture: it computes {busy.share('compute'):.0%} of its "
+                f"time against {peer.share('compute'):.0%} on {peer.task}, which waits in "
+                f"{waits.replace('_', ' ')} {peer.share(waits):.0%}: for it (a slower or busier machine)")
     part = max(PARTS, key=lambda p: slow.share(p) - typical.share(p))
     return (f"{slow.task}'s captured steps are {ratio:.1f}x longer than {typical.task}'s: {slow.share(part):.0%} of "
             f"its time is {part.replace('_', ' ')} against {typical.share(part):.0%} on {typical.task}")
 
 
-def traces_section(run_dir: Path, plan: dict) -> dict | None:
-    """``summary.json``'s ``traces``: the captures gathered under ``profile/`` and split, and what
-    went wrong (None: nothing was asked and nothing captured)."""
+def traces_section(run_dir: Path, plan: dict, outcome: dict | None = None) -> dict | None:
+    """``summary.json``'s ``traces``: the captures gathered under ``profile/`` and split, each
+    session's comparison (``captures``; ``comparison``: ``--trace A-B``'s), and what went wrong
+    (None: nothing was asked and nothing captured)."""
     asked = (plan.get("request") or {}).get("trace")
     asked = asked if isinstance(asked, list) and len(asked) == 2 else None
     programs = [str(t.get("name")) for t in plan.get("tasks", []) if t.get("kind") == "program" and t.get("name")]
     traces, notes = read_traces(run_dir)
     notes = [*capture_problems(run_dir, asked, programs), *notes]
+    autos = [e for e in (outcome or {}).get("auto_traces") or [] if isinstance(e, dict)]
+    captures = []
+    for session in dict.fromkeys(t.session for t in traces):
+        mine = [t for t in traces if t.session == session]
+        event = next((e for e in autos if session.startswith(f"{e.get('session')}-steps-")), None)
+        captures.append({"session": session, "why": event.get("why") if event else None,
+                         "tasks": [t.task for t in mine], "comparison": compare(mine)})
+    for event in autos:
+        if not any(c["why"] is not None and c["session"].startswith(f"{event.get('session')}-") for c in captures):
+            notes.append(f"trace auto asked {', '.join(map(str, event.get('asked') or []))} for a capture "
+                         f"({event.get('why')}), and none came back: the task recorded no step after it was asked "
+                         "(it ended, or hung)")
     if not traces and not notes:
         return None
+    manual = [t for t in traces if not t.session.startswith("auto-")]
     return {"logdir": str(run_dir / PROFILE_DIR), "tasks": [t.to_dict() for t in traces],
-            "comparison": compare(traces), "notes": notes}
+            "comparison": compare(manual), "captures": captures, "notes": notes}

@@ -74,6 +74,7 @@ class JobResult:
     unjoined: tuple[str, ...] = ()  # workers that took steps without joining the cluster (trained alone)
     preparing: tuple[dict, ...] = ()  # each time tasks that had not begun were found at work, not hung
     phases: Mapping[str, float] = field(default_factory=dict)  # each JobPhase entered -> seconds after the start
+    auto_traces: tuple[dict, ...] = ()  # --trace auto: each capture asked, and why
 
 
 def fault_event(job: Job, fault: Fault, action: str, scope: str = "", tasks: Sequence[str] = ()) -> dict:
@@ -143,7 +144,8 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                hosts_lost: Sequence[dict], hangs: Sequence[dict] = (), started_at: float | None = None,
                membership: Sequence[dict] = (), left_running: Sequence[dict] = (),
                paused: Sequence[dict] = (), clock_offsets: Mapping[str, float] | None = None,
-               unjoined: Sequence[str] = (), preparing: Sequence[dict] = ()) -> JobResult:
+               unjoined: Sequence[str] = (), preparing: Sequence[dict] = (),
+               auto_traces: Sequence[dict] = ()) -> JobResult:
     """Every task's end, in plan order (agents apart), with the job's exit code."""
     order = {spec.name: i for i, spec in enumerate((*job.plan.tasks, *job.plan.agents))}
     ordered = sorted(job.tasks.values(), key=lambda t: order[t.name])
@@ -155,7 +157,7 @@ def job_result(job: Job, wall: float, failure: Failure | None, signals: Sequence
                      membership=tuple(membership), left_running=tuple(left_running), paused=tuple(paused),
                      clock_offsets=dict(clock_offsets or {}), unjoined=tuple(unjoined),
                      preparing=tuple(sorted(preparing, key=lambda event: event.get("time") or 0.0)),
-                     phases=job.phases())
+                     phases=job.phases(), auto_traces=tuple(auto_traces))
 
 
 def _task_end(task: TaskOutcome, restarts: bool = True) -> dict:
@@ -193,6 +195,7 @@ def outcome_record(result: JobResult) -> dict:
         "unjoined": list(result.unjoined),
         "preparing": list(result.preparing),
         "phases": dict(result.phases),
+        "auto_traces": list(result.auto_traces),
         "agents": [_task_end(t, restarts=False) for t in result.agents],
         "telemetry_gaps": list(result.telemetry_gaps),
     }

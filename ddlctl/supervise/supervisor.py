@@ -46,6 +46,7 @@ from ddlctl.diagnose.imports import import_hint
 from ddlctl.diagnose.tfmessages import Blame, port_taken
 from ddlctl.planning.plan import Plan
 from ddlctl.supervise.accounting import LiveCauses
+from ddlctl.supervise.autotrace import AutoTrace
 from ddlctl.supervise.hangs.blame import Hangs
 from ddlctl.supervise.hangs.preparing import PREPARING_MAX_S, Looks, interval_for, preparing_line
 from ddlctl.supervise.hosts import HostWatch, Reconnect
@@ -109,6 +110,7 @@ class Supervisor:
         self.preparing: list[dict] = []  # tasks not listening yet found at work (the hang watch keeps its own)
         self.started_noted = False
         self.causes = LiveCauses(time.time())  # the time so far by cause (live view, metrics)
+        self.autotrace = AutoTrace.for_job(self.job)  # --trace auto (None: not asked)
 
     @property
     def sessions(self) -> dict[str, AgentSession]:
@@ -146,7 +148,8 @@ class Supervisor:
                           started_at=started_at, membership=self.job.membership,
                           left_running=self.stopping.left_running,
                           paused=self.paused, clock_offsets=self.hosts.clock_offsets, unjoined=self.joined.unjoined,
-                          preparing=[*self.preparing, *self.hangs.preparing])
+                          preparing=[*self.preparing, *self.hangs.preparing],
+                          auto_traces=self.autotrace.events if self.autotrace is not None else ())
 
     def status(self) -> tuple[list[tuple[str, str, str, bool]], int]:
         """(task, host, role, running) for every task, and the restarts so far (metrics)."""
@@ -210,6 +213,8 @@ class Supervisor:
         if self.job.stopping:
             self.stopping.escalate(now)
             return
+        if self.autotrace is not None and not self.restarts.under_way:
+            self.autotrace.look(now, self.job)
         self.hangs.feed(now)
         self.elastic.tick(now)
         self.telemetry.tick(now)

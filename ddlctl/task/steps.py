@@ -34,7 +34,7 @@ from types import TracebackType
 
 from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_PHASES, TASK_STEPS
-from ddlctl.task.trace import Capture
+from ddlctl.task.trace import AutoCapture, Capture
 
 
 class StepRecorder:
@@ -55,7 +55,7 @@ class StepRecorder:
         self._lock = threading.Lock()  # one line at a time, whichever thread records
         self.count = 0
         self.total: int | None = None
-        self.capture: Capture | None = None  # a profiler capture ddlctl asked for (``--trace``)
+        self.capture: Capture | AutoCapture | None = None  # a profiler capture ddlctl asked for (``--trace``)
 
     @classmethod
     def from_env(cls) -> StepRecorder:

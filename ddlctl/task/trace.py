@@ -11,6 +11,13 @@ recorded in blocks: a block's steps that began before the start are not counted 
 capture then runs to the end of a block that began after it). Aligned on the task's own step
 counter, not on the clock, so every task captures the same steps however far apart they run.
 
+``DDLCTL_TRACE_STEPS=auto`` (``--trace auto``, ``profile``'s default): no capture until ddlctl asks
+for one while the task runs (:class:`AutoCapture`): its host agent writes ``trace-request.json`` in
+the task folder (``{"id": n, "steps": k, "seconds": s, "why": "..."}``), which the task looks at, at
+most twice a second, after a recorded step; the capture then starts after the next step and stops
+after ``k`` steps or at the first step boundary past ``s`` seconds, into ``capture-auto-<n>.json`` /
+``capture-auto-<n>.xplane.pb``. No thread, no signal: a task that records no step is not captured.
+
 Nothing here imports TensorFlow: a program that has not imported it (a PyTorch one) is not
 captured, and says so once in ``capture.json``. A capture that TensorFlow refuses (another profiler
 session running) is recorded as refused; training goes on either way.
@@ -27,12 +34,16 @@ import threading
 import time
 
 from ddlctl.contract import envvars
-from ddlctl.contract.rundir import TASK_CAPTURE, TASK_TRACE_DIR
+from ddlctl.contract.rundir import TASK_CAPTURE, TASK_TRACE_DIR, TASK_TRACE_REQUEST
 
 #: Seconds past its stop a ps chief waits for its servers' traces to come back.
 REMOTE_WAIT_S = 15.0
 #: A task's capture, moved to its folder's top level (a remote task's folder comes back without subfolders).
 CAPTURE_FILE = "capture.xplane.pb"
+#: How often (seconds, at most) an ``--trace auto`` task looks for a request, and the longest one.
+LOOK_S = 0.5
+AUTO_STEPS_MAX = 1000
+AUTO_SECONDS_MAX = 300.0
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -41,17 +52,27 @@ def parse_steps(text: str) -> tuple[int, int]:
     try:
         start, end = int(first), int(last) if dash else int(first)
     except ValueError:
-        raise ValueError(f"{text!r}: give the steps to capture as A-B (e.g. 100-110) or one step A") from None
+        raise ValueError(f"{text!r}: give the steps to capture as A-B (e.g. 100-110) or one step A; or auto, "
+                         "or off") from None
     if start < 1 or end < start:
         raise ValueError(f"{text!r}: steps count from 1 and the last is not before the first (e.g. 100-110)")
     return start, end
 
 
-class Capture:
-    """One capture over steps ``first``..``last`` of this task, into ``folder``."""
+def file_prefix(name: str) -> str:
+    """The start of a capture's file names: ``capture`` (``--trace A-B``), ``capture-auto-3``."""
+    return f"capture-{name}" if name else "capture"
 
-    def __init__(self, first: int, last: int, folder: str, servers: dict[str, str] | None = None) -> None:
+
+class Capture:
+    """One capture over steps ``first``..``last`` of this task, into ``folder`` (``name``: an
+    ``--trace auto`` capture's, e.g. ``auto-1``, with ``why`` ddlctl asked for it)."""
+
+    def __init__(self, first: int, last: int, folder: str, servers: dict[str, str] | None = None,
+                 name: str = "", why: str = "", seconds: float | None = None) -> None:
         self.first, self.last, self.folder = first, last, folder
+        self.name, self.why, self.prefix = name, why, file_prefix(name)
+        self.deadline = time.monotonic() + seconds if seconds else None  # (stops at a step boundary past it)
         self.state = "waiting"  # -> "tracing" -> "done" | "refused" | "not TensorFlow"
         self.began: tuple[int, float] | None = None  # (the first step after the start, epoch s)
         self.servers = dict(servers or {})  # a ps chief: server task -> "host:port" of its profiler
@@ -60,17 +81,19 @@ class Capture:
         self.remote_record: dict = {}
 
     @classmethod
-    def from_env(cls) -> Capture | None:
+    def from_env(cls) -> Capture | AutoCapture | None:
         """The capture ddlctl asked this task for, if any (a bad value asks for none)."""
         text, task_dir = os.environ.get(envvars.TRACE_STEPS), os.environ.get(envvars.TASK_DIR)
         if not text or not task_dir:
             return None
         try:
-            first, last = parse_steps(text)
             servers = json.loads(os.environ.get(envvars.PROFILER_ADDRESSES) or "{}")
+            servers = {str(k): str(v) for k, v in servers.items()} if isinstance(servers, dict) else {}
+            if text == "auto":
+                return AutoCapture(task_dir, servers)
+            first, last = parse_steps(text)
         except ValueError:
             return None
-        servers = {str(k): str(v) for k, v in servers.items()} if isinstance(servers, dict) else {}
         return cls(first, last, os.path.join(task_dir, TASK_TRACE_DIR), servers)
 
     def after(self, step: int, steps: int = 1, started: float | None = None, duration_s: float | None = None) -> None:
@@ -80,12 +103,16 @@ class Capture:
         reached = step + steps - 1
         if duration_s is not None and self.servers:
             self.step_s = [*self.step_s[-19:], duration_s / max(1, steps)]
-        if self.state == "waiting" and reached >= self.first - 1 and reached < self.last:
+        if self.state == "waiting" and reached >= self.first - 1 and (reached < self.last or self.name):
+            # (an auto capture starts at the next step whatever its block: it runs one block at least)
             self._start(reached + 1)
         elif self.state == "tracing":
             if self.began is not None and started is not None and started < self.began[1] - 1e-4:
                 self.began = (reached + 1, self.began[1])
-            if reached >= max(self.last, self.began[0] if self.began else 0):  # (at least one step)
+                if self.name:  # (an auto capture counts its steps from the first it covers)
+                    self.first, self.last = reached + 1, reached + 1 + self.last - self.first
+            past = self.deadline is not None and time.monotonic() >= self.deadline
+            if reached >= (self.began[0] if self.began else 0) and (reached >= self.last or past):  # (1 step at least)
                 self._stop(reached)
 
     def marker(self, step: int):  # noqa: ANN201 - a context manager
@@ -110,6 +137,8 @@ class Capture:
             return
         self.state = "tracing"
         self.began = (next_step, time.time())
+        if self.name:
+            self.first, self.last = next_step, next_step + self.last - self.first
         if self.servers:  # the ps servers, traced from here over about as long as the steps take
             usual = sorted(self.step_s)[len(self.step_s) // 2] if self.step_s else 0.05
             duration_ms = int(min(60_000, max(500, (self.last - next_step + 1) * usual * 1000 + 200)))
@@ -132,7 +161,7 @@ class Capture:
             self.remote.join(timeout=REMOTE_WAIT_S)
         self._write({**self.remote_record, "steps": [self.began[0], reached], "asked": [self.first, self.last],
                      "start_s": round(self.began[1], 6), "end_s": round(ended, 6),
-                     "file": _keep(self.folder, made[-1]) if made else None})
+                     "file": _keep(self.folder, made[-1], f"{self.prefix}.xplane.pb") if made else None})
 
     def _trace_servers(self, tf, duration_ms: int) -> None:  # noqa: ANN001 - the tensorflow module
         """Trace every server's profiler (``client.trace``) into ``capture-<task>.xplane.pb`` files."""
@@ -148,7 +177,7 @@ class Capture:
         for session in _sessions(folder):
             for task, address in self.servers.items():
                 written = os.path.join(folder, "plugins", "profile", session, address.replace(":", "_") + ".xplane.pb")
-                name = f"capture-{task.replace(':', '-')}.xplane.pb"
+                name = f"{self.prefix}-{task.replace(':', '-')}.xplane.pb"
                 with contextlib.suppress(OSError):
                     os.replace(written, os.path.join(os.path.dirname(self.folder), name))
                     kept[task] = name
@@ -158,27 +187,94 @@ class Capture:
                               "servers_end_s": round(began + duration_ms / 1000, 6)}
 
     def _write(self, record: dict) -> None:
-        path = os.path.join(os.path.dirname(self.folder), TASK_CAPTURE)
+        path = os.path.join(os.path.dirname(self.folder), f"{self.prefix}.json" if self.name else TASK_CAPTURE)
+        named = {"session": self.name, "why": self.why} if self.name else {}
         with contextlib.suppress(OSError):
             with open(f"{path}.tmp", "w") as handle:
-                json.dump({"asked": [self.first, self.last], **record}, handle)
+                json.dump({"asked": [self.first, self.last], **named, **record}, handle)
             os.replace(f"{path}.tmp", path)
 
 
-def _keep(folder: str, session: str) -> str | None:
+class AutoCapture:
+    """``--trace auto``: the captures ddlctl asks of this running task (see the module's words).
+    The same calls as :class:`Capture`'s, made by :class:`~ddlctl.task.steps.StepRecorder`."""
+
+    def __init__(self, task_dir: str, servers: dict[str, str] | None = None) -> None:
+        self.task_dir, self.servers = task_dir, dict(servers or {})
+        self.current: Capture | None = None
+        self.taken: set[int] = set()  # the requests already acted on
+        self.looked = 0.0
+        self.seen: tuple[int, int] | None = None  # the request file's (mtime ns, size) last read
+        self.step_s: list[float] = []
+
+    @property
+    def state(self) -> str:
+        return self.current.state if self.current is not None else "idle"
+
+    def after(self, step: int, steps: int = 1, started: float | None = None, duration_s: float | None = None) -> None:
+        """Steps were recorded: the capture under way goes on (or stops); else a new request starts one."""
+        if self.current is not None and self.current.state in ("waiting", "tracing"):
+            self.current.after(step, steps, started, duration_s)
+            return
+        if duration_s is not None and self.servers:
+            self.step_s = [*self.step_s[-19:], duration_s / max(1, steps)]
+        now = time.monotonic()
+        if now - self.looked < LOOK_S:
+            return
+        self.looked = now
+        request = self._request()
+        if request is None:
+            return
+        reached = step + steps - 1
+        ident, count, seconds, why = request
+        self.taken.add(ident)
+        self.current = Capture(reached + 2, reached + 1 + count, os.path.join(self.task_dir, TASK_TRACE_DIR),
+                               self.servers, name=f"auto-{ident}", why=why, seconds=seconds)
+        self.current.step_s = list(self.step_s)
+
+    def marker(self, step: int):  # noqa: ANN201 - a context manager
+        return self.current.marker(step) if self.current is not None else contextlib.nullcontext()
+
+    def _request(self) -> tuple[int, int, float, str] | None:
+        """A request not acted on yet: (id, steps, seconds, why); None when there is none (or it is
+        not one: the file is written by this task's host agent, but checked all the same)."""
+        path = os.path.join(self.task_dir, TASK_TRACE_REQUEST)
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        if (info.st_mtime_ns, info.st_size) == self.seen or info.st_size > 4096:
+            return None
+        self.seen = (info.st_mtime_ns, info.st_size)
+        try:
+            with open(path) as handle:
+                record = json.load(handle)
+            os.unlink(path)  # (taken: a task started again in this folder does not take it again)
+            ident, count, seconds = record["id"], record.get("steps", 10), record.get("seconds", 30)
+            why = record.get("why", "")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if type(ident) is not int or ident < 1 or ident in self.taken or type(count) is not int \
+                or not 1 <= count <= AUTO_STEPS_MAX or type(seconds) not in (int, float) \
+                or not 0 < seconds <= AUTO_SECONDS_MAX or not isinstance(why, str):
+            return None
+        return ident, count, float(seconds), why[:500]
+
+
+def _keep(folder: str, session: str, kept_as: str = CAPTURE_FILE) -> str | None:
     """Move the trace TensorFlow wrote in ``folder``'s ``session`` up to the task folder as
-    ``capture.xplane.pb`` (what comes back with a remote task's folder); its name, or None."""
+    ``kept_as`` (what comes back with a remote task's folder); its name, or None."""
     written = os.path.join(folder, "plugins", "profile", session)
     names = sorted(n for n in _listing(written) if n.endswith(".xplane.pb"))
     if not names:
         return None
     try:
-        os.replace(os.path.join(written, names[0]), os.path.join(os.path.dirname(folder), CAPTURE_FILE))
+        os.replace(os.path.join(written, names[0]), os.path.join(os.path.dirname(folder), kept_as))
     except OSError:
         return None
     with contextlib.suppress(OSError):
         shutil.rmtree(folder)
-    return CAPTURE_FILE
+    return kept_as
 
 
 def _listing(folder: str) -> list[str]:

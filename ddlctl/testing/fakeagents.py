@@ -148,7 +148,6 @@ class FakeTask:
         if b.exit_after is not None and age >= b.exit_after and not b.stopped:
             self.end(ExitStatus(code=b.code), b.output)
 
-
     def _sample(self, now: float) -> None:
         """A telemetry agent: its hello, then a sample every world second with the GPU
         utilisation the world's ``gpu_util`` gives and each running task's CPU from ``task_cpu``
@@ -242,6 +241,9 @@ class FakeSession:
 
     def beats(self) -> dict[str, str]:
         return {}
+
+    def paces(self) -> dict[str, dict[str, tuple[float, float | None, int]]]:
+        return {}  # (no step records here: --trace auto finds nothing to capture, asks nothing)
 
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         return False

@@ -72,6 +72,12 @@ class AgentSession(Protocol):
     def beats(self) -> Mapping[str, str]:
         """Task -> the kind of its last beat ("eval", "train"), for tasks that wrote one."""
 
+    def paces(self) -> Mapping[str, Mapping[str, tuple[float, float | None, int]]]:
+        """Task -> who ran its steps -> (median s a step lately, median sync s a step or None, records)."""
+
+    def request_trace(self, name: str, request: dict) -> None:
+        """Ask task ``name`` for a profiler capture (``--trace auto``)."""
+
     def check_silence(self, limit_s: float, now: float | None = None) -> bool:
         """Lose (and cut off) the session when the agent said nothing for ``limit_s``."""
 

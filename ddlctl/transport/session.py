@@ -103,6 +103,7 @@ class HostSession:
         self._progress: dict[str, tuple[int, int | None]] = {}  # task -> (highest step reached, declared total)
         self._activity: dict[str, tuple[int, str | None]] = {}  # task -> (phase lines and beats, open phase)
         self._beats: dict[str, str] = {}  # task -> the kind of its last beat
+        self._paces: dict[str, dict[str, tuple[float, float | None, int]]] = {}  # task -> ran by -> its pace
         self._dumps: dict[str, dict] = {}
         self._dumps_asked: set[str] = set()  # dumps are kept only for tasks asked for
         self.ports_reply: dict | None = None
@@ -233,6 +234,10 @@ class HostSession:
         for name, credits in (header.get("credits") or {}).items():
             if name in self._tasks:
                 self._credits[name] = dict(credits)
+        for name, paces in (header.get("pace") or {}).items():
+            if name in self._tasks:
+                self._paces[name] = {ran_by or name: (float(p[0]), None if p[1] is None else float(p[1]), p[2])
+                                     for ran_by, p in paces.items()}
 
     def here(self, t: float | None) -> float | None:
         """The host's time ``t`` on this machine's clock (see ``clock_offset``): exits on hosts whose
@@ -330,6 +335,7 @@ class HostSession:
         self._steps.pop(spec.name, None)
         self._activity.pop(spec.name, None)
         self._beats.pop(spec.name, None)
+        self._paces.pop(spec.name, None)
         if self.lost:
             task._end(ExitStatus(lost=True), time.time())
             return task
@@ -360,6 +366,16 @@ class HostSession:
     def progress(self) -> Mapping[str, tuple[int, int | None]]:
         """Task -> (highest step reached, declared total)."""
         return self._progress
+
+    def paces(self) -> Mapping[str, Mapping[str, tuple[float, float | None, int]]]:
+        """Task -> the task that ran its recorded steps (itself; a ps chief's workers) -> (median
+        seconds a step lately, median sync seconds a step or None, records timed)."""
+        return self._paces
+
+    def request_trace(self, name: str, request: dict) -> None:
+        """Ask task ``name`` for a profiler capture (``--trace auto``: :mod:`ddlctl.task.trace`)."""
+        if not self.lost:
+            self.command({"op": Op.TRACE, "task": name, "request": request})
 
     def request_dump(self, names: Sequence[str]) -> None:
         """Ask the agent for the processes and Python stacks of ``names`` (see :meth:`dump_of`)."""

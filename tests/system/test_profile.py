@@ -142,7 +142,7 @@ def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after
     import tensorflow as tf  # (the real profiler, in this process)
 
     from ddlctl.report.traces import xplane_module
-    from ddlctl.task.trace import Capture, parse_steps
+    from ddlctl.task.trace import AutoCapture, Capture, parse_steps
 
     assert parse_steps("20-30") == (20, 30) and parse_steps(" 7 ") == (7, 7)
     for bad in ("30-20", "0-3", "a-b", ""):
@@ -165,6 +165,33 @@ def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after
     space = xplane_module().XSpace()
     space.ParseFromString((tmp_path / record["file"]).read_bytes())
     assert any(plane.name == "/host:CPU" for plane in space.planes)
+    # --trace auto: a request in the task folder starts a capture after the next step, of its steps
+    auto_dir = tmp_path / "auto"
+    auto_dir.mkdir()
+    auto = AutoCapture(str(auto_dir))
+    request = auto_dir / "trace-request.json"
+    for bad in ('{"id": 0}', '{"id": 1, "steps": 5000}', '{"id": 1, "seconds": -1}', "[1]", "{"):
+        request.write_text(bad)
+        auto.looked = 0.0
+        auto.after(1, 1, 1.0)
+        assert auto.state == "idle", bad
+    request.write_text(json.dumps({"id": 1, "steps": 3, "seconds": 30, "why": "worker:0 is a straggler"}))
+    auto.looked = 0.0
+    auto.after(40, 1, 40.0)
+    assert not request.exists() and auto.state == "waiting"  # (taken: a task started again does not retake it)
+    auto.after(41, 1, 41.0)
+    assert auto.state == "tracing"
+    for step in range(42, 45):
+        tf.reduce_sum(tf.ones((64, 64)) @ tf.ones((64, 64)))
+        auto.after(step, 1, auto.current.began[1] + step)
+    record = json.loads((auto_dir / "capture-auto-1.json").read_text())
+    assert auto.state == "done" and record["steps"] == [42, 44] and record["asked"] == [42, 44]
+    assert record["session"] == "auto-1" and record["why"] == "worker:0 is a straggler"
+    assert record["file"] == "capture-auto-1.xplane.pb" and (auto_dir / record["file"]).stat().st_size > 0
+    request.write_text(json.dumps({"id": 1}))  # the same request again: not taken twice
+    auto.looked = 0.0
+    auto.after(50, 1, 50.0)
+    assert auto.current.name == "auto-1" and auto.state == "done"
 
 
 

@@ -37,3 +37,47 @@ def test_every_capture_that_went_wrong_is_said_naming_the_task_and_why(tmp_path)
         "chief:0: its trace profile/plugins/profile/steps-5-8/chief-0.xplane.pb cannot be decoded (damaged)"]
     # without --trace and without captures: no section
     assert traces_section(tmp_path / "nothing", {"request": {}, "tasks": []}) is None
+
+
+def _space(spans: list[tuple[str, float, float]]) -> bytes:
+    """An XSpace of one host plane whose compute thread ran ``(op, start s, end s)``."""
+    from ddlctl.report.traces import xplane_module
+
+    space = xplane_module().XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    line = plane.lines.add(name="tf_Compute", timestamp_ns=0)
+    for i, (name, start, end) in enumerate(spans, start=1):
+        plane.event_metadata[i].name = name
+        line.events.add(metadata_id=i, offset_ps=int(start * 1e12), duration_ps=int((end - start) * 1e12))
+    return space.SerializeToString()
+
+
+def test_trace_auto_captures_are_sessions_of_their_own_with_why_and_what_differs(tmp_path):
+    plan = {"request": {}, "tasks": [{"name": f"worker:{i}", "kind": "program"} for i in range(3)]}
+    why = "worker:1 is a straggler: it is ready to synchronise in 43 ms against 16 ms on worker:0 (2.7x)"
+    # lockstep: worker:1 computes most of the captured second, worker:0 waits for it in the all-reduce
+    for name, compute in (("worker-0", 0.25), ("worker-1", 0.7)):
+        folder = tmp_path / "tasks" / name
+        folder.mkdir(parents=True)
+        (folder / "capture-auto-1.xplane.pb").write_bytes(_space([
+            ("model/conv:Conv2D", 0.0, compute), ("allreduce:CollectiveReduceV2", compute, 0.95)]))
+        (folder / "capture-auto-1.json").write_text(json.dumps({
+            "asked": [41, 50], "session": "auto-1", "why": why, "steps": [41, 50], "start_s": 1000.0,
+            "end_s": 1001.0, "file": "capture-auto-1.xplane.pb"}))
+    outcome = {"auto_traces": [{"session": "auto-1", "asked": ["worker:0", "worker:1"], "why": why},
+                               {"session": "auto-2", "asked": ["worker:2"], "why": "worker:2's steps slowed down"}]}
+    section = traces_section(tmp_path, plan, outcome)
+    session = tmp_path / "profile" / "plugins" / "profile" / "auto-1-steps-41-50"
+    assert sorted(p.name for p in session.iterdir()) == ["worker-0.xplane.pb", "worker-1.xplane.pb"]
+    assert [(t["task"], t["session"]) for t in section["tasks"]] == [("worker:0", "auto-1-steps-41-50"),
+                                                                    ("worker:1", "auto-1-steps-41-50")]
+    shares = {t["task"]: {k: round(v / t["wall_s"], 2) for k, v in t["parts"].items()} for t in section["tasks"]}
+    assert shares["worker:1"]["compute"] == 0.7 and shares["worker:0"]["collective"] == 0.7
+    assert section["comparison"] is None  # (no --trace A-B capture)
+    assert section["captures"] == [{
+        "session": "auto-1-steps-41-50", "why": why, "tasks": ["worker:0", "worker:1"],
+        "comparison": "worker:1 holds the others up in its capture: it computes 70% of its time against 25% on "
+                      "worker:0, which waits in collective 70%: for it (a slower or busier machine)"}]
+    # a capture asked of a task that recorded no step after it (it ended, or hung): said
+    assert section["notes"] == ["trace auto asked worker:2 for a capture (worker:2's steps slowed down), and none "
+                                "came back: the task recorded no step after it was asked (it ended, or hung)"]

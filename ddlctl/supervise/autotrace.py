@@ -1,0 +1,208 @@
+"""``--trace auto`` (``profile``'s default): while the job runs, when a task's steps stand out,
+ask it for a short TensorFlow Profiler capture, and a typical peer for one beside it
+(:class:`ddlctl.task.trace.AutoCapture` takes the request, through the host agent).
+
+What stands out, from each task's *pace* (its host agent's step frames: the median seconds a
+step over its last 16 records, and the median seconds until its gradients were ready, ``sync``,
+where its records say; :meth:`ddlctl.host.stepfollow.StepFile.pace`):
+
+* a *straggler*: a task whose steps take at least :data:`STRAGGLER_RATIO` x a typical peer's
+  (compared by sync time where every task records one: in lockstep every step takes the same
+  wall time, and the straggler is who is ready last; under ps, the workers' steps as the chief
+  records them, each by the worker that ran it);
+* a *regression*: a task whose steps take more than :data:`REGRESSION_RATIO` x its own pace at the
+  start of the run (the fastest it kept in its first :data:`BASELINE_S` once warmed up), seen at
+  two looks in a row.
+
+A task and what it is compared with need :data:`WARMUP` timed records first (compilation and the
+first batches are no pace). At most one capture every ``every_s`` seconds (default
+:data:`EVERY_S`), and a task is not captured twice for one reason: a
+persistent straggler costs one capture. Each capture is said once, with why, and kept in
+``outcome.json`` (``auto_traces``) for the report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ddlctl.supervise.job import Job
+
+#: A task is a straggler when its steps take this many times a typical peer's.
+STRAGGLER_RATIO = 1.3
+#: ... and at least this much longer (seconds a step): tiny steps jitter by large ratios.
+MIN_GAP_S = 0.005
+#: A task has regressed when its steps take more than this many times its early pace.
+REGRESSION_RATIO = 1.5
+#: Timed records before a pace counts, and the first seconds whose fastest pace is the baseline.
+WARMUP = 12
+BASELINE_S = 120.0
+#: Steps an auto capture covers, and the most seconds it runs (it stops at a step boundary past it).
+CAPTURE_STEPS = 10
+CAPTURE_SECONDS = 30.0
+#: The least seconds between two auto captures.
+EVERY_S = 600.0
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A task's recent steps: median seconds a step, median sync seconds (None: not recorded), records timed."""
+
+    step_s: float
+    sync_s: float | None
+    seen: int
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something that stands out: ``task`` against ``peer`` (None: no peer to capture beside it)."""
+
+    reason: str  # "straggler" | "regression"
+    task: str
+    peer: str | None
+    why: str
+    ratio: float = 0.0
+
+
+def straggler(paces: Mapping[str, Pace]) -> Finding | None:
+    """The slowest task of a role (``worker``: its peers do the same work; a pipeline's stages do
+    not) when its steps take :data:`STRAGGLER_RATIO` x a typical peer's (the median of the others),
+    by sync time when every task records one; None otherwise."""
+    roles: dict[str, dict[str, Pace]] = {}
+    for name, pace in paces.items():
+        if pace.seen >= WARMUP:
+            roles.setdefault(name.partition(":")[0], {})[name] = pace
+    found = [f for f in map(_straggler, roles.values()) if f is not None]
+    return max(found, key=lambda f: f.ratio) if found else None
+
+
+def _straggler(ready: Mapping[str, Pace]) -> Finding | None:
+    if len(ready) < 2:
+        return None
+    by_sync = all(p.sync_s is not None for p in ready.values())
+
+    def value(name: str) -> float:
+        pace = ready[name]
+        return float(pace.sync_s if by_sync and pace.sync_s is not None else pace.step_s)
+
+    ranked = sorted(ready, key=value)
+    slow, others = ranked[-1], ranked[:-1]
+    typical = others[(len(others) - 1) // 2]
+    if value(slow) < STRAGGLER_RATIO * value(typical) or value(slow) - value(typical) < MIN_GAP_S:
+        return None
+    what = "is ready to synchronise" if by_sync else "takes a step"
+    ratio = value(slow) / max(value(typical), 1e-9)
+    return Finding("straggler", slow, typical,
+                   f"{slow} is a straggler: it {what} in {_ms(value(slow))} against {_ms(value(typical))} on "
+                   f"{typical} ({ratio:.1f}x, its last steps' median)", ratio)
+
+
+@dataclass
+class Baselines:
+    """Each task's early pace: the fastest median it showed in its first :data:`BASELINE_S` after
+    warming up; and the tasks slower than :data:`REGRESSION_RATIO` x it at the last look."""
+
+    since: dict[str, float] = field(default_factory=dict)  # task -> when its pace first counted
+    fastest: dict[str, float] = field(default_factory=dict)
+    slow_looks: dict[str, int] = field(default_factory=dict)
+    last_seen: dict[str, int] = field(default_factory=dict)
+
+    def regression(self, paces: Mapping[str, Pace], now: float) -> Finding | None:
+        """The task that regressed most (seen slow at two looks in a row, each on new records), with
+        the typical peer to capture beside it; None if none."""
+        worst: tuple[float, str] | None = None
+        for name, pace in paces.items():
+            if pace.seen < WARMUP or pace.seen == self.last_seen.get(name):
+                continue
+            self.last_seen[name] = pace.seen
+            since = self.since.setdefault(name, now)
+            if now - since <= BASELINE_S or name not in self.fastest:
+                self.fastest[name] = min(self.fastest.get(name, math.inf), pace.step_s)
+                continue
+            ratio = pace.step_s / max(self.fastest[name], 1e-9)
+            slow = ratio > REGRESSION_RATIO and pace.step_s - self.fastest[name] >= MIN_GAP_S
+            self.slow_looks[name] = self.slow_looks.get(name, 0) + 1 if slow else 0
+            if self.slow_looks[name] >= 2 and (worst is None or ratio > worst[0]):
+                worst = (ratio, name)
+        if worst is None:
+            return None
+        ratio, name = worst
+        others = sorted((p.step_s, n) for n, p in paces.items() if n != name and p.seen >= WARMUP)
+        peer = others[(len(others) - 1) // 2][1] if others else None
+        return Finding("regression", name, peer,
+                       f"{name}'s steps slowed down: {_ms(paces[name].step_s)} a step against "
+                       f"{_ms(self.fastest[name])} early in the run ({ratio:.1f}x)", ratio)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
+
+
+class AutoTrace:
+    """The live side of ``--trace auto``: fed the tasks' paces each tick, asks for captures.
+
+    ``paces``: recording task -> who ran its steps -> pace (a ps chief records its workers'
+    steps: the capture of a worker is then asked of the chief, which traces every server).
+    ``ask(task, request)`` sends a request; ``say`` tells the user."""
+
+    def __init__(self, ask: Callable[[str, dict], None], say: Callable[[str], None],
+                 every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ask, self.say, self.every_s, self.clock = ask, say, every_s, clock
+        self.baselines = Baselines()
+        self.last_at: float | None = None
+        self.done: set[tuple[str, str]] = set()  # (reason, task) captured
+        self.events: list[dict] = []  # outcome.json's auto_traces
+        self.next_id = 1
+        self.looked = float("-inf")
+
+    @classmethod
+    def for_job(cls, job: Job) -> AutoTrace | None:
+        """The job's (None: ``--trace auto`` was not asked)."""
+        if not job.plan.request.trace_auto:
+            return None
+
+        def ask(name: str, request: dict) -> None:
+            task = job.tasks.get(name)
+            session = job.sessions.get(task.host) if task is not None else None
+            if session is not None:
+                session.request_trace(name, request)
+
+        return cls(ask, job.notify, clock=job.clock)
+
+    def look(self, now: float, job: Job) -> None:
+        """A look at the running tasks' paces, at most once a second (they change once a second)."""
+        if now - self.looked < 1.0:
+            return
+        self.looked = now
+        self.tick({name: runs for session in job.sessions.values() for name, runs in session.paces().items()
+                   if name in job.tasks and job.tasks[name].alive})
+
+    def tick(self, paces: Mapping[str, Mapping[str, tuple[float, float | None, int]]]) -> Finding | None:
+        """Look at the paces; the finding acted on, if any."""
+        now = self.clock()
+        recorder = {ran_by: task for task, runs in paces.items() for ran_by in runs}
+        flat = {ran_by: Pace(*pace) for runs in paces.values() for ran_by, pace in runs.items()}
+        found = [f for f in (straggler(flat), self.baselines.regression(flat, now)) if f is not None]
+        if self.last_at is not None and now - self.last_at < self.every_s:
+            return None
+        for finding in found:
+            if (finding.reason, finding.task) in self.done:
+                continue
+            self.done.add((finding.reason, finding.task))
+            self.last_at = now
+            session = f"auto-{self.next_id}"
+            captured = [finding.task, *([finding.peer] if finding.peer else [])]
+            asked = sorted({recorder[name] for name in captured if name in recorder})
+            request = {"id": self.next_id, "steps": CAPTURE_STEPS, "seconds": CAPTURE_SECONDS, "why": finding.why}
+            self.next_id += 1
+            for task in asked:
+                self.ask(task, request)
+            self.events.append({"time": time.time(), "session": session, "reason": finding.reason,
+                                "task": finding.task, "peer": finding.peer, "asked": asked, "why": finding.why})
+            beside = f" and {finding.peer}" if finding.peer else ""
+            via = f" (through {', '.join(asked)})" if asked != sorted(captured) else ""
+            self.say(f"trace auto: {finding.why}: capturing {CAPTURE_STEPS} steps of {finding.task}{beside}{via}")
+            return finding
+        return None
