@@ -44,6 +44,10 @@ CAPTURE_STEPS = 10
 CAPTURE_SECONDS = 30.0
 #: The least seconds between two auto captures.
 EVERY_S = 600.0
+#: How far ahead of the tasks' progress a capture is asked to start (seconds of their steps): the
+#: request reaches every task first (its host agent writes it, the task looks twice a second), so
+#: tasks that run together capture the same steps.
+LEAD_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def _straggler(ready: Mapping[str, Pace]) -> Finding | None:
     typical = others[(len(others) - 1) // 2]
     if value(slow) < STRAGGLER_RATIO * value(typical) or value(slow) - value(typical) < MIN_GAP_S:
         return None
-    what = "is ready to synchronise" if by_sync else "takes a step"
+    what = "has its gradients ready" if by_sync else "takes a step"
     ratio = value(slow) / max(value(typical), 1e-9)
     return Finding("straggler", slow, typical,
                    f"{slow} is a straggler: it {what} in {_ms(value(slow))} against {_ms(value(typical))} on "
@@ -176,11 +180,14 @@ class AutoTrace:
         if now - self.looked < 1.0:
             return
         self.looked = now
-        self.tick({name: runs for session in job.sessions.values() for name, runs in session.paces().items()
-                   if name in job.tasks and job.tasks[name].alive})
+        sessions = job.sessions.values()
+        self.tick({name: runs for session in sessions for name, runs in session.paces().items()
+                   if name in job.tasks and job.tasks[name].alive},
+                  {name: figures[0] for session in sessions for name, figures in session.progress().items()})
 
-    def tick(self, paces: Mapping[str, Mapping[str, tuple[float, float | None, int]]]) -> Finding | None:
-        """Look at the paces; the finding acted on, if any."""
+    def tick(self, paces: Mapping[str, Mapping[str, tuple[float, float | None, int]]],
+             reached: Mapping[str, int] | None = None) -> Finding | None:
+        """Look at the paces (``reached``: each task's highest step); the finding acted on, if any."""
         now = self.clock()
         recorder = {ran_by: task for task, runs in paces.items() for ran_by in runs}
         flat = {ran_by: Pace(*pace) for runs in paces.values() for ran_by, pace in runs.items()}
@@ -196,6 +203,10 @@ class AutoTrace:
             captured = [finding.task, *([finding.peer] if finding.peer else [])]
             asked = sorted({recorder[name] for name in captured if name in recorder})
             request = {"id": self.next_id, "steps": CAPTURE_STEPS, "seconds": CAPTURE_SECONDS, "why": finding.why}
+            known = [(reached or {}).get(task) for task in asked]
+            if asked and all(isinstance(n, int) for n in known):  # the same steps in every task asked
+                fastest = min(flat[name].step_s for name in captured if name in flat)
+                request["from"] = max(known) + min(10_000, math.ceil(LEAD_S / max(fastest, 1e-4))) + 1  # type: ignore[type-var]
             self.next_id += 1
             for task in asked:
                 self.ask(task, request)

@@ -13,10 +13,12 @@ counter, not on the clock, so every task captures the same steps however far apa
 
 ``DDLCTL_TRACE_STEPS=auto`` (``--trace auto``, ``profile``'s default): no capture until ddlctl asks
 for one while the task runs (:class:`AutoCapture`): its host agent writes ``trace-request.json`` in
-the task folder (``{"id": n, "steps": k, "seconds": s, "why": "..."}``), which the task looks at, at
-most twice a second, after a recorded step; the capture then starts after the next step and stops
-after ``k`` steps or at the first step boundary past ``s`` seconds, into ``capture-auto-<n>.json`` /
-``capture-auto-<n>.xplane.pb``. No thread, no signal: a task that records no step is not captured.
+the task folder (``{"id": n, "from": a, "steps": k, "seconds": s, "why": "..."}``), which the task
+looks at, at most twice a second, after a recorded step; the capture then starts after step
+``a - 1`` (the steps ddlctl asks of every task it captures: they run them about together), or after
+the next step when the task is past it, and stops after ``k`` steps or at the first step boundary
+past ``s`` seconds, into ``capture-auto-<n>.json`` / ``capture-auto-<n>.xplane.pb``. No thread, no
+signal: a task that records no step is not captured.
 
 Nothing here imports TensorFlow: a program that has not imported it (a PyTorch one) is not
 captured, and says so once in ``capture.json``. A capture that TensorFlow refuses (another profiler
@@ -69,8 +71,10 @@ class Capture:
     ``--trace auto`` capture's, e.g. ``auto-1``, with ``why`` ddlctl asked for it)."""
 
     def __init__(self, first: int, last: int, folder: str, servers: dict[str, str] | None = None,
-                 name: str = "", why: str = "", seconds: float | None = None) -> None:
+                 name: str = "", why: str = "", seconds: float | None = None,
+                 asked: tuple[int, int] | None = None) -> None:
         self.first, self.last, self.folder = first, last, folder
+        self.asked = list(asked or (first, last))  # (an auto capture's: the steps ddlctl asked for)
         self.name, self.why, self.prefix = name, why, file_prefix(name)
         self.deadline = time.monotonic() + seconds if seconds else None  # (stops at a step boundary past it)
         self.state = "waiting"  # -> "tracing" -> "done" | "refused" | "not TensorFlow"
@@ -159,7 +163,7 @@ class Capture:
         assert self.began is not None
         if self.remote is not None:
             self.remote.join(timeout=REMOTE_WAIT_S)
-        self._write({**self.remote_record, "steps": [self.began[0], reached], "asked": [self.first, self.last],
+        self._write({**self.remote_record, "steps": [self.began[0], reached], "asked": self.asked,
                      "start_s": round(self.began[1], 6), "end_s": round(ended, 6),
                      "file": _keep(self.folder, made[-1], f"{self.prefix}.xplane.pb") if made else None})
 
@@ -191,7 +195,7 @@ class Capture:
         named = {"session": self.name, "why": self.why} if self.name else {}
         with contextlib.suppress(OSError):
             with open(f"{path}.tmp", "w") as handle:
-                json.dump({"asked": [self.first, self.last], **named, **record}, handle)
+                json.dump({"asked": self.asked, **named, **record}, handle)
             os.replace(f"{path}.tmp", path)
 
 
@@ -226,17 +230,19 @@ class AutoCapture:
         if request is None:
             return
         reached = step + steps - 1
-        ident, count, seconds, why = request
+        ident, start, count, seconds, why = request
         self.taken.add(ident)
-        self.current = Capture(reached + 2, reached + 1 + count, os.path.join(self.task_dir, TASK_TRACE_DIR),
-                               self.servers, name=f"auto-{ident}", why=why, seconds=seconds)
+        first = max(start or 0, reached + 2)
+        self.current = Capture(first, first + count - 1, os.path.join(self.task_dir, TASK_TRACE_DIR),
+                               self.servers, name=f"auto-{ident}", why=why, seconds=seconds,
+                               asked=(start, start + count - 1) if start else None)
         self.current.step_s = list(self.step_s)
 
     def marker(self, step: int):  # noqa: ANN201 - a context manager
         return self.current.marker(step) if self.current is not None else contextlib.nullcontext()
 
-    def _request(self) -> tuple[int, int, float, str] | None:
-        """A request not acted on yet: (id, steps, seconds, why); None when there is none (or it is
+    def _request(self) -> tuple[int, int | None, int, float, str] | None:
+        """A request not acted on yet: (id, from, steps, seconds, why); None when there is none (or it is
         not one: the file is written by this task's host agent, but checked all the same)."""
         path = os.path.join(self.task_dir, TASK_TRACE_REQUEST)
         try:
@@ -251,14 +257,16 @@ class AutoCapture:
                 record = json.load(handle)
             os.unlink(path)  # (taken: a task started again in this folder does not take it again)
             ident, count, seconds = record["id"], record.get("steps", 10), record.get("seconds", 30)
+            start = record.get("from")
             why = record.get("why", "")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         if type(ident) is not int or ident < 1 or ident in self.taken or type(count) is not int \
                 or not 1 <= count <= AUTO_STEPS_MAX or type(seconds) not in (int, float) \
-                or not 0 < seconds <= AUTO_SECONDS_MAX or not isinstance(why, str):
+                or not 0 < seconds <= AUTO_SECONDS_MAX or not isinstance(why, str) \
+                or not (start is None or type(start) is int and 1 <= start < 1 << 62):
             return None
-        return ident, count, float(seconds), why[:500]
+        return ident, start, count, float(seconds), why[:500]
 
 
 def _keep(folder: str, session: str, kept_as: str = CAPTURE_FILE) -> str | None:

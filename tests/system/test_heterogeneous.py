@@ -241,3 +241,41 @@ def test_launch_bench_measures_first_and_balances_by_the_saved_profile(tmp_path,
         assert prefork.gpu_host() or (bench["forked"] and bench["zygote_pid"] == task["zygote_pid"]), (bench, task)
     assert not list((run_dir / "bench").glob("*/link.bin")), "the link's test file is not kept"
     assert not processes_of_run(run_dir.name)
+
+
+@pytest.mark.timing  # speeds or times: run alone (not beside other tests)
+@needs_cgroup
+def test_trace_auto_captures_a_throttled_worker_and_a_peer_once_saying_why_and_nothing_on_a_healthy_job(tmp_path,
+                                                                                                          runs):
+    outcomes = {}
+    for name, second in (("healthy", "127.0.0.1 cpus=1"), ("throttled", "127.0.0.1 cpus=1 cpu_quota=0.35")):
+        hosts = tmp_path / f"{name}.txt"
+        hosts.write_text(f"localhost cpus=0\n{second}\n")  # (a core each, as on two machines)
+        done = run_ddlctl("profile", "-s", "mwms", "--hosts", str(hosts), "--steps", "100", "--runs-dir",
+                          str(runs / name), timeout=240)  # (profile: --trace auto unless told otherwise)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_dir = only_run_dir(runs / name)
+        assert not processes_of_run(run_dir.name)
+        outcomes[name] = (done.stdout + done.stderr, run_dir,
+                          json.loads((run_dir / "outcome.json").read_text())["auto_traces"])
+    out, run_dir, asked = outcomes["healthy"]
+    assert asked == [] and "trace auto" not in out and not list(run_dir.glob("tasks/*/capture*"))
+    out, run_dir, asked = outcomes["throttled"]
+    [event] = asked  # once, though worker:1 stays slow to the end
+    assert (event["task"], event["peer"], event["asked"]) == ("worker:1", "worker:0", ["worker:0", "worker:1"])
+    assert event["why"].startswith("worker:1 is a straggler: it has its gradients ready in ")
+    assert f"trace auto: {event['why']}: capturing 10 steps of worker:1 and worker:0" in " ".join(out.split())
+    traces = json.loads((run_dir / "summary.json").read_text())["traces"]
+    [capture] = traces["captures"]
+    session = capture["session"]
+    assert session.startswith("auto-1-steps-") and capture["why"] == event["why"]
+    first, last = (int(n) for n in session.rsplit("-", 2)[1:])
+    assert last - first == 9 and 12 < first < 90, session  # (after the pace warmed up: 12 records)
+    assert sorted(p.name for p in (run_dir / "profile" / "plugins" / "profile" / session).iterdir()) == [
+        "worker-0.xplane.pb", "worker-1.xplane.pb"]
+    shares = {t["task"]: {k: v / t["wall_s"] for k, v in t["parts"].items()} for t in traces["tasks"]}
+    assert shares["worker:1"]["compute"] > 1.5 * shares["worker:0"]["compute"], shares
+    assert shares["worker:0"]["collective"] > 0.3, shares  # (waiting for worker:1 at each all-reduce)
+    assert capture["comparison"].startswith("worker:1 holds the others up in its capture: it computes ")
+    assert f"profiler capture {session} (trace auto): {capture['comparison']}" in \
+        json.loads((run_dir / "summary.json").read_text())["diagnosis"]

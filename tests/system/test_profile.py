@@ -25,7 +25,7 @@ def steps_of(run_dir, task):
 def test_profile_flags_exactly_the_slowed_worker(runs):
     # 2 workers on this 2-core machine: more would starve each other of CPU and arrive late too
     result = run_ddlctl("profile", "--strategy", "mwms", "--workers", "2", "--sample-interval", "0.5",
-                        "--runs-dir", str(runs), "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "60",
+                        "--runs-dir", str(runs), "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "100",
                         "--slow-task", "worker:1", "--slow-ms", "40")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
@@ -33,6 +33,10 @@ def test_profile_flags_exactly_the_slowed_worker(runs):
     flags = {t["name"]: t["straggler"] for t in summary["tasks"]}
     assert flags == {"worker:0": False, "worker:1": True}
     assert "straggler: worker:1 on localhost" in result.stdout
+    # profile's --trace auto: worker:1's slow steps were captured once, unasked, beside worker:0's
+    [event] = json.loads((run_dir / "outcome.json").read_text())["auto_traces"]
+    assert (event["task"], event["peer"]) == ("worker:1", "worker:0") and "straggler" in event["why"]
+    assert len(summary["traces"]["captures"]) == 1 and summary["traces"]["captures"][0]["why"] == event["why"]
     assert "tasks" in result.stdout and "hosts" in result.stdout, "the full report is printed"
     host = summary["hosts"][0]
     assert host["samples"] >= 4 and host["cpu_util_mean"] > 0
@@ -175,11 +179,13 @@ def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after
         auto.looked = 0.0
         auto.after(1, 1, 1.0)
         assert auto.state == "idle", bad
-    request.write_text(json.dumps({"id": 1, "steps": 3, "seconds": 30, "why": "worker:0 is a straggler"}))
+    request.write_text(json.dumps({"id": 1, "from": 42, "steps": 3, "seconds": 30, "why": "worker:0 is a straggler"}))
     auto.looked = 0.0
-    auto.after(40, 1, 40.0)
+    auto.after(39, 1, 39.0)
     assert not request.exists() and auto.state == "waiting"  # (taken: a task started again does not retake it)
-    auto.after(41, 1, 41.0)
+    auto.after(40, 1, 40.0)
+    assert auto.state == "waiting"
+    auto.after(41, 1, 41.0)  # (from step 42: after step 41)
     assert auto.state == "tracing"
     for step in range(42, 45):
         tf.reduce_sum(tf.ones((64, 64)) @ tf.ones((64, 64)))

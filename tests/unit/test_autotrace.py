@@ -38,7 +38,7 @@ def test_a_straggler_is_the_slowest_worker_against_the_median_of_its_peers_by_sy
     slow = {**healthy, "worker:3": Pace(0.061, 0.055, 50)}
     found = straggler(slow)
     assert (found.reason, found.task, found.peer) == ("straggler", "worker:3", "worker:1")
-    assert found.why == ("worker:3 is a straggler: it is ready to synchronise in 55 ms against 21 ms on worker:1 "
+    assert found.why == ("worker:3 is a straggler: it has its gradients ready in 55 ms against 21 ms on worker:1 "
                          "(2.6x, its last steps' median)")
     assert straggler({**slow, "worker:3": Pace(0.061, 0.055, WARMUP - 1)}) is None  # not warmed up yet
     # without sync times: the step times (ps workers, as their chief records them)
@@ -72,15 +72,17 @@ def test_auto_trace_asks_the_recorders_once_says_why_and_waits_before_the_next()
                      clock=lambda: clock[0])
     # a ps chief records every worker's steps: both captures are asked of it (it traces its servers)
     paces = {"chief:0": {"worker:0": (0.05, None, 40), "worker:1": (0.05, None, 40), "worker:2": (0.2, None, 40)}}
-    found = auto.tick(paces)
+    found = auto.tick(paces, {"chief:0": 300})
     assert found.task == "worker:2" and [task for task, _ in asked] == ["chief:0"]
-    assert asked[0][1] == {"id": 1, "steps": 10, "seconds": 30.0, "why": found.why}
+    # from a step about 2 s ahead of the chief at the fastest pace captured (0.05 s a step): every
+    # task asked captures the same steps
+    assert asked[0][1] == {"id": 1, "from": 300 + 40 + 1, "steps": 10, "seconds": 30.0, "why": found.why}
     assert said == [f"trace auto: {found.why}: capturing 10 steps of worker:2 and worker:0 (through chief:0)"]
     assert auto.events[0]["session"] == "auto-1" and auto.events[0]["asked"] == ["chief:0"]
     paces["chief:0"]["worker:1"] = (0.3, None, 60)  # another straggler, within every_s of the last capture
     clock[0] = 300.0
     assert auto.tick(paces) is None and len(asked) == 1
     clock[0] = 601.0
-    assert auto.tick(paces).task == "worker:1" and asked[-1][1]["id"] == 2
+    assert auto.tick(paces).task == "worker:1" and asked[-1][1]["id"] == 2 and "from" not in asked[-1][1]
     clock[0] = 5000.0  # both again, much later: each was captured once
     assert auto.tick(paces) is None and len(asked) == 2 and len(said) == 2
