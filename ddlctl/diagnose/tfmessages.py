@@ -74,6 +74,16 @@ def port_taken(text: str) -> bool:
     return bool(PORT_TAKEN.search(final_error(text)))
 
 
+#: What ``ddlctl.task.server`` says when the port planned for its profiler is taken.
+PROFILER_PORT_TAKEN = re.compile(r"cannot serve TensorFlow's profiler on port (\d+): Address already in use")
+
+
+def profiler_port_taken(text: str) -> int | None:
+    """The profiler port a ps server's final words say was taken (None: not that)."""
+    match = PROFILER_PORT_TAKEN.search(final_error(text))
+    return int(match.group(1)) if match else None
+
+
 @dataclass(frozen=True)
 class Blame:
     """A peer named (or implied) by a task's final error."""

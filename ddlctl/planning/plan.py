@@ -399,6 +399,30 @@ def retarget(spec: TaskSpec, ports: Mapping[str, int]) -> TaskSpec:
     return dataclasses.replace(spec, tf_config=tf_config, env=env, port=port)
 
 
+def profiler_ports(spec: TaskSpec) -> dict[str, int]:
+    """The profiler port ddlctl planned for ``spec`` (``--trace``, a ps server), by its pseudo-task
+    name ``<task>@profiler`` (what the ports are re-checked by); empty if none."""
+    port = spec.env.get(envvars.PROFILER_SERVE, "")
+    return {spec.name + PROFILER_PORT_SUFFIX: int(port)} if port.isdigit() else {}
+
+
+def reprofile(spec: TaskSpec, moved: Mapping[str, int]) -> TaskSpec:
+    """``spec`` with the profiler ports in ``moved`` (``<task>@profiler`` -> port) changed: its own
+    (``DDLCTL_PROFILER_SERVE``) and those a ps chief traces (``DDLCTL_PROFILER_ADDRESSES``)."""
+    env = dict(spec.env)
+    own = moved.get(spec.name + PROFILER_PORT_SUFFIX)
+    if own is not None and envvars.PROFILER_SERVE in env:
+        env[envvars.PROFILER_SERVE] = str(own)
+    if envvars.PROFILER_ADDRESSES in env:
+        addresses = json.loads(env[envvars.PROFILER_ADDRESSES])
+        for task, address in list(addresses.items()):
+            port = moved.get(task + PROFILER_PORT_SUFFIX)
+            if port is not None:
+                addresses[task] = f"{address.rsplit(':', 1)[0]}:{port}"
+        env[envvars.PROFILER_ADDRESSES] = json.dumps(addresses, sort_keys=True)
+    return dataclasses.replace(spec, env=env) if env != spec.env else spec
+
+
 def regroup(specs: Sequence[TaskSpec], members: Sequence[str]) -> list[TaskSpec]:
     """The specs of the workers ``members`` (in order) for a cluster of just them, after others
     left the job (mwms, ``--min-workers``): each TF_CONFIG lists the members' addresses and gives

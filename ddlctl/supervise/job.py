@@ -219,6 +219,7 @@ class Job:
 
     def launch(self, spec: TaskSpec, log: TaskLog, restarts: int = 0) -> SupervisedTask:
         """Start ``spec`` through its host's agent."""
+        log.mark()
         proc = self.sessions[spec.host.label].start(spec, self.options.grace_s)
         task = SupervisedTask(spec=spec, proc=proc, log=log, started=self.clock(), restarts=restarts,
                               handled=False)

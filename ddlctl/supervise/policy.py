@@ -388,7 +388,7 @@ def wider_scope(current: Scope, new: Scope) -> Scope:
 
 
 def port_retry(strategy: str, task: str, host: str, port: int, members: tuple[str, ...],
-               retries_used: int) -> Decision | None:
+               retries_used: int, kind: str = "port") -> Decision | None:
     """A server's port was taken between planning and binding: new ports for every member of the
     cluster spec (each task's TF_CONFIG names them) and the group (mwms) or everyone started again.
     None once the retries are spent: then it is an ordinary fault."""
@@ -396,7 +396,7 @@ def port_retry(strategy: str, task: str, host: str, port: int, members: tuple[st
         return None
     scope = Scope.GROUP if facts(strategy).group_restart else Scope.ALL
     return Decision(Action.RESTART, members, scope,
-                    f"{task} on {host}: port {port} was taken before it could bind: choosing new ports and "
+                    f"{task} on {host}: {kind} {port} was taken before it could bind: choosing new ports and "
                     f"starting the {scope} again (try {retries_used + 1} of {MAX_PORT_RETRIES})")
 
 

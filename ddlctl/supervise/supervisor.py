@@ -43,7 +43,7 @@ from ddlctl.console.collapse import LineWriter
 from ddlctl.contract.causes import TimeByCause
 from ddlctl.contract.faults import Action, Cause
 from ddlctl.diagnose.imports import import_hint
-from ddlctl.diagnose.tfmessages import Blame, port_taken
+from ddlctl.diagnose.tfmessages import Blame, port_taken, profiler_port_taken
 from ddlctl.planning.plan import Plan
 from ddlctl.supervise.accounting import LiveCauses
 from ddlctl.supervise.autotrace import AutoTrace
@@ -316,7 +316,9 @@ class Supervisor:
                 if self._left_waiting(other):
                     break
             return
-        if task.spec.port and port_taken(text) and self.restarts.retry_ports(task.name):
+        attempt = task.log.attempt()  # (this attempt's: an earlier one's taken port is not this exit's)
+        if task.spec.port and port_taken(attempt) and self.restarts.retry_ports(task.name,
+                                                                                profiler_port_taken(attempt)):
             return
         task.state = TaskState.FAILED
         alive = self.job.alive()

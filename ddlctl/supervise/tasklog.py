@@ -25,6 +25,8 @@ class TaskLog:
         self.said, self.after = said, after
         self.failure: str | None = None
         self.unwritten = bytearray()  # the tail of what the file could not take
+        self.written = 0  # bytes given to write() so far, and where the task's current attempt began
+        self.attempt_from = 0
         self._file = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,6 +36,7 @@ class TaskLog:
 
     def write(self, data: bytes) -> None:
         """Append ``data`` (to memory, once the file has refused a write)."""
+        self.written += len(data)
         view = memoryview(data)
         while self._file is not None and view:
             try:
@@ -55,6 +58,15 @@ class TaskLog:
         if len(kept) >= max_bytes:
             return kept
         return read_tail(self.path, max_bytes - len(kept)) + kept
+
+    def mark(self) -> None:
+        """The task starts (again) here: :meth:`attempt` is what it writes from now on."""
+        self.attempt_from = self.written
+
+    def attempt(self, max_bytes: int = KEPT_BYTES) -> str:
+        """The tail of the output of the task's current attempt only (an earlier attempt's final
+        error is not this one's)."""
+        return self.tail(min(max_bytes, self.written - self.attempt_from)) if self.written > self.attempt_from else ""
 
     def close(self) -> None:
         if self._file is not None:

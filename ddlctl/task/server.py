@@ -21,6 +21,7 @@ import sysconfig
 import types
 
 from ddlctl.contract import envvars
+from ddlctl.host.procs import port_free
 from ddlctl.task.tfenv import min_inter_op_threads, quiet_tensorflow_logs, task_context
 
 #: Set (to 1) in the environment when the server runs itself again with ``import tensorflow``.
@@ -99,6 +100,10 @@ def main() -> int:
     if profiler:
         import tensorflow as tf
 
+        if not port_free(profiler):  # (TensorFlow would only log it, and serve no profiler: a retry takes a new one)
+            print(f"ddlctl server: {ctx.name} cannot serve TensorFlow's profiler on port {profiler}: Address already "
+                  "in use", file=sys.stderr, flush=True)
+            return 1
         tf.profiler.experimental.server.start(profiler)
         print(f"ddlctl server: {ctx.name} serves TensorFlow's profiler on port {profiler}", flush=True)
     print(f"ddlctl server: {ctx.name} listening at {server.target}", flush=True)

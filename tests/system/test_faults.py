@@ -97,22 +97,29 @@ def test_ps_worker_then_chief_killed_are_each_restarted_alone_and_training_finis
 
 def test_a_taken_port_then_a_killed_ps_task_restart_everything_and_training_resumes_from_the_checkpoint(runs):
     # a checkpoint every 60 steps; one worker (how many is not what this is about)
-    job = Job(runs, *PS_JOB, "--workers", "1", "--steps", "240", "--max-restarts", "1", *BUILTIN)
+    job = Job(runs, *PS_JOB, "--workers", "1", "--steps", "240", "--max-restarts", "1", "--trace", "auto", *BUILTIN)
     port = wait_for(lambda: (job.run_dir / "plan.json").exists() and plan_ports(job).get("worker:0"), 30, "the plan")
-    holder = socket.socket()
-    holder.bind(("", port))  # someone else takes the port between planning and binding
-    holder.listen()
+    [ps] = [t for t in json.loads((job.run_dir / "plan.json").read_text())["tasks"] if t["name"] == "ps:0"]
+    profiler = int(ps["env"]["DDLCTL_PROFILER_SERVE"])  # (--trace: the port ps:0's profiler serves on)
+    holders = [socket.socket(), socket.socket()]
+    for holder, taken in zip(holders, (port, profiler), strict=True):
+        holder.bind(("", taken))  # someone else takes the ports between planning and binding
+        holder.listen()
     try:
         job.wait_steps("chief-0", 100)
     finally:
-        holder.close()
+        for holder in holders:
+            holder.close()
     job.kill("ps-0", signal.SIGKILL)
     assert job.wait() == 0, job.stderr()[-3000:]
     # the port: every task of the cluster spec again with new ports, not counted as a restart
     retry, event = job.outcome()["restarts"]
-    assert (retry["cause"], retry["task"], retry["scope"]) == ("port-in-use", "worker:0", "all")
-    assert retry["new_ports"]["worker:0"] != port
-    assert f"port {port} was taken before it could bind" in job.stderr()
+    assert (retry["cause"], retry["scope"]) == ("port-in-use", "all") and retry["task"] in ("worker:0", "ps:0")
+    assert retry["new_ports"]["worker:0"] != port and retry["new_ports"]["ps:0@profiler"] != profiler
+    assert (f"port {port} was taken before it could bind" if retry["task"] == "worker:0" else
+            f"its profiler's port {profiler} was taken before it could bind") in job.stderr()
+    # ps:0 serves its profiler on the new port, and the chief traces it there
+    assert f"serves TensorFlow's profiler on port {retry['new_ports']['ps:0@profiler']}" in log(job, "ps-0")
     # the ps task: its variables are gone, every task restarts (the one restart allowed)
     assert (event["task"], event["scope"]) == ("ps:0", "all")
     assert set(event["tasks"]) == {"chief:0", "worker:0", "ps:0"}

@@ -244,6 +244,35 @@ def test_a_server_that_could_not_bind_its_port_is_recognised():
     assert not port_taken(fixture("mwms_worker1_killed.worker0.log"))
 
 
+def test_a_profiler_port_taken_is_a_taken_port_of_this_attempt_only_and_moves_where_it_is_named(tmp_path):
+    import json
+
+    from ddlctl.cluster.model import Host
+    from ddlctl.diagnose.tfmessages import port_taken, profiler_port_taken
+    from ddlctl.planning.plan import TaskSpec, profiler_ports, reprofile
+    from ddlctl.supervise.tasklog import TaskLog
+
+    words = "ddlctl server: ps:0 cannot serve TensorFlow's profiler on port 4242: Address already in use\n"
+    assert port_taken(words) and profiler_port_taken(words) == 4242 and profiler_port_taken("port 4242") is None
+    log = TaskLog(tmp_path / "output.log")
+    log.mark()
+    log.write(words.encode())
+    assert port_taken(log.attempt())
+    log.mark()  # started again (on a new port): killed later, its earlier words are not its end
+    log.write(b"ddlctl server: ps:0 serves TensorFlow's profiler on port 5000\n")
+    assert not port_taken(log.attempt()) and port_taken(log.tail()) and log.attempt().startswith("ddlctl server")
+    def spec(name: str, env: dict) -> TaskSpec:
+        return TaskSpec(name, name[:-2], 0, Host("h"), 1, "server", (), env, (), "/", "/t", None, None)
+
+    server = spec("ps:0", {"DDLCTL_PROFILER_SERVE": "4242"})
+    assert profiler_ports(server) == {"ps:0@profiler": 4242}
+    assert reprofile(server, {"ps:0@profiler": 5000}).env == {"DDLCTL_PROFILER_SERVE": "5000"}
+    chief = spec("chief:0", {"DDLCTL_PROFILER_ADDRESSES": json.dumps({"ps:0": "h2:4242", "worker:0": "h1:7"})})
+    moved = reprofile(chief, {"ps:0@profiler": 5000, "worker:0": 9})  # (a TF port is not a profiler's)
+    assert json.loads(moved.env["DDLCTL_PROFILER_ADDRESSES"]) == {"ps:0": "h2:5000", "worker:0": "h1:7"}
+    assert reprofile(chief, {}) is chief and profiler_ports(chief) == {}
+
+
 def test_a_ps_chief_that_died_of_a_lost_worker_is_restarted_with_it():
     fault = Fault(task="worker:0", cause="signal", reporter="chief:0", status=None, detail="gone")
     alive = {"worker:1", "ps:0"}

@@ -19,7 +19,7 @@ from ddlctl.contract.envvars import CHECKPOINT_DIR, RESTART_COUNT
 from ddlctl.contract.faults import Action, Cause, Scope
 from ddlctl.contract.rundir import TASK_CHECKPOINT_COPY
 from ddlctl.contract.strategies import facts_of
-from ddlctl.planning.plan import TaskSpec, regroup, retarget
+from ddlctl.planning.plan import TaskSpec, profiler_ports, regroup, reprofile, retarget
 from ddlctl.supervise.hosts import HostGone, HostWatch
 from ddlctl.supervise.job import Job, TaskState
 from ddlctl.supervise.policy import (
@@ -97,19 +97,21 @@ class Restarts:
             if task.alive:
                 task.proc.send("TERM")
 
-    def retry_ports(self, name: str) -> bool:
-        """``name`` could not bind its port: new ports for the cluster spec, started again (bounded;
-        not counted as a restart). False once the retries are spent."""
+    def retry_ports(self, name: str, profiler: int | None = None) -> bool:
+        """``name`` could not bind its port (``profiler``: its profiler's, that one): new ports for the
+        cluster spec, started again (bounded; not counted as a restart). False once the retries are spent."""
         task = self.job.tasks[name]
         members = tuple(n for n, t in self.job.tasks.items() if t.spec.port)
-        decision = port_retry(self.job.strategy, name, task.host, task.spec.port or 0, members, self.port_retries)
+        decision = port_retry(self.job.strategy, name, task.host, profiler or task.spec.port or 0, members,
+                              self.port_retries, "its profiler's port" if profiler else "port")
         if decision is None:
             return False
         self.port_retries += 1
         task.state = TaskState.STOPPED
         event = {"time": time.time(), "task": name, "host": task.host, "cause": Cause.PORT_IN_USE,
                  "reporter": name, "exit_code": task.status.code if task.status else None, "signal": None,
-                 "detail": f"port {task.spec.port} taken before it could bind", "action": Action.RESTART,
+                 "detail": f"{'profiler port' if profiler else 'port'} {profiler or task.spec.port} taken before "
+                           "it could bind", "action": Action.RESTART,
                  "scope": decision.scope, "tasks": list(members)}
         self.job.notify(decision.message)
         self.begin(decision, event)
@@ -274,6 +276,7 @@ class Restarts:
             by_host: dict[str, dict[str, int]] = {}
             for name, port in ports.items():
                 by_host.setdefault(specs[name].host.label, {})[name] = port  # type: ignore[assignment]
+                by_host[specs[name].host.label].update(profiler_ports(specs[name]))  # (--trace: ps servers)
             changed: dict[str, int] = {}
             for label, wanted in by_host.items():
                 got = job.sessions[label].check_ports(wanted)
@@ -283,7 +286,7 @@ class Restarts:
                 job.notify("port(s) taken meanwhile, new ones chosen: "
                            + ", ".join(f"{n} -> {p}" for n, p in changed.items()))
                 everyone = {f"{s.role}:{s.index}": (changed.get(n) or s.port) for n, s in specs.items() if s.port}
-                specs = {n: retarget(s, everyone) for n, s in specs.items()}
+                specs = {n: reprofile(retarget(s, everyone), changed) for n, s in specs.items()}
                 for name, spec in specs.items():
                     job.tasks[name].spec = spec
         return [dataclasses.replace(s, env={**s.env, RESTART_COUNT: str(job.tasks[n].restarts + 1)})
