@@ -4,7 +4,8 @@ Every TensorFlow process prints them before absl is initialised, and no environm
 them: the absl banner, oneDNN's note, "Could not find cuda drivers" and cuInit failures on CPU
 hosts, the CPU-instructions notice and its continuation line; and one INFO line per traced function
 a ``--strategy model`` chief releases ("Ignoring error status when releasing multi-device function
-handle UNIMPLEMENTED": TensorFlow ignores it, and it comes by the dozen at exit). They stay in ``output.log``; the
+handle UNIMPLEMENTED": TensorFlow ignores it, and it comes by the dozen at exit); the profiler's
+four lines a capture (``--trace``: the report says what was captured). They stay in ``output.log``; the
 console leaves them out (``--verbose`` shows everything). Anything else, TensorFlow errors after
 start-up included, is always shown.
 """
@@ -27,6 +28,7 @@ STARTUP_NOISE = re.compile(
     rb"|" + _GLOG + rb"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU"
     rb"|" + _GLOG + rb"kernel_and_device\.cc:\d+\] Ignoring error status when releasing multi-device function "
     rb"handle UNIMPLEMENTED: Releasing a multi-device component handle on a remote device is not yet implemented\."
+    rb"|" + _GLOG + rb"profiler_session\.cc:\d+\] Profiler session (?:initializing|started|collecting data|tear down)\."
     rb"|" + _GLOG + rb"generator_dataset_op\.cc:\d+\] Memory patch applied: "
     rb"|" + _GLOG + rb"dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be optimized because "
     rb"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)")

@@ -359,6 +359,11 @@ def render_hangs(summary: RunSummary, console: Console) -> None:
         threshold = f"threshold {hang['threshold_s']:.0f}s: " if hang.get("threshold_s") else ""
         console.print(Text(f"  noticed after {hang.get('idle_s', 0):.0f}s without progress ({threshold}"
                            f"{hang.get('rule')}); stacks in {hang.get('stacks')}", style="dim"), soft_wrap=True)
+        named = {str(t.get("task")) for t in tasks} | {str(hang.get("culprit"))}
+        for capture in (summary.traces or {}).get("captures") or []:  # --trace auto: a capture before it
+            if capture.get("reason") == "near-hang" and capture.get("task") in named:
+                console.print(f"  the profiler before it (trace auto: {capture['why']}):", highlight=False)
+                _trace_lines([t for t in summary.traces["tasks"] if t.get("session") == capture["session"]], console)
     for left in summary.left_running:
         console.print(Text(f"left running: {left.get('task')} on {left.get('host')} (pid {left.get('pid')}): SIGKILL "
                            f"could not end it ({left.get('where')})", style="red"), soft_wrap=True)
@@ -394,6 +399,7 @@ def _trace_lines(tasks: list[dict], console: Console) -> None:
         compute = task["parts"].get("compute") or 1e-9
         top = ", ".join(f"{op} {seconds / compute:.0%}" for op, seconds in task["top_ops"][:3])
         covered = "" if task["steps"] == (task.get("asked") or task["steps"]) else \
+            " (no step ended while it ran)" if task["steps"][1] < task["steps"][0] else \
             " (steps {}-{}: those begun after the start)".format(*task["steps"])
         console.print(f"  {task['task']} {wall * 1000:.0f} ms{covered}: {parts}" + (f" (ops: {top})" if top else ""),
                       highlight=False)

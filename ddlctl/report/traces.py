@@ -305,12 +305,16 @@ def traces_section(run_dir: Path, plan: dict, outcome: dict | None = None) -> di
         mine = [t for t in traces if t.session == session]
         event = next((e for e in autos if session.startswith(f"{e.get('session')}-steps-")), None)
         captures.append({"session": session, "why": event.get("why") if event else None,
+                         "reason": event.get("reason") if event else None, "task": event.get("task") if event else None,
                          "tasks": [t.task for t in mine], "comparison": compare(mine)})
     for event in autos:
-        if not any(c["why"] is not None and c["session"].startswith(f"{event.get('session')}-") for c in captures):
-            notes.append(f"trace auto asked {', '.join(map(str, event.get('asked') or []))} for a capture "
-                         f"({event.get('why')}), and none came back: the task recorded no step after it was asked "
-                         "(it ended, or hung)")
+        came = {t.task for t in traces if t.session.startswith(f"{event.get('session')}-")}
+        missing = [str(t) for t in event.get("asked") or [] if t not in came]
+        if missing:
+            notes.append(f"trace auto asked {', '.join(missing)} for a capture ({event.get('why')}), and none came "
+                         "back: " + ("it ended, or was ended, before its profiler stopped" if event.get("reason") ==
+                                     "near-hang" else "the task recorded no step after it was asked (it ended, "
+                                     "or hung)"))
     if not traces and not notes:
         return None
     manual = [t for t in traces if not t.session.startswith("auto-")]

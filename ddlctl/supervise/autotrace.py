@@ -12,7 +12,11 @@ where its records say; :meth:`ddlctl.host.stepfollow.StepFile.pace`):
   records them, each by the worker that ran it);
 * a *regression*: a task whose steps take more than :data:`REGRESSION_RATIO` x its own pace at the
   start of the run (the fastest it kept in its first :data:`BASELINE_S` once warmed up), seen at
-  two looks in a row.
+  two looks in a row;
+* a task *near a hang*: no progress for :data:`NEAR_HANG` of its hang threshold (and
+  :data:`NEAR_MIN_S` at least): captured at once for :data:`NOW_SECONDS` (it may record no step
+  again; less when its threshold comes sooner: the capture ends before the hang is called), beside
+  the peer that progressed last; the report's hang section shows it if it hung.
 
 A task and what it is compared with need :data:`WARMUP` timed records first (compilation and the
 first batches are no pace). At most one capture every ``every_s`` seconds (default
@@ -25,9 +29,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddlctl.supervise.hangs.watch import HangWatch
 from ddlctl.supervise.job import Job
 
 #: A task is a straggler when its steps take this many times a typical peer's.
@@ -42,6 +47,11 @@ BASELINE_S = 120.0
 #: Steps an auto capture covers, and the most seconds it runs (it stops at a step boundary past it).
 CAPTURE_STEPS = 10
 CAPTURE_SECONDS = 30.0
+#: A task near a hang: this share of its hang threshold without progress, and this long at least;
+#: captured for this long.
+NEAR_HANG = 0.5
+NEAR_MIN_S = 3.0
+NOW_SECONDS = 5.0
 #: The least seconds between two auto captures.
 EVERY_S = 600.0
 #: How far ahead of the tasks' progress a capture is asked to start (seconds of their steps): the
@@ -68,6 +78,7 @@ class Finding:
     peer: str | None
     why: str
     ratio: float = 0.0
+    left_s: float = 0.0  # (near a hang: the seconds before it is called hung)
 
 
 def straggler(paces: Mapping[str, Pace]) -> Finding | None:
@@ -140,6 +151,25 @@ class Baselines:
                        f"{_ms(self.fastest[name])} early in the run ({ratio:.1f}x)", ratio)
 
 
+def near_hang(watch: HangWatch, now: float, tasks: Sequence[str]) -> Finding | None:
+    """The task of ``tasks`` longest without progress past :data:`NEAR_HANG` of its hang threshold
+    (not past it: then it is a hang), beside the one that progressed last; None if none."""
+    near = []
+    for task in tasks:
+        if task not in watch.stepped or task in watch.finished or task not in watch.last_progress:
+            continue
+        idle, (limit, _) = now - watch.last_progress[task], watch.threshold(task)
+        if max(NEAR_MIN_S, NEAR_HANG * limit) <= idle < limit:
+            near.append((idle / limit, idle, limit, task))
+    if not near:
+        return None
+    share, idle, limit, task = max(near)
+    others = sorted((now - watch.last_progress[t], t) for t in tasks if t != task and t in watch.last_progress)
+    return Finding("near-hang", task, others[0][1] if others else None,
+                   f"{task} has made no progress for {idle:.0f}s (it is called hung at {limit:.0f}s)", share,
+                   limit - idle)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
 
@@ -160,10 +190,11 @@ class AutoTrace:
         self.events: list[dict] = []  # outcome.json's auto_traces
         self.next_id = 1
         self.looked = float("-inf")
+        self.watch: HangWatch | None = None
 
     @classmethod
-    def for_job(cls, job: Job) -> AutoTrace | None:
-        """The job's (None: ``--trace auto`` was not asked)."""
+    def for_job(cls, job: Job, watch: HangWatch) -> AutoTrace | None:
+        """The job's (None: ``--trace auto`` was not asked); ``watch``: its hang watch."""
         if not job.plan.request.trace_auto:
             return None
 
@@ -173,7 +204,9 @@ class AutoTrace:
             if session is not None:
                 session.request_trace(name, request)
 
-        return cls(ask, job.notify, clock=job.clock)
+        auto = cls(ask, job.notify, clock=job.clock)
+        auto.watch = watch
+        return auto
 
     def look(self, now: float, job: Job) -> None:
         """A look at the running tasks' paces, at most once a second (they change once a second)."""
@@ -181,17 +214,19 @@ class AutoTrace:
             return
         self.looked = now
         sessions = job.sessions.values()
-        self.tick({name: runs for session in sessions for name, runs in session.paces().items()
-                   if name in job.tasks and job.tasks[name].alive},
-                  {name: figures[0] for session in sessions for name, figures in session.progress().items()})
+        alive = [name for name, task in job.tasks.items() if task.alive and not task.is_agent]
+        self.tick({name: runs for session in sessions for name, runs in session.paces().items() if name in alive},
+                  {name: figures[0] for session in sessions for name, figures in session.progress().items()},
+                  near_hang(self.watch, now, alive) if self.watch is not None and self.watch.enabled else None)
 
     def tick(self, paces: Mapping[str, Mapping[str, tuple[float, float | None, int]]],
-             reached: Mapping[str, int] | None = None) -> Finding | None:
-        """Look at the paces (``reached``: each task's highest step); the finding acted on, if any."""
+             reached: Mapping[str, int] | None = None, near: Finding | None = None) -> Finding | None:
+        """Look at the paces (``reached``: each task's highest step; ``near``: a task near a hang);
+        the finding acted on, if any."""
         now = self.clock()
         recorder = {ran_by: task for task, runs in paces.items() for ran_by in runs}
         flat = {ran_by: Pace(*pace) for runs in paces.values() for ran_by, pace in runs.items()}
-        found = [f for f in (straggler(flat), self.baselines.regression(flat, now)) if f is not None]
+        found = [f for f in (near, straggler(flat), self.baselines.regression(flat, now)) if f is not None]
         if self.last_at is not None and now - self.last_at < self.every_s:
             return None
         for finding in found:
@@ -201,10 +236,13 @@ class AutoTrace:
             self.last_at = now
             session = f"auto-{self.next_id}"
             captured = [finding.task, *([finding.peer] if finding.peer else [])]
-            asked = sorted({recorder[name] for name in captured if name in recorder})
+            asked = sorted({recorder.get(name, name) for name in captured})
             request = {"id": self.next_id, "steps": CAPTURE_STEPS, "seconds": CAPTURE_SECONDS, "why": finding.why}
             known = [(reached or {}).get(task) for task in asked]
-            if asked and all(isinstance(n, int) for n in known):  # the same steps in every task asked
+            if finding.reason == "near-hang":  # (it may record no step again: now, for some seconds)
+                request.update(now=True, seconds=round(min(NOW_SECONDS, max(0.5, 0.6 * finding.left_s)), 1))
+                del request["steps"]
+            elif asked and all(isinstance(n, int) for n in known):  # the same steps in every task asked
                 fastest = min(flat[name].step_s for name in captured if name in flat)
                 request["from"] = max(known) + min(10_000, math.ceil(LEAD_S / max(fastest, 1e-4))) + 1  # type: ignore[type-var]
             self.next_id += 1
@@ -214,6 +252,7 @@ class AutoTrace:
                                 "task": finding.task, "peer": finding.peer, "asked": asked, "why": finding.why})
             beside = f" and {finding.peer}" if finding.peer else ""
             via = f" (through {', '.join(asked)})" if asked != sorted(captured) else ""
-            self.say(f"trace auto: {finding.why}: capturing {CAPTURE_STEPS} steps of {finding.task}{beside}{via}")
+            span = f"{request['seconds']:g} s" if finding.reason == "near-hang" else f"{CAPTURE_STEPS} steps"
+            self.say(f"trace auto: {finding.why}: capturing {span} of {finding.task}{beside}{via}")
             return finding
         return None

@@ -110,7 +110,7 @@ class Supervisor:
         self.preparing: list[dict] = []  # tasks not listening yet found at work (the hang watch keeps its own)
         self.started_noted = False
         self.causes = LiveCauses(time.time())  # the time so far by cause (live view, metrics)
-        self.autotrace = AutoTrace.for_job(self.job)  # --trace auto (None: not asked)
+        self.autotrace = AutoTrace.for_job(self.job, self.hangs.watch)  # --trace auto (None: not asked)
 
     @property
     def sessions(self) -> dict[str, AgentSession]:

@@ -17,8 +17,9 @@ the task folder (``{"id": n, "from": a, "steps": k, "seconds": s, "why": "..."}`
 looks at, at most twice a second, after a recorded step; the capture then starts after step
 ``a - 1`` (the steps ddlctl asks of every task it captures: they run them about together), or after
 the next step when the task is past it, and stops after ``k`` steps or at the first step boundary
-past ``s`` seconds, into ``capture-auto-<n>.json`` / ``capture-auto-<n>.xplane.pb``. No thread, no
-signal: a task that records no step is not captured.
+past ``s`` seconds, into ``capture-auto-<n>.json`` / ``capture-auto-<n>.xplane.pb``. A request with
+``"now": true`` (a task near its hang threshold: it may record no step again) starts at once and
+stops after ``s`` seconds, whatever the steps. One thread looks for requests (``ddlctl-trace``).
 
 Nothing here imports TensorFlow: a program that has not imported it (a PyTorch one) is not
 captured, and says so once in ``capture.json``. A capture that TensorFlow refuses (another profiler
@@ -77,6 +78,7 @@ class Capture:
         self.asked = list(asked or (first, last))  # (an auto capture's: the steps ddlctl asked for)
         self.name, self.why, self.prefix = name, why, file_prefix(name)
         self.deadline = time.monotonic() + seconds if seconds else None  # (stops at a step boundary past it)
+        self.seconds = seconds
         self.state = "waiting"  # -> "tracing" -> "done" | "refused" | "not TensorFlow"
         self.began: tuple[int, float] | None = None  # (the first step after the start, epoch s)
         self.servers = dict(servers or {})  # a ps chief: server task -> "host:port" of its profiler
@@ -146,6 +148,8 @@ class Capture:
         if self.servers:  # the ps servers, traced from here over about as long as the steps take
             usual = sorted(self.step_s)[len(self.step_s) // 2] if self.step_s else 0.05
             duration_ms = int(min(60_000, max(500, (self.last - next_step + 1) * usual * 1000 + 200)))
+            if self.seconds and self.last - self.first >= AUTO_STEPS_MAX:  # (a capture "now": for its seconds)
+                duration_ms = int(self.seconds * 1000)
             self.remote = threading.Thread(target=self._trace_servers, args=(tf, duration_ms), daemon=True)
             self.remote.start()
 
@@ -201,49 +205,82 @@ class Capture:
 
 class AutoCapture:
     """``--trace auto``: the captures ddlctl asks of this running task (see the module's words).
-    The same calls as :class:`Capture`'s, made by :class:`~ddlctl.task.steps.StepRecorder`."""
+    The same calls as :class:`Capture`'s, made by :class:`~ddlctl.task.steps.StepRecorder`; a
+    thread (``watch``) looks for requests: a step capture waits for the next recorded step, a
+    capture "now" starts and stops on that thread."""
 
-    def __init__(self, task_dir: str, servers: dict[str, str] | None = None) -> None:
+    def __init__(self, task_dir: str, servers: dict[str, str] | None = None, watch: bool = True) -> None:
         self.task_dir, self.servers = task_dir, dict(servers or {})
         self.current: Capture | None = None
         self.taken: set[int] = set()  # the requests already acted on
-        self.looked = 0.0
         self.seen: tuple[int, int] | None = None  # the request file's (mtime ns, size) last read
         self.step_s: list[float] = []
+        self.reached = 0  # the highest step recorded
+        self.pending: tuple[int, int | None, int, float, str, bool] | None = None  # a step request not begun
+        self.lock = threading.Lock()  # (captures begin and end on either thread)
+        if watch:
+            threading.Thread(target=self._watch, name="ddlctl-trace", daemon=True).start()
 
     @property
     def state(self) -> str:
         return self.current.state if self.current is not None else "idle"
 
     def after(self, step: int, steps: int = 1, started: float | None = None, duration_s: float | None = None) -> None:
-        """Steps were recorded: the capture under way goes on (or stops); else a new request starts one."""
-        if self.current is not None and self.current.state in ("waiting", "tracing"):
-            self.current.after(step, steps, started, duration_s)
-            return
-        if duration_s is not None and self.servers:
-            self.step_s = [*self.step_s[-19:], duration_s / max(1, steps)]
-        now = time.monotonic()
-        if now - self.looked < LOOK_S:
-            return
-        self.looked = now
+        """Steps were recorded: the capture under way goes on (or stops); else a request waiting begins."""
+        with self.lock:
+            reached = step + steps - 1
+            self.reached = max(self.reached, reached)
+            if self.current is not None and self.current.state in ("waiting", "tracing"):
+                self.current.after(step, steps, started, duration_s)
+                return
+            if duration_s is not None and self.servers:
+                self.step_s = [*self.step_s[-19:], duration_s / max(1, steps)]
+            if self.pending is None:
+                return
+            (ident, start, count, seconds, why, _), self.pending = self.pending, None
+            first = max(start or 0, reached + 2)
+            self.current = Capture(first, first + count - 1, os.path.join(self.task_dir, TASK_TRACE_DIR),
+                                   self.servers, name=f"auto-{ident}", why=why, seconds=seconds,
+                                   asked=(start, start + count - 1) if start else None)
+            self.current.step_s = list(self.step_s)
+
+    def marker(self, step: int):  # noqa: ANN201 - a context manager
+        current = self.current
+        return current.marker(step) if current is not None else contextlib.nullcontext()
+
+    def look(self) -> None:
+        """One look for a request: a step capture is left for :meth:`after`; one "now" runs here."""
         request = self._request()
         if request is None:
             return
-        reached = step + steps - 1
-        ident, start, count, seconds, why = request
-        self.taken.add(ident)
-        first = max(start or 0, reached + 2)
-        self.current = Capture(first, first + count - 1, os.path.join(self.task_dir, TASK_TRACE_DIR),
-                               self.servers, name=f"auto-{ident}", why=why, seconds=seconds,
-                               asked=(start, start + count - 1) if start else None)
-        self.current.step_s = list(self.step_s)
+        ident, _, _, seconds, why, now = request
+        if not now:
+            with self.lock:
+                self.pending = request
+            return
+        with self.lock:
+            if self.current is not None and self.current.state in ("waiting", "tracing"):
+                return  # (one profiler session at a time)
+            at = self.reached + 1
+            capture = Capture(at, at + AUTO_STEPS_MAX, os.path.join(self.task_dir, TASK_TRACE_DIR), self.servers,
+                              name=f"auto-{ident}", why=why, seconds=seconds, asked=(at, at))
+            capture.step_s = list(self.step_s)
+            self.current = capture
+            capture._start(at)
+        time.sleep(seconds)
+        with self.lock:
+            if capture.state == "tracing":  # (no step boundary came past its deadline)
+                capture._stop(self.reached)
 
-    def marker(self, step: int):  # noqa: ANN201 - a context manager
-        return self.current.marker(step) if self.current is not None else contextlib.nullcontext()
+    def _watch(self) -> None:
+        while True:
+            time.sleep(LOOK_S)
+            with contextlib.suppress(Exception):  # (never the task's end: a capture is a bonus)
+                self.look()
 
-    def _request(self) -> tuple[int, int | None, int, float, str] | None:
-        """A request not acted on yet: (id, from, steps, seconds, why); None when there is none (or it is
-        not one: the file is written by this task's host agent, but checked all the same)."""
+    def _request(self) -> tuple[int, int | None, int, float, str, bool] | None:
+        """A request not acted on yet: (id, from, steps, seconds, why, now); None when there is none
+        (or it is not one: the file is written by this task's host agent, but checked all the same)."""
         path = os.path.join(self.task_dir, TASK_TRACE_REQUEST)
         try:
             info = os.stat(path)
@@ -257,16 +294,16 @@ class AutoCapture:
                 record = json.load(handle)
             os.unlink(path)  # (taken: a task started again in this folder does not take it again)
             ident, count, seconds = record["id"], record.get("steps", 10), record.get("seconds", 30)
-            start = record.get("from")
-            why = record.get("why", "")
+            start, why, now = record.get("from"), record.get("why", ""), record.get("now", False)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         if type(ident) is not int or ident < 1 or ident in self.taken or type(count) is not int \
                 or not 1 <= count <= AUTO_STEPS_MAX or type(seconds) not in (int, float) \
-                or not 0 < seconds <= AUTO_SECONDS_MAX or not isinstance(why, str) \
+                or not 0 < seconds <= AUTO_SECONDS_MAX or not isinstance(why, str) or type(now) is not bool \
                 or not (start is None or type(start) is int and 1 <= start < 1 << 62):
             return None
-        return ident, start, count, float(seconds), why[:500]
+        self.taken.add(ident)
+        return ident, start, count, float(seconds), why[:500], now
 
 
 def _keep(folder: str, session: str, kept_as: str = CAPTURE_FILE) -> str | None:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from ddlctl.testing.faults import Job, task_pid, wait_for
-from tests.conftest import PROGRAMS, processes_of_run
+from tests.conftest import PROGRAMS, processes_of_run, run_ddlctl
 from tests.system.test_faults import log, nothing_left
 
 pytestmark = pytest.mark.cluster
@@ -79,9 +79,18 @@ def test_a_task_spinning_in_native_code_is_blamed_by_its_busy_cpu_while_its_peer
     # worker:1's tf.data filter lets nothing through from batch 15 on: its input pipeline spins in
     # native code while its main thread, like worker:0's (in the all-reduce), waits in TensorFlow.
     # Their stacks alike and their last steps equal, only their CPU tells them apart (telemetry on).
-    job = Job(runs, "-s", "mwms", "--hang-timeout", "8", "--env", "HANG_KIND=filter",
+    job = Job(runs, "-s", "mwms", "--hang-timeout", "8", "--env", "HANG_KIND=filter", "--trace", "auto",
               *(o for o in QUICK if o != "--no-telemetry"), "--", sys.executable, HANG_KINDS)
     assert job.wait() == 124, job.stderr()[-3000:]
+    # --trace auto: both asked for a capture of a few seconds before the hang was called, shown with
+    # it (worker:1's profiler, amid its spinning pipeline's events, may not stop before it is ended)
+    [event] = job.outcome()["auto_traces"]
+    assert event["reason"] == "near-hang" and sorted(event["asked"]) == ["worker:0", "worker:1"], event
+    report = " ".join(run_ddlctl("report", str(job.run_dir)).stdout.split())
+    assert f"the profiler before it (trace auto: {event['why']}): worker:0 " in report
+    assert "worker:1 " in report.split("the profiler before it")[1].split("diagnosis")[0] or \
+        f"trace auto asked worker:1 for a capture ({event['why']}), and none came back: it ended, or was ended, " \
+        "before its profiler stopped" in report
     [hang] = job.outcome()["hangs"]
     stood = {t["task"]: t["state"] for t in hang["tasks"]}
     assert stood == {"worker:0": "waiting", "worker:1": "waiting"}, hang["tasks"]

@@ -172,15 +172,16 @@ def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after
     # --trace auto: a request in the task folder starts a capture after the next step, of its steps
     auto_dir = tmp_path / "auto"
     auto_dir.mkdir()
-    auto = AutoCapture(str(auto_dir))
+    auto = AutoCapture(str(auto_dir), watch=False)  # (its thread's look, called here)
     request = auto_dir / "trace-request.json"
-    for bad in ('{"id": 0}', '{"id": 1, "steps": 5000}', '{"id": 1, "seconds": -1}', "[1]", "{"):
+    for bad in ('{"id": 0}', '{"id": 1, "steps": 5000}', '{"id": 1, "seconds": -1}', '{"id": 1, "now": 1}', "[1]",
+                "{"):
         request.write_text(bad)
-        auto.looked = 0.0
+        auto.look()
         auto.after(1, 1, 1.0)
-        assert auto.state == "idle", bad
+        assert auto.state == "idle" and auto.pending is None, bad
     request.write_text(json.dumps({"id": 1, "from": 42, "steps": 3, "seconds": 30, "why": "worker:0 is a straggler"}))
-    auto.looked = 0.0
+    auto.look()
     auto.after(39, 1, 39.0)
     assert not request.exists() and auto.state == "waiting"  # (taken: a task started again does not retake it)
     auto.after(40, 1, 40.0)
@@ -195,9 +196,15 @@ def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after
     assert record["session"] == "auto-1" and record["why"] == "worker:0 is a straggler"
     assert record["file"] == "capture-auto-1.xplane.pb" and (auto_dir / record["file"]).stat().st_size > 0
     request.write_text(json.dumps({"id": 1}))  # the same request again: not taken twice
-    auto.looked = 0.0
+    auto.look()
     auto.after(50, 1, 50.0)
     assert auto.current.name == "auto-1" and auto.state == "done"
+    # a capture "now" (a task near its hang threshold): for its seconds, whether steps come or not
+    request.write_text(json.dumps({"id": 2, "now": True, "seconds": 0.5, "why": "worker:0 has made no progress"}))
+    auto.look()
+    record = json.loads((auto_dir / "capture-auto-2.json").read_text())
+    assert record["asked"] == [51, 51] and record["steps"] == [51, 50] and record["why"].endswith("no progress")
+    assert 0.5 <= record["end_s"] - record["start_s"] < 1.5 and (auto_dir / record["file"]).stat().st_size > 0
 
 
 

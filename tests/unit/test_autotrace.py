@@ -86,3 +86,29 @@ def test_auto_trace_asks_the_recorders_once_says_why_and_waits_before_the_next()
     assert auto.tick(paces).task == "worker:1" and asked[-1][1]["id"] == 2 and "from" not in asked[-1][1]
     clock[0] = 5000.0  # both again, much later: each was captured once
     assert auto.tick(paces) is None and len(asked) == 2 and len(said) == 2
+
+
+def test_a_task_near_its_hang_threshold_is_captured_at_once_for_some_seconds_beside_the_last_to_progress():
+    from ddlctl.supervise.autotrace import NOW_SECONDS, near_hang
+    from ddlctl.supervise.hangs.watch import HangWatch
+
+    watch = HangWatch(timeout_s=40.0)
+    for task in ("worker:0", "worker:1"):
+        watch.update(task, 1, 0.0)
+        watch.update(task, 2, 1.0)
+    watch.update("worker:0", 3, 5.0)
+    assert near_hang(watch, 19.0, ["worker:0", "worker:1"]) is None  # (half of 40 s: not yet)
+    assert near_hang(HangWatch(timeout_s=4.0), 1.0, ["worker:0"]) is None
+    found = near_hang(watch, 22.0, ["worker:0", "worker:1"])
+    assert (found.reason, found.task, found.peer) == ("near-hang", "worker:1", "worker:0")
+    assert found.why == "worker:1 has made no progress for 21s (it is called hung at 40s)"
+    assert near_hang(watch, 42.0, ["worker:0", "worker:1"]).task == "worker:0"  # (worker:1 is hung: the hang watch's)
+    asked = []
+    auto = AutoTrace(lambda task, request: asked.append((task, request)), lambda _: None, clock=lambda: 22.0)
+    auto.tick({}, {"worker:0": 3, "worker:1": 2}, found)
+    assert asked == [(task, {"id": 1, "seconds": NOW_SECONDS, "why": found.why, "now": True})
+                     for task in ("worker:0", "worker:1")]
+    soon = near_hang(watch, 36.0, ["worker:0", "worker:1"])  # (5 s before the hang is called: a shorter capture)
+    auto = AutoTrace(lambda task, request: asked.append((task, request)), lambda _: None, clock=lambda: 36.0)
+    auto.tick({}, {}, soon)
+    assert asked[-1][1]["seconds"] == 3.0

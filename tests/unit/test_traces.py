@@ -64,7 +64,8 @@ def test_trace_auto_captures_are_sessions_of_their_own_with_why_and_what_differs
         (folder / "capture-auto-1.json").write_text(json.dumps({
             "asked": [41, 50], "session": "auto-1", "why": why, "steps": [41, 50], "start_s": 1000.0,
             "end_s": 1001.0, "file": "capture-auto-1.xplane.pb"}))
-    outcome = {"auto_traces": [{"session": "auto-1", "asked": ["worker:0", "worker:1"], "why": why},
+    outcome = {"auto_traces": [{"session": "auto-1", "asked": ["worker:0", "worker:1"], "why": why,
+                                "reason": "straggler", "task": "worker:1"},
                                {"session": "auto-2", "asked": ["worker:2"], "why": "worker:2's steps slowed down"}]}
     section = traces_section(tmp_path, plan, outcome)
     session = tmp_path / "profile" / "plugins" / "profile" / "auto-1-steps-41-50"
@@ -75,7 +76,8 @@ def test_trace_auto_captures_are_sessions_of_their_own_with_why_and_what_differs
     assert shares["worker:1"]["compute"] == 0.7 and shares["worker:0"]["collective"] == 0.7
     assert section["comparison"] is None  # (no --trace A-B capture)
     assert section["captures"] == [{
-        "session": "auto-1-steps-41-50", "why": why, "tasks": ["worker:0", "worker:1"],
+        "session": "auto-1-steps-41-50", "why": why, "reason": "straggler", "task": "worker:1",
+        "tasks": ["worker:0", "worker:1"],
         "comparison": "worker:1 holds the others up in its capture: it computes 70% of its time against 25% on "
                       "worker:0, which waits in collective 70%: for it (a slower or busier machine)"}]
     # a capture asked of a task that recorded no step after it (it ended, or hung): said
