@@ -60,9 +60,14 @@ def one_run(root: Path, strategy: str, steps: int, trace: str | None,
     flags = ["--trace", trace] if trace else []
     workload = ["--", sys.executable, "-m", "ddlctl.workloads", "--steps", str(steps), "--slow-task", "worker:1",
                 "--slow-ms", str(slow_ms)] if slow_ms else ["--steps", str(steps)]
-    subprocess.run([sys.executable, "-m", "ddlctl", "launch", "-s", strategy, "--workers", "2", "--no-telemetry",
-                    "--runs-dir", str(runs), *flags, *workload],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "ddlctl", "launch", "-s", strategy, "--workers", "2",
+                           "--no-telemetry", "--runs-dir", str(runs), *flags, *workload],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:  # (kept: the run's folder says why)
+        kept = Path(tempfile.mkdtemp(prefix="ddlctl-trace-bench-failed-"))
+        shutil.copytree(runs, kept, dirs_exist_ok=True)
+        raise SystemExit(f"ddlctl launch {' '.join(flags)} ended with {done.returncode}: {done.stderr[-2000:]}\n"
+                         f"(its run folder: {kept})")
     (run_dir,) = runs.iterdir()
     capture = run_dir / "tasks" / "worker-0" / ("capture-auto-1.json" if trace == "auto" else "capture.json")
     took = paused = None
