@@ -401,8 +401,10 @@ def _trace_lines(tasks: list[dict], console: Console) -> None:
         covered = "" if task["steps"] == (task.get("asked") or task["steps"]) else \
             " (no step ended while it ran)" if task["steps"][1] < task["steps"][0] else \
             " (steps {}-{}: those begun after the start)".format(*task["steps"])
-        console.print(f"  {task['task']} {wall * 1000:.0f} ms{covered}: {parts}" + (f" (ops: {top})" if top else ""),
-                      highlight=False)
+        peers = ", ".join(f"{peer} {seconds * 1000:.0f} ms" for peer, seconds in list(
+            (task.get("rpc_peers") or {}).items())[:4])  # (ps: which ps a worker's closures wait on)
+        console.print(f"  {task['task']} {wall * 1000:.0f} ms{covered}: {parts}" + (f" (ops: {top})" if top else "")
+                      + (f" (tensors sent/received: {peers})" if peers else ""), highlight=False)
 
 
 def _triple(a: float | None, b: float | None, c: float | None) -> str:

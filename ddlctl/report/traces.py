@@ -53,6 +53,7 @@ class TaskTrace:
     file: str = ""
     asked: tuple[int, int] | None = None  # the steps --trace asked for (``steps``: those it covered)
     session: str = ""  # the capture's session folder (``steps-30-40``, ``auto-1-steps-41-50``)
+    rpc_peers: dict[str, float] = field(default_factory=dict)  # ps rpc seconds by the task at the other end
 
     def share(self, part: str) -> float:
         return self.parts.get(part, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
@@ -62,7 +63,7 @@ class TaskTrace:
                 "wall_s": round(self.wall_s, 6),
                 "parts": {k: round(v, 6) for k, v in self.parts.items()},
                 "top_ops": [[name, round(s, 6)] for name, s in self.top_ops], "file": self.file,
-                "session": self.session}
+                "session": self.session, "rpc_peers": {k: round(v, 6) for k, v in self.rpc_peers.items()}}
 
 
 @functools.cache
@@ -145,10 +146,12 @@ def split(task: str, capture: dict, space: object) -> TaskTrace:
     """The capture's wall time split into :data:`PARTS` (``space``: a decoded XSpace)."""
     spans: dict[str, list[Interval]] = {part: [] for part in PARTS[:-1]}
     ops: dict[str, float] = {}
+    peers: dict[str, float] = {}
     first, last = float("inf"), float("-inf")
     for plane in space.planes:  # type: ignore[attr-defined]
         device = plane.name.startswith("/device:")
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         for line in plane.lines:
             compute_line = device or line.name.startswith(("tf_Compute", "tf_XLA", "collective_ops"))
             base = line.timestamp_ns / 1e9
@@ -161,6 +164,10 @@ def split(task: str, capture: dict, space: object) -> TaskTrace:
                 if part is None:
                     continue
                 spans[part].append((start, end))
+                if part == "ps_rpc":  # (a tensor sent or received: its rendezvous key names both ends)
+                    peer = _rpc_peer(task, event, stat_names)
+                    if peer:
+                        peers[peer] = peers.get(peer, 0.0) + end - start
                 if part == "compute":
                     kind = name.rpartition(":")[2]  # (the op's type: "scope/name:Type")
                     ops[kind] = ops.get(kind, 0.0) + end - start
@@ -181,7 +188,27 @@ def split(task: str, capture: dict, space: object) -> TaskTrace:
     steps = capture.get("steps") or capture.get("asked") or [0, 0]
     asked = capture.get("asked") or steps
     top = sorted(ops.items(), key=lambda kv: -kv[1])[:5]
-    return TaskTrace(task, (int(steps[0]), int(steps[1])), wall, parts, top, asked=(int(asked[0]), int(asked[1])))
+    return TaskTrace(task, (int(steps[0]), int(steps[1])), wall, parts, top, asked=(int(asked[0]), int(asked[1])),
+                     rpc_peers=dict(sorted(peers.items(), key=lambda kv: -kv[1])))
+
+
+def _rpc_peer(task: str, event: object, stat_names: dict[int, str]) -> str | None:
+    """The task at the other end of a ``_Send``/``_Recv`` (``worker:1``), from its ``key`` stat
+    (``/job:worker/replica:0/task:1/device:CPU:0;<incarnation>;/job:ps/...;edge...``); None if unsaid."""
+    for stat in event.stats:  # type: ignore[attr-defined]
+        if stat_names.get(stat.metadata_id) != "key":
+            continue
+        text = stat_names.get(stat.ref_value, "") if stat.ref_value else stat.str_value
+        ends = [_task_of(device) for device in text.split(";")[:3:2]]
+        others = [end for end in ends if end and end != task]
+        return others[0] if others else None
+    return None
+
+
+def _task_of(device: str) -> str | None:
+    """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1``."""
+    fields = dict(part.split(":", 1) for part in device.split("/") if ":" in part)
+    return f"{fields['job']}:{fields['task']}" if "job" in fields and "task" in fields else None
 
 
 def _part_of(name: str, compute_line: bool) -> str | None:

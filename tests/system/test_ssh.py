@@ -104,6 +104,10 @@ def test_ps_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs):
     assert traced == sorted(f"{t['name'].replace(':', '-')}.xplane.pb" for t in plan["tasks"])
     traces = json.loads((run_dir / "summary.json").read_text())["traces"]["tasks"]
     assert all(t["parts"]["compute"] > 0 for t in traces if t["task"].startswith("worker:")), traces
+    # which ps each worker's closures exchange tensors with, and whom the ps serves (the rendezvous keys)
+    peers = {t["task"]: t["rpc_peers"] for t in traces}
+    assert all("ps:0" in peers[name] for name in peers if name.startswith("worker:")), peers
+    assert set(peers["ps:0"]) <= {"chief:0", *(n for n in peers if n.startswith("worker:"))} and peers["ps:0"], peers
 
 
 def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, runs):

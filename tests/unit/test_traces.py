@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ddlctl.report.traces import traces_section
 
 
@@ -39,17 +41,36 @@ def test_every_capture_that_went_wrong_is_said_naming_the_task_and_why(tmp_path)
     assert traces_section(tmp_path / "nothing", {"request": {}, "tasks": []}) is None
 
 
-def _space(spans: list[tuple[str, float, float]]) -> bytes:
-    """An XSpace of one host plane whose compute thread ran ``(op, start s, end s)``."""
+def _space(spans: list[tuple[str, float, float]], keys: dict[str, str] | None = None) -> bytes:
+    """An XSpace of one host plane whose compute thread ran ``(op, start s, end s)`` (``keys``: an
+    op's rendezvous key stat, by reference as TensorFlow writes it)."""
     from ddlctl.report.traces import xplane_module
 
     space = xplane_module().XSpace()
     plane = space.planes.add(name="/host:CPU")
     line = plane.lines.add(name="tf_Compute", timestamp_ns=0)
+    plane.stat_metadata[1].name = "key"
     for i, (name, start, end) in enumerate(spans, start=1):
         plane.event_metadata[i].name = name
-        line.events.add(metadata_id=i, offset_ps=int(start * 1e12), duration_ps=int((end - start) * 1e12))
+        event = line.events.add(metadata_id=i, offset_ps=int(start * 1e12), duration_ps=int((end - start) * 1e12))
+        if name in (keys or {}):
+            plane.stat_metadata[100 + i].name = keys[name]
+            event.stats.add(metadata_id=1, ref_value=100 + i)
     return space.SerializeToString()
+
+
+def test_a_ps_tasks_tensors_are_counted_by_the_task_at_the_other_end(tmp_path):
+    from ddlctl.report.traces import split, xplane_module
+
+    space = xplane_module().XSpace()
+    space.ParseFromString(_space([("a/_1:_Send", 0.0, 0.3), ("b/_2:_Send", 0.3, 0.4), ("c/_3:_Recv", 0.4, 0.5)], {
+        "a/_1:_Send": "/job:ps/replica:0/task:0/device:CPU:0;1f;/job:worker/replica:0/task:1/device:CPU:0;edge_1;0:0",
+        "b/_2:_Send": "/job:ps/replica:0/task:0/device:CPU:0;1f;/job:worker/replica:0/task:0/device:CPU:0;edge_2;0:0",
+        "c/_3:_Recv": "/job:worker/replica:0/task:1/device:CPU:0;2e;/job:ps/replica:0/task:0/device:CPU:0;edge_3;0:0"}))
+    trace = split("ps:0", {"start_s": 10.0, "end_s": 11.0, "steps": [1, 2]}, space)
+    assert trace.parts["ps_rpc"] == pytest.approx(0.5)
+    assert trace.rpc_peers == pytest.approx({"worker:1": 0.4, "worker:0": 0.1})
+    assert list(trace.rpc_peers) == ["worker:1", "worker:0"]  # (most first)
 
 
 def test_trace_auto_captures_are_sessions_of_their_own_with_why_and_what_differs(tmp_path):
