@@ -7,7 +7,9 @@ Kept import-light on purpose: ``ddlctl --help`` must not pull in TensorFlow or N
 """
 
 __version__ = "0.1.0"
-__all__ = ["beat", "declare_flops", "keras_callback", "phase", "set_total_steps", "step"]
+__all__ = ["beat", "data", "declare_flops", "keras_callback", "phase", "set_total_steps", "step"]
+
+from ddlctl.task import data  # ``ddlctl.data.distribute(dataset)``: input through ddlctl's tf.data service
 
 
 def step(samples: int | None = None, input_s: float | None = None):  # noqa: ANN201 - a context manager

@@ -72,6 +72,11 @@ def launch(
     ps: Annotated[int | None, typer.Option(
         "--ps", metavar="N", min=1, help="Parameter-server tasks (ps strategy only). Default: 1.",
         show_default=False)] = None,
+    data_workers: Annotated[int | None, typer.Option(
+        "--data-workers", metavar="N", help="Start the tf.data service: a dispatcher and N data workers (on the hosts "
+        "with roles=data, else on this machine's), before the trainers; each trainer gets its address "
+        "(DDLCTL_DATA_SERVICE) and ddlctl.data.distribute(dataset) reads through it (the built-in workload does). "
+        "Default: one a roles=data host's slot, none without such hosts.", show_default=False)] = None,
     evaluator: Annotated[bool | None, typer.Option(
         "--evaluator/--no-evaluator", help="Add a side-car evaluator task (ps and mwms).",
         show_default=False)] = None,
@@ -212,6 +217,7 @@ def launch(
                               private_network=private_network),
         request=RequestOptions(
             strategy=_value(strategy), workers=workers, ps=ps, evaluator=evaluator, env=tuple(env or ()),
+            data_workers=data_workers,
             legacy_keras=legacy_keras, telemetry=telemetry, sample_interval_s=sample_interval, auto_steps=auto_steps,
             prefork=prefork, partition=partition, worker_per=_value(worker_per), balance=_value(balance),
             speeds=speeds, bench=bench, command=tuple(command or ()),

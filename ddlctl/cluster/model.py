@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Task roles a host can be restricted to with ``roles=``.
-ROLES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
+ROLES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator", "data")
 
 #: Host names that run through the local transport (no SSH).
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -33,6 +33,7 @@ class RequestOptions:
     workers: int | None = None
     ps: int | None = None
     evaluator: bool | None = None
+    data_workers: int | None = None  # --data-workers: the tf.data service's workers
     env: Sequence[str] = ()  # KEY=VALUE or KEY (ddlctl's own value)
     legacy_keras: bool = True
     telemetry: bool = True

@@ -123,6 +123,7 @@ def build_request(req: RequestOptions, work: WorkloadOptions, runs_dir: str, def
         workers=workers,
         ps=req.ps if req.ps is not None else defaults.ps,
         evaluator=evaluator,
+        data_workers=req.data_workers,
         command=tuple(req.command),
         workload_args=workload_args,
         global_batch=global_batch,

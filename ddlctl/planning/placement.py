@@ -13,6 +13,7 @@ from ddlctl.contract.strategies import (
     facts_of,
 )
 from ddlctl.contract.strategies import TABLE as STRATEGY_FACTS
+from ddlctl.planning.dataservice import data_placements
 from ddlctl.planning.request import WORKER_PER, LaunchRequest, Placement
 
 
@@ -41,12 +42,18 @@ def _gpu_split(count: int, gpus: int) -> list[tuple[int, ...] | None]:
 
 
 def layout(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
-    """Place the tasks of ``request.strategy`` on ``cluster`` (see the module docstring)."""
+    """Place the tasks of ``request.strategy`` on ``cluster`` (see the module docstring), then the
+    tf.data service's (:mod:`~ddlctl.planning.dataservice`)."""
     strategy = request.strategy
     if strategy not in STRATEGIES:
         raise PlanError(f"unknown strategy {strategy!r}", "expected one of: " + ", ".join(STRATEGIES))
     if strategy in SINGLE_HOST_STRATEGIES:
-        return _layout_single(cluster, request)
+        return [*_layout_single(cluster, request), *data_placements(cluster, request)]
+    return [*_layout_training(cluster, request), *data_placements(cluster, request)]
+
+
+def _layout_training(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
+    strategy = request.strategy
     if request.ps and not facts_of(strategy).has_ps:
         raise PlanError(f"--ps {request.ps} only applies to the ps strategy, not {strategy}")
     if facts_of(strategy).has_ps and request.ps is not None and request.ps < 1:
@@ -147,10 +154,11 @@ def _require_equal_gpus(workers: Sequence[Placement]) -> None:
 
 def _layout_single(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
     strategy = request.strategy
-    if len(cluster.hosts) != 1:
+    trainers = [h for h in cluster.hosts if h.roles != ("data",)]  # (data-only hosts serve its input)
+    if len(trainers) != 1:
         raise PlanError(
             f"the {strategy} strategy runs on one host, but {cluster.source or 'the cluster'} "
-            f"lists {len(cluster.hosts)} hosts",
+            f"lists {len(trainers)} hosts" + (" besides its data hosts" if len(trainers) < len(cluster.hosts) else ""),
             "use --strategy mwms or ps for several hosts, or a hosts file with one host",
         )
     for flag, value in (("--workers", request.workers), ("--ps", request.ps)):
@@ -162,7 +170,7 @@ def _layout_single(cluster: Cluster, request: LaunchRequest) -> list[Placement]:
     if request.worker_per != "auto":
         raise PlanError(f"--worker-per {request.worker_per} does not apply to the {strategy} strategy",
                         f"{strategy} runs one process on one host; use --strategy mwms for one worker per GPU")
-    host = cluster.hosts[0]
+    host = trainers[0]
     gpus = tuple(range(host.gpus)) if host.gpus else None
     if facts_of(strategy).one_device and host.gpus:
         gpus = (0,)

@@ -38,6 +38,7 @@ from ddlctl.contract.strategies import (
     SERVER_STRATEGIES,
     facts_of,
 )
+from ddlctl.planning.dataservice import DATA_ROLES, data_argv, data_env, service_address
 from ddlctl.planning.gpus import GROWTH_VAR, sharing_a_gpu
 from ddlctl.planning.placement import layout
 from ddlctl.planning.request import BALANCE, SECRET_MARKERS, LaunchRequest, Placement
@@ -183,15 +184,16 @@ def profiler_tasks(placements: Sequence[Placement], request: LaunchRequest) -> l
 
 
 def needs_port(placement: Placement, strategy: str) -> bool:
-    """Whether the task listens on a TensorFlow port (it is a member of the cluster spec)."""
-    return strategy in MULTI_HOST_STRATEGIES and placement.role != "evaluator"
+    """Whether the task listens on a TensorFlow port (a member of the cluster spec, or the tf.data
+    service's dispatcher or a data worker)."""
+    return placement.role in DATA_ROLES or strategy in MULTI_HOST_STRATEGIES and placement.role != "evaluator"
 
 
 def tf_config_cluster(placements: Sequence[Placement], ports: Mapping[str, int]) -> dict[str, list[str]]:
     """The ``cluster`` part of TF_CONFIG: role -> ["host:port", ...] in index order."""
     cluster: dict[str, list[str]] = {}
     for p in placements:
-        if p.role == "evaluator":
+        if p.role == "evaluator" or p.role in DATA_ROLES:
             continue
         cluster.setdefault(p.role, []).append(f"{_address_host(p.host)}:{ports.get(p.name, 0)}")
     return cluster
@@ -265,6 +267,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     multi = strategy in MULTI_HOST_STRATEGIES
     spec_cluster = tf_config_cluster(placements, ports) if multi else None
     n_workers = sum(1 for p in placements if p.role == "worker")
+    service = service_address(placements, ports, _address_host)  # (the tf.data service's, if any)
     shared_gpus = sharing_a_gpu((p.name, p.host.label, p.host.gpus or 0, p.gpus) for p in placements)
     # --trace under ps: where each server's profiler serves (the chief traces them all)
     profiled = {q.name: f"{_address_host(q.host)}:{ports[q.name + PROFILER_PORT_SUFFIX]}"
@@ -272,15 +275,17 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
     tasks: list[TaskSpec] = []
     for p in placements:
         python = task_python(p.host, request)
-        server = strategy in SERVER_STRATEGIES and p.role in ("worker", "ps")
-        if server:
-            argv: tuple[str, ...] = (python, "-m", "ddlctl.task.server")
+        server = strategy in SERVER_STRATEGIES and p.role in ("worker", "ps") or p.role in DATA_ROLES
+        if p.role in DATA_ROLES:
+            argv: tuple[str, ...] = data_argv(python)
+        elif server:
+            argv = (python, "-m", "ddlctl.task.server")
         elif request.command:
             argv = command_on(p.host, request)
         else:
             argv = (python, "-m", "ddlctl.workloads", *request.workload_args)
         tf_config = None
-        if spec_cluster is not None:
+        if spec_cluster is not None and p.role not in DATA_ROLES:
             tf_config = {"cluster": spec_cluster, "task": {"type": p.role, "index": p.index}}
         task_dir = f"{request.run_dir}/tasks/{p.role}-{p.index}" if p.host.is_local \
             else f"{REMOTE_ROOT}/runs/{request.run_id}/tasks/{p.role}-{p.index}"
@@ -313,6 +318,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             if request.speeds:
                 env[envvars.SPEEDS] = json.dumps([request.speeds[w.host.label] for w in placements
                                                    if w.role == "worker"])
+        env.update(data_env(p, f"{_address_host(p.host)}:{ports.get(p.name, 0)}", service))
         env.update(common_env(request))
         tasks.append(TaskSpec(
             name=p.name,
@@ -323,7 +329,7 @@ def make_plan(cluster: Cluster, request: LaunchRequest, ports: Mapping[str, int]
             kind="server" if server else "program",
             argv=argv,
             env=env,
-            unset_env=() if multi else ("TF_CONFIG",),
+            unset_env=() if multi and p.role not in DATA_ROLES else ("TF_CONFIG",),
             workdir=p.host.workdir or request.default_workdir,
             task_dir=task_dir,
             gpus=p.gpus,

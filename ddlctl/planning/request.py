@@ -44,6 +44,7 @@ class LaunchRequest:
     prefork: bool = True  # tasks forked from a process that imported TensorFlow (ddlctl.host.prefork)
     trace: tuple[int, int] | None = None  # steps to capture with TensorFlow's profiler (ddlctl.task.trace)
     trace_auto: bool = False  # --trace auto: captures asked while the job runs (ddlctl.supervise.autotrace)
+    data_workers: int | None = None  # tf.data service workers (None: a roles=data host slot each; planning.dataservice)
     worker_per: str = "auto"
     balance: str = "off"
     speeds: Mapping[str, float] = field(default_factory=dict)  # host label -> measured device speed

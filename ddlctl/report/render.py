@@ -37,7 +37,8 @@ def render_plan(plan: Plan, console: Console) -> None:
     for task in plan.tasks:
         gpus = "-" if task.gpus is None else (",".join(map(str, task.gpus)) or "none")
         port = "-" if task.port is None else ("auto" if task.port == 0 else str(task.port))
-        runs = "tf.distribute.Server" if task.kind == "server" else "program"
+        runs = {"dispatcher": "tf.data dispatcher", "data": "tf.data worker"}.get(task.role, "tf.distribute.Server") \
+            if task.kind == "server" else "program"
         table.add_row(task.name, task.host.label, port, runs, gpus, *((cpu_limits(task.host),) if limited else ()))
     console.print(table)
     for note in plan_notes(plan):

@@ -328,6 +328,16 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
     def restart(tasks: list[str], scope: str, what: str) -> Decision:
         return Decision(Action.RESTART, tuple(tasks), scope, f"{fault.task} {fault.detail}: {what}")
 
+    if role in ("data", "dispatcher"):  # the tf.data service: restarted in place while training goes on
+        if allowed:
+            return restart([fault.task], Scope.TASK, "restarting it in place (the trainers' input carries on"
+                           + (" from its journal)" if role == "dispatcher" else " from the other data workers)"))
+        others = [t for t, r in roles.items() if r == "data" and t != fault.task and t in alive]
+        if role == "data" and others:
+            return Decision(Action.CONTINUE, message=f"{fault.task} {failed}; training goes on with "
+                            f"{len(others)} data worker(s)", degraded=True)
+        return Decision(Action.FAIL, message=f"{failed}, and the trainers' input depends on it" if role ==
+                        "dispatcher" else f"{failed}, and no data worker is left")
     if role == "evaluator":
         if allowed:
             return restart([fault.task], Scope.TASK, "restarting the evaluator")

@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--epoch-size", type=int, default=0,
                         help="read ids [0, N) once (0: an endless stream); --steps is then N / batch")
+    parser.add_argument("--input", choices=("auto", "local", "service"), default="auto",
+                        help="where batches are made: local (each trainer's own tf.data pipeline), service (the "
+                             "tf.data service ddlctl started: --data-workers N, hosts with roles=data), auto (service "
+                             "when ddlctl started one; default)")
     parser.add_argument("--record-ids", action="store_true",
                         help="print the sample ids each step consumed, from the process that consumed them")
     parser.add_argument("--log-every", type=int, default=0, help="progress line every N steps")
@@ -120,6 +124,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps_per_call = 1  # python-feed: one step per call; a straggler is injected between steps
     if args.augment is None:
         args.augment = args.workload in AUGMENTED
+    if args.input == "auto":
+        args.input = "service" if os.environ.get(envvars.DATA_SERVICE) and not args.epoch_size else "local"
+    elif args.input == "service" and not os.environ.get(envvars.DATA_SERVICE):
+        parser.error("--input service: no tf.data service here (ddlctl starts one with --data-workers N, or for "
+                     "hosts with roles=data)")
+    elif args.input == "service" and args.epoch_size:
+        parser.error("--input service with --epoch-size: not yet (the service gives trainers unequal shares of a "
+                     "finite epoch, and a fixed number of steps would leave some of it unread); use --input local")
     return args
 
 
@@ -184,6 +196,10 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
             iterator = iter(strategy.distribute_datasets_from_function(lambda _ictx: synthetic.slice_dataset(
                 args.seed, args.augment, args.batch_size, schedule, args.epoch_size or None, parallel=args.pipeline,
                 first_step=resumed), options=options))
+        elif args.input == "service":  # the data workers make every batch; each goes to one trainer
+            iterator = iter(strategy.distribute_datasets_from_function(lambda ictx: synthetic.service_dataset(
+                args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), parallel=args.pipeline),
+                options=options))
         else:
             iterator = iter(strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
                 args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,
@@ -285,6 +301,8 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     linear, the closure gets its first id and runs its own tf.data pipeline (prefetching or not);
     python-feed, the coordinator generates the batch and ships it with a one-step closure.
     """
+    if args.input == "service":
+        print("--input service: not under ps yet (each closure runs its own input pipeline): local input", flush=True)
     import tensorflow as tf
 
     from ddlctl.workloads.synthetic import make_batch_fn, step_ids

@@ -105,9 +105,11 @@ def test_ps_builtin_workload_across_three_ssh_hosts(cluster, hosts_file, runs):
     traces = json.loads((run_dir / "summary.json").read_text())["traces"]["tasks"]
     assert all(t["parts"]["compute"] > 0 for t in traces if t["task"].startswith("worker:")), traces
     # which ps each worker's closures exchange tensors with, and whom the ps serves (the rendezvous keys)
+    # (a worker that ran no closure while it was traced exchanged nothing)
     peers = {t["task"]: t["rpc_peers"] for t in traces}
-    assert all("ps:0" in peers[name] for name in peers if name.startswith("worker:")), peers
-    assert set(peers["ps:0"]) <= {"chief:0", *(n for n in peers if n.startswith("worker:"))} and peers["ps:0"], peers
+    workers = [name for name in peers if name.startswith("worker:")]
+    assert any(peers[name] for name in workers) and all(set(peers[name]) <= {"ps:0", "chief:0"} for name in workers)
+    assert peers["ps:0"] and set(peers["ps:0"]) <= {"chief:0", *workers}, peers
 
 
 def test_a_host_without_sftp_gets_the_code_and_gives_the_results_back(tmp_path, runs):

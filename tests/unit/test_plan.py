@@ -353,3 +353,29 @@ def test_all_local_clusters_keep_localhost(tmp_path):
     assert plan.tasks[0].tf_config["cluster"]["worker"] == ["localhost:1", "localhost:2"]
 
 
+
+
+def test_the_data_service_goes_to_data_hosts_or_with_data_workers_here_and_trainers_get_its_address():
+    hosts = parse_hosts("a slots=2\nd1 roles=data\nd2 roles=data slots=2\n", "h.txt")
+    req = request("mwms")
+    assert placed(hosts, req) == [("worker:0", "a"), ("dispatcher:0", "d1"), ("data:0", "d1"), ("data:1", "d2"),
+                                  ("data:2", "d1")]
+    plan = make_plan(hosts, req, fake_ports(hosts, req))
+    tasks = {t.name: t for t in plan.tasks}
+    service = f"grpc://d1:{tasks['dispatcher:0'].port}"
+    assert tasks["worker:0"].env["DDLCTL_DATA_SERVICE"] == service
+    assert json.loads(tasks["worker:0"].env["TF_CONFIG"])["cluster"] == {"worker": [f"a:{tasks['worker:0'].port}"]}
+    for name in ("dispatcher:0", "data:2"):  # (servers outside the cluster spec, on no GPU)
+        task = tasks[name]
+        assert task.kind == "server" and task.tf_config is None and "TF_CONFIG" in task.unset_env
+        assert task.argv[1:] == ("-m", "ddlctl.task.dataservice") and task.env["CUDA_VISIBLE_DEVICES"] == ""
+        assert task.env["DDLCTL_DATA_ADDRESS"] == f"d1:{task.port}"
+    assert tasks["data:2"].env["DDLCTL_DATA_DISPATCHER"] == service.removeprefix("grpc://")
+    # --data-workers N: that many; on this machine without a hosts file, under a one-host strategy too
+    assert [n for n, _ in placed(hosts, request("mwms", data_workers=1))][-2:] == ["dispatcher:0", "data:0"]
+    assert placed(local_cluster(), request("one_device", data_workers=2)) == [
+        ("worker:0", "localhost"), ("dispatcher:0", "localhost"), ("data:0", "localhost"), ("data:1", "localhost")]
+    assert placed(parse_hosts("a\nd roles=data\n", "h.txt"), request("one_device"))[0] == ("worker:0", "a")
+    assert placed(hosts, request("mwms", data_workers=0)) == [("worker:0", "a")]
+    with pytest.raises(PlanError, match="no host in h.txt takes data workers"):
+        layout(parse_hosts("a roles=worker\n", "h.txt"), request("mwms", data_workers=2))
