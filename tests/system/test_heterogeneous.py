@@ -245,8 +245,8 @@ def test_launch_bench_measures_first_and_balances_by_the_saved_profile(tmp_path,
 
 @pytest.mark.timing  # speeds or times: run alone (not beside other tests)
 @needs_cgroup
-def test_trace_auto_captures_a_throttled_worker_and_a_peer_once_saying_why_and_nothing_on_a_healthy_job(tmp_path,
-                                                                                                          runs):
+def test_profile_flags_the_throttled_worker_and_captures_it_beside_a_peer_once_and_nothing_on_a_healthy_job(tmp_path,
+                                                                                                           runs):
     outcomes = {}
     for name, second in (("healthy", "127.0.0.1 cpus=1"), ("throttled", "127.0.0.1 cpus=1 cpu_quota=0.35")):
         hosts = tmp_path / f"{name}.txt"
@@ -261,6 +261,10 @@ def test_trace_auto_captures_a_throttled_worker_and_a_peer_once_saying_why_and_n
     out, run_dir, asked = outcomes["healthy"]
     assert asked == [] and "trace auto" not in out and not list(run_dir.glob("tasks/*/capture*"))
     out, run_dir, asked = outcomes["throttled"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {t["name"]: t["straggler"] for t in summary["tasks"]} == {"worker:0": False, "worker:1": True}
+    assert "straggler: worker:1 on 127.0.0.1" in out and "tasks" in out and "hosts" in out  # (the full report)
+    assert summary["hosts"][0]["samples"] >= 4 and (run_dir / "trace.json").stat().st_size > 0
     [event] = asked  # once, though worker:1 stays slow to the end
     assert (event["task"], event["peer"], event["asked"]) == ("worker:1", "worker:0", ["worker:0", "worker:1"])
     assert event["why"].startswith("worker:1 is a straggler: it has its gradients ready in ")
