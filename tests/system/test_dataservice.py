@@ -16,16 +16,20 @@ from tests.system.test_compare import IDS
 pytestmark = pytest.mark.cluster
 
 
-def test_mwms_trains_on_batches_from_the_data_workers_and_one_killed_is_restarted_reading_no_sample_twice(runs):
-    job = Job(runs, "-s", "mwms", "--workers", "2", "--data-workers", "2", "--max-restarts", "1", "--no-telemetry",
+def test_mwms_trains_on_batches_from_the_data_workers_a_killed_one_and_the_dispatcher_restarted_no_sample_twice(runs):
+    job = Job(runs, "-s", "mwms", "--workers", "2", "--data-workers", "2", "--max-restarts", "2", "--no-telemetry",
               "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "48", "--batch-size", "64",
               "--steps-per-call", "2", "--record-ids", "--min-step-ms", "200")
     job.wait_steps("worker-0", 12)
     job.kill("data-1", signal.SIGKILL)
+    job.wait_steps("worker-0", 24)
+    job.kill("dispatcher-0", signal.SIGKILL)  # (fault-tolerant: started again, it carries on from its journal)
     assert job.wait() == 0, job.stderr()[-3000:]
-    [restart] = job.outcome()["restarts"]
-    assert (restart["task"], restart["scope"], restart["tasks"]) == ("data:1", "task", ["data:1"])
+    data, dispatcher = job.outcome()["restarts"]
+    assert (data["task"], data["scope"], data["tasks"]) == ("data:1", "task", ["data:1"])
+    assert (dispatcher["task"], dispatcher["scope"], dispatcher["tasks"]) == ("dispatcher:0", "task", ["dispatcher:0"])
     assert "restarting it in place (the trainers' input carries on from the other data workers)" in job.stderr()
+    assert "(carrying on from its journal)" in (job.run_dir / "tasks" / "dispatcher-0" / "output.log").read_text()
     # every batch whole (made from one batch's ids by one data worker), each to one trainer: with
     # DYNAMIC sharding a batch is read at most once (one the killed worker had in hand is lost)
     batches = [b for task in ("worker-0", "worker-1") for b in consumed_batches(job.run_dir, task)]

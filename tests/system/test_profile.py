@@ -187,11 +187,13 @@ def test_a_capture_starts_after_step_a_minus_1_and_covers_only_steps_begun_after
 
 
 def test_trace_captures_every_workers_own_steps_for_xprof_and_names_the_input_bound_one_beside_its_peer(runs):
-    # mwms, 2 workers: worker:1's tf.data map takes 60 ms a batch (steps take ~15 ms): it waits for
-    # its input and worker:0 waits for it in the all-reduce; the step records alone show both slow
+    # mwms, 2 workers: worker:1's tf.data map takes 150 ms a batch (steps of 16 examples take ~10 ms
+    # alone): it waits for its input and worker:0 waits for it in the all-reduce; the step records
+    # alone show both slow. (The wait costs no CPU: a loaded machine lengthens the compute, not the
+    # wait; with 60 ms and batches of 64, four test files beside it made worker:1's input share 11%.)
     result = run_ddlctl("profile", "-s", "mwms", "--workers", "2", "--trace", "30-40", "--runs-dir", str(runs),
-                        "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "50", "--slow-task", "worker:1",
-                        "--slow-input-ms", "60")
+                        "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "50", "--batch-size", "16",
+                        "--slow-task", "worker:1", "--slow-input-ms", "150")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(runs)
     from ddlctl.report.traces import xplane_module
