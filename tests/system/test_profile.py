@@ -191,11 +191,18 @@ def test_trace_captures_every_workers_own_steps_for_xprof_and_names_the_input_bo
     # alone): it waits for its input and worker:0 waits for it in the all-reduce; the step records
     # alone show both slow. (The wait costs no CPU: a loaded machine lengthens the compute, not the
     # wait; with 60 ms and batches of 64, four test files beside it made worker:1's input share 11%.)
-    result = run_ddlctl("profile", "-s", "mwms", "--workers", "2", "--trace", "30-40", "--runs-dir", str(runs),
-                        "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "50", "--batch-size", "16",
-                        "--slow-task", "worker:1", "--slow-input-ms", "150")
+    for attempt in (1, 2):
+        folder = runs / f"try{attempt}"
+        result = run_ddlctl("profile", "-s", "mwms", "--workers", "2", "--trace", "30-40", "--runs-dir", str(folder),
+                            "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "50", "--batch-size", "16",
+                            "--slow-task", "worker:1", "--slow-input-ms", "150")
+        # TensorFlow 2.21's profiler, capturing a tf.data numpy_function, once ended worker:1 with
+        # "munmap_chunk(): invalid pointer" (SIGABRT, exit 134) in the capture: TensorFlow's crash,
+        # said as such by ddlctl; tried again once (see the closing note of 2026-12-02)
+        if result.returncode not in (134, 139) or attempt == 2:
+            break
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = only_run_dir(runs)
+    run_dir = only_run_dir(folder)
     from ddlctl.report.traces import xplane_module
 
     session = run_dir / "profile" / "plugins" / "profile" / "steps-30-40"
