@@ -182,15 +182,15 @@ class AutoTrace:
     ``ask(task, request)`` sends a request; ``say`` tells the user."""
 
     def __init__(self, ask: Callable[[str, dict], None], say: Callable[[str], None],
-                 every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ask, self.say, self.every_s, self.clock = ask, say, every_s, clock
+                 every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic,
+                 watch: HangWatch | None = None) -> None:
+        self.ask, self.say, self.every_s, self.clock, self.watch = ask, say, every_s, clock, watch
         self.baselines = Baselines()
         self.last_at: float | None = None
         self.done: set[tuple[str, str]] = set()  # (reason, task) captured
         self.events: list[dict] = []  # outcome.json's auto_traces
         self.next_id = 1
         self.looked = float("-inf")
-        self.watch: HangWatch | None = None
 
     @classmethod
     def for_job(cls, job: Job, watch: HangWatch) -> AutoTrace | None:
@@ -204,9 +204,7 @@ class AutoTrace:
             if session is not None:
                 session.request_trace(name, request)
 
-        auto = cls(ask, job.notify, clock=job.clock)
-        auto.watch = watch
-        return auto
+        return cls(ask, job.notify, clock=job.clock, watch=watch)
 
     def look(self, now: float, job: Job) -> None:
         """A look at the running tasks' paces, at most once a second (they change once a second)."""
