@@ -41,6 +41,7 @@ class Cause(StrEnum):
     NO_MODULE = "no-module"  # its Python found no module to run
     PORT_IN_USE = "port-in-use"  # a restart event: a server's port taken before it bound
     GROW = "grow"  # a restart event: a host that left answers again
+    PROFILER_CRASH = "profiler-crash"  # a restart event: TensorFlow's profiler crashed the task it captured
 
 
 class Action(StrEnum):

@@ -20,6 +20,7 @@ TASK_STEPS = "steps.jsonl"  # a task's step records (ddlctl.task.steps)
 TASK_TRACE_DIR = "profile"  # a task's TensorFlow Profiler captures (ddlctl.task.trace): plugins/profile/<session>/
 TASK_CAPTURE = "capture.json"  # what a task's profiler capture covered: steps, times, its session folder
 TASK_TRACE_REQUEST = "trace-request.json"  # --trace auto: a capture ddlctl asks of a running task
+TASK_PROFILING = "profiling.json"  # while a task's profiler captures: its session (a crash then is TensorFlow's)
 PROFILE_DIR = "profile"  # a run's captures of every task, laid out for XProf / TensorBoard
 TASK_PID = "pid.json"  # the pid a host agent started a task as (ddlctl.host.agent)
 TASK_PHASES = "phases.jsonl"  # a task's checkpoint saves and evaluations (ddlctl.phase)

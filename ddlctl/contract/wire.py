@@ -189,6 +189,7 @@ def check_frame(header: dict) -> dict:
     _opt(header, "t", number)
     if kind == Kind.EXIT:
         _opt(header, "oom", text)  # (the agent's evidence: the kernel log's line, or its counters)
+        _opt(header, "profiling", text)  # (a profiler capture was open: its session)
         if header.get("signal"):
             integer(header["signal"], 1, 64)
         _opt(header, "code", integer, -(1 << 31), 1 << 31)

@@ -43,7 +43,7 @@ from ddlctl.contract.rundir import TASK_PID, TASK_TRACE_REQUEST
 from ddlctl.contract.wire import MAGIC, Kind, Op, encode_frame
 from ddlctl.host import oom, prefork, procsetup
 from ddlctl.host.dumps import DUMP_WAIT_S, dump_frame, look_at
-from ddlctl.host.files import code_bundle_path, file_command, write_json
+from ddlctl.host.files import code_bundle_path, file_command, take_profiling, write_json
 from ddlctl.host.prefork import Zygote
 from ddlctl.host.procs import (
     descendants,
@@ -322,6 +322,9 @@ class HostAgent:
                     evidence = oom.oom_evidence(task.popen.pid, task.started_us, task.oom_kills)
                     if evidence:
                         record["oom"] = evidence
+                profiling = take_profiling(task.task_dir) if task.task_dir else None
+                if profiling and record["signal"] and not task.killed:  # (a crash: TensorFlow's profiler's?)
+                    record["profiling"] = profiling
                 if task.task_dir:
                     write_json(os.path.join(task.task_dir, "exit.json"), record)
                 # its last steps first (a task that lived less than STEPS_S was never counted: one

@@ -11,7 +11,7 @@ import json
 import os
 import stat
 
-from ddlctl.contract.rundir import TASK_LOG
+from ddlctl.contract.rundir import TASK_LOG, TASK_PROFILING
 from ddlctl.contract.wire import Kind, Op
 
 #: The largest piece of a file read or a tar a frame carries.
@@ -45,6 +45,20 @@ class _ChunkWriter:
     def rest(self) -> bytes:
         data, self.buffer = bytes(self.buffer), bytearray()
         return data
+
+
+def take_profiling(task_dir: str) -> str | None:
+    """The profiler session a task that ended had open (``ddlctl.task.trace`` says so in its
+    folder while it captures), its word removed (a task started again in the folder starts clean)."""
+    path = os.path.join(task_dir, TASK_PROFILING)
+    try:
+        with open(path) as handle:
+            session = json.load(handle).get("session")
+    except (OSError, ValueError, AttributeError):
+        return None
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return str(session)[:200] if session else "a capture"
 
 
 def pack_folders(dirs: dict, send, size: int = 1 << 20) -> bytes:  # noqa: ANN001 - send(bytes)

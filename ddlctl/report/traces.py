@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlctl.contract.causes import Interval, clip, length, minus, union
+from ddlctl.contract.faults import Cause
 from ddlctl.contract.rundir import PROFILE_DIR, TASK_CAPTURE, TASKS_DIR
 
 #: The parts of a captured step, in the order they claim time.
@@ -325,7 +326,13 @@ def traces_section(run_dir: Path, plan: dict, outcome: dict | None = None) -> di
     asked = asked if isinstance(asked, list) and len(asked) == 2 else None
     programs = [str(t.get("name")) for t in plan.get("tasks", []) if t.get("kind") == "program" and t.get("name")]
     traces, notes = read_traces(run_dir)
-    notes = [*capture_problems(run_dir, asked, programs), *notes]
+    crashed = [e for e in (outcome or {}).get("restarts") or [] if isinstance(e, dict)
+               and e.get("cause") == Cause.PROFILER_CRASH]
+    crashes = {str(t) for e in crashed for t in [e.get("task"), *(e.get("tasks") or [])]}  # (untraced since)
+    notes = [*(f"{e.get('task')}: TensorFlow's profiler crashed it ({e.get('detail')}): ddlctl started "
+               f"{', '.join(map(str, e.get('tasks') or []))} again with tracing off; the capture is lost"
+               for e in crashed),
+             *capture_problems(run_dir, asked, [t for t in programs if t not in crashes]), *notes]
     autos = [e for e in (outcome or {}).get("auto_traces") or [] if isinstance(e, dict)]
     captures = []
     for session in dict.fromkeys(t.session for t in traces):
@@ -336,7 +343,7 @@ def traces_section(run_dir: Path, plan: dict, outcome: dict | None = None) -> di
                          "tasks": [t.task for t in mine], "comparison": compare(mine)})
     for event in autos:
         came = {t.task for t in traces if t.session.startswith(f"{event.get('session')}-")}
-        missing = [str(t) for t in event.get("asked") or [] if t not in came]
+        missing = [str(t) for t in event.get("asked") or [] if t not in came and t not in crashes]
         if missing:
             notes.append(f"trace auto asked {', '.join(missing)} for a capture ({event.get('why')}), and none came "
                          "back: " + ("it ended, or was ended, before its profiler stopped" if event.get("reason") ==

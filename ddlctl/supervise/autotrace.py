@@ -191,6 +191,7 @@ class AutoTrace:
         self.events: list[dict] = []  # outcome.json's auto_traces
         self.next_id = 1
         self.looked = float("-inf")
+        self.off = False  # (a profiler crash turned it off)
 
     @classmethod
     def for_job(cls, job: Job, watch: HangWatch) -> AutoTrace | None:
@@ -208,9 +209,13 @@ class AutoTrace:
 
     def look(self, now: float, job: Job) -> None:
         """A look at the running tasks' paces, at most once a second (they change once a second)."""
-        if now - self.looked < 1.0:
+        if now - self.looked < 1.0 or self.off:
             return
         self.looked = now
+        if job.untraced:  # TensorFlow's profiler crashed a task it captured: never again in this job
+            self.off = True
+            self.say("trace auto: off for the rest of the job (TensorFlow's profiler crashed a task it captured)")
+            return
         sessions = job.sessions.values()
         alive = [name for name, task in job.tasks.items() if task.alive and not task.is_agent]
         self.tick({name: runs for session in sessions for name, runs in session.paces().items() if name in alive},

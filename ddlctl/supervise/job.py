@@ -149,6 +149,7 @@ class Job:
     left: set[str] = field(default_factory=set)  # tasks that left the job (--min-workers)
     aliases: dict[str, str] = field(default_factory=dict)  # TensorFlow's task name -> ddlctl's, where they differ
     membership: list[dict] = field(default_factory=list)  # every change of the job's workers
+    untraced: set[str] = field(default_factory=set)  # tasks started again with tracing off (a profiler crash)
 
     @property
     def run_dir(self) -> Path:

@@ -381,6 +381,30 @@ def _decide(strategy: str, fault: Fault, roles: Mapping[str, str], alive: Set[st
     return Decision(Action.FAIL, message=failed)
 
 
+#: Signals a process dies of when it crashes in native code (TensorFlow's profiler has: SIGSEGV, and
+#: SIGABRT from glibc's "munmap_chunk(): invalid pointer").
+CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
+
+
+def profiler_crash(strategy: str, task: str, host: str, status: ExitStatus, roles: Mapping[str, str],
+                   alive: Set[str], crashed: Set[str]) -> Decision | None:
+    """``task`` crashed (a native crash's signal) while TensorFlow's profiler captured it
+    (``status.profiling``): TensorFlow's fault, not the program's, and ddlctl's diagnostics must not
+    cost the job: the tasks the strategy restarts for such a loss start again once, tracing off, no
+    restart counted. None when it is not such a crash, or ``task`` crashed so before (``crashed``):
+    then it is an ordinary fault."""
+    if not status.profiling or status.signal not in CRASH_SIGNALS or task in crashed:
+        return None
+    fault = Fault(task=task, cause=Cause.SIGNAL, reporter=task, status=status, detail=status.describe())
+    decision = decide(strategy, fault, roles, alive, 0, 1, "any")
+    if decision.action != Action.RESTART:
+        return None
+    return dataclasses.replace(decision, message=(
+        f"{task} on {host} {status.describe()} while TensorFlow's profiler was capturing it ({status.profiling}): "
+        f"a crash of TensorFlow's profiler, not of the program: starting {', '.join(decision.tasks)} again, once, "
+        "with tracing off (no restart counted)"))
+
+
 def backoff_s(restart_number: int, base: float = 1.0, cap: float = 30.0) -> float:
     """Seconds to wait before the ``restart_number``-th restart (1, 2, 4, ... capped)."""
     return min(cap, base * 2 ** max(0, restart_number - 1))

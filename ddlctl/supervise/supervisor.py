@@ -320,6 +320,8 @@ class Supervisor:
         if task.spec.port and port_taken(attempt) and self.restarts.retry_ports(task.name,
                                                                                 profiler_port_taken(attempt)):
             return
+        if status.profiling and self.restarts.retry_untraced(task.name):  # TensorFlow's profiler crashed it
+            return
         task.state = TaskState.FAILED
         alive = self.job.alive()
         fault = classify(task.name, status, text, self.job.strategy, alive, set(self.job.roles), self.job.aliases,

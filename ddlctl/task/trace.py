@@ -37,7 +37,7 @@ import threading
 import time
 
 from ddlctl.contract import envvars
-from ddlctl.contract.rundir import TASK_CAPTURE, TASK_TRACE_DIR, TASK_TRACE_REQUEST
+from ddlctl.contract.rundir import TASK_CAPTURE, TASK_PROFILING, TASK_TRACE_DIR, TASK_TRACE_REQUEST
 
 #: Seconds past its stop a ps chief waits for its servers' traces to come back.
 REMOTE_WAIT_S = 15.0
@@ -145,6 +145,7 @@ class Capture:
         self.began = (next_step, time.time())
         if self.name:
             self.first, self.last = next_step, next_step + self.last - self.first
+        self._profiling(f"{self.name}-steps-{self.first}-{self.last}".lstrip("-"))
         if self.servers:  # the ps servers, traced from here over about as long as the steps take
             usual = sorted(self.step_s)[len(self.step_s) // 2] if self.step_s else 0.05
             duration_ms = int(min(60_000, max(500, (self.last - next_step + 1) * usual * 1000 + 200)))
@@ -159,9 +160,11 @@ class Capture:
         try:
             tf.profiler.experimental.stop()
         except Exception as exc:  # noqa: BLE001
+            self._profiling(None)
             self.state = "refused"
             self._write({"error": f"TensorFlow could not stop its profiler: {type(exc).__name__}: {exc}"[:500]})
             return
+        self._profiling(None)
         self.state = "done"
         made = sorted(_sessions(self.folder))  # (the folder is removed once its trace is kept: this one alone)
         assert self.began is not None
@@ -193,6 +196,19 @@ class Capture:
             shutil.rmtree(folder)
         self.remote_record = {"servers": kept, "servers_start_s": round(began, 6),
                               "servers_end_s": round(began + duration_ms / 1000, 6)}
+
+    def _profiling(self, session: str | None) -> None:
+        """Say in the task folder that the profiler captures (``session``) or no longer does (None):
+        a task killed by a signal meanwhile was crashed by TensorFlow's profiler (its host agent
+        tells ddlctl, which starts it again once with tracing off)."""
+        path = os.path.join(os.path.dirname(self.folder), TASK_PROFILING)
+        with contextlib.suppress(OSError):
+            if session is None:
+                os.unlink(path)
+                return
+            with open(f"{path}.tmp", "w") as handle:
+                json.dump({"session": session, "since": round(time.time(), 3)}, handle)
+            os.replace(f"{path}.tmp", path)
 
     def _write(self, record: dict) -> None:
         path = os.path.join(os.path.dirname(self.folder), f"{self.prefix}.json" if self.name else TASK_CAPTURE)

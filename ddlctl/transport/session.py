@@ -177,7 +177,8 @@ class HostSession:
             task.chunks.append(payload)
         elif kind == Kind.EXIT and task is not None:
             if header.get("signal"):
-                status = ExitStatus(signal=header["signal"], oom=header.get("oom") or None)
+                status = ExitStatus(signal=header["signal"], oom=header.get("oom") or None,
+                                    profiling=header.get("profiling") or None)
             else:
                 status = ExitStatus(code=header.get("code") or 0)
             task._end(status, self.here(header.get("t")))

@@ -19,13 +19,15 @@ class ExitStatus:
     """How a process ended: an exit ``code``, the ``signal`` that killed it, or ``lost``: the
     connection to its host ended (its host agent kills it then; its own status is unknown).
     ``oom``: what says that the signal was the kernel's out-of-memory killer's. ``not_started``:
-    why its host agent could not start it (the code is then the agent's: 2, 126, 127)."""
+    why its host agent could not start it (the code is then the agent's: 2, 126, 127). ``profiling``:
+    the profiler session a task killed by a signal had open (``ddlctl.task.trace``)."""
 
     code: int | None = None
     signal: int | None = None
     lost: bool = False
     oom: str | None = None
     not_started: str | None = None
+    profiling: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -273,6 +273,33 @@ def test_a_profiler_port_taken_is_a_taken_port_of_this_attempt_only_and_moves_wh
     assert reprofile(chief, {}) is chief and profiler_ports(chief) == {}
 
 
+def test_a_crash_while_the_profiler_captured_restarts_once_uncounted_and_its_marker_tells_the_agent(tmp_path):
+    from ddlctl.contract.wire import GarbledFrame, check_frame
+    from ddlctl.host.files import take_profiling
+    from ddlctl.supervise.policy import profiler_crash
+    from ddlctl.task.trace import Capture
+
+    capture = Capture(3, 4, str(tmp_path / "profile"))
+    capture._profiling("steps-3-4")  # (what _start says once TensorFlow's profiler runs)
+    assert take_profiling(str(tmp_path)) == "steps-3-4" and take_profiling(str(tmp_path)) is None, "taken once"
+    (tmp_path / "profiling.json").write_text("[1]")
+    assert take_profiling(str(tmp_path)) is None, "a marker that is not one says nothing"
+    assert check_frame({"k": "exit", "task": "worker:1", "signal": 11, "profiling": "auto-1-steps-4-13"})
+    with pytest.raises(GarbledFrame):
+        check_frame({"k": "exit", "task": "worker:1", "signal": 11, "profiling": ["x"]})
+    segv = ExitStatus(signal=11, profiling="auto-1-steps-4-13")
+    d = profiler_crash("mwms", "worker:1", "h2", segv, MWMS_ROLES, {"worker:0"}, set())
+    assert d is not None and d.action == "restart" and d.scope == "group" and set(d.tasks) == set(MWMS_ROLES)
+    assert d.message.startswith("worker:1 on h2 killed by SIGSEGV while TensorFlow's profiler was capturing it "
+                                "(auto-1-steps-4-13)") and "once, with tracing off (no restart counted)" in d.message
+    abort = ExitStatus(signal=6, profiling="steps-3-4")
+    d = profiler_crash("ps", "worker:1", "h2", abort, PS_ROLES, set(PS_ROLES), set())
+    assert d is not None and d.tasks == ("worker:1",), "the strategy's own scope: a ps worker alone"
+    assert profiler_crash("mwms", "worker:1", "h2", segv, MWMS_ROLES, set(), {"worker:1"}) is None, "once"
+    for status in (ExitStatus(signal=9, profiling="x"), ExitStatus(signal=11), ExitStatus(code=1, profiling="x")):
+        assert profiler_crash("mwms", "worker:1", "h2", status, MWMS_ROLES, set(), set()) is None, status
+
+
 def test_a_ps_chief_that_died_of_a_lost_worker_is_restarted_with_it():
     fault = Fault(task="worker:0", cause="signal", reporter="chief:0", status=None, detail="gone")
     alive = {"worker:1", "ps:0"}

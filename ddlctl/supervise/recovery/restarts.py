@@ -15,7 +15,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ddlctl.contract.envvars import CHECKPOINT_DIR, RESTART_COUNT
+from ddlctl.contract.envvars import CHECKPOINT_DIR, RESTART_COUNT, TRACE_STEPS
 from ddlctl.contract.faults import Action, Cause, Scope
 from ddlctl.contract.rundir import TASK_CHECKPOINT_COPY
 from ddlctl.contract.strategies import facts_of
@@ -31,14 +31,16 @@ from ddlctl.supervise.policy import (
     grow_back,
     host_gone,
     port_retry,
+    profiler_crash,
     shrink,
     unkillable,
     wider_scope,
 )
 from ddlctl.supervise.recovery.checkpoints import promote_copy, sync_folder
 
-#: Restart causes not counted against --max-restarts: a port taken before binding, a planned grow.
-UNCOUNTED = frozenset({"port-in-use", "grow"})
+#: Restart causes not counted against --max-restarts: a port taken before binding, a planned grow,
+#: a crash of TensorFlow's profiler in a task it captured.
+UNCOUNTED = frozenset({Cause.PORT_IN_USE, Cause.GROW, Cause.PROFILER_CRASH})
 
 
 @dataclass
@@ -117,6 +119,25 @@ class Restarts:
         self.begin(decision, event)
         return True
 
+    def retry_untraced(self, name: str) -> bool:
+        """``name`` crashed while TensorFlow's profiler captured it: the tasks its loss restarts start
+        again once with tracing off (not counted: :func:`~.policy.profiler_crash`); False when that
+        is not what happened (an ordinary fault then)."""
+        job, task = self.job, self.job.tasks[name]
+        assert task.status is not None
+        decision = profiler_crash(job.strategy, name, task.host, task.status, job.roles, job.alive(), job.untraced)
+        if decision is None:
+            return False
+        job.untraced.update(decision.tasks)
+        task.state = TaskState.FAILED
+        event = {"time": time.time(), "task": name, "host": task.host, "cause": Cause.PROFILER_CRASH,
+                 "reporter": name, "exit_code": None, "signal": task.status.signal,
+                 "detail": f"{task.status.describe()} while its profiler captured {task.status.profiling}",
+                 "action": Action.RESTART, "scope": decision.scope, "tasks": list(decision.tasks)}
+        job.notify(decision.message)
+        self.begin(decision, event)
+        return True
+
     def advance(self, now: float) -> RestartFailed | None:
         """Move the restart under way on: escalate its stop, then start its tasks when all is ready."""
         restart = self.current
@@ -166,7 +187,8 @@ class Restarts:
             job.tasks[spec.name] = job.launch(spec, task.log, restarts=task.restarts + 1)
         job.write_pids()
         restart.event["restarted_at"] = time.time()
-        counted = {"port-in-use": "", "grow": " (planned: no restart counted)"}.get(
+        counted = {Cause.PORT_IN_USE: "", Cause.GROW: " (planned: no restart counted)",
+                   Cause.PROFILER_CRASH: " (tracing off; no restart counted)"}.get(
             restart.event.get("cause", ""), f" (restart {self.used()} of {job.options.max_restarts})")
         job.notify(f"started {', '.join(restart.tasks)} again{counted}")
         self.current = None
@@ -289,5 +311,8 @@ class Restarts:
                 specs = {n: reprofile(retarget(s, everyone), changed) for n, s in specs.items()}
                 for name, spec in specs.items():
                     job.tasks[name].spec = spec
-        return [dataclasses.replace(s, env={**s.env, RESTART_COUNT: str(job.tasks[n].restarts + 1)})
-                for n, s in specs.items()]
+        def env(name: str, spec: TaskSpec) -> dict[str, str]:  # (tracing off after a profiler crash)
+            kept = {k: v for k, v in spec.env.items() if k != TRACE_STEPS or name not in job.untraced}
+            return {**kept, RESTART_COUNT: str(job.tasks[name].restarts + 1)}
+
+        return [dataclasses.replace(s, env=env(n, s)) for n, s in specs.items()]
