@@ -98,7 +98,8 @@ EXECUTION_HELP = ("Built-in workload's execution: pipelined (tf.data parallel ma
                   "compute), linear (the same input without overlap: the research's baseline) or python-feed "
                   "(batches built in Python sample by sample, one step per call).")
 WORKLOAD_HELP = ("Built-in workload to run when no command is given: cnn (a small CNN, augmented images), mlp (a "
-                 "wide MLP: many parameters, communication-heavy) or deep (a deep MLP, for --strategy model).")
+                 "wide MLP: many parameters, communication-heavy), deep (a deep MLP, for --strategy model) or heavy "
+                 "(cnn's model, input-bound: each image decoded from a JPEG first; for --data-workers).")
 RunsDirOption = Annotated[str, typer.Option("--runs-dir", metavar="DIR", help=RUNS_DIR_HELP)]
 
 

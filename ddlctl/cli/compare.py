@@ -38,8 +38,8 @@ def compare(
     template: Annotated[str | None, typer.Option("--template", metavar="FILE", help="YAML cluster template.",
                                                  show_default=False)] = None,
     workload: Annotated[Workload, typer.Option(  # type: ignore[valid-type]
-        "--workload", help="Built-in workload of every run: cnn (small CNN), mlp (wide, communication-heavy) or deep "
-                           "(for the model strategy).")
+        "--workload", help="Built-in workload of every run: cnn (small CNN), mlp (wide, communication-heavy), deep "
+                           "(for the model strategy) or heavy (cnn, input-bound: JPEG-decoded images).")
     ] = DEFAULT_WORKLOAD,
     steps: Annotated[int, typer.Option("--steps", metavar="N", min=1, help="Training steps of every run.")] = 200,
     batch_size: Annotated[int, typer.Option("--batch-size", metavar="N", min=1,

@@ -1,10 +1,13 @@
 """Built-in training workloads (``ddlctl launch`` with no command runs one of these)."""
 
 #: Workload names accepted by ``--workload``.
-WORKLOADS: tuple[str, ...] = ("cnn", "mlp", "deep")
+WORKLOADS: tuple[str, ...] = ("cnn", "mlp", "deep", "heavy")
 
 #: Workloads whose input pipeline does heavy augmentation.
-AUGMENTED: frozenset[str] = frozenset({"cnn"})
+AUGMENTED: frozenset[str] = frozenset({"cnn", "heavy"})
+#: Workloads whose input also decodes each image (a JPEG of 4x its size: several times the step's
+#: compute per sample, for the tf.data service to take off the trainers: ``heavy``, cnn's model).
+DECODED: frozenset[str] = frozenset({"heavy"})
 
 #: Execution modes of the built-in workloads (``--execution``): pipelined (tf.data with parallel
 #: map and prefetch, input overlapping compute), linear (the same tf.data input with no prefetch and

@@ -47,3 +47,8 @@ def deep(depth: int = 12, width: int = 512):
           for i in range(depth)],
         keras.layers.Dense(CLASSES, name="logits"),
     ])
+
+
+def heavy():
+    """cnn's model; the workload's input decodes every image (``ddlctl.workloads.DECODED``)."""
+    return cnn()

@@ -35,8 +35,16 @@ def templates(seed: int):  # -> tf.Tensor [CLASSES, H, W, C]
     return tf.image.resize(coarse, [IMAGE_SIZE, IMAGE_SIZE], method="bilinear")
 
 
-def make_sample_fn(seed: int, augment: bool = False):
-    """A TF function mapping a sample id (int64 scalar) to ``(image, label, id)``."""
+#: ``augment`` levels of :func:`make_sample_fn`: none, augmented, decoded and augmented.
+PLAIN, AUGMENT, DECODE = 0, 1, 2
+#: A decoded sample's JPEG: this many times the image's side.
+DECODE_SCALE = 4
+
+
+def make_sample_fn(seed: int, augment: int = PLAIN):
+    """A TF function mapping a sample id (int64 scalar) to ``(image, label, id)``; ``augment``
+    (a bool, or :data:`DECODE`: the image first goes through a JPEG of :data:`DECODE_SCALE` times
+    its side, encoded and decoded, as a real input pipeline decodes its files)."""
     import tensorflow as tf
 
     patterns = templates(seed)
@@ -50,6 +58,11 @@ def make_sample_fn(seed: int, augment: bool = False):
         label = tf.random.stateless_uniform([], seed=key, maxval=CLASSES, dtype=tf.int32)
         noise = tf.random.stateless_normal([IMAGE_SIZE, IMAGE_SIZE, CHANNELS], seed=key + [0, 1 << 41])
         image = SIGNAL * tf.gather(patterns, label) + noise
+        if augment >= DECODE:
+            side = IMAGE_SIZE * DECODE_SCALE
+            pixels = tf.cast(tf.clip_by_value(tf.image.resize(image, [side, side]) * 40.0 + 128.0, 0, 255), tf.uint8)
+            decoded = tf.io.decode_jpeg(tf.io.encode_jpeg(pixels, quality=95), channels=CHANNELS)
+            image = (tf.image.resize(tf.cast(decoded, tf.float32), [IMAGE_SIZE, IMAGE_SIZE]) - 128.0) / 40.0
         if augment:
             padded = tf.pad(image, [[PAD, PAD], [PAD, PAD], [0, 0]], mode="REFLECT")
             image = tf.image.stateless_random_crop(padded, [IMAGE_SIZE, IMAGE_SIZE, CHANNELS], seed=key + [0, 2])

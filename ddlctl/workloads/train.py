@@ -52,7 +52,8 @@ from ddlctl.task.tfenv import (
     quiet_tensorflow_logs,
     task_context,
 )
-from ddlctl.workloads import AUGMENTED, EXECUTIONS, WORKLOADS
+from ddlctl.workloads import AUGMENTED, DECODED, EXECUTIONS, WORKLOADS
+from ddlctl.workloads.synthetic import DECODE
 from ddlctl.workloads.trainer import Checkpointer, Pace, Progress, Trainer, evaluate, record_block, step_blocks
 
 
@@ -124,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps_per_call = 1  # python-feed: one step per call; a straggler is injected between steps
     if args.augment is None:
         args.augment = args.workload in AUGMENTED
+    args.augment = DECODE if args.augment and args.workload in DECODED else int(args.augment)
     if args.input == "auto":
         args.input = "service" if os.environ.get(envvars.DATA_SERVICE) and not args.epoch_size else "local"
     elif args.input == "service" and not os.environ.get(envvars.DATA_SERVICE):
