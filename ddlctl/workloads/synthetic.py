@@ -38,7 +38,7 @@ def templates(seed: int):  # -> tf.Tensor [CLASSES, H, W, C]
 #: ``augment`` levels of :func:`make_sample_fn`: none, augmented, decoded and augmented.
 PLAIN, AUGMENT, DECODE = 0, 1, 2
 #: A decoded sample's JPEG: this many times the image's side.
-DECODE_SCALE = 4
+DECODE_SCALE = 3
 
 
 def make_sample_fn(seed: int, augment: int = PLAIN):
