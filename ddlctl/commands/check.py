@@ -47,7 +47,8 @@ def gather(hosts: str | None, template: str | None, ssh: object | None) -> list[
     finally:
         for transport in transports.values():
             transport.close()
-    return [probed.get(h.label) or HostReport(h.label, h.source, error=errors[h.label]) for h in cluster.hosts]
+    return [probed.get(h.label) or HostReport(h.label, h.source, error=errors[h.label], spec=h)
+            for h in cluster.hosts]
 
 
 def _gpus(report: HostReport) -> str:
@@ -60,9 +61,44 @@ def _gpus(report: HostReport) -> str:
     return f"{len(gpus)} x {', '.join(names)}{size} (driver {report.facts.get('driver')})"
 
 
+def what_it_runs(report: HostReport) -> str:
+    """What the host takes, by its ``roles=`` and ``slots=``: trainers, and on a ``roles=data`` host
+    its data workers (the tf.data service) and the CPUs they share (pure)."""
+    host = report.spec
+    if host is None:
+        return "-"
+    trains = [r for r in host.roles if r != "data"]
+    said = [f"{'any role' if not host.roles else ', '.join(trains)} ({host.slots} slot{'s' * (host.slots != 1)})"] \
+        if trains or not host.roles else []
+    if "data" in host.roles:
+        cpus = len(host.cpus) if host.cpus else report.facts.get("cpus")
+        on = f" on {cpus} CPU{'s' * (cpus != 1)}" if isinstance(cpus, int) else ""
+        said.append(f"data: {host.slots} data worker{'s' * (host.slots != 1)}{on} (tf.data service)")
+    return "; ".join(said)
+
+
+def data_warnings(report: HostReport) -> list[str]:
+    """What a ``roles=data`` host should be told (pure): data workers that share fewer CPUs than
+    there are of them; GPUs that no task of a data-only host uses."""
+    host = report.spec
+    if host is None or "data" not in host.roles or not report.reachable:
+        return []
+    warnings = []
+    cpus = len(host.cpus) if host.cpus else report.facts.get("cpus")
+    if isinstance(cpus, int) and host.slots > cpus:
+        warnings.append(f"slots={host.slots} data workers share {cpus} CPU{'s' * (cpus != 1)}: each makes input at "
+                        f"a fraction of a core (an input pipeline uses a core or more): slots={cpus} or fewer")
+    gpus = report.facts.get("gpus")
+    count = len(gpus) if isinstance(gpus, list) else host.gpus
+    if host.roles == ("data",) and count:
+        warnings.append(f"its {count} GPU(s) stay idle: data workers make input on CPUs (roles=data,worker trains "
+                        "there too)")
+    return warnings
+
+
 def render(reports: list[HostReport], console: Console) -> None:
     table = Table(title=f"ddlctl check (controller ddlctl {ddlctl.__version__})", title_justify="left")
-    for column in ("host", "status", "python", "tensorflow", "tf-keras", "ddlctl on host", "GPUs", "problems"):
+    for column in ("host", "status", "runs", "python", "tensorflow", "tf-keras", "ddlctl on host", "GPUs", "problems"):
         table.add_column(column, overflow="fold")
     for r in reports:
         f = r.facts
@@ -72,14 +108,14 @@ def render(reports: list[HostReport], console: Console) -> None:
             ddl += f" (≠ {ddlctl.__version__}; tasks use the controller's, shipped)"
         status = Text("ok", style="green") if r.usable else Text("unreachable" if not r.reachable else "unusable",
                                                                   style="red")
-        table.add_row(r.host, status, str(f.get("python", "-")), str(f.get("tensorflow") or "-"),
+        table.add_row(r.host, status, what_it_runs(r), str(f.get("python", "-")), str(f.get("tensorflow") or "-"),
                       str(f.get("tf_keras") or "-"), ddl, _gpus(r) if r.reachable else "-",
                       "; ".join(r.problems) or "-")
     console.print(table)
     bad = sum(not r.usable for r in reports)
     console.print(f"{len(reports) - bad} of {len(reports)} host(s) usable")
     for r in reports:
-        for warning in host_warnings(r.facts) if r.reachable else ():
+        for warning in [*host_warnings(r.facts), *data_warnings(r)] if r.reachable else ():
             console.print(f"warning: {r.host}: {warning}", style="yellow", highlight=False)
     for note in dict.fromkeys(note for r in reports for note in r.notes):  # (about the hosts together: once)
         console.print(f"warning: {note}", style="yellow", highlight=False)
@@ -148,7 +184,8 @@ def check(hosts: str | None, template: str | None, ssh: object | None, json_out:
         return 0
     reports = with_mismatch(gather_slurm(python) if slurm else gather(hosts, template, ssh))
     if json_out:
-        stdoutgone.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
+        stdoutgone.write(json.dumps([{**r.to_dict(), "runs": what_it_runs(r),
+                                      "warnings": [*r.warnings, *data_warnings(r)]} for r in reports], indent=1) + "\n")
     else:
         render(reports, out)
     return 0 if all(r.usable for r in reports) else 1

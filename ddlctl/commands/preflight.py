@@ -27,6 +27,7 @@ class HostReport:
     error: str | None = None
     facts: Mapping[str, object] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # warnings about the host among the others (see tensorflow_mismatch)
+    spec: Host | None = None  # the host as the hosts file or template describes it (roles, slots, cpus)
 
     @property
     def reachable(self) -> bool:
@@ -135,11 +136,11 @@ def probe_transports(transports: Mapping[str, Transport], hosts: Sequence[Host],
             facts = transports[host.label].probe(count)
             if isinstance(facts.get("time"), (int, float)):  # the host's clock, between our asking and its answer
                 facts["clock_offset"] = [float(facts["time"]) - time.time(), float(facts["time"]) - asked]
-            return HostReport(host.label, host.source, facts=facts)
+            return HostReport(host.label, host.source, facts=facts, spec=host)
         except LaunchError as exc:
-            return HostReport(host.label, host.source, error=exc.message)
+            return HostReport(host.label, host.source, error=exc.message, spec=host)
         except Exception as exc:  # noqa: BLE001 - a broken host is a report line, not a traceback
-            return HostReport(host.label, host.source, error=f"{host.label}: probe failed: {exc}")
+            return HostReport(host.label, host.source, error=f"{host.label}: probe failed: {exc}", spec=host)
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
         return list(pool.map(one, hosts))

@@ -131,3 +131,30 @@ def test_a_host_with_gpus_whose_tensorflow_would_not_find_cuda_is_warned_with_wh
     assert probe()["cuda_missing"] is None
     assert quick_probe(1)["gpu_devices"] == 0 and quick_probe(1)["cuda_missing"] is None
     assert set(missing_cuda_libraries()) <= {"libcudart.so.12", "libcudnn.so.9"}
+
+
+def test_check_says_what_each_host_runs_and_how_many_cpus_a_data_hosts_workers_share(tmp_path):
+    from ddlctl.cluster.model import Host
+    from ddlctl.commands.check import data_warnings, what_it_runs
+    from ddlctl.commands.preflight import HostReport
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2 roles=chief,worker\n127.0.0.1 slots=3 roles=data cpus=0\n")
+    done = run_ddlctl("check", "--hosts", str(hosts), "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    trainer, data = json.loads(done.stdout)
+    assert trainer["runs"] == "chief, worker (2 slots)" and data["usable"]
+    assert data["runs"] == "data: 3 data workers on 1 CPU (tf.data service)", "cpus=0: the CPUs its tasks may use"
+    assert [w for w in data["warnings"] if "data workers share" in w] == [
+        "slots=3 data workers share 1 CPU: each makes input at a fraction of a core (an input pipeline uses a core "
+        "or more): slots=1 or fewer"]
+    shown = " ".join(run_ddlctl("check", "--hosts", str(hosts), timeout=120).stdout.split())
+    assert "warning: 127.0.0.1: slots=3 data workers share 1 CPU" in shown and "any role" not in shown
+    # a data-only host's GPUs train nothing; one that also trains is both
+    gpu_host = HostReport("g", "hosts.txt:3", facts={"gpus": [{"index": 0}, {"index": 1}], "cpus": 32},
+                          spec=Host("g", slots=8, roles=("data",)))
+    assert data_warnings(gpu_host) == ["its 2 GPU(s) stay idle: data workers make input on CPUs (roles=data,worker "
+                                       "trains there too)"]
+    both = HostReport("g", "hosts.txt:3", facts={"cpus": 32}, spec=Host("g", slots=1, roles=("worker", "data")))
+    assert what_it_runs(both) == "worker (1 slot); data: 1 data worker on 32 CPUs (tf.data service)"
+    assert data_warnings(both) == []
