@@ -55,8 +55,13 @@ def diagnosis_lines(summary: Any, outcome: dict, run_end: float | None = None) -
         where = named(sorted({str(t.host) for t in input_bound}), "hosts")
         who = f"{task_range(t.name for t in input_bound)} spend" if len(input_bound) > 1 else \
             f"{input_bound[0].name} spends"
-        lines.append(f"input-bound on {where}: {who} {figure_range([100 * t.input_fraction for t in input_bound])} "
-                     f"of each step waiting for input (parallel map, prefetch, more CPU for the input pipeline)")
+        service = getattr(summary, "data_service", None) or {}
+        if service.get("advice"):  # (through the tf.data service: whether more data workers would help)
+            lines.append(f"input-bound through the tf.data service: {service['advice']}")
+        else:
+            lines.append(f"input-bound on {where}: {who} {figure_range([100 * t.input_fraction for t in input_bound])}"
+                         " of each step waiting for input (parallel map, prefetch, more CPU for the input pipeline; "
+                         "or the tf.data service making it on other CPUs: --data-workers N, or hosts with roles=data)")
     # (a mean of fewer than MIN_WINDOW_SAMPLES samples, a run of a second or two, is no finding)
     idle_gpus = [(host.host, gpu) for host in summary.hosts for gpu in host.gpus if host.samples >= MIN_WINDOW_SAMPLES
                  and gpu.util_mean is not None and gpu.util_mean < GPU_IDLE_UTIL]

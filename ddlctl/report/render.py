@@ -180,6 +180,9 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
     render_traces(summary, console)
     render_work(summary, console)
     render_balance(summary, console)
+    from ddlctl.report.dataservice import render_data_service  # (lazily: see TYPE_CHECKING above)
+
+    render_data_service(summary.data_service, console)
     render_stages(summary, console)
     render_faults(summary, console)
     for line in summary.diagnosis:
@@ -464,6 +467,9 @@ def render_report(summary: RunSummary, console: Console) -> None:
         console.print(gpus)
     render_work(summary, console)
     render_balance(summary, console)
+    from ddlctl.report.dataservice import render_data_service  # (lazily: see TYPE_CHECKING above)
+
+    render_data_service(summary.data_service, console)
     render_stages(summary, console)
     render_faults(summary, console)
     render_hangs(summary, console)

@@ -49,7 +49,8 @@ from ddlctl.contract.strategies import TABLE, facts_of, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_section
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_series, shift_steps
-from ddlctl.report.diagnosis import diagnosis_lines
+from ddlctl.report.dataservice import data_service_section
+from ddlctl.report.diagnosis import INPUT_BOUND_FRACTION, diagnosis_lines
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.membership import membership_phases
@@ -145,11 +146,12 @@ class RunSummary:
     left_running: tuple[dict, ...] = ()  # tasks SIGKILL could not end (state D): task, host, pid, where
     unread_bytes: int = 0  # the starts of record files past RECORDS_READ_MAX each, not read
     traces: dict | None = None  # --trace: the profiler captures split by part (ddlctl.report.traces)
+    data_service: dict | None = None  # the tf.data service: data workers, trainers' input wait, advice
 
     def to_dict(self) -> dict[str, object]:
-        """``summary.json`` (``schema`` 12: 11 plus ``traces``; docs/report.md lists its keys)."""
+        """``summary.json`` (``schema`` 13: 12 plus ``data_service``; docs/report.md lists its keys)."""
         data = asdict(self)
-        data = {"schema": 12, **data}
+        data = {"schema": 13, **data}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -360,6 +362,7 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
         left_running=tuple(outcome.get("left_running", [])),
         unread_bytes=sum(s.unread_bytes for s in all_steps) + sum(t.unread_bytes for t in telemetry),
         traces=traces_section(run_dir, plan, outcome),
+        data_service=data_service_section(plan, outcome, procs, tasks, hosts, INPUT_BOUND_FRACTION),
         membership_phases=membership_phases(outcome.get("membership", []), [
             t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
     summary = _with_diagnosis(summary, outcome, run_end)

@@ -3,6 +3,7 @@ TensorFlow, before the trainers; the trainers' batches come from them."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections import Counter
@@ -41,6 +42,12 @@ def test_mwms_trains_on_batches_from_the_data_workers_a_killed_one_and_the_dispa
     assert "ddlctl data service: dispatcher:0 dispatches at " in (tasks / "dispatcher-0" / "output.log").read_text()
     assert list((tasks / "dispatcher-0" / "journal").iterdir())  # (fault-tolerant: its journal)
     assert (tasks / "data-1" / "output.log").read_text().count("ddlctl data service: data:1 serves input at ") == 2
+    # the report's section: each data worker (restarts; CPU where telemetry ran), each trainer's input wait
+    section = json.loads((job.run_dir / "summary.json").read_text())["data_service"]
+    assert [(w["task"], w["restarts"]) for w in section["workers"]] == [("dispatcher:0", 1), ("data:0", 0),
+                                                                         ("data:1", 1)]
+    assert [t["task"] for t in section["trainers"]] == ["worker:0", "worker:1"]
+    assert all(t["samples_per_s"] > 0 and 0 <= t["input_fraction"] < 1 for t in section["trainers"])
     wait_for(lambda: not processes_of_run(job.run_dir.name), 15, "every process of the run to end")
 
 
