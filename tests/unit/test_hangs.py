@@ -237,6 +237,14 @@ def test_blame_goes_to_the_stopped_then_to_user_code_then_to_the_first_to_stop()
     assert hang_culprit(never, {}, "worker:0", waited_for=told)[:2] == ("worker:1", told["worker:1"])
     never["worker:0"] = standing("worker:0", "stopped")
     assert hang_culprit(never, {}, "worker:0", waited_for=told)[0] == "worker:0", "a stopped process still comes first"
+    # a tf.data service task at fault: the trainers waiting in TensorFlow wait for their input
+    fed = {"worker:0": standing("worker:0", "waiting", "waiting in TensorFlow (execute.py:53 in quick_execute)"),
+           "data:0": standing("data:0", "stopped"), "dispatcher:0": standing("dispatcher:0", "waiting", "waiting in "
+                                                                          "TensorFlow (server_lib.py:236 in join)")}
+    culprit, why, others = hang_culprit(fed, {"worker:0": 3.0}, "worker:0")
+    assert (culprit, why) == ("data:0", "its process is stopped (state T)")
+    assert others == ("the others: worker:0 waiting for input from the tf.data service, in TensorFlow (execute.py:53 "
+                      "in quick_execute); dispatcher:0 waiting in TensorFlow (server_lib.py:236 in join)")
 
 
 # -- GPUs over a stall (ddlctl.supervise.hangs.activity) --------------------------------------------------

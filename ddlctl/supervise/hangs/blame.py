@@ -109,8 +109,12 @@ def hang_culprit(standings: Mapping[str, Standing], last_progress: Mapping[str, 
     mine = gpus.get(culprit)
     if mine is not None and not said_gpu:
         why += f"; {mine.describe()}"
-    others = [f"{n} {s.where}" + (f" ({a.where} {a.util_mean:.0f}% busy)" if (a := gpus.get(n)) is not None
-                                   and a.readings else "")
+    # (a tf.data service task at fault: the trainers waiting in TensorFlow wait for their input)
+    fed = culprit.split(":")[0] in ("data", "dispatcher")
+    others = [f"{n} " + (f"waiting for input from the tf.data service, in {s.where.removeprefix('waiting in ')}"
+                         if fed and n.split(":")[0] not in ("data", "dispatcher")
+                         and s.where.startswith("waiting in TensorFlow") else s.where)
+              + (f" ({a.where} {a.util_mean:.0f}% busy)" if (a := gpus.get(n)) is not None and a.readings else "")
               for n, s in standings.items() if n != culprit]
     return culprit, why, ("the others: " + "; ".join(others)) if others else ""
 
