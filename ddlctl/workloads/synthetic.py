@@ -114,10 +114,10 @@ def shard_dataset(seed: int, augment: bool, batch: int, shard: int = 0, num_shar
                             deterministic=True), batch, parallel, delay_s)
 
 
-def service_dataset(seed: int, augment: bool, batch: int, parallel: bool = True):
-    """The endless id stream as (images, labels, ids) batches of ``batch``, made by the tf.data
-    service's data workers (``ddlctl.data.distribute``, distributed_epoch): each batch goes to one
-    trainer, whichever asks first, and no id twice.
+def service_dataset(seed: int, augment: bool, batch: int, parallel: bool = True, epoch_size: int | None = None):
+    """The endless id stream (``epoch_size``: ids [0, N) once) as (images, labels, ids) batches of
+    ``batch``, made by the tf.data service's data workers (``ddlctl.data.distribute``,
+    distributed_epoch): each batch goes to one trainer, whichever asks first, and no id twice.
 
     The service splits the *source* among its data workers (DYNAMIC sharding): the source here is
     the batches' numbers, so that every batch is whole (ids ``k * batch`` to ``(k + 1) * batch - 1``);
@@ -126,11 +126,13 @@ def service_dataset(seed: int, augment: bool, batch: int, parallel: bool = True)
 
     from ddlctl.task import data
 
-    ids = tf.data.Dataset.range(0, 1 << 62).flat_map(lambda k: tf.data.Dataset.range(k * batch, (k + 1) * batch))
+    count = epoch_size // batch if epoch_size else 1 << 62
+    ids = tf.data.Dataset.range(0, count).flat_map(lambda k: tf.data.Dataset.range(k * batch, (k + 1) * batch))
     made = data.distribute(_batches(ids.map(make_sample_fn(seed, augment), num_parallel_calls=tf.data.AUTOTUNE,
                                             deterministic=True), batch, parallel))
-    # (endless, as the local stream: MWMS then asks no "has data" all-reduce a step)
-    return made.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    # (endless, as the local stream: MWMS then asks no "has data" all-reduce a step; an epoch is
+    # read to its end, each trainer taking what it gets: run_optional)
+    return made if epoch_size else made.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
 
 
 def slice_ids(step: int, global_batch: int, offset: int, batch: int):

@@ -127,13 +127,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.augment = args.workload in AUGMENTED
     args.augment = DECODE if args.augment and args.workload in DECODED else int(args.augment)
     if args.input == "auto":
-        args.input = "service" if os.environ.get(envvars.DATA_SERVICE) and not args.epoch_size else "local"
+        args.input = "service" if os.environ.get(envvars.DATA_SERVICE) else "local"
     elif args.input == "service" and not os.environ.get(envvars.DATA_SERVICE):
         parser.error("--input service: no tf.data service here (ddlctl starts one with --data-workers N, or for "
                      "hosts with roles=data)")
-    elif args.input == "service" and args.epoch_size:
-        parser.error("--input service with --epoch-size: not yet (the service gives trainers unequal shares of a "
-                     "finite epoch, and a fixed number of steps would leave some of it unread); use --input local")
     return args
 
 
@@ -155,6 +152,25 @@ def make_strategy(ctx: TaskContext):
         strategy = getattr(tf.distribute, name)()
     honour_sigterm()
     return strategy
+
+
+def train_to_the_end(trainer: Trainer, iterator, recorder: StepRecorder, progress: Progress, pace: Pace,  # noqa: ANN001
+                     checkpointer: Checkpointer | None, resumed: int) -> None:
+    """Steps until the tf.data service's epoch is read (``--epoch-size`` with ``--input service``):
+    it gives each batch to the trainer that asks first, so their shares differ; under mwms a step
+    runs while any trainer has a batch (one without takes an empty batch), so every batch is trained
+    on once, whoever read it."""
+    step = resumed
+    while True:
+        pace.wait(1)
+        has, *figures = trainer.run_optional(iterator)
+        if not bool(has):
+            return
+        loss, samples = record_block(recorder, step + 1, figures)
+        step += 1
+        progress.after(step, loss, samples)
+        if checkpointer is not None:
+            checkpointer.after(step)
 
 
 def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder, strategy) -> Trainer:
@@ -200,8 +216,12 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
                 first_step=resumed), options=options))
         elif args.input == "service":  # the data workers make every batch; each goes to one trainer
             iterator = iter(strategy.distribute_datasets_from_function(lambda ictx: synthetic.service_dataset(
-                args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), parallel=args.pipeline),
-                options=options))
+                args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), parallel=args.pipeline,
+                epoch_size=args.epoch_size or None), options=options))
+            if args.epoch_size:  # read to its end: the trainers' shares of it differ
+                train_to_the_end(trainer, iterator, recorder, progress, pace, checkpointer, resumed)
+                trainer.input_iterator = iterator  # (see KEPT_UNTIL_EXIT)
+                return trainer
         else:
             iterator = iter(strategy.distribute_datasets_from_function(lambda ictx: shard_dataset(
                 args.seed, args.augment, ictx.get_per_replica_batch_size(args.batch_size), ictx.input_pipeline_id,

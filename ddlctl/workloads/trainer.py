@@ -122,7 +122,18 @@ class Trainer:
                                     tf.cast(steps, tf.int64) * args.batch_size, parallel=args.pipeline)
             return attributed(block(iter(dataset), steps))
 
+        @tf.function(autograph=False)
+        def run_optional(iterator):
+            """One step of a finite dataset read to its end (the tf.data service's epoch, shared out
+            first come, first served): (has a batch, its figures). Under mwms "has a batch" is every
+            worker's together: the step runs while any has one (those without take an empty one)."""
+            optional = iterator.get_next_as_optional()
+            none = (tf.constant(0.0), *(tf.constant(0.0, tf.float64) for _ in range(4)), tf.constant(0))
+            return tf.cond(optional.has_value(), lambda: (tf.constant(True), *one_step(*optional.get_value())),
+                           lambda: (tf.constant(False), *none))
+
         self.run_batch, self.run_block, self.run_range = run_batch, run_block, run_range
+        self.run_optional = run_optional
 
     def evaluate(self) -> tuple[float, float]:
         """Loss and accuracy on the held-out set."""

@@ -17,10 +17,14 @@ from tests.system.test_compare import IDS
 pytestmark = pytest.mark.cluster
 
 
-def test_mwms_trains_on_batches_from_the_data_workers_a_killed_one_and_the_dispatcher_restarted_no_sample_twice(runs):
+def test_an_epoch_through_the_data_workers_a_killed_one_and_the_dispatcher_restarted_no_sample_twice(runs):
+    """An epoch of 3,072 ids (48 global steps of 64) through 2 data workers to 2 mwms trainers: one
+    data worker and then the dispatcher SIGKILLed mid-epoch, each restarted in place; the epoch is
+    read to its end. DYNAMIC sharding is at most once: no id twice, and what is lost is the whole
+    batches the killed data worker had in hand."""
     job = Job(runs, "-s", "mwms", "--workers", "2", "--data-workers", "2", "--max-restarts", "2", "--no-telemetry",
-              "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "48", "--batch-size", "64",
-              "--steps-per-call", "2", "--record-ids", "--min-step-ms", "200")
+              "--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", "3072", "--batch-size", "64",
+              "--record-ids", "--min-step-ms", "200")
     job.wait_steps("worker-0", 12)
     job.kill("data-1", signal.SIGKILL)
     job.wait_steps("worker-0", 24)
@@ -31,12 +35,13 @@ def test_mwms_trains_on_batches_from_the_data_workers_a_killed_one_and_the_dispa
     assert (dispatcher["task"], dispatcher["scope"], dispatcher["tasks"]) == ("dispatcher:0", "task", ["dispatcher:0"])
     assert "restarting it in place (the trainers' input carries on from the other data workers)" in job.stderr()
     assert "(carrying on from its journal)" in (job.run_dir / "tasks" / "dispatcher-0" / "output.log").read_text()
-    # every batch whole (made from one batch's ids by one data worker), each to one trainer: with
-    # DYNAMIC sharding a batch is read at most once (one the killed worker had in hand is lost)
+    # every batch whole (made from one batch's ids by one data worker), each to one trainer, none twice
     batches = [b for task in ("worker-0", "worker-1") for b in consumed_batches(job.run_dir, task)]
-    assert len(batches) == 48 * 2 and all(b == list(range(b[0], b[0] + 32)) and b[0] % 32 == 0 for b in batches)
+    assert all(b == list(range(b[0], b[0] + 32)) and b[0] % 32 == 0 for b in batches)
     ids = Counter(i for b in batches for i in b)
-    assert set(ids.values()) == {1}
+    assert set(ids.values()) == {1} and set(ids) <= set(range(3072))
+    lost = 3072 - len(ids)
+    assert lost <= 3072 // 4, f"{lost} ids lost: more than a killed data worker holds"
     assert all(consumed_batches(job.run_dir, task) for task in ("worker-0", "worker-1"))
     tasks = job.run_dir / "tasks"
     assert "ddlctl data service: dispatcher:0 dispatches at " in (tasks / "dispatcher-0" / "output.log").read_text()
@@ -51,6 +56,28 @@ def test_mwms_trains_on_batches_from_the_data_workers_a_killed_one_and_the_dispa
     wait_for(lambda: not processes_of_run(job.run_dir.name), 15, "every process of the run to end")
 
 
+def test_an_epoch_through_the_data_service_is_read_exactly_once_and_trains_as_local_input_does(runs):
+    """No fault: every id of the epoch exactly once, however unequal the trainers' shares (a step runs
+    while either has a batch), and the accuracy of the same epoch read by each trainer's own pipeline."""
+    epoch = ("--", sys.executable, "-m", "ddlctl.workloads", "--epoch-size", "6144", "--batch-size", "64")
+    accuracy = {}
+    for kind in ("service", "local"):
+        (runs / kind).mkdir()
+        job = Job(runs / kind, "-s", "mwms", "--workers", "2", *(("--data-workers", "2") if kind == "service" else ()),
+                  "--no-telemetry", *epoch, "--input", kind, *(("--record-ids",) if kind == "service" else ()))
+        assert job.wait() == 0, job.stderr()[-3000:]
+        results = [json.loads((job.run_dir / "tasks" / t / "result.json").read_text())
+                   for t in ("worker-0", "worker-1")]
+        assert results[0]["accuracy"] == results[1]["accuracy"], "one model, trained in lockstep"
+        accuracy[kind] = results[0]["accuracy"]
+        if kind == "service":
+            shares = [consumed_batches(job.run_dir, t) for t in ("worker-0", "worker-1")]
+            ids = Counter(i for share in shares for b in share for i in b)
+            assert sorted(ids) == list(range(6144)) and set(ids.values()) == {1}, "every id, once"
+    assert accuracy["service"] == pytest.approx(accuracy["local"], abs=0.04), accuracy
+
+
 def consumed_batches(run_dir, task: str) -> list[list[int]]:  # noqa: ANN001
+    """The batches ``task`` trained on (an empty one, taken when the others still had some, left out)."""
     text = (run_dir / "tasks" / task / "output.log").read_text()
-    return [[int(i) for i in match.split()] for match in IDS.findall(text)]
+    return [[int(i) for i in match.split()] for match in IDS.findall(text) if match.strip()]
