@@ -56,6 +56,16 @@ def compare(
         help="Execution modes of the built-in workload to run, comma-separated, or all: " + ", ".join(EXECUTIONS)
              + ". With several, a row each and, per strategy, how much faster pipelined is than each other "
                "mode.")] = "pipelined",
+    input_: Annotated[str, typer.Option(
+        "--input", metavar="INPUT[,INPUT...]",
+        help="Where the built-in workload's batches are made, comma-separated: local (each trainer's own tf.data "
+             "pipeline) and service (the tf.data service ddlctl starts for the run: --data-workers). With both, a "
+             "row each and, per strategy, the service's throughput over local input's and each one's wait for "
+             "input.")] = "local",
+    data_workers: Annotated[int, typer.Option(
+        "--data-workers", metavar="N", min=1,
+        help="Data workers of the runs with --input service (on hosts with roles=data, else on the hosts without "
+             "roles=: this machine).")] = 1,
     plot_file: Annotated[str | None, typer.Option("--plot", metavar="FILE", help="Also draw the throughput chart "
                                                   "into this PNG (needs ddlctl[plot]).", show_default=False)] = None,
     runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
@@ -78,9 +88,10 @@ def compare(
     bound it (with linear runs: the most overlap can gain). A strategy that fails gets a row that
     says why. Saves compare.json into <runs-dir>/compare-<stamp>/.
 
-    Example: ddlctl compare --strategies one_device,mwms,ps --execution pipelined,linear --steps 300
+    Example: ddlctl compare --strategies one_device,mwms,ps --execution pipelined,linear --steps 300;
+    ddlctl compare --strategies mwms --workload heavy --input local,service
     """
-    from ddlctl.commands.compare import CompareOptions, parse_executions, parse_strategies
+    from ddlctl.commands.compare import CompareOptions, parse_executions, parse_inputs, parse_strategies
     from ddlctl.commands.compare import compare as run_compare
     from ddlctl.commands.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions, WorkloadOptions
     from ddlctl.supervise.job import SupervisorOptions
@@ -88,7 +99,8 @@ def compare(
     def run() -> int:
         modes = parse_executions(execution)
         opts = CompareOptions(
-            strategies=parse_strategies(strategies), executions=modes, repeats=repeats, plot=plot_file,
+            strategies=parse_strategies(strategies), executions=modes, inputs=parse_inputs(input_),
+            data_workers=data_workers, repeats=repeats, plot=plot_file,
             json_out=json_out,
             launch=LaunchConfig(
                 cluster=ClusterSource(hosts=hosts, template=template, slurm=slurm, python=python),

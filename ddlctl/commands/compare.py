@@ -37,6 +37,8 @@ class CompareOptions:
 
     strategies: tuple[str, ...]
     executions: tuple[str, ...] = ("pipelined",)
+    inputs: tuple[str, ...] = ("local",)  # --input: local, service (the tf.data service: --data-workers)
+    data_workers: int = 1
     repeats: int = 1
     plot: str | None = None
     json_out: bool = False
@@ -77,8 +79,28 @@ def parse_executions(text: str) -> tuple[str, ...]:
     return names
 
 
+#: A run mode's suffix when the tf.data service makes its input (``--input service``).
+SERVICE = "+service"
+INPUTS = ("local", "service")
+
+
+def parse_inputs(text: str) -> tuple[str, ...]:
+    """``"local,service"`` -> the inputs to run, in the order given (no repeats)."""
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = [s for s in names if s not in INPUTS]
+    if unknown or not names:
+        raise ConfigError(f"--input {text!r}: " + (f"unknown input {unknown[0]!r}" if unknown else "no input"),
+                          "choose from: local, service (the tf.data service, with --data-workers N)")
+    return names
+
+
+def run_modes(executions: Sequence[str], inputs: Sequence[str]) -> tuple[str, ...]:
+    """Each execution mode with each input: ``pipelined``, ``pipelined+service`` ..."""
+    return tuple(m if i == "local" else f"{m}{SERVICE}" for m in executions for i in inputs)
+
+
 def label(strategy: str, execution: str, several: bool) -> str:
-    return f"{strategy} ({execution})" if several else strategy
+    return f"{strategy} ({execution.replace(SERVICE, ', service input')})" if several else strategy
 
 
 def _trainer_tasks(summary: dict) -> list[dict]:
@@ -155,7 +177,7 @@ def bound(execution: str, input_fraction: float | None) -> str | None:
     step still waiting for input is input-bound, else the input is hidden behind compute."""
     if input_fraction is None:
         return None
-    if execution == "pipelined":
+    if execution.removesuffix(SERVICE) == "pipelined":
         return (f"input-bound (still waits {input_fraction:.0%} for input)" if input_fraction > INPUT_WAIT_BOUND
                 else f"compute-bound (input hidden: {input_fraction:.0%} wait)")
     kind = "input" if input_fraction >= 0.5 else "compute"
@@ -187,7 +209,7 @@ def _against_pipelined(rows: Sequence[dict], key: str) -> Iterator[tuple[str, st
     by = {(r["strategy"], r["execution"]): r[key] for r in rows}
     for (strategy, mode), value in by.items():
         fast = by.get((strategy, "pipelined"))
-        if mode != "pipelined" and fast and value:
+        if mode != "pipelined" and SERVICE not in mode and fast and value:
             yield strategy, mode, fast, value
 
 
@@ -251,6 +273,29 @@ def verdict(strategy: str, ratios: dict[str, float], ranges: dict[str, list], re
     return line
 
 
+def service_speedups(rows: Sequence[dict]) -> dict[str, dict[str, dict]]:
+    """Per strategy and execution mode that ran with both inputs: the tf.data service's throughput
+    over local input's, and the share of each step spent waiting for input with each."""
+    by = {(r["strategy"], r["execution"]): r for r in rows if not r["error"]}
+    out: dict[str, dict[str, dict]] = {}
+    for (strategy, mode), served in by.items():
+        local = by.get((strategy, mode.removesuffix(SERVICE)))
+        if SERVICE in mode and local and local["throughput_samples_per_s"] and served["throughput_samples_per_s"]:
+            out.setdefault(strategy, {})[mode.removesuffix(SERVICE)] = {
+                "ratio": served["throughput_samples_per_s"] / local["throughput_samples_per_s"],
+                "input_local": local.get("input_fraction"), "input_service": served.get("input_fraction")}
+    return out
+
+
+def service_line(strategy: str, mode: str, figures: dict) -> str:
+    """How the tf.data service compared with local input under ``strategy`` (``mode``: execution)."""
+    line = f"the tf.data service under {strategy} ({mode}): {figures['ratio']:.2f}x local input's throughput"
+    before, after = figures.get("input_local"), figures.get("input_service")
+    if before is not None and after is not None:
+        line += f"; each step waited {before:.0%} for input, {after:.0%} with the service"
+    return line
+
+
 def execution_speedups(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
     """Per strategy: pipelined throughput / each other mode's throughput (for the modes that ran),
     e.g. ``{"ps": {"linear": 1.2, "python-feed": 11.5}}``."""
@@ -262,9 +307,11 @@ def execution_speedups(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
 
 def _one_run(opts: CompareOptions, strategy: str, execution: str, root: Path, err: Console) -> RunRecord:
     base = opts.launch
+    served = execution.endswith(SERVICE)  # (the built-in workload's --input auto takes the service)
     launch_opts = dataclasses.replace(
-        base, request=dataclasses.replace(base.request, strategy=strategy),
-        workload=dataclasses.replace(base.workload, execution=execution),
+        base, request=dataclasses.replace(base.request, strategy=strategy,
+                                          data_workers=opts.data_workers if served else None),
+        workload=dataclasses.replace(base.workload, execution=execution.removesuffix(SERVICE)),
         output=dataclasses.replace(base.output, run_dir=str(root), quiet=True, dry_run=False, json_out=False))
     try:
         plan, connected = prepare(launch_opts, err)
@@ -295,9 +342,10 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
             raise ConfigError("--plot needs matplotlib", "pip install 'ddlctl[plot]'") from None
     root = Path(opts.launch.output.run_dir).expanduser().resolve() / time.strftime("compare-%Y%m%d-%H%M%S")
     make_dir(root)
-    several = len(opts.executions) > 1
+    modes = run_modes(opts.executions, opts.inputs)
+    several = len(modes) > 1
     runs: list[RunRecord] = []
-    plan = run_order(opts.strategies, opts.executions, opts.repeats)
+    plan = run_order(opts.strategies, modes, opts.repeats)
     for i, (strategy, execution, repeat) in enumerate(plan, start=1):
         name = label(strategy, execution, several) + (f" #{repeat + 1}" if opts.repeats > 1 else "")
         err.print(Text.assemble(("ddlctl compare:", "dim"), f" [{i}/{len(plan)}] {name} …"), highlight=False)
@@ -310,10 +358,11 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
         if run.exit_code in (130, 143):  # Ctrl-C / SIGTERM: stop comparing, report what ran
             break
     rows = rows_from_runs(runs, several)
-    result = {"schema": 2, "compare_dir": str(root), "workload": opts.launch.workload.workload or "cnn",
+    result = {"schema": 3, "compare_dir": str(root), "workload": opts.launch.workload.workload or "cnn",
               "steps": opts.launch.workload.steps, "repeats": opts.repeats, "executions": list(opts.executions),
               "rows": rows, "execution_speedups": execution_speedups(rows),
-              "execution_speedup_ranges": execution_ranges(rows)}
+              "execution_speedup_ranges": execution_ranges(rows), "inputs": list(opts.inputs),
+              "service_speedups": service_speedups(rows)}
     unwritten = None
     try:
         write_whole(root / "compare.json", json.dumps(result, indent=1) + "\n")
@@ -323,6 +372,9 @@ def compare(opts: CompareOptions, out: Console, err: Console) -> int:
         out.print_json(data=result)
     else:
         render_compare(rows, result["execution_speedups"], out, result["execution_speedup_ranges"], opts.repeats)
+        for strategy, by_mode in result["service_speedups"].items():
+            for mode, figures in by_mode.items():
+                out.print(service_line(strategy, mode, figures), highlight=False)
         out.print(f"compare.json and the run directories: {root}", highlight=False)
     if opts.plot:
         plot(rows, opts.plot)

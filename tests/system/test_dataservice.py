@@ -81,3 +81,23 @@ def consumed_batches(run_dir, task: str) -> list[list[int]]:  # noqa: ANN001
     """The batches ``task`` trained on (an empty one, taken when the others still had some, left out)."""
     text = (run_dir / "tasks" / task / "output.log").read_text()
     return [[int(i) for i in match.split()] for match in IDS.findall(text) if match.strip()]
+
+
+def test_compare_runs_local_and_service_input_side_by_side_and_one_trainer_reads_the_same_batches(tmp_path):
+    from tests.conftest import run_ddlctl
+
+    done = run_ddlctl("compare", "--strategies", "one_device", "--input", "local,service", "--steps", "24",
+                      "--batch-size", "16", "--runs-dir", str(tmp_path), "--json", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    rows = {r["execution"]: r for r in data["rows"]}
+    assert set(rows) == {"pipelined", "pipelined+service"} and data["inputs"] == ["local", "service"]
+    roles = {mode: sorted(t["role"] for t in json.loads((tmp_path / row["run_dirs"][0] / "plan.json").read_text())
+                          ["tasks"]) for mode, row in rows.items()}
+    assert roles == {"pipelined": ["worker"], "pipelined+service": ["data", "dispatcher", "worker"]}
+    local, served = rows["pipelined"], rows["pipelined+service"]
+    # one trainer, one data worker: the same batches in the same order as its own pipeline's
+    assert served["loss"] == local["loss"] and served["accuracy"] == local["accuracy"]
+    figures = data["service_speedups"]["one_device"]["pipelined"]
+    assert figures["ratio"] == pytest.approx(served["throughput_samples_per_s"] / local["throughput_samples_per_s"])
+    assert (figures["input_local"], figures["input_service"]) == (local["input_fraction"], served["input_fraction"])

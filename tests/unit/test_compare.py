@@ -112,3 +112,24 @@ def test_each_row_says_whether_it_was_input_or_compute_bound_and_what_overlap_co
     assert {mode: r["accuracy_runs"] for mode, r in by_mode.items()} == {
         "pipelined": [0.85, 0.86], "linear": [0.90, 0.89, 0.87]}
     assert by_mode["pipelined"]["accuracy_by_repeat"] == [0.85, 0.86, None]
+
+
+def test_input_local_and_service_are_a_row_each_and_the_service_is_compared_with_local_input():
+    from ddlctl.commands.compare import parse_inputs, run_modes, service_line, service_speedups
+
+    assert run_modes(("pipelined", "linear"), parse_inputs("local, service,local")) == (
+        "pipelined", "pipelined+service", "linear", "linear+service")
+    with pytest.raises(Exception, match="unknown input 'disk'"):
+        parse_inputs("local,disk")
+    runs = [RunRecord("mwms", "pipelined", "a", 0, None, summary(1000.0, input_fraction=0.3), 2),
+            RunRecord("mwms", "pipelined+service", "b", 0, None, summary(1800.0, input_fraction=0.1), 2),
+            RunRecord("mwms", "linear", "c", 0, None, summary(800.0, input_fraction=0.5), 2)]
+    rows = rows_from_runs(runs, several=True)
+    assert [r["label"] for r in rows] == ["mwms (pipelined)", "mwms (pipelined, service input)", "mwms (linear)"]
+    assert execution_speedups(rows) == {"mwms": {"linear": 1.25}}, "the service is not an execution mode"
+    assert rows[1]["bound"] == "compute-bound (input hidden: 10% wait)", "pipelined, through the service"
+    speedups = service_speedups(rows)
+    assert speedups == {"mwms": {"pipelined": {"ratio": 1.8, "input_local": 0.3, "input_service": 0.1}}}
+    assert service_line("mwms", "pipelined", speedups["mwms"]["pipelined"]) == (
+        "the tf.data service under mwms (pipelined): 1.80x local input's throughput; each step waited 30% for "
+        "input, 10% with the service")
