@@ -327,7 +327,7 @@ def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     env = {**idle.env, "NO_COLOR": "1", "COLUMNS": "200"}
     # (one node, one task: launch --slurm across nodes is the other tests')
     done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--time", "10", "--runs-dir", str(runs), "--follow",
-                                     "-s", "one_device", "--steps", "12", "--trace", "5-8",
+                                     "-s", "one_device", "--steps", "12", "--trace", "5-8", "--data-workers", "1",
                                      "--env", "DB_URL=postgres://u:pw@db/x"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -346,6 +346,12 @@ def test_submit_follow_streams_the_job_and_ends_with_the_report(idle, runs):
     assert job not in idle.jobs()
     # --trace passed through the batch script: the task's capture, in the run's profile logdir
     assert (run_dir / "profile" / "plugins" / "profile" / "steps-5-8" / "worker-0.xplane.pb").stat().st_size > 0
+    # --data-workers: the tf.data service on the allocation's node, started through its job steps
+    plan = json.loads((run_dir / "plan.json").read_text())
+    node = {t["name"]: t["host"] for t in plan["tasks"]}
+    assert set(node) == {"worker:0", "dispatcher:0", "data:0"} and len(set(node.values())) == 1
+    assert "ddlctl data service: data:0 serves input at " in (run_dir / "tasks" / "data-0" / "output.log").read_text()
+    assert "DDLCTL_DATA_SERVICE" in next(t for t in plan["tasks"] if t["name"] == "worker:0")["env"]
 
 
 @needs_slurm
