@@ -323,10 +323,12 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     linear, the closure gets its first id and runs its own tf.data pipeline (prefetching or not);
     python-feed, the coordinator generates the batch and ships it with a one-step closure.
     """
-    if args.input == "service":
-        print("--input service: not under ps yet (each closure runs its own input pipeline): local input", flush=True)
+    served = args.input == "service" and not args.epoch_size and args.execution != "python-feed"
+    if args.input == "service" and not served:
+        print("--input service: not under ps with --epoch-size or python-feed: local input", flush=True)
     import tensorflow as tf
 
+    from ddlctl.workloads import synthetic
     from ddlctl.workloads.synthetic import make_batch_fn, step_ids
 
     # connect as soon as the workers and ps listen (not at gRPC's next reconnect attempt)
@@ -345,7 +347,13 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     done = 0
     failed: dict[int, int] = {}
 
+    # --input service: each worker reads the tf.data service's batches (each to one worker, none twice)
+    per_worker = iter(coordinator.create_per_worker_dataset(lambda: synthetic.service_dataset(
+        args.seed, args.augment, args.batch_size, parallel=args.pipeline))) if served else None
+
     def schedule_once(first: int, count: int):  # noqa: ANN202 - a RemoteValue
+        if per_worker is not None:
+            return coordinator.schedule(trainer.run_block, args=(per_worker, tf.constant(count)))
         if make_batch is None:
             return coordinator.schedule(trainer.run_range, args=(tf.constant(first * args.batch_size, tf.int64),
                                                                  tf.constant(count)))

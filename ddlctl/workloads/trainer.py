@@ -113,7 +113,7 @@ class Trainer:
 
         @tf.function(autograph=False)
         def run_block(iterator, steps):
-            return block(iterator, steps)
+            return attributed(block(iterator, steps))
 
         @tf.function(autograph=False)
         def run_range(first_id, steps):

@@ -101,3 +101,16 @@ def test_compare_runs_local_and_service_input_side_by_side_and_one_trainer_reads
     figures = data["service_speedups"]["one_device"]["pipelined"]
     assert figures["ratio"] == pytest.approx(served["throughput_samples_per_s"] / local["throughput_samples_per_s"])
     assert (figures["input_local"], figures["input_service"]) == (local["input_fraction"], served["input_fraction"])
+
+
+def test_ps_workers_read_their_closures_batches_from_the_data_service_none_twice(runs):
+    job = Job(runs, "-s", "ps", "--workers", "2", "--data-workers", "1", "--no-telemetry", "--",
+              sys.executable, "-m", "ddlctl.workloads", "--steps", "40", "--batch-size", "16", "--record-ids")
+    assert job.wait() == 0, job.stderr()[-3000:]
+    shares = {w: consumed_batches(job.run_dir, w) for w in ("worker-0", "worker-1")}
+    batches = [b for share in shares.values() for b in share]
+    assert len(batches) == 40 and all(b == list(range(b[0], b[0] + 16)) and b[0] % 16 == 0 for b in batches)
+    assert set(Counter(i for b in batches for i in b).values()) == {1}, "no id twice"
+    assert all(shares.values()), "each worker's closures read from the service"
+    work = {w["task"]: w["steps"] for w in json.loads((job.run_dir / "summary.json").read_text())["work"]}
+    assert work == {w.replace("-", ":"): len(share) for w, share in shares.items()}, "each batch, one step"
