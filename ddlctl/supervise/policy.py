@@ -445,20 +445,26 @@ def host_gone(task: str, host: str, why: str, gone: bool, host_timeout_s: float)
 
 def shrink(strategy: str, gone: Sequence[str], restarting: Sequence[str], roles: Mapping[str, str],
            min_workers: int, why: str) -> Decision | None:
-    """``--min-workers``: the tasks ``gone`` (a host that will not be back) leave the job, which goes
-    on with the workers that remain if at least ``min_workers`` do: a group restart of the others
-    of ``restarting`` with a cluster spec of the survivors (mwms), or the ps job on without them.
-    None (fail, as without the option) when it is off, another role is gone, or too few remain."""
-    if not min_workers or not facts(strategy).elastic or any(roles.get(t) != "worker" for t in gone):
-        return None
+    """The tasks ``gone`` (a host that will not be back) leave the job, which goes on without them:
+    workers under ``--min-workers`` if at least ``min_workers`` remain (a group restart of the
+    others of ``restarting`` with a cluster spec of the survivors under mwms, the ps job on without
+    them), the tf.data service's data workers while another remains (with or without the option).
+    None (fail, as without the option) when another role is gone, or too few would remain."""
+    lost_workers = [t for t in gone if roles.get(t) == "worker"]
+    lost_data = [t for t in gone if roles.get(t) == "data"]
+    data_left = [t for t, r in roles.items() if r == "data" and t not in gone]
     workers = [t for t, r in roles.items() if r == "worker" and t not in gone]
-    if len(workers) < min_workers:
+    if len(lost_workers) + len(lost_data) < len(gone) or (lost_data and not data_left):
+        return None
+    if lost_workers and (not min_workers or not facts(strategy).elastic or len(workers) < min_workers):
         return None
     tasks = tuple(t for t in restarting if t not in gone)
     names = ", ".join(gone)
-    return Decision(Action.SHRINK, tasks, Scope.GROUP if facts(strategy).group_restart else Scope.TASK,
-                    f"{names} left the job ({why}): training goes on with {len(workers)} worker(s) "
-                    f"(--min-workers {min_workers})")
+    on = [*([f"{len(workers)} worker(s) (--min-workers {min_workers})"] if lost_workers else []),
+          *([f"{len(data_left)} data worker(s)"] if lost_data else [])]
+    scope = Scope.GROUP if lost_workers and facts(strategy).group_restart else Scope.TASK
+    return Decision(Action.SHRINK, tasks, scope, f"{names} left the job ({why}): training goes on with "
+                    + " and ".join(on))
 
 
 def grow_back(strategy: str, returning: Sequence[str], host: str, roles: Mapping[str, str]) -> Decision:
@@ -468,6 +474,9 @@ def grow_back(strategy: str, returning: Sequence[str], host: str, roles: Mapping
     and rejoin the coordinator. Not a fault: no restart of ``--max-restarts`` is used."""
     workers = [t for t, r in roles.items() if r == "worker"]
     names = ", ".join(returning)
+    if not any(roles.get(t) == "worker" for t in returning):  # (the tf.data service's: they register again)
+        return Decision(Action.RESTART, tuple(returning), Scope.TASK,
+                        f"host {host} is back: starting {names} again (the tf.data service's data workers)")
     if facts(strategy).group_restart:
         return Decision(Action.RESTART, tuple(workers), Scope.GROUP,
                         f"host {host} is back: taking {names} back, the group restarts with {len(workers)} "

@@ -300,6 +300,26 @@ def test_a_crash_while_the_profiler_captured_restarts_once_uncounted_and_its_mar
         assert profiler_crash("mwms", "worker:1", "h2", status, MWMS_ROLES, set(), set()) is None, status
 
 
+def test_data_workers_of_a_host_gone_for_good_leave_while_another_remains_with_or_without_min_workers():
+    from ddlctl.supervise.policy import shrink
+
+    roles = {**MWMS_ROLES, "dispatcher:0": "dispatcher", "data:0": "data", "data:1": "data"}
+    d = shrink("mwms", ["data:1"], ["data:1"], roles, 0, "host d2 cannot come back")
+    assert (d.action, d.tasks, d.scope) == ("shrink", (), "task")
+    assert d.message == "data:1 left the job (host d2 cannot come back): training goes on with 1 data worker(s)"
+    assert shrink("mwms", ["data:0", "data:1"], [], roles, 0, "gone") is None, "no data worker would be left"
+    assert shrink("mwms", ["dispatcher:0", "data:0"], [], roles, 0, "gone") is None, "the dispatcher cannot leave"
+    both = shrink("mwms", ["worker:1", "data:1"], ["worker:0", "worker:1", "data:1"], roles, 1, "gone")
+    assert (both.tasks, both.scope) == (("worker:0",), "group") and both.message.endswith(
+        "with 1 worker(s) (--min-workers 1) and 1 data worker(s)")
+    assert shrink("mwms", ["worker:1", "data:1"], [], roles, 0, "gone") is None, "workers still need --min-workers"
+    from ddlctl.supervise.policy import grow_back
+
+    back = grow_back("mwms", ["data:1"], "d2", roles)
+    assert (back.tasks, back.scope) == (("data:1",), "task"), "no group restart for data workers back"
+    assert grow_back("mwms", ["worker:1", "data:1"], "d2", roles).scope == "group"
+
+
 def test_a_ps_chief_that_died_of_a_lost_worker_is_restarted_with_it():
     fault = Fault(task="worker:0", cause="signal", reporter="chief:0", status=None, detail="gone")
     alive = {"worker:1", "ps:0"}

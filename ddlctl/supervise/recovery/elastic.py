@@ -82,7 +82,7 @@ class Elastic:
         if now < host.back_since + quiet or self.restarts.under_way:
             return
         returning = sorted(n for n in job.left if job.tasks[n].host == host.label)
-        if facts_of(job.strategy).group_restart:
+        if facts_of(job.strategy).group_restart and any(job.tasks[n].spec.role == "worker" for n in returning):
             state = self._leader_checkpoint()
             if not host.waiting:
                 host.waiting, host.checkpoint, host.next_look = True, state, now + CHECKPOINT_POLL_S
