@@ -55,6 +55,10 @@ def submit(
     runs_dir: RunsDirOption = DEFAULT_RUNS_DIR,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the job's output until it ends; exit with "
                                                                 "the run's exit code.")] = False,
+    requeue: Annotated[bool, typer.Option(
+        "--requeue", help="The job may be requeued (a preemption, scontrol requeue): each new attempt goes on in the "
+                          "same run folder, the last attempt's records moved to attempts/<n>/, its tasks resuming "
+                          "from their newest checkpoint; the job's output of every attempt in one file.")] = False,
 ) -> None:
     from ddlctl.commands.submit import SubmitOptions
     from ddlctl.commands.submit import submit as run_submit
@@ -63,7 +67,7 @@ def submit(
     _check_launch_args(args)
     opts = SubmitOptions(nodes=nodes, partition=partition, time_limit=time_limit, gpus_per_node=gpus_per_node,
                          ntasks_per_node=ntasks_per_node, job_name=job_name, sbatch_args=tuple(sbatch_arg or ()),
-                         runs_dir=runs_dir, follow=follow, launch_args=tuple(args))
+                         runs_dir=runs_dir, follow=follow, launch_args=tuple(args), requeue=requeue)
     _exit_with(lambda: run_submit(opts, people_console(), error_console()))
 
 

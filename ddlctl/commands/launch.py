@@ -18,6 +18,7 @@ from rich.text import Text
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
+from ddlctl.commands.attempts import earlier_attempts, next_attempt, requeued
 from ddlctl.commands.config import LaunchConfig
 from ddlctl.commands.preflight import (
     HostReport,
@@ -180,8 +181,13 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         enter_private_network()
     make_dir(Path(output.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
     if output.run_id and (Path(request.run_dir) / PLAN_FILE).exists():
-        raise ConfigError(f"--run-id {output.run_id}: {request.run_dir} already holds a run",
-                          "choose another name, or leave --run-id out")
+        job = requeued(Path(request.run_dir), os.environ) if allocation is not None else None
+        if job is None:
+            raise ConfigError(f"--run-id {output.run_id}: {request.run_dir} already holds a run",
+                              "choose another name, or leave --run-id out")
+        attempt = next_attempt(Path(request.run_dir))  # (the last attempt's records to attempts/<n>/)
+        console.print(f"ddlctl: Slurm requeued job {job}: attempt {attempt} of run {output.run_id} goes on in "
+                      f"{request.run_dir}, its tasks from their newest checkpoint", highlight=False)
     connected = Connected(make_transports(cluster, config.ssh, allocation), allocation=allocation)
     fresh = not Path(request.run_dir).exists()
     try:
@@ -368,6 +374,9 @@ def finish(plan: Plan, result: JobResult, out: Console, err: Console, full_repor
             unwritten.append(write_failure(path, exc))
 
     outcome = outcome_record(result)
+    earlier = earlier_attempts(run_dir)  # (a Slurm job requeued: the attempts before this one)
+    if earlier:
+        outcome.update(attempt=len(earlier) + 1, attempts=earlier)
     keep(run_dir / OUTCOME_FILE, lambda p: write_whole(p, json.dumps(outcome, indent=1) + "\n"))
     # imported here, after the run: nothing of the report delays the tasks' start
     from ddlctl.report.render import render_failure, render_report, render_summary

@@ -52,6 +52,7 @@ class SubmitOptions:
     follow: bool = False
     poll_s: float = 1.0
     launch_args: Sequence[str] = field(default_factory=tuple)
+    requeue: bool = False  # the job may be requeued (preemption, scontrol requeue): it goes on in its run folder
 
 
 def sbatch_script(opts: SubmitOptions, run_dir: Path, run_id: str, python: str, workdir: str) -> str:
@@ -66,6 +67,8 @@ def sbatch_script(opts: SubmitOptions, run_dir: Path, run_id: str, python: str, 
         lines.append(f"#SBATCH --gpus-per-node={opts.gpus_per_node}")
     if opts.ntasks_per_node:
         lines.append(f"#SBATCH --ntasks-per-node={opts.ntasks_per_node}")
+    if opts.requeue:  # (and the output of every attempt kept in one file)
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     lines += [f"#SBATCH {arg}" for arg in opts.sbatch_args]
     launch = [python, "-m", "ddlctl", "launch", "--slurm", "--runs-dir", str(run_dir.parent), "--run-id", run_id,
               *opts.launch_args]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -479,3 +480,43 @@ def test_min_workers_a_node_taken_out_of_the_allocation_leaves_and_mwms_trains_o
     assert outcome["hosts_lost"][0]["reason"] == f"connection closed: srun: error: Node failure on {node}"
     assert json.loads((run_dir / "tasks" / "worker-0" / "result.json").read_text())["steps"] == 140
     assert not processes_of_run(run_dir.name)
+
+
+@needs_slurm
+def test_a_requeued_job_goes_on_in_its_run_folder_from_its_newest_checkpoint(idle, runs):
+    """submit --requeue; `scontrol requeue` (what a preemption does) mid-run: Slurm starts the batch
+    script again, and that launch goes on in the run's folder as attempt 2, from the checkpoint."""
+    env = {**idle.env, "NO_COLOR": "1"}
+    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--requeue", "--runs-dir", str(runs), "-s",
+                                     "one_device", "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "80",
+                                     "--batch-size", "16", "--min-step-ms", "100", "--checkpoint-every", "20"),
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = done.stdout.split()[0]
+    run_dir = run_dir_of(runs)
+    assert "#SBATCH --requeue" in (run_dir / "submit.sbatch").read_text()
+    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 45, 180, "steps past the second checkpoint")
+    idle.run("scontrol", "requeue", job)
+    # Slurm holds a requeued batch job back (its begin time about 2 minutes on): let it start now
+    wait_for(lambda: "JobState=PENDING" in idle.run("scontrol", "show", "job", job).stdout, 60, "the job pending")
+    released = idle.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    assert released.returncode == 0, released.stderr
+    wait_for(lambda: (run_dir / "attempts" / "1").is_dir(), 120, "the second attempt")
+    wait_for(lambda: job not in idle.jobs(), 240, "the job to end")
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["ok"] and outcome["attempt"] == 2 and [a["attempt"] for a in outcome["attempts"]] == [1]
+    assert (run_dir / "attempts" / "1" / "plan.json").is_file() and not (run_dir / "attempts" / "2").exists()
+    said = (run_dir / f"slurm-{job}.out").read_text()  # (every attempt's output, appended)
+    assert f"ddlctl: Slurm requeued job {job}: attempt 2 of run {run_dir.name} goes on in {run_dir}" in said
+    # (the built-in workload checkpoints every 20 steps, and once more on the SIGTERM of the requeue)
+    [resumed] = re.findall(r"resumed from checkpoint \S+ at step (\d+)",
+                           (run_dir / "tasks" / "worker-0" / "output.log").read_text())
+    assert int(resumed) >= 40, resumed
+    steps = [json.loads(line)["step"] for line in (run_dir / "tasks" / "worker-0" / "steps.jsonl").read_text()
+             .splitlines()]
+    assert steps[-1] == 80 and steps[steps.index(int(resumed) + 1):] == list(range(int(resumed) + 1, 81)), steps
+    diagnosis = json.loads((run_dir / "summary.json").read_text())["diagnosis"]
+    assert [line for line in diagnosis if line.startswith("attempt 1 of this run")] == [
+        f"attempt 1 of this run ran {outcome['attempts'][0]['wall_time_s']:.1f}s, exit code 143 before Slurm requeued "
+        "the job (its records: attempts/1/); these figures are attempt 2's"]
+    assert job not in idle.jobs() and processes_of_run(run_dir.name) == []

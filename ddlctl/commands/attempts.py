@@ -1,0 +1,66 @@
+"""A run that lives across several Slurm attempts of one job (``submit --requeue``): Slurm starts
+the same batch script again after a preemption or ``scontrol requeue``, with the same ``--run-id``.
+That launch goes on in the run's folder: the previous attempt's records (plan, outcome, summary,
+the tasks' folders, telemetry...) move to ``attempts/<n>/``; the submission, the job's output
+file and the checkpoints stay, and the tasks resume from the newest checkpoint.
+
+Only a requeue of the run's own job continues it (``SLURM_RESTART_COUNT`` set and the job id the
+one ``submit.json`` names); any other launch into a folder that holds a run is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ddlctl.contract.rundir import OUTCOME_FILE
+
+#: Where the attempts before this one keep their records.
+ATTEMPTS_DIR = "attempts"
+#: What stays in a run folder across attempts: the submission, the job's output, the checkpoints.
+KEPT = ("submit.sbatch", "submit.json", "checkpoints", ATTEMPTS_DIR)
+
+
+def requeued(run_dir: Path, env: Mapping[str, str]) -> str | None:
+    """The Slurm job id when this launch is a requeued attempt of the job that ``run_dir`` was
+    submitted as (None: it is not)."""
+    count, job = env.get("SLURM_RESTART_COUNT", ""), env.get("SLURM_JOB_ID", "")
+    if not count.isdigit() or int(count) < 1 or not job:
+        return None
+    try:
+        submitted = json.loads((run_dir / "submit.json").read_text()).get("job_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return job if str(submitted) == job else None
+
+
+def next_attempt(run_dir: Path) -> int:
+    """Move the last attempt's records to ``attempts/<n>/``; this attempt's number (2, 3, ...)."""
+    root = run_dir / ATTEMPTS_DIR
+    done = len([p for p in root.iterdir() if p.is_dir()]) if root.is_dir() else 0
+    folder = root / str(done + 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in run_dir.iterdir():
+        if path.name not in KEPT and not (path.name.startswith("slurm-") and path.name.endswith(".out")):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, folder / path.name)
+    return done + 2
+
+
+def earlier_attempts(run_dir: Path) -> list[dict]:
+    """What each earlier attempt's ``outcome.json`` says: attempt, start, wall time, exit code, why."""
+    root = run_dir / ATTEMPTS_DIR
+    found = []
+    for folder in sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)) \
+            if root.is_dir() else ():
+        try:
+            outcome = json.loads((folder / OUTCOME_FILE).read_text())
+        except (OSError, ValueError):
+            outcome = {}
+        found.append({"attempt": int(folder.name), "started_at": outcome.get("started_at"),
+                      "wall_time_s": outcome.get("wall_time_s"), "exit_code": outcome.get("exit_code"),
+                      "failure": outcome.get("failure")})
+    return found
