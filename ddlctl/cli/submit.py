@@ -58,7 +58,17 @@ def submit(
     requeue: Annotated[bool, typer.Option(
         "--requeue", help="The job may be requeued (a preemption, scontrol requeue): each new attempt goes on in the "
                           "same run folder, the last attempt's records moved to attempts/<n>/, its tasks resuming "
-                          "from their newest checkpoint; the job's output of every attempt in one file.")] = False,
+                          "from their newest checkpoint; the job's output of every attempt in one file. And "
+                          "at the time limit (Slurm's SIGUSR1 --signal-before seconds ahead) every task checkpoints "
+                          "and stops and ddlctl requeues the job, --max-requeues times.")] = False,
+    signal_before: Annotated[int, typer.Option(
+        "--signal-before", metavar="SECONDS", min=30, max=65535,
+        help="With --requeue: how long before the time limit Slurm tells ddlctl (#SBATCH --signal=B:USR1@S); the "
+             "tasks get that much less 30 s to checkpoint after their SIGTERM.")] = 120,
+    max_requeues: Annotated[int, typer.Option(
+        "--max-requeues", metavar="N", min=0,
+        help="With --requeue: how many times ddlctl requeues the job at its time limit; then the run ends there, "
+             "its newest checkpoint kept (a preemption's requeues are Slurm's own).")] = 3,
 ) -> None:
     from ddlctl.commands.submit import SubmitOptions
     from ddlctl.commands.submit import submit as run_submit
@@ -67,7 +77,8 @@ def submit(
     _check_launch_args(args)
     opts = SubmitOptions(nodes=nodes, partition=partition, time_limit=time_limit, gpus_per_node=gpus_per_node,
                          ntasks_per_node=ntasks_per_node, job_name=job_name, sbatch_args=tuple(sbatch_arg or ()),
-                         runs_dir=runs_dir, follow=follow, launch_args=tuple(args), requeue=requeue)
+                         runs_dir=runs_dir, follow=follow, launch_args=tuple(args), requeue=requeue,
+                         signal_before=signal_before, max_requeues=max_requeues)
     _exit_with(lambda: run_submit(opts, people_console(), error_console()))
 
 

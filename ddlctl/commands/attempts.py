@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from ddlctl.contract import envvars
 from ddlctl.contract.rundir import OUTCOME_FILE
 
 #: Where the attempts before this one keep their records.
@@ -64,3 +66,25 @@ def earlier_attempts(run_dir: Path) -> list[dict]:
                       "wall_time_s": outcome.get("wall_time_s"), "exit_code": outcome.get("exit_code"),
                       "failure": outcome.get("failure")})
     return found
+
+
+def at_time_limit(env: Mapping[str, str], run_id: str, checkpoints: str | None) -> tuple[bool, str]:
+    """The job's tasks have checkpointed and stopped at its time limit (Slurm's SIGUSR1): requeue
+    it (``scontrol requeue``) while ``--max-requeues`` allows, else end the run. (requeued, what
+    to say)"""
+    job = env.get("SLURM_JOB_ID", "")
+    used = int(env["SLURM_RESTART_COUNT"]) if env.get("SLURM_RESTART_COUNT", "").isdigit() else 0
+    most = int(env[envvars.MAX_REQUEUES]) if env.get(envvars.MAX_REQUEUES, "").isdigit() else 0
+    kept = f"; its newest checkpoint stays in {checkpoints}" if checkpoints else ""
+    if not job or used >= most:
+        return False, (f"the time limit ends run {run_id} at attempt {used + 1}: --max-requeues {most} "
+                       f"{'spent' if most else '(none asked)'}{kept}")
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        error = done.stderr.strip() or done.stdout.strip() if done.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        error = str(exc)
+    if error is not None:
+        return False, f"the time limit ends run {run_id}: Slurm did not requeue job {job} ({error}){kept}"
+    return True, (f"requeued Slurm job {job} at its time limit: attempt {used + 2} of at most {most + 1} goes on "
+                  f"from the newest checkpoint")

@@ -18,7 +18,7 @@ from rich.text import Text
 from ddlctl.cluster.addresses import route_source_address, with_reachable_addresses
 from ddlctl.cluster.model import Cluster, Host
 from ddlctl.cluster.source import DEFAULT_LOCAL_WORKERS, load_cluster
-from ddlctl.commands.attempts import earlier_attempts, next_attempt, requeued
+from ddlctl.commands.attempts import at_time_limit, earlier_attempts, next_attempt, requeued
 from ddlctl.commands.config import LaunchConfig
 from ddlctl.commands.preflight import (
     HostReport,
@@ -278,6 +278,12 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
             err.print(f"ddlctl: {said}", highlight=False)
     if output.json_out:
         stdoutgone.write(json.dumps(finished.summary, indent=1) + "\n")
+    if result.failure is not None and result.failure.reason == "time-limit" and connected.allocation is not None:
+        checkpoints = next((t.env.get(envvars.CHECKPOINT_DIR) for t in plan.tasks if t.kind == "program"), None)
+        requeued_now, said = at_time_limit(os.environ, plan.run_id, checkpoints)
+        err.print(f"ddlctl: {said}", highlight=False)
+        if requeued_now:
+            return 0
     return finished.exit_code(result)
 
 

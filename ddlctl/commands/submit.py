@@ -53,6 +53,8 @@ class SubmitOptions:
     poll_s: float = 1.0
     launch_args: Sequence[str] = field(default_factory=tuple)
     requeue: bool = False  # the job may be requeued (preemption, scontrol requeue): it goes on in its run folder
+    signal_before: int = 120  # --requeue: Slurm's SIGUSR1 this many seconds before the time limit
+    max_requeues: int = 3  # --requeue: times ddlctl requeues the job at its time limit
 
 
 def sbatch_script(opts: SubmitOptions, run_dir: Path, run_id: str, python: str, workdir: str) -> str:
@@ -68,12 +70,14 @@ def sbatch_script(opts: SubmitOptions, run_dir: Path, run_id: str, python: str, 
     if opts.ntasks_per_node:
         lines.append(f"#SBATCH --ntasks-per-node={opts.ntasks_per_node}")
     if opts.requeue:  # (and the output of every attempt kept in one file)
-        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append", f"#SBATCH --signal=B:USR1@{opts.signal_before}"]
     lines += [f"#SBATCH {arg}" for arg in opts.sbatch_args]
     launch = [python, "-m", "ddlctl", "launch", "--slurm", "--runs-dir", str(run_dir.parent), "--run-id", run_id,
               *opts.launch_args]
     lines += ["# written by ddlctl submit: runs the job's tasks in srun steps of this allocation",
-              "export PYTHONUNBUFFERED=1", f"export {envvars.SAFE_PATH}=1", f"exec {shlex.join(launch)}", ""]
+              "export PYTHONUNBUFFERED=1", f"export {envvars.SAFE_PATH}=1",
+              *([f"export {envvars.SIGNAL_BEFORE}={opts.signal_before}", f"export {envvars.MAX_REQUEUES}="
+                 f"{opts.max_requeues}"] if opts.requeue else []), f"exec {shlex.join(launch)}", ""]
     return "\n".join(lines)
 
 

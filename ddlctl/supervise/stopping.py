@@ -3,14 +3,19 @@ passed (KILLING: MWMS ignores SIGTERM; a stopped process takes only SIGKILL), an
 cannot end (state D: the kernel holds them) left, said and recorded, so that ddlctl ends. And
 ddlctl's own signals (SIGINT, SIGTERM, SIGHUP): the first stops the job (never a restart after it),
 the second kills every task at once, the third exits at once (the host agents still kill every
-task)."""
+task). SIGUSR1 is Slurm's word that the time limit is near (``submit --requeue``): the job stops
+the same way, with ``$DDLCTL_SIGNAL_BEFORE`` less 30 s for its tasks to checkpoint on their
+SIGTERM before the KILL (the built-in workload, PreemptionCheckpointHandler and BackupAndRestore
+do), and launch then requeues it (:mod:`ddlctl.commands.attempts`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable
 
+from ddlctl.contract import envvars
 from ddlctl.supervise.hangs.blame import Hangs
 from ddlctl.supervise.job import Job, JobPhase, SupervisedTask
 from ddlctl.supervise.policy import UNKILLABLE_S, unkillable
@@ -30,6 +35,8 @@ class Stopping:
         self.killed_at: float | None = None  # when KILL went to every task (the second signal: again)
         self.killed_now = False
         self.left_running: list[dict] = []  # tasks SIGKILL could not end
+        self.time_limit = False  # SIGUSR1: Slurm's time limit is near
+        self.grace_s = job.options.grace_s
 
     def begin(self) -> None:
         """TERM to every task still running (once)."""
@@ -44,7 +51,7 @@ class Stopping:
         ``UNKILLABLE_S``, what is left is left."""
         assert self.job.stopping_since is not None
         alive = [t for t in self.job.tasks.values() if t.alive]
-        if self.killed_at is None and now - self.job.stopping_since > self.job.options.grace_s + 1.0:
+        if self.killed_at is None and now - self.job.stopping_since > self.grace_s + 1.0:
             self._kill_all(now)
         elif self.killed_at is not None and now - self.killed_at > UNKILLABLE_S:
             self._leave_unkillable(alive)
@@ -82,11 +89,22 @@ class Stopping:
         if len(self.signals) >= 3:
             self.hard_exit(128 + self.signals[0])
 
+    def on_time_limit(self, _signum: int, _frame: object) -> None:
+        """SIGUSR1: only recorded (acted on in the loop)."""
+        self.time_limit = True
+
     def handle_signals(self) -> Failure | None:
         """Act on the signals received: the job's failure when the first one stopped it."""
         failure = None
+        if self.time_limit and not self.job.stopping:
+            before = os.environ.get(envvars.SIGNAL_BEFORE, "")
+            self.grace_s = max(self.grace_s, float(before) - 30.0) if before.isdigit() else self.grace_s
+            failure = Failure(reason="time-limit", exit_code=143, message="the time limit is near (Slurm's SIGUSR1): "
+                              f"every task checkpoints and stops (SIGTERM; SIGKILL {self.grace_s:g}s later)")
+            self.job.notify(failure.message)
+            self.begin()
         if not self.signals:
-            return None
+            return failure
         if not self.job.stopping:  # never a restart after this
             name = signal_name(self.signals[0])
             failure = Failure(reason="interrupted", message=f"interrupted by {name}")
@@ -101,15 +119,18 @@ class Stopping:
     def install_handlers(self) -> dict[int, object]:
         """Handlers of SIGINT, SIGTERM and SIGHUP that record them; the previous ones."""
         previous: dict[int, object] = {}
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             with contextlib.suppress(ValueError):  # not the main thread
-                previous[signum] = signal.signal(signum, self.on_signal)
+                previous[signum] = signal.signal(signum, self.on_time_limit if signum == signal.SIGUSR1
+                                                 else self.on_signal)
         return previous
 
     def restore_handlers(self, previous: dict[int, object]) -> None:
         """The previous handlers again; after an interrupted run, one more signal (while files are
         collected and the report written) exits at once, as the third would have."""
         for signum, handler in previous.items():
+            if signum == signal.SIGUSR1:  # (kept: a late time-limit signal must not end the report)
+                continue
             if self.signals:
                 handler = lambda _signum, _frame: self.hard_exit(128 + self.signals[0])  # noqa: E731
             with contextlib.suppress(ValueError):

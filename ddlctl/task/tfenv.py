@@ -117,13 +117,27 @@ def quiet_own_retracing() -> None:
         logger.addFilter(_OwnRetracing())
 
 
-def honour_sigterm() -> None:
+#: Set by the first SIGTERM where :func:`honour_sigterm` was asked to checkpoint first.
+STOP_ASKED: list[bool] = []
+
+
+def honour_sigterm(checkpoint_first: bool = False) -> None:
     """End on SIGTERM as a plain process does. MultiWorkerMirroredStrategy's preemption notifier
     installs a C handler that catches SIGTERM and keeps the process running, so every stop or
     group restart of an MWMS job waited out a grace period before SIGKILL. ddlctl's own tasks call
     this once their strategy exists: its TERM then ends them at once (a checkpoint is the way back,
-    as after SIGKILL). A program of one's own can do the same (``signal.signal(SIGTERM, SIG_DFL)``)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    as after SIGKILL). A program of one's own can do the same (``signal.signal(SIGTERM, SIG_DFL)``).
+
+    ``checkpoint_first`` (the built-in workload on one host, with a checkpoint folder): the first
+    SIGTERM only asks (``STOP_ASKED``): the training loop saves a checkpoint at its next step
+    boundary and ends (exit 143); a second one ends the process at once."""
+    def asked(signum: int, _frame: object) -> None:
+        if STOP_ASKED:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        STOP_ASKED.append(True)
+
+    signal.signal(signal.SIGTERM, asked if checkpoint_first else signal.SIG_DFL)
 
 
 def min_inter_op_threads(num_workers: int) -> int:

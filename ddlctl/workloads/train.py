@@ -150,7 +150,8 @@ def make_strategy(ctx: TaskContext):
         strategy = tf.distribute.experimental.CentralStorageStrategy()
     else:
         strategy = getattr(tf.distribute, name)()
-    honour_sigterm()
+    # (one host, with a checkpoint folder: SIGTERM asks for a checkpoint at the next step, then the end)
+    honour_sigterm(not facts_of(ctx.strategy).multi_host and bool(os.environ.get(envvars.CHECKPOINT_DIR)))
     return strategy
 
 

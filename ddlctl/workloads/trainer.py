@@ -15,7 +15,7 @@ from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_CHECKPOINT_COPY
 from ddlctl.task.flops import record_model_flops
 from ddlctl.task.steps import StepRecorder, phase
-from ddlctl.task.tfenv import TaskContext
+from ddlctl.task.tfenv import STOP_ASKED, TaskContext
 
 
 class Trainer:
@@ -201,11 +201,15 @@ class Checkpointer:
         return step
 
     def after(self, step: int) -> None:
-        if step >= self.next:
+        if step >= self.next or STOP_ASKED:
             with phase("checkpoint"):
                 self.step.assign(step)
                 self.manager.save(checkpoint_number=step)
             self.next = step + self.every
+        if STOP_ASKED:  # (SIGTERM, one host: a preemption, Slurm's time limit, ddlctl's stop)
+            print(f"checkpoint at step {step} on SIGTERM: stopping", flush=True)
+            sys.stderr.flush()
+            os._exit(143)
 
 
 class Progress:

@@ -483,40 +483,65 @@ def test_min_workers_a_node_taken_out_of_the_allocation_leaves_and_mwms_trains_o
 
 
 @needs_slurm
-def test_a_requeued_job_goes_on_in_its_run_folder_from_its_newest_checkpoint(idle, runs):
-    """submit --requeue; `scontrol requeue` (what a preemption does) mid-run: Slurm starts the batch
-    script again, and that launch goes on in the run's folder as attempt 2, from the checkpoint."""
+def test_a_requeued_job_goes_on_in_its_run_folder_and_at_its_time_limit_is_requeued_max_requeues_times(idle, runs):
+    """submit --requeue --max-requeues 2. Attempt 1 is preempted (`scontrol requeue`, what a
+    preemption with PreemptMode=REQUEUE does): Slurm starts the batch script again, and that launch
+    goes on in the run's folder as attempt 2, from the checkpoint. Attempts 2 and 3 get Slurm's
+    time-limit signal (`scancel --signal=USR1 --batch`: what --signal=B:USR1@S sends): every task
+    checkpoints and stops, ddlctl requeues the job once, and the second time the run ends there."""
     env = {**idle.env, "NO_COLOR": "1"}
-    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--requeue", "--runs-dir", str(runs), "-s",
-                                     "one_device", "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "80",
-                                     "--batch-size", "16", "--min-step-ms", "100", "--checkpoint-every", "20"),
+    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--requeue", "--max-requeues", "2", "--signal-before",
+                                     "60", "--runs-dir", str(runs), "-s", "one_device", "--", sys.executable, "-m",
+                                     "ddlctl.workloads", "--steps", "400", "--batch-size", "16", "--min-step-ms", "100",
+                                     "--checkpoint-every", "20"),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
     job = done.stdout.split()[0]
     run_dir = run_dir_of(runs)
-    assert "#SBATCH --requeue" in (run_dir / "submit.sbatch").read_text()
-    wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= 45, 180, "steps past the second checkpoint")
+    script = (run_dir / "submit.sbatch").read_text()
+    assert "#SBATCH --requeue\n" in script and "#SBATCH --signal=B:USR1@60\n" in script
+    assert "export DDLCTL_MAX_REQUEUES=2\n" in script
+
+    def next_attempt(attempt: int) -> None:
+        # Slurm holds a requeued batch job back (its begin time about 2 minutes on): let it start now
+        def started() -> bool:
+            shown = idle.run("scontrol", "show", "job", job).stdout
+            if "JobState=PENDING" in shown and "Reason=BeginTime" in shown:
+                idle.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+            return (run_dir / "attempts" / str(attempt - 1)).is_dir()
+
+        wait_for(started, 120, f"attempt {attempt} ({idle.run('scontrol', 'show', 'job', job).stdout})")
+
+    def steps_on(more: int) -> None:  # (the node keeps the task folders of attempts it could not send back)
+        count = remote_steps(run_dir.name, "worker-0")
+        wait_for(lambda: remote_steps(run_dir.name, "worker-0") >= count + more, 180, f"{more} more steps")
+
+    steps_on(25)
     idle.run("scontrol", "requeue", job)
-    # Slurm holds a requeued batch job back (its begin time about 2 minutes on): let it start now
-    wait_for(lambda: "JobState=PENDING" in idle.run("scontrol", "show", "job", job).stdout, 60, "the job pending")
-    released = idle.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    assert released.returncode == 0, released.stderr
-    wait_for(lambda: (run_dir / "attempts" / "1").is_dir(), 120, "the second attempt")
-    wait_for(lambda: job not in idle.jobs(), 240, "the job to end")
+    next_attempt(2)
+    steps_on(8)
+    assert idle.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
+    next_attempt(3)
+    steps_on(8)
+    assert idle.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
+    wait_for(lambda: job not in idle.jobs(), 120, "the job to end")
     outcome = json.loads((run_dir / "outcome.json").read_text())
-    assert outcome["ok"] and outcome["attempt"] == 2 and [a["attempt"] for a in outcome["attempts"]] == [1]
-    assert (run_dir / "attempts" / "1" / "plan.json").is_file() and not (run_dir / "attempts" / "2").exists()
-    said = (run_dir / f"slurm-{job}.out").read_text()  # (every attempt's output, appended)
+    assert (outcome["ok"], outcome["exit_code"], outcome["attempt"]) == (False, 143, 3)
+    assert [(a["attempt"], a["exit_code"]) for a in outcome["attempts"]] == [(1, 143), (2, 143)]
+    assert outcome["attempts"][1]["failure"].startswith("the time limit is near (Slurm's SIGUSR1): every task "
+                                                        "checkpoints and stops (SIGTERM; SIGKILL 30s later)")
+    said = " ".join((run_dir / f"slurm-{job}.out").read_text().split())  # (every attempt's output, appended)
     assert f"ddlctl: Slurm requeued job {job}: attempt 2 of run {run_dir.name} goes on in {run_dir}" in said
-    # (the built-in workload checkpoints every 20 steps, and once more on the SIGTERM of the requeue)
-    [resumed] = re.findall(r"resumed from checkpoint \S+ at step (\d+)",
-                           (run_dir / "tasks" / "worker-0" / "output.log").read_text())
-    assert int(resumed) >= 40, resumed
-    steps = [json.loads(line)["step"] for line in (run_dir / "tasks" / "worker-0" / "steps.jsonl").read_text()
-             .splitlines()]
-    assert steps[-1] == 80 and steps[steps.index(int(resumed) + 1):] == list(range(int(resumed) + 1, 81)), steps
+    assert f"ddlctl: requeued Slurm job {job} at its time limit: attempt 3 of at most 3 goes on" in said
+    assert f"ddlctl: the time limit ends run {run_dir.name} at attempt 3: --max-requeues 2 spent; its newest " \
+           "checkpoint stays in " in said
+    # each attempt resumed from the checkpoint its predecessor wrote on the SIGTERM (steps past the last
+    # periodic one): the step after it, and on
+    resumed = [int(k) for k in re.findall(r"resumed from checkpoint \S+ at step (\d+)", said)]
+    assert len(resumed) == 2 and resumed[0] >= 25 and resumed[1] >= resumed[0] + 8, resumed
+    assert "checkpoint at step" in said and "on SIGTERM: stopping" in said, "written on the SIGTERM"
     diagnosis = json.loads((run_dir / "summary.json").read_text())["diagnosis"]
-    assert [line for line in diagnosis if line.startswith("attempt 1 of this run")] == [
+    assert [line for line in diagnosis if line.startswith("attempt ")][:1] == [
         f"attempt 1 of this run ran {outcome['attempts'][0]['wall_time_s']:.1f}s, exit code 143 before Slurm requeued "
-        "the job (its records: attempts/1/); these figures are attempt 2's"]
+        "the job (its records: attempts/1/); these figures are attempt 3's"]
     assert job not in idle.jobs() and processes_of_run(run_dir.name) == []

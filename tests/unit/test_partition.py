@@ -79,7 +79,12 @@ def test_optimal_matches_brute_force_and_beats_greedy_and_random(raw_layers, raw
         return
     check_well_formed(found, layers, devices)
     micro = microbatches > 1
-    assert objective(found, micro) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    # the same bottleneck as the best contiguous split in device order; its tie-break (the sum of the
+    # stages' times) no worse: the planner may order the devices otherwise (hypothesis found a plan
+    # with the same bottleneck and a 2 s smaller sum than any in-order split)
+    primary, secondary = objective(found, micro)
+    assert primary == pytest.approx(best[0], rel=1e-9, abs=1e-12)
+    assert secondary <= best[1] * (1 + 1e-9) + 1e-12
     for other in (plan_greedy(layers, devices, microbatches, link), plan_random(layers, devices, microbatches, link)):
         if other.feasible:
             check_well_formed(other, layers, devices)
