@@ -304,7 +304,7 @@ class Supervisor:
         if task.is_agent:  # telemetry has a gap from here on; training goes on
             self.telemetry.ended(task)
             return
-        text = self.job.log_text(task.name) if not status.ok else ""
+        text = task.log.attempt() if not status.ok else ""  # (this attempt's: not an earlier one's error)
         if task.dump_asked and died_of_stack_request(status):  # it was past Python's shutdown
             idle, stuck = self.hangs.past_python(task.name, self.job.clock())
             status, message = stuck_in_exit(task.name, text, idle, past_python=True, stuck=stuck)

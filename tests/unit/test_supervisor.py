@@ -148,6 +148,17 @@ def test_a_python_exception_is_not_retried_under_restart_on_fault(tmp_path):
     assert world.starts.count("worker:0") == 1
 
 
+def test_an_exit_is_judged_by_its_own_attempts_output_not_an_earlier_attempts_traceback(tmp_path):
+    world = mwms_world()
+    world.at(1.0, world.crash, "worker:0", 1, TRACEBACK)  # attempt 1: a Python exception (retried under any)
+    world.at(6.0, world.crash, "worker:0", 3, b"")  # attempt 2: exit code 3, nothing said
+    result, _ = world.run(tmp_path, max_restarts=1, restart_on="any")
+    assert (result.ok, result.exit_code) == (False, 3)
+    assert world.starts.count("worker:0") == 2
+    assert "exit code 3; no restarts left" in result.failure.message
+    assert "Python exception" not in result.failure.message, "attempt 1's traceback is not attempt 2's end"
+
+
 def test_a_dead_evaluator_is_left_out_and_training_goes_on(tmp_path):
     world = ps_world()
     world.evaluator = True
