@@ -26,11 +26,17 @@ ATTEMPTS_DIR = "attempts"
 KEPT = ("submit.sbatch", "submit.json", "checkpoints", ATTEMPTS_DIR)
 
 
+def _count(env: Mapping[str, str], name: str) -> int:
+    """A count Slurm or the batch script put in the environment (0: none, or not a number)."""
+    value = env.get(name, "")
+    return int(value) if value.isdigit() else 0
+
+
 def requeued(run_dir: Path, env: Mapping[str, str]) -> str | None:
     """The Slurm job id when this launch is a requeued attempt of the job that ``run_dir`` was
     submitted as (None: it is not)."""
-    count, job = env.get("SLURM_RESTART_COUNT", ""), env.get("SLURM_JOB_ID", "")
-    if not count.isdigit() or int(count) < 1 or not job:
+    job = env.get("SLURM_JOB_ID", "")
+    if _count(env, "SLURM_RESTART_COUNT") < 1 or not job:
         return None
     try:
         submitted = json.loads((run_dir / "submit.json").read_text()).get("job_id")
@@ -73,8 +79,7 @@ def at_time_limit(env: Mapping[str, str], run_id: str, checkpoints: str | None) 
     it (``scontrol requeue``) while ``--max-requeues`` allows, else end the run. (requeued, what
     to say)"""
     job = env.get("SLURM_JOB_ID", "")
-    used = int(env["SLURM_RESTART_COUNT"]) if env.get("SLURM_RESTART_COUNT", "").isdigit() else 0
-    most = int(env[envvars.MAX_REQUEUES]) if env.get(envvars.MAX_REQUEUES, "").isdigit() else 0
+    used, most = _count(env, "SLURM_RESTART_COUNT"), _count(env, envvars.MAX_REQUEUES)
     kept = f"; its newest checkpoint stays in {checkpoints}" if checkpoints else ""
     if not job or used >= most:
         return False, (f"the time limit ends run {run_id} at attempt {used + 1}: --max-requeues {most} "

@@ -61,6 +61,12 @@ def _gpus(report: HostReport) -> str:
     return f"{len(gpus)} x {', '.join(names)}{size} (driver {report.facts.get('driver')})"
 
 
+def _data_cpus(report: HostReport) -> object:
+    """The CPUs a host's data workers may use: its ``cpus=``, else all it has (None: unknown)."""
+    host = report.spec
+    return len(host.cpus) if host is not None and host.cpus else report.facts.get("cpus")
+
+
 def what_it_runs(report: HostReport) -> str:
     """What the host takes, by its ``roles=`` and ``slots=``: trainers, and on a ``roles=data`` host
     its data workers (the tf.data service) and the CPUs they share (pure)."""
@@ -71,7 +77,7 @@ def what_it_runs(report: HostReport) -> str:
     said = [f"{'any role' if not host.roles else ', '.join(trains)} ({host.slots} slot{'s' * (host.slots != 1)})"] \
         if trains or not host.roles else []
     if "data" in host.roles:
-        cpus = len(host.cpus) if host.cpus else report.facts.get("cpus")
+        cpus = _data_cpus(report)
         on = f" on {cpus} CPU{'s' * (cpus != 1)}" if isinstance(cpus, int) else ""
         said.append(f"data: {host.slots} data worker{'s' * (host.slots != 1)}{on} (tf.data service)")
     return "; ".join(said)
@@ -84,7 +90,7 @@ def data_warnings(report: HostReport) -> list[str]:
     if host is None or "data" not in host.roles or not report.reachable:
         return []
     warnings = []
-    cpus = len(host.cpus) if host.cpus else report.facts.get("cpus")
+    cpus = _data_cpus(report)
     if isinstance(cpus, int) and host.slots > cpus:
         warnings.append(f"slots={host.slots} data workers share {cpus} CPU{'s' * (cpus != 1)}: each makes input at "
                         f"a fraction of a core (an input pipeline uses a core or more): slots={cpus} or fewer")

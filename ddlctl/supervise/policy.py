@@ -396,7 +396,7 @@ def profiler_crash(strategy: str, task: str, host: str, status: ExitStatus, role
     if not status.profiling or status.signal not in CRASH_SIGNALS or task in crashed:
         return None
     fault = Fault(task=task, cause=Cause.SIGNAL, reporter=task, status=status, detail=status.describe())
-    decision = decide(strategy, fault, roles, alive, 0, 1, "any")
+    decision = decide_during_restart(strategy, fault, roles, alive)  # (the strategy's scope, whatever the budget)
     if decision.action != Action.RESTART:
         return None
     return dataclasses.replace(decision, message=(

@@ -304,7 +304,8 @@ class Supervisor:
         if task.is_agent:  # telemetry has a gap from here on; training goes on
             self.telemetry.ended(task)
             return
-        text = task.log.attempt() if not status.ok else ""  # (this attempt's: not an earlier one's error)
+        output = task.log.attempt()  # (this attempt's: an earlier one's error or taken port is not this exit's)
+        text = output if not status.ok else ""
         if task.dump_asked and died_of_stack_request(status):  # it was past Python's shutdown
             idle, stuck = self.hangs.past_python(task.name, self.job.clock())
             status, message = stuck_in_exit(task.name, text, idle, past_python=True, stuck=stuck)
@@ -316,9 +317,8 @@ class Supervisor:
                 if self._left_waiting(other):
                     break
             return
-        attempt = task.log.attempt()  # (this attempt's: an earlier one's taken port is not this exit's)
-        if task.spec.port and port_taken(attempt) and self.restarts.retry_ports(task.name,
-                                                                                profiler_port_taken(attempt)):
+        if task.spec.port and port_taken(output) and self.restarts.retry_ports(task.name,
+                                                                               profiler_port_taken(output)):
             return
         if status.profiling and self.restarts.retry_untraced(task.name):  # TensorFlow's profiler crashed it
             return
