@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddlctl.contract import envvars
@@ -74,22 +74,27 @@ def earlier_attempts(run_dir: Path) -> list[dict]:
     return found
 
 
-def at_time_limit(env: Mapping[str, str], run_id: str, checkpoints: str | None) -> tuple[bool, str]:
+def at_time_limit(env: Mapping[str, str], run_id: str, checkpoints: str | None,
+                  say: Callable[[str], None]) -> bool:
     """The job's tasks have checkpointed and stopped at its time limit (Slurm's SIGUSR1): requeue
-    it (``scontrol requeue``) while ``--max-requeues`` allows, else end the run. (requeued, what
-    to say)"""
+    it (``scontrol requeue``) while ``--max-requeues`` allows, else end the run. What happens is
+    said (``say``) before the requeue: ``scontrol requeue`` ends this batch script at once, and
+    Slurm may kill it before another line is written. True when the job was requeued."""
     job = env.get("SLURM_JOB_ID", "")
     used, most = _count(env, "SLURM_RESTART_COUNT"), _count(env, envvars.MAX_REQUEUES)
     kept = f"; its newest checkpoint stays in {checkpoints}" if checkpoints else ""
     if not job or used >= most:
-        return False, (f"the time limit ends run {run_id} at attempt {used + 1}: --max-requeues {most} "
-                       f"{'spent' if most else '(none asked)'}{kept}")
+        say(f"the time limit ends run {run_id} at attempt {used + 1}: --max-requeues {most} "
+            f"{'spent' if most else '(none asked)'}{kept}")
+        return False
+    say(f"requeueing Slurm job {job} at its time limit: attempt {used + 2} of at most {most + 1} goes on "
+        f"from the newest checkpoint")
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
         error = done.stderr.strip() or done.stdout.strip() if done.returncode else None
     except (OSError, subprocess.TimeoutExpired) as exc:
         error = str(exc)
     if error is not None:
-        return False, f"the time limit ends run {run_id}: Slurm did not requeue job {job} ({error}){kept}"
-    return True, (f"requeued Slurm job {job} at its time limit: attempt {used + 2} of at most {most + 1} goes on "
-                  f"from the newest checkpoint")
+        say(f"the time limit ends run {run_id}: Slurm did not requeue job {job} ({error}){kept}")
+        return False
+    return True

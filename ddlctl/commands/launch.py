@@ -280,9 +280,11 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
         stdoutgone.write(json.dumps(finished.summary, indent=1) + "\n")
     if result.failure is not None and result.failure.reason == "time-limit" and connected.allocation is not None:
         checkpoints = next((t.env.get(envvars.CHECKPOINT_DIR) for t in plan.tasks if t.kind == "program"), None)
-        requeued_now, said = at_time_limit(os.environ, plan.run_id, checkpoints)
-        err.print(f"ddlctl: {said}", highlight=False)
-        if requeued_now:
+        def say(said: str) -> None:
+            err.print(f"ddlctl: {said}", highlight=False)
+            err.file.flush()
+
+        if at_time_limit(os.environ, plan.run_id, checkpoints, say):
             return 0
     return finished.exit_code(result)
 

@@ -532,7 +532,7 @@ def test_a_requeued_job_goes_on_in_its_run_folder_and_at_its_time_limit_is_reque
                                                         "checkpoints and stops (SIGTERM; SIGKILL 30s later)")
     said = " ".join((run_dir / f"slurm-{job}.out").read_text().split())  # (every attempt's output, appended)
     assert f"ddlctl: Slurm requeued job {job}: attempt 2 of run {run_dir.name} goes on in {run_dir}" in said
-    assert f"ddlctl: requeued Slurm job {job} at its time limit: attempt 3 of at most 3 goes on" in said
+    assert f"ddlctl: requeueing Slurm job {job} at its time limit: attempt 3 of at most 3 goes on" in said
     assert f"ddlctl: the time limit ends run {run_dir.name} at attempt 3: --max-requeues 2 spent; its newest " \
            "checkpoint stays in " in said
     # each attempt resumed from the checkpoint its predecessor wrote on the SIGTERM (steps past the last
