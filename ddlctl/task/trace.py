@@ -41,6 +41,8 @@ from ddlctl.contract.rundir import TASK_CAPTURE, TASK_PROFILING, TASK_TRACE_DIR,
 
 #: Seconds past its stop a ps chief waits for its servers' traces to come back.
 REMOTE_WAIT_S = 15.0
+#: The shortest time a ps chief traces its servers (seconds).
+SERVERS_MIN_S = 2.0
 #: A task's capture, moved to its folder's top level (a remote task's folder comes back without subfolders).
 CAPTURE_FILE = "capture.xplane.pb"
 #: How often (seconds, at most) an ``--trace auto`` task looks for a request, and the longest one.
@@ -147,8 +149,12 @@ class Capture:
             self.first, self.last = next_step, next_step + self.last - self.first
         self._profiling(f"{self.name}-steps-{self.first}-{self.last}".lstrip("-"))
         if self.servers:  # the ps servers, traced from here over about as long as the steps take
+            # (half as long again, and SERVERS_MIN_S at least: the chief's steps are records of
+            # closures the workers ran in their own time, and a loaded worker can run none in a
+            # second; client.trace cannot be stopped early)
             usual = sorted(self.step_s)[len(self.step_s) // 2] if self.step_s else 0.05
-            duration_ms = int(min(60_000, max(500, (self.last - next_step + 1) * usual * 1000 + 200)))
+            predicted = (self.last - next_step + 1) * usual * 1.5
+            duration_ms = int(min(60_000, max(SERVERS_MIN_S * 1000, predicted * 1000 + 200)))
             if self.seconds and self.last - self.first >= AUTO_STEPS_MAX:  # (a capture "now": for its seconds)
                 duration_ms = int(self.seconds * 1000)
             self.remote = threading.Thread(target=self._trace_servers, args=(tf, duration_ms), daemon=True)
