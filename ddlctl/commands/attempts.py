@@ -18,10 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddlctl.contract import envvars
-from ddlctl.contract.rundir import OUTCOME_FILE
+from ddlctl.contract.rundir import ATTEMPTS_DIR, OUTCOME_FILE
 
-#: Where the attempts before this one keep their records.
-ATTEMPTS_DIR = "attempts"
 #: What stays in a run folder across attempts: the submission, the job's output, the checkpoints.
 KEPT = ("submit.sbatch", "submit.json", "checkpoints", ATTEMPTS_DIR)
 

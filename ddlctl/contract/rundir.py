@@ -12,6 +12,7 @@ OUTCOME_FILE = "outcome.json"
 SUMMARY_FILE = "summary.json"
 TRACE_FILE = "trace.json"
 TASKS_DIR = "tasks"
+ATTEMPTS_DIR = "attempts"  # submit --requeue: the records of a run's attempts before the last, attempts/<n>/
 TELEMETRY_DIR = "telemetry"
 HANG_DIR = "hang"
 TASK_LOG = "output.log"

@@ -62,6 +62,16 @@ def read_record(path: Path, limit: int | None = None) -> str:
     return data.decode("utf-8", "replace")
 
 
+def load_record(path: Path) -> dict:
+    """A JSON object ddlctl wrote (:func:`read_record`); {} when it is missing, unreadable, too
+    large or not an object."""
+    try:
+        data = json.loads(read_record(path))
+    except (OSError, ValueError, ConfigError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def task_dir(run_dir: str | Path, dir_name: str) -> Path:
     """``tasks/<role>-<i>``: a task's folder (``TaskSpec.dir_name``)."""
     return Path(run_dir) / TASKS_DIR / dir_name

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddlctl.contract.grouping import figure_range, named, task_range
+from ddlctl.report.attempts import attempts_line
 from ddlctl.report.balance import balance_note
 from ddlctl.report.faults import event_lines
 from ddlctl.report.hosts import MIN_WINDOW_SAMPLES
@@ -107,11 +108,8 @@ def diagnosis_lines(summary: Any, outcome: dict, run_end: float | None = None) -
             lines.append(f"telemetry gap on {host.host}: no samples for {end - start:.1f}s")
     for gap in outcome.get("telemetry_gaps", []):
         lines.append(gap)
-    for earlier in outcome.get("attempts") or []:  # (a Slurm job requeued: this run's attempts before this one)
-        ran = f" ran {earlier['wall_time_s']:.1f}s" if isinstance(earlier.get("wall_time_s"), (int, float)) else ""
-        code = f", exit code {earlier['exit_code']}" if earlier.get("exit_code") is not None else ""
-        lines.append(f"attempt {earlier['attempt']} of this run{ran}{code} before Slurm requeued the job (its "
-                     f"records: attempts/{earlier['attempt']}/); these figures are attempt {outcome.get('attempt')}'s")
+    if summary.attempts:  # (a Slurm job requeued: the run's attempts, and the whole run's time)
+        lines.append(attempts_line(summary.attempts))
     lines.extend(event_lines(outcome, summary.degraded, summary.hosts_lost, summary.membership, run_end,
                              summary.strategy))
     note = balance_note(summary.balance)

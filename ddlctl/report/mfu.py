@@ -10,6 +10,12 @@ older GPUs; float16/bfloat16 models use the 16-bit tensor-core figure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddlctl.contract.rundir import TASK_FLOPS, TASKS_DIR
+from ddlctl.contract.runfolder import load_record
+from ddlctl.contract.strategies import facts_of
 
 # (substring of the NVML name, {precision: dense TFLOP/s}); the first match wins, so the more
 # specific names come first ("H100 PCIe" before "H100", "L40S" before "L4"). Sources: NVIDIA data
@@ -58,3 +64,24 @@ def task_mfu(flops: Mapping[str, object] | None, samples_per_s: float | None, gp
     return {"train_flops_per_sample": per_sample, "achieved_flops_per_s": achieved, "peak_flops_per_s": peak,
             "mfu": achieved / peak if achieved is not None and peak else None, "note": note,
             "declared": "declare_flops" in str((flops or {}).get("method"))}
+
+
+def mfu_rows(run_dir: Path, plan: Mapping, tasks: Sequence[Any], hosts: Sequence[Any]) -> tuple[dict, ...]:
+    """Each task that wrote ``flops.json``: achieved model FLOP/s and MFU over the GPUs it trains on
+    (its host's, shared with the other training tasks there; a ps chief: every worker's host's)."""
+    gpus = {h.host: [g.name or "unknown GPU" for g in h.gpus] for h in hosts}
+    flops = {t.name: load_record(run_dir / TASKS_DIR / t.name.replace(":", "-") / TASK_FLOPS) for t in tasks}
+    flops = {name: record for name, record in flops.items() if record}
+    planned = {t["name"]: t.get("host") for t in plan.get("tasks", [])}
+    rows = []
+    for task in tasks:
+        if task.name not in flops:
+            continue
+        if facts_of(plan.get("strategy")).asynchronous and task.role == "chief":
+            hosts_used = sorted({h for n, h in planned.items() if n.startswith("worker:")})
+            names = [g for h in hosts_used for g in gpus.get(h, [])]
+        else:
+            sharing = sum(1 for n in flops if planned.get(n) == task.host)
+            names = gpus.get(task.host, [])[:max(1, len(gpus.get(task.host, [])) // max(1, sharing))]
+        rows.append({"task": task.name, **task_mfu(flops[task.name], task.samples_per_s, names)})
+    return tuple(rows)

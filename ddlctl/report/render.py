@@ -180,11 +180,13 @@ def render_summary(summary: RunSummary, result: JobResult, console: Console) -> 
     render_traces(summary, console)
     render_work(summary, console)
     render_balance(summary, console)
-    from ddlctl.report.dataservice import render_data_service  # (lazily: see TYPE_CHECKING above)
+    from ddlctl.report.attempts import render_attempts  # (lazily: see TYPE_CHECKING above)
+    from ddlctl.report.dataservice import render_data_service
 
     render_data_service(summary.data_service, console)
     render_stages(summary, console)
     render_faults(summary, console)
+    render_attempts(summary.attempts, console)
     for line in summary.diagnosis:
         console.print(Text(f"• {line}", style="yellow"))
 
@@ -467,11 +469,13 @@ def render_report(summary: RunSummary, console: Console) -> None:
         console.print(gpus)
     render_work(summary, console)
     render_balance(summary, console)
-    from ddlctl.report.dataservice import render_data_service  # (lazily: see TYPE_CHECKING above)
+    from ddlctl.report.attempts import render_attempts  # (lazily: see TYPE_CHECKING above)
+    from ddlctl.report.dataservice import render_data_service
 
     render_data_service(summary.data_service, console)
     render_stages(summary, console)
     render_faults(summary, console)
+    render_attempts(summary.attempts, console)
     render_hangs(summary, console)
     if summary.diagnosis:
         console.print(Text("diagnosis", style="bold"))

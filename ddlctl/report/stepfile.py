@@ -36,6 +36,17 @@ class TaskSteps:
     total: int | None = None  # steps the task declared it would run
 
 
+def since(steps: TaskSteps, start_us: float) -> None:
+    """Drop (in place) the records that began before ``start_us``."""
+    keep = [i for i, start in enumerate(steps.start_us) if start >= start_us]
+    if len(keep) == len(steps.start_us):
+        return
+    for name in ("step", "start_us", "duration", "samples", "input_s", "sync_s"):
+        column = getattr(steps, name)
+        setattr(steps, name, array(column.typecode, (column[i] for i in keep)))
+    steps.worker = [steps.worker[i] for i in keep if i < len(steps.worker)]
+
+
 def kept_records(steps: TaskSteps, warmup: int) -> slice:
     """The records every statistic uses: all but the first ``warmup`` (none when there are no more)."""
     return slice(warmup, None) if len(steps.step) > warmup else slice(0, 0)

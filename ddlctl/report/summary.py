@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
@@ -33,20 +32,19 @@ from pathlib import Path
 import numpy as np
 
 from ddlctl.contract.causes import hang_records, loss_times, stall_of, time_by_cause
-from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.rundir import (
     OUTCOME_FILE,
     PLAN_FILE,
-    TASK_FLOPS,
     TASK_PHASES,
     TASK_RESULT,
     TASK_STEPS,
     TASKS_DIR,
 )
-from ddlctl.contract.runfolder import read_record, task_dirs
+from ddlctl.contract.runfolder import load_record, task_dirs
 from ddlctl.contract.stats import mean, median_of, percentile
 from ddlctl.contract.strategies import TABLE, facts_of, strategy
 from ddlctl.report.arrivals import arrival_lateness, straggler_wait_of
+from ddlctl.report.attempts import attempts_section
 from ddlctl.report.balance import NOT_BALANCED, WorkerSteps, balance_section
 from ddlctl.report.clocks import clock_offsets, shift_phases, shift_series, shift_steps
 from ddlctl.report.dataservice import data_service_section
@@ -54,10 +52,10 @@ from ddlctl.report.diagnosis import INPUT_BOUND_FRACTION, diagnosis_lines
 from ddlctl.report.faults import RestartSummary, goodput, redone_mask, summarize_restarts
 from ddlctl.report.hosts import HostSeries, HostSummary, host_summary, read_telemetry
 from ddlctl.report.membership import membership_phases
-from ddlctl.report.mfu import task_mfu
+from ddlctl.report.mfu import mfu_rows
 from ddlctl.report.nocuda import run_no_cuda_line
 from ddlctl.report.stages import stage_plan_of, stage_rows
-from ddlctl.report.stepfile import TaskSteps, kept_records, last_end_us, read_phases, read_steps
+from ddlctl.report.stepfile import TaskSteps, kept_records, last_end_us, read_phases, read_steps, since
 from ddlctl.report.traces import traces_section
 from ddlctl.supervise.results import task_exit_code
 
@@ -147,11 +145,11 @@ class RunSummary:
     unread_bytes: int = 0  # the starts of record files past RECORDS_READ_MAX each, not read
     traces: dict | None = None  # --trace: the profiler captures split by part (ddlctl.report.traces)
     data_service: dict | None = None  # the tf.data service: data workers, trainers' input wait, advice
+    attempts: dict | None = None  # submit --requeue: each attempt of the run, and the whole run's time
 
     def to_dict(self) -> dict[str, object]:
-        """``summary.json`` (``schema`` 13: 12 plus ``data_service``; docs/report.md lists its keys)."""
-        data = asdict(self)
-        data = {"schema": 13, **data}
+        """``summary.json`` (``schema`` 14: 13 plus ``attempts``; docs/report.md lists its keys)."""
+        data = {"schema": 14, **asdict(self)}
         for host in data["hosts"]:
             host["gaps"] = [{"start": a, "end": b} for a, b in host["gaps"]]
         return data
@@ -219,13 +217,6 @@ def _parse_all(folders: list[Path], telemetry_files: list[Path]) -> tuple[list[T
         return list(steps), list(telemetry)
 
 
-def _load_json(path: Path) -> dict:
-    try:
-        return json.loads(read_record(path))
-    except (OSError, ValueError, ConfigError):
-        return {}
-
-
 def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS, outcome: dict | None = None) -> RunSummary:
     """Summary of the run in ``run_dir`` (``outcome``: its outcome.json record, when the caller has
     it and the disk may not). Python's cycle collector is paused meanwhile: the records
@@ -241,8 +232,8 @@ def summarize(run_dir: str | Path, warmup_steps: int = DEFAULT_WARMUP_STEPS, out
 
 
 def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) -> RunSummary:
-    plan = _load_json(run_dir / PLAN_FILE)
-    outcome = outcome if outcome is not None else _load_json(run_dir / OUTCOME_FILE)
+    plan = load_record(run_dir / PLAN_FILE)
+    outcome = outcome if outcome is not None else load_record(run_dir / OUTCOME_FILE)
     planned = {t["name"]: t for t in plan.get("tasks", [])}
     ended = {t["name"]: t for t in outcome.get("tasks", [])}
 
@@ -252,12 +243,14 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
     offsets = clock_offsets(outcome)  # hosts whose clocks differ: their times on this machine's
     for steps in parsed_steps:
         shift_steps(steps, offsets.get(planned.get(steps.name, {}).get("host", ""), 0.0))
+        if outcome.get("attempts") and outcome.get("started_at"):  # (a node kept an earlier attempt's: not this one's)
+            since(steps, outcome["started_at"] * 1e6)
     for series in telemetry:
         shift_series(series, offsets.get(series.host, 0.0))
     all_steps: list[TaskSteps] = []
     results: dict[str, dict] = {}
     for folder, steps in zip(folders, parsed_steps, strict=True):
-        result = _load_json(folder / TASK_RESULT)
+        result = load_record(folder / TASK_RESULT)
         if steps.step or result:
             all_steps.append(steps)
             results[steps.name] = result
@@ -335,7 +328,7 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
     chief_step_s = chief.step_time_p50_s if chief else None
     stages, stage_plan = (), None
     if facts_of(plan.get("strategy")).stages:  # what the chief recorded of its stages
-        recorded_stages = _load_json(run_dir / "tasks" / "chief-0" / "stages.json")
+        recorded_stages = load_record(run_dir / "tasks" / "chief-0" / "stages.json")
         stages = stage_rows(recorded_stages, procs, chief_step_s)
         stage_plan = stage_plan_of(recorded_stages, chief_step_s)
     split = plan.get("strategy") in TABLE and strategy(plan["strategy"]).batch_split
@@ -358,37 +351,17 @@ def _summarize(run_dir: Path, warmup_steps: int, outcome: dict | None = None) ->
         work=work, work_note=work_note, stages=stages, balance=balance, stage_plan=stage_plan,
         hangs=tuple(outcome.get("hangs", [])),
         time_by_cause=_time_by_cause(run_dir, plan, outcome, lead, redone, restarts, all_steps, (run_start, run_end)),
-        mfu=_mfu(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])),
+        mfu=mfu_rows(run_dir, plan, tasks, hosts), membership=tuple(outcome.get("membership", [])),
         left_running=tuple(outcome.get("left_running", [])),
         unread_bytes=sum(s.unread_bytes for s in all_steps) + sum(t.unread_bytes for t in telemetry),
         traces=traces_section(run_dir, plan, outcome),
         data_service=data_service_section(plan, outcome, procs, tasks, hosts, INPUT_BOUND_FRACTION),
         membership_phases=membership_phases(outcome.get("membership", []), [
             t.get("name") for t in plan.get("tasks", []) if t.get("role") == "worker"], all_steps, run_start, run_end))
+    summary = replace(summary, attempts=attempts_section(run_dir, outcome))
     summary = _with_diagnosis(summary, outcome, run_end)
     no_cuda = run_no_cuda_line(run_dir, plan, {h.host: len(h.gpus) for h in hosts})
     return replace(summary, diagnosis=(no_cuda, *summary.diagnosis)) if no_cuda else summary
-
-
-def _mfu(run_dir: Path, plan: dict, tasks: Sequence[TaskSummary], hosts: Sequence[HostSummary]) -> tuple[dict, ...]:
-    """Each task that wrote ``flops.json``: achieved model FLOP/s and MFU over the GPUs it trains on
-    (its host's, shared with the other training tasks there; a ps chief: every worker's host's)."""
-    gpus = {h.host: [g.name or "unknown GPU" for g in h.gpus] for h in hosts}
-    flops = {t.name: _load_json(run_dir / TASKS_DIR / t.name.replace(":", "-") / TASK_FLOPS) for t in tasks}
-    flops = {name: record for name, record in flops.items() if record}
-    planned = {t["name"]: t.get("host") for t in plan.get("tasks", [])}
-    rows = []
-    for task in tasks:
-        if task.name not in flops:
-            continue
-        if facts_of(plan.get("strategy")).asynchronous and task.role == "chief":
-            hosts_used = sorted({h for n, h in planned.items() if n.startswith("worker:")})
-            names = [g for h in hosts_used for g in gpus.get(h, [])]
-        else:
-            sharing = sum(1 for n in flops if planned.get(n) == task.host)
-            names = gpus.get(task.host, [])[:max(1, len(gpus.get(task.host, [])) // max(1, sharing))]
-        rows.append({"task": task.name, **task_mfu(flops[task.name], task.samples_per_s, names)})
-    return tuple(rows)
 
 
 def _host_of(plan: dict, task: str) -> str:
@@ -431,7 +404,7 @@ def _balance(run_dir: Path, plan: dict, all_steps: Sequence[TaskSteps], kept_of:
     rows = [WorkerSteps(s.name, hosts.get(s.name), np.asarray(s.start_us)[kept_of[s.name]],
                         np.asarray(s.sync_s)[kept_of[s.name]], np.asarray(s.samples)[kept_of[s.name]])
             for s in workers]
-    recorded = _load_json(run_dir / "tasks" / "worker-0" / "balance.json")
+    recorded = load_record(run_dir / "tasks" / "worker-0" / "balance.json")
     source = recorded.get("source", "equal")
     split = "equal" if source == "equal" else f"speed ({source})"
     if source == "equal" and plan.get("request", {}).get("balance") == "speed":

@@ -35,3 +35,44 @@ def test_only_a_requeue_of_the_runs_own_job_continues_it_and_each_attempt_keeps_
     script = sbatch_script(SubmitOptions(requeue=True), run, "r", "python3", "/w")
     assert "#SBATCH --requeue\n#SBATCH --open-mode=append\n" in script
     assert "--requeue" not in sbatch_script(SubmitOptions(), run, "r", "python3", "/w")
+
+
+def _attempt(folder, started, wall, steps, failure=None, ok=False):
+    """An attempt's records: its plan (one worker), outcome, and the worker's step records
+    ``steps``: (step, start s, duration s)."""
+    (folder / "tasks" / "worker-0").mkdir(parents=True, exist_ok=True)
+    (folder / "plan.json").write_text(json.dumps({"strategy": "one_device", "tasks": [{"name": "worker:0"}]}))
+    (folder / "outcome.json").write_text(json.dumps({"started_at": started, "wall_time_s": wall, "ok": ok,
+                                                     "exit_code": 0 if ok else 143, "failure": failure}))
+    (folder / "tasks" / "worker-0" / "steps.jsonl").write_text("".join(
+        json.dumps({"step": s, "start_us": int(t * 1e6), "duration_s": d}) + "\n" for s, t, d in steps))
+
+
+def test_the_report_of_a_run_of_three_attempts_gives_each_its_steps_and_the_whole_runs_goodput(tmp_path):
+    from ddlctl.report.attempts import attempts_line, attempts_section
+
+    run = tmp_path / "run"
+    one, two = run / "attempts" / "1", run / "attempts" / "2"
+    # attempt 1 (preempted) ran steps 1-10 at 1 s each from t=100 and sent no records back; its node
+    # kept them and attempt 2 (from t=130) appended steps 9-15 (resumed from the checkpoint at 8)
+    first = [(s, 100 + s, 1.0) for s in range(1, 11)]
+    _attempt(one, 100.0, 12.0, [], failure="interrupted by SIGTERM")
+    _attempt(two, 130.0, 10.0, [*first, *((s, 122 + s, 1.0) for s in range(9, 16))],
+             failure="the time limit is near (Slurm's SIGUSR1): every task checkpoints")
+    _attempt(run, 200.0, 8.0, [(s, 185 + s, 1.0) for s in range(16, 21)], ok=True)
+    outcome = json.loads((run / "outcome.json").read_text())
+    outcome["attempt"], outcome["attempts"] = 3, earlier_attempts(run)
+    section = attempts_section(run, outcome)
+    rows = [(r["attempt"], r["steps"], r["redone"], r["waited_s"], r["ended_by"]) for r in section["attempts"]]
+    assert rows == [(1, [1, 10], 0, None, "preempted (SIGTERM)"), (2, [9, 15], 2, 18.0, "time limit"),
+                    (3, [16, 20], 0, 60.0, "completed")]
+    # each step once: 20 s of steps over 100-208; the two redone records do not count
+    assert section["span_s"] == 108.0 and section["between_s"] == 78.0 and section["steps_redone"] == 2
+    assert section["productive_s"] == 20.0 and abs(section["goodput"] - 20 / 108) < 1e-9
+    assert attempts_line(section).startswith("this run took 3 attempts (Slurm started its job 3 times) over 1m48s, "
+                                             "20.0s training (goodput 19% of the whole run), 1m18s between attempts")
+    (two / "tasks" / "worker-0" / "steps.jsonl").unlink()  # nothing of attempts 1 and 2 anywhere
+    section = attempts_section(run, outcome)
+    assert section["steps_unknown"] == [1, 2] and section["attempts"][2]["redone"] is None
+    assert "(attempts 1, 2: no step records came back" in attempts_line(section)
+    assert attempts_section(run, {"started_at": 1.0}) is None, "one attempt: no section"
