@@ -46,7 +46,7 @@ def test_the_section_from_a_plan_its_outcome_and_figures_and_the_diagnosis_line_
     summary = SimpleNamespace(total_steps=10, tasks_count=3, tasks=[SimpleNamespace(
         name="worker:0", host="t", input_fraction=0.5, state="succeeded", total_steps_declared=None, straggler=False,
         cpu_mean=None, kernel_cpu_mean=None)], hosts=[], work=[], data_service=section, traces=None, degraded=(),
-        hosts_lost=(), restarts=(), balance=None, membership=(), strategy="mwms")
+        hosts_lost=(), restarts=(), balance=None, membership=(), strategy="mwms", attempts=None)
     lines = diagnosis_lines(summary, {})
     assert [line for line in lines if line.startswith("input-bound")] == [
         f"input-bound through the tf.data service: {section['advice']}"]

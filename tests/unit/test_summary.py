@@ -434,7 +434,7 @@ def test_a_hang_section_shows_whom_ddlctl_blamed_and_where_every_task_stood(tmp_
     (run / "outcome.json").write_text(json.dumps({"ok": False, "exit_code": 124, "tasks": [], "hangs": [hang],
                                                   "left_running": [left]}))
     summary = summarize(run)
-    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 13
+    assert list(summary.to_dict()["hangs"]) == [hang] and summary.to_dict()["schema"] == 14
     assert list(summary.to_dict()["left_running"]) == [left]
     console = Console(record=True, width=200)
     render_report(summary, console)
