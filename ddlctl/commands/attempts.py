@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ddlctl.contract import envvars
@@ -66,27 +66,29 @@ def earlier_attempts(run_dir: Path) -> list[dict]:
             outcome = json.loads((folder / OUTCOME_FILE).read_text())
         except (OSError, ValueError):
             outcome = {}
+        cause = outcome.get("root_cause") if isinstance(outcome.get("root_cause"), dict) else {}
         found.append({"attempt": int(folder.name), "started_at": outcome.get("started_at"),
                       "wall_time_s": outcome.get("wall_time_s"), "exit_code": outcome.get("exit_code"),
-                      "failure": outcome.get("failure")})
+                      "failure": outcome.get("failure"), "reason": cause.get("reason")})
     return found
 
 
-def at_time_limit(env: Mapping[str, str], run_id: str, checkpoints: str | None,
+def at_time_limit(env: Mapping[str, str], run_id: str, checkpoints: str | None, earlier: Sequence[Mapping],
                   say: Callable[[str], None]) -> bool:
     """The job's tasks have checkpointed and stopped at its time limit (Slurm's SIGUSR1): requeue
-    it (``scontrol requeue``) while ``--max-requeues`` allows, else end the run. What happens is
-    said (``say``) before the requeue: ``scontrol requeue`` ends this batch script at once, and
-    Slurm may kill it before another line is written. True when the job was requeued."""
+    it (``scontrol requeue``) while ``--max-requeues`` allows (counting the ``earlier`` attempts
+    that ended at the time limit: a preemption Slurm requeued itself is not counted), else end the
+    run. What happens is said (``say``) before the requeue: ``scontrol requeue`` ends this batch
+    script at once, and Slurm may kill it before another line is written. True when requeued."""
     job = env.get("SLURM_JOB_ID", "")
-    used, most = _count(env, "SLURM_RESTART_COUNT"), _count(env, envvars.MAX_REQUEUES)
+    used, most = sum(1 for a in earlier if a.get("reason") == "time-limit"), _count(env, envvars.MAX_REQUEUES)
     kept = f"; its newest checkpoint stays in {checkpoints}" if checkpoints else ""
     if not job or used >= most:
-        say(f"the time limit ends run {run_id} at attempt {used + 1}: --max-requeues {most} "
+        say(f"the time limit ends run {run_id} at attempt {len(earlier) + 1}: --max-requeues {most} "
             f"{'spent' if most else '(none asked)'}{kept}")
         return False
-    say(f"requeueing Slurm job {job} at its time limit: attempt {used + 2} of at most {most + 1} goes on "
-        f"from the newest checkpoint")
+    say(f"requeueing Slurm job {job} at its time limit ({used + 1} of --max-requeues {most}): attempt "
+        f"{len(earlier) + 2} goes on from the newest checkpoint")
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
         error = done.stderr.strip() or done.stdout.strip() if done.returncode else None

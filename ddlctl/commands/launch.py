@@ -284,7 +284,7 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
             err.print(f"ddlctl: {said}", highlight=False)
             err.file.flush()
 
-        if at_time_limit(os.environ, plan.run_id, checkpoints, say):
+        if at_time_limit(os.environ, plan.run_id, checkpoints, earlier_attempts(Path(plan.run_dir)), say):
             return 0
     return finished.exit_code(result)
 

@@ -41,11 +41,14 @@ def lead_records(folders: Sequence[Path]) -> list[tuple[int, int, float, int]]:
 
 
 def ended_by(outcome: Mapping) -> str:
-    """What ended an attempt, in a few words."""
+    """What ended an attempt, in a few words (``outcome``: its outcome.json, or what
+    :func:`ddlctl.commands.attempts.earlier_attempts` kept of it)."""
     failure = str(outcome.get("failure") or "")
+    cause = outcome.get("root_cause") if isinstance(outcome.get("root_cause"), Mapping) else {}
+    reason = outcome.get("reason") or cause.get("reason")
     if outcome.get("ok"):
         return "completed"
-    if failure.startswith("the time limit is near"):
+    if reason == "time-limit" or failure.startswith("the time limit is near"):
         return "time limit"
     if failure == "interrupted by SIGTERM":
         return "preempted (SIGTERM)"
@@ -64,6 +67,13 @@ def attempt_row(number: int, outcome: Mapping) -> dict:
             "exit_code": outcome.get("exit_code"), "ended_by": ended_by(outcome)}
 
 
+def has_records(folder: Path) -> bool:
+    """Whether the lead task's step records of the attempt in ``folder`` came back (an attempt that
+    trained no step, its predecessor having ended at the last, has an empty file)."""
+    lead = _lead_name(load_record(folder / PLAN_FILE))
+    return lead is not None and (folder / TASKS_DIR / lead.replace(":", "-") / TASK_STEPS).is_file()
+
+
 def whole_run(rows: Sequence[dict], records: Sequence[tuple[int, int, float, int]]) -> dict:
     """The rows with the time each waited before it, the steps it trained (the lead's ``records``
     from its start to the next attempt's) and how many of them again; and the run's totals: its
@@ -77,9 +87,10 @@ def whole_run(rows: Sequence[dict], records: Sequence[tuple[int, int, float, int
                 and (not isinstance(until, (int, float)) or r[0] < until * 1e6)]
         row["waited_s"] = round(start - previous_end, 3) if previous_end is not None and start is not None else None
         row["steps"] = [min(r[1] for r in mine), max(r[1] + r[3] - 1 for r in mine)] if mine else None
-        row["redone"] = max(0, min(trained_to, row["steps"][1]) - row["steps"][0] + 1) \
-            if mine and trained_to is not None else None
-        trained_to = max(trained_to, row["steps"][1]) if mine and trained_to is not None else None  # (None: unknown)
+        known = mine or row.get("came_back")  # (records, or none where they came back: it trained no step)
+        row["redone"] = (max(0, min(trained_to, row["steps"][1]) - row["steps"][0] + 1) if mine else 0) \
+            if known and trained_to is not None else None
+        trained_to = max(trained_to, row["steps"][1] if mine else 0) if known and trained_to is not None else None
         previous_end = row["ended_at"] if row["ended_at"] is not None else previous_end
     starts = [r["started_at"] for r in rows if isinstance(r["started_at"], (int, float))]
     ends = [r["ended_at"] for r in rows if isinstance(r["ended_at"], (int, float))]
@@ -90,7 +101,7 @@ def whole_run(rows: Sequence[dict], records: Sequence[tuple[int, int, float, int
     return {"attempts": list(rows), "span_s": span, "between_s": round(sum(waited), 3) if waited else 0.0,
             "productive_s": productive, "goodput": productive / span if productive is not None and span else None,
             "steps_redone": sum(r["redone"] for r in rows if r["redone"] is not None),
-            "steps_unknown": [r["attempt"] for r in rows if r["steps"] is None]}
+            "steps_unknown": [r["attempt"] for r in rows if r["steps"] is None and not r.get("came_back")]}
 
 
 def attempts_section(run_dir: Path, outcome: Mapping) -> dict | None:
@@ -105,7 +116,10 @@ def attempts_section(run_dir: Path, outcome: Mapping) -> dict | None:
         folders.append(root / str(number))
         rows.append(attempt_row(number, load_record(folders[-1] / OUTCOME_FILE) or dict(earlier)))
     rows.append(attempt_row(int(outcome.get("attempt") or len(rows) + 1), outcome))
-    return whole_run(rows, lead_records([*folders, run_dir]))
+    folders.append(run_dir)
+    for row, folder in zip(rows, folders, strict=True):
+        row["came_back"] = has_records(folder)
+    return whole_run(rows, lead_records(folders))
 
 
 def _duration(seconds: float | None) -> str:
@@ -142,7 +156,8 @@ def attempt_cells(row: Mapping) -> tuple[str, ...]:
     """A row of the attempts table: attempt, waited before, ran, steps, trained again, ended by."""
     steps = row.get("steps")
     return (str(row["attempt"]), _duration(row.get("waited_s")) if row.get("waited_s") is not None else "-",
-            _duration(row.get("wall_s")), f"{steps[0]}-{steps[1]}" if steps else "no records",
+            _duration(row.get("wall_s")),
+            f"{steps[0]}-{steps[1]}" if steps else "none" if row.get("came_back") else "no records",
             "-" if row.get("redone") is None else str(row["redone"]), str(row.get("ended_by", "-")))
 
 

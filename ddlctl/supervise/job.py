@@ -205,6 +205,13 @@ class Job:
         return {t.name: steps.get(t.name) for t in self.tasks.values()
                 if not t.is_agent and not t.alive and t.state is TaskState.SUCCEEDED}
 
+    def programs_succeeded(self) -> bool:
+        """Every training program of the job (evaluators and workers that left aside) ended with
+        exit code 0."""
+        programs = [t for t in self.tasks.values() if t.spec.kind == "program" and t.spec.role != "evaluator"
+                    and t.name not in self.left]
+        return bool(programs) and all(t.state is TaskState.SUCCEEDED for t in programs)
+
     def own_name(self, tf_name: str) -> str:
         """ddlctl's name of the task TensorFlow calls ``tf_name`` (they differ once workers left)."""
         return self.aliases.get(tf_name, tf_name)

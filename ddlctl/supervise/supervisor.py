@@ -132,6 +132,8 @@ class Supervisor:
                 self._tick()
             self.job.enter(JobPhase.ENDED)
             self.joined.at_end()
+            if self.failure is not None and self.failure.reason == "time-limit" and self.job.programs_succeeded():
+                self.failure = None  # (training ended inside the time limit's stop: the run is complete)
         finally:
             self.stopping.restore_handlers(previous)
             self.elastic.close()
@@ -489,10 +491,7 @@ class Supervisor:
         self.stopping.begin()
 
     def _check_job_done(self) -> None:
-        tasks = self.job.tasks.values()
-        programs = [t for t in tasks if t.spec.kind == "program" and t.spec.role != "evaluator"
-                    and t.name not in self.job.left]
-        if not self.restarts.under_way and programs and all(t.state is TaskState.SUCCEEDED for t in programs):
-            if any(t.alive for t in tasks):
+        if not self.restarts.under_way and self.job.programs_succeeded():
+            if any(t.alive for t in self.job.tasks.values()):
                 self.job.notify("training finished: stopping the remaining tasks")
             self.stopping.begin()

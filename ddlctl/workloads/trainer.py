@@ -184,7 +184,7 @@ class Checkpointer:
         directory = self.shared if ctx.is_chief else str(Path(ctx.task_dir or ".") / TASK_CHECKPOINT_COPY)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=2)
         self.every = args.checkpoint_every or max(1, min(100, args.steps // 4))
-        self.next = self.every
+        self.next, self.last = self.every, args.steps  # (the last step saved too: a run resumed there is done)
 
     def restore(self) -> int:
         """Resume from the latest checkpoint of the shared folder; the step it was taken at (0: none)."""
@@ -201,7 +201,7 @@ class Checkpointer:
         return step
 
     def after(self, step: int) -> None:
-        if step >= self.next or STOP_ASKED:
+        if step >= self.next or step == self.last or STOP_ASKED:
             with phase("checkpoint"):
                 self.step.assign(step)
                 self.manager.save(checkpoint_number=step)

@@ -30,8 +30,9 @@ def test_only_a_requeue_of_the_runs_own_job_continues_it_and_each_attempt_keeps_
     (run / "plan.json").write_text("y")
     assert next_attempt(run) == 3 and (run / "attempts" / "2" / "plan.json").read_text() == "y"
     assert earlier_attempts(run) == [
-        {"attempt": 1, "started_at": 5.0, "wall_time_s": 12.5, "exit_code": 143, "failure": "interrupted by SIGTERM"},
-        {"attempt": 2, "started_at": None, "wall_time_s": None, "exit_code": None, "failure": None}]
+        {"attempt": 1, "started_at": 5.0, "wall_time_s": 12.5, "exit_code": 143, "failure": "interrupted by SIGTERM",
+         "reason": None},
+        {"attempt": 2, "started_at": None, "wall_time_s": None, "exit_code": None, "failure": None, "reason": None}]
     script = sbatch_script(SubmitOptions(requeue=True), run, "r", "python3", "/w")
     assert "#SBATCH --requeue\n#SBATCH --open-mode=append\n" in script
     assert "--requeue" not in sbatch_script(SubmitOptions(), run, "r", "python3", "/w")
@@ -44,8 +45,9 @@ def _attempt(folder, started, wall, steps, failure=None, ok=False):
     (folder / "plan.json").write_text(json.dumps({"strategy": "one_device", "tasks": [{"name": "worker:0"}]}))
     (folder / "outcome.json").write_text(json.dumps({"started_at": started, "wall_time_s": wall, "ok": ok,
                                                      "exit_code": 0 if ok else 143, "failure": failure}))
-    (folder / "tasks" / "worker-0" / "steps.jsonl").write_text("".join(
-        json.dumps({"step": s, "start_us": int(t * 1e6), "duration_s": d}) + "\n" for s, t, d in steps))
+    if steps is not None:  # (None: no records came back)
+        (folder / "tasks" / "worker-0" / "steps.jsonl").write_text("".join(
+            json.dumps({"step": s, "start_us": int(t * 1e6), "duration_s": d}) + "\n" for s, t, d in steps))
 
 
 def test_the_report_of_a_run_of_three_attempts_gives_each_its_steps_and_the_whole_runs_goodput(tmp_path):
@@ -56,7 +58,7 @@ def test_the_report_of_a_run_of_three_attempts_gives_each_its_steps_and_the_whol
     # attempt 1 (preempted) ran steps 1-10 at 1 s each from t=100 and sent no records back; its node
     # kept them and attempt 2 (from t=130) appended steps 9-15 (resumed from the checkpoint at 8)
     first = [(s, 100 + s, 1.0) for s in range(1, 11)]
-    _attempt(one, 100.0, 12.0, [], failure="interrupted by SIGTERM")
+    _attempt(one, 100.0, 12.0, None, failure="interrupted by SIGTERM")
     _attempt(two, 130.0, 10.0, [*first, *((s, 122 + s, 1.0) for s in range(9, 16))],
              failure="the time limit is near (Slurm's SIGUSR1): every task checkpoints")
     _attempt(run, 200.0, 8.0, [(s, 185 + s, 1.0) for s in range(16, 21)], ok=True)
@@ -71,6 +73,9 @@ def test_the_report_of_a_run_of_three_attempts_gives_each_its_steps_and_the_whol
     assert section["productive_s"] == 20.0 and abs(section["goodput"] - 20 / 108) < 1e-9
     assert attempts_line(section).startswith("this run took 3 attempts (Slurm started its job 3 times) over 1m48s, "
                                              "20.0s training (goodput 19% of the whole run), 1m18s between attempts")
+    (run / "tasks" / "worker-0" / "steps.jsonl").write_text("")  # attempt 2 had trained the last step
+    section = attempts_section(run, outcome)
+    assert [(r["steps"], r["redone"]) for r in section["attempts"]][2] == (None, 0) and section["steps_unknown"] == []
     (two / "tasks" / "worker-0" / "steps.jsonl").unlink()  # nothing of attempts 1 and 2 anywhere
     section = attempts_section(run, outcome)
     assert section["steps_unknown"] == [1, 2] and section["attempts"][2]["redone"] is None
