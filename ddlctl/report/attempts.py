@@ -140,7 +140,7 @@ def attempts_line(section: Mapping) -> str:
     if section.get("productive_s") is not None:
         goodput = f" (goodput {section['goodput']:.0%} of the whole run)" if section.get("goodput") is not None else ""
         parts.append(f"{_duration(section['productive_s'])} training{goodput}")
-    parts.append(f"{_duration(section.get('between_s'))} between attempts (Slurm's queue and start-up)")
+    parts.append(f"{_duration(section.get('between_s'))} between attempts (waiting for Slurm to start the job again)")
     redone = section.get("steps_redone") or 0
     parts.append(f"{redone} step{'s' if redone != 1 else ''} trained again")
     unknown = section.get("steps_unknown") or []

@@ -6,7 +6,8 @@ the second kills every task at once, the third exits at once (the host agents st
 task). SIGUSR1 is Slurm's word that the time limit is near (``submit --requeue``): the job stops
 the same way, with ``$DDLCTL_SIGNAL_BEFORE`` less 30 s for its tasks to checkpoint on their
 SIGTERM before the KILL (the built-in workload, PreemptionCheckpointHandler and BackupAndRestore
-do), and launch then requeues it (:mod:`ddlctl.commands.attempts`)."""
+do; under ps the chief first, the servers once it has ended), and launch then requeues it
+(:mod:`ddlctl.commands.attempts`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import signal
 from collections.abc import Callable
 
 from ddlctl.contract import envvars
+from ddlctl.contract.strategies import facts_of
 from ddlctl.supervise.hangs.blame import Hangs
 from ddlctl.supervise.job import Job, JobPhase, SupervisedTask
 from ddlctl.supervise.policy import UNKILLABLE_S, unkillable
@@ -37,19 +39,31 @@ class Stopping:
         self.left_running: list[dict] = []  # tasks SIGKILL could not end
         self.time_limit = False  # SIGUSR1: Slurm's time limit is near
         self.grace_s = job.options.grace_s
+        self.later: list[SupervisedTask] = []  # tasks TERM goes to once the others have ended
 
-    def begin(self) -> None:
-        """TERM to every task still running (once)."""
+    def begin(self, first: tuple[str, ...] = ()) -> None:
+        """TERM to every task still running (once); with ``first``, to those tasks alone, and to
+        the others once they have ended (a ps chief checkpoints through its servers)."""
         if not self.job.enter(JobPhase.STOPPING):
             return
+        self.later = [t for t in self.job.tasks.values() if t.alive and first and t.name not in first]
         for task in self.job.tasks.values():
-            if task.alive:
+            if task.alive and task not in self.later:
                 task.proc.send("TERM")
+
+    def _term_later(self) -> None:
+        """TERM to the tasks kept for later, once the first have ended."""
+        if self.later and not any(t.alive for t in self.job.tasks.values() if t not in self.later):
+            for task in self.later:
+                if task.alive:
+                    task.proc.send("TERM")
+            self.later = []
 
     def escalate(self, now: float) -> None:
         """Past the grace period, KILL; later again, directly where a host agent is gone; past
         ``UNKILLABLE_S``, what is left is left."""
         assert self.job.stopping_since is not None
+        self._term_later()
         alive = [t for t in self.job.tasks.values() if t.alive]
         if self.killed_at is None and now - self.job.stopping_since > self.grace_s + 1.0:
             self._kill_all(now)
@@ -102,7 +116,8 @@ class Stopping:
             failure = Failure(reason="time-limit", exit_code=143, message="the time limit is near (Slurm's SIGUSR1): "
                               f"every task checkpoints and stops (SIGTERM; SIGKILL {self.grace_s:g}s later)")
             self.job.notify(failure.message)
-            self.begin()
+            # (ps: the chief first, which checkpoints through the servers; then they stop)
+            self.begin(("chief:0",) if facts_of(self.job.strategy).asynchronous else ())
         if not self.signals:
             return failure
         if not self.job.stopping:  # never a restart after this

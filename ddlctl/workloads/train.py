@@ -150,8 +150,10 @@ def make_strategy(ctx: TaskContext):
         strategy = tf.distribute.experimental.CentralStorageStrategy()
     else:
         strategy = getattr(tf.distribute, name)()
-    # (one host, with a checkpoint folder: SIGTERM asks for a checkpoint at the next step, then the end)
-    honour_sigterm(not facts_of(ctx.strategy).multi_host and bool(os.environ.get(envvars.CHECKPOINT_DIR)))
+    # (a checkpoint folder: SIGTERM asks for a checkpoint at the next step, then the end; on one host,
+    # and where ddlctl may stop the job at a Slurm time limit, TERMing a ps chief first)
+    honour_sigterm(bool(os.environ.get(envvars.CHECKPOINT_DIR)) and (
+        not facts_of(ctx.strategy).multi_host or bool(os.environ.get(envvars.SIGNAL_BEFORE))))
     return strategy
 
 
@@ -195,7 +197,7 @@ def train_synchronous(ctx: TaskContext, args: argparse.Namespace, recorder: Step
         print(f"balance: {split.local_batch} of {args.batch_size} examples per step on this worker "
               f"(worker speeds {relative}, {split.source})", flush=True)
     trainer = Trainer(strategy, args, args.batch_size)
-    checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer) if args.checkpoint_dir else None
+    checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer, strategy) if args.checkpoint_dir else None
     resumed = checkpointer.restore() if checkpointer is not None else 0
     progress = Progress(args, resumed)
     slow_s = args.slow_ms / 1000.0 if args.slow_task == ctx.name else 0.0
@@ -337,7 +339,7 @@ def train_ps(ctx: TaskContext, args: argparse.Namespace, recorder: StepRecorder)
     strategy = make_strategy(ctx)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     trainer = Trainer(strategy, args, args.batch_size)
-    checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer) if args.checkpoint_dir else None
+    checkpointer = Checkpointer(ctx, args, trainer.model, trainer.optimizer, strategy) if args.checkpoint_dir else None
     resumed = checkpointer.restore() if checkpointer is not None else 0
     make_batch = make_batch_fn(args.seed, args.augment) if args.execution == "python-feed" else None
     window = 2 * max(1, ctx.num_workers)

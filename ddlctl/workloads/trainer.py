@@ -175,7 +175,7 @@ class Checkpointer:
     folder (ddlctl makes it the same path on every host). A side-car evaluator reads it too.
     """
 
-    def __init__(self, ctx: TaskContext, args: argparse.Namespace, model, optimizer) -> None:
+    def __init__(self, ctx: TaskContext, args: argparse.Namespace, model, optimizer, strategy=None) -> None:  # noqa: ANN001
         import tensorflow as tf
 
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -185,6 +185,15 @@ class Checkpointer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=2)
         self.every = args.checkpoint_every or max(1, min(100, args.steps // 4))
         self.next, self.last = self.every, args.steps  # (the last step saved too: a run resumed there is done)
+        self.agree = None
+        if strategy is not None and ctx.strategy == "mwms" and os.environ.get(envvars.SIGNAL_BEFORE):
+            # a job ddlctl may stop at a Slurm time limit: the workers' SIGTERMs arrive apart, and a
+            # save is every worker's, so at each block's end they sum their "stop asked" flags
+            def agree(flag: float) -> bool:
+                values = strategy.experimental_distribute_values_from_function(lambda _ctx: tf.constant(flag))
+                return float(strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)) > 0
+
+            self.agree = agree
 
     def restore(self) -> int:
         """Resume from the latest checkpoint of the shared folder; the step it was taken at (0: none)."""
@@ -201,12 +210,15 @@ class Checkpointer:
         return step
 
     def after(self, step: int) -> None:
-        if step >= self.next or step == self.last or STOP_ASKED:
+        """Step ``step`` done: save every ``--checkpoint-every`` steps, at the last, and when asked
+        to stop (SIGTERM: a preemption, Slurm's time limit, ddlctl's stop), then end (exit 143)."""
+        stop = bool(STOP_ASKED) if self.agree is None else self.agree(1.0 if STOP_ASKED else 0.0)
+        if step >= self.next or step == self.last or stop:
             with phase("checkpoint"):
                 self.step.assign(step)
                 self.manager.save(checkpoint_number=step)
             self.next = step + self.every
-        if STOP_ASKED:  # (SIGTERM, one host: a preemption, Slurm's time limit, ddlctl's stop)
+        if stop:
             print(f"checkpoint at step {step} on SIGTERM: stopping", flush=True)
             sys.stderr.flush()
             os._exit(143)
