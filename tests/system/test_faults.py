@@ -353,3 +353,36 @@ def test_a_daemon_left_by_a_task_whose_host_agent_was_killed_is_ended_with_the_j
            f"ended (started by a task outside its process group): {daemon} (sleep 304)" in said, said[-3000:]
     assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
     assert processes_of_run(job.run_dir.name) == []
+
+
+@pytest.mark.parametrize("strategy", ["mwms", "ps"])
+def test_at_a_time_limit_each_strategy_checkpoints_at_one_step_and_the_next_launch_goes_on_from_it(runs, tmp_path,
+                                                                                                  strategy):
+    """Slurm's time-limit signal (SIGUSR1, sent here to ddlctl itself) in a job ddlctl may stop there
+    (``$DDLCTL_SIGNAL_BEFORE``, as ``submit --requeue`` exports it): the mwms workers, whose SIGTERMs
+    arrive apart, agree on one step and both save there; a ps chief gets its SIGTERM first and saves
+    through its servers, stopped after it. A launch on the same checkpoint folder goes on from that step."""
+    checkpoints = tmp_path / "ckpt"
+    args = ("-s", strategy, *BUILTIN, "--", sys.executable, "-m", "ddlctl.workloads", "--steps",
+            "120", "--batch-size", "16", "--min-step-ms", "50", "--checkpoint-every", "1000", "--checkpoint-dir",
+            str(checkpoints))
+    lead = "chief-0" if strategy == "ps" else "worker-0"
+    job = Job(runs, *args, env={"DDLCTL_SIGNAL_BEFORE": "40"})
+    job.wait_steps(lead, 30)
+    os.kill(job.proc.pid, signal.SIGUSR1)
+    assert job.wait() == 143, job.stderr()[-3000:]
+    assert job.outcome()["failure"].startswith("the time limit is near (Slurm's SIGUSR1): every task checkpoints "
+                                               "and stops (SIGTERM; SIGKILL 10s later)")
+    savers = ["chief-0"] if strategy == "ps" else ["worker-0", "worker-1"]
+    said = [re.findall(r"checkpoint at step (\d+) on SIGTERM: stopping", log(job, task)) for task in savers]
+    assert all(len(found) == 1 for found in said) and len({found[0] for found in said}) == 1, said
+    step = int(said[0][0])
+    assert step >= 30 and (checkpoints / f"ckpt-{step}.index").exists()
+    ended = {t["name"]: t["exit_code"] for t in job.outcome()["tasks"]}
+    assert all(ended[task.replace("-", ":")] == 143 for task in savers), ended
+    nothing_left(job)
+    (tmp_path / "again").mkdir()
+    again = Job(tmp_path / "again", *args)
+    assert again.wait() == 0, again.stderr()[-3000:]
+    assert f"resumed from checkpoint ckpt-{step} at step {step} " in log(again, lead)
+    assert json.loads((again.run_dir / "tasks" / lead / "result.json").read_text())["steps"] == 120
