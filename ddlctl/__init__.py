@@ -7,7 +7,7 @@ Kept import-light on purpose: ``ddlctl --help`` must not pull in TensorFlow or N
 """
 
 __version__ = "0.1.0"
-__all__ = ["beat", "data", "declare_flops", "keras_callback", "phase", "set_total_steps", "step"]
+__all__ = ["beat", "data", "declare_flops", "keras_callback", "phase", "set_total_steps", "should_stop", "step"]
 
 from ddlctl.task import data  # ``ddlctl.data.distribute(dataset)``: input through ddlctl's tf.data service
 
@@ -37,6 +37,17 @@ def beat(kind: str = "eval") -> None:
     from ddlctl.task.steps import beat as _beat
 
     _beat(kind)
+
+
+def should_stop(strategy: object = None) -> bool:
+    """Whether ddlctl asked this task to stop (a preemption, Slurm's time limit under ``submit
+    --requeue``, ``ddlctl stop``): then save a checkpoint and exit. Call it after each step (block):
+    the first call makes SIGTERM only ask. Under MultiWorkerMirroredStrategy pass the strategy and
+    call it at the same point on every worker: they agree, and all save at the same step (see
+    :func:`ddlctl.task.tfenv.should_stop`)."""
+    from ddlctl.task.tfenv import should_stop as _should_stop
+
+    return _should_stop(strategy)
 
 
 def set_total_steps(total: int) -> None:

@@ -140,6 +140,30 @@ def honour_sigterm(checkpoint_first: bool = False) -> None:
     signal.signal(signal.SIGTERM, asked if checkpoint_first else signal.SIG_DFL)
 
 
+def should_stop(strategy=None) -> bool:  # noqa: ANN001 - a tf.distribute strategy
+    """Whether ddlctl asked this task to stop (SIGTERM: a preemption, Slurm's time limit under
+    ``submit --requeue``, ``ddlctl stop``): save a checkpoint, then exit. The first call makes the
+    first SIGTERM only ask (:func:`honour_sigterm`; a second one ends the process at once). With a
+    MultiWorkerMirroredStrategy, whether any worker was asked: every worker must call it at the same
+    point (a sum over the workers), so that all save at the same step."""
+    if not _ASKING:
+        _ASKING.append(True)
+        honour_sigterm(checkpoint_first=True)
+    asked = bool(STOP_ASKED)
+    if strategy is None:
+        return asked
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return asked
+    flag = tf.constant(1.0 if asked else 0.0)
+    values = strategy.experimental_distribute_values_from_function(lambda _ctx: flag)
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)) > 0
+
+
+_ASKING: list[bool] = []  # (should_stop has installed its handler)
+
+
 def min_inter_op_threads(num_workers: int) -> int:
     """Inter-op threads a task needs: at least ``num_workers + 1`` (small hosts hang otherwise)."""
     return max(os.cpu_count() or 1, num_workers + 1)

@@ -15,7 +15,7 @@ from ddlctl.contract import envvars
 from ddlctl.contract.rundir import TASK_CHECKPOINT_COPY
 from ddlctl.task.flops import record_model_flops
 from ddlctl.task.steps import StepRecorder, phase
-from ddlctl.task.tfenv import STOP_ASKED, TaskContext
+from ddlctl.task.tfenv import STOP_ASKED, TaskContext, should_stop
 
 
 class Trainer:
@@ -185,15 +185,9 @@ class Checkpointer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=2)
         self.every = args.checkpoint_every or max(1, min(100, args.steps // 4))
         self.next, self.last = self.every, args.steps  # (the last step saved too: a run resumed there is done)
-        self.agree = None
-        if strategy is not None and ctx.strategy == "mwms" and os.environ.get(envvars.SIGNAL_BEFORE):
-            # a job ddlctl may stop at a Slurm time limit: the workers' SIGTERMs arrive apart, and a
-            # save is every worker's, so at each block's end they sum their "stop asked" flags
-            def agree(flag: float) -> bool:
-                values = strategy.experimental_distribute_values_from_function(lambda _ctx: tf.constant(flag))
-                return float(strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)) > 0
-
-            self.agree = agree
+        # (a job ddlctl may stop at a Slurm time limit: the mwms workers' SIGTERMs arrive apart, and
+        # a save is every worker's: at each block's end they agree whether any was asked to stop)
+        self.agreeing = strategy if ctx.strategy == "mwms" and os.environ.get(envvars.SIGNAL_BEFORE) else None
 
     def restore(self) -> int:
         """Resume from the latest checkpoint of the shared folder; the step it was taken at (0: none)."""
@@ -212,7 +206,7 @@ class Checkpointer:
     def after(self, step: int) -> None:
         """Step ``step`` done: save every ``--checkpoint-every`` steps, at the last, and when asked
         to stop (SIGTERM: a preemption, Slurm's time limit, ddlctl's stop), then end (exit 143)."""
-        stop = bool(STOP_ASKED) if self.agree is None else self.agree(1.0 if STOP_ASKED else 0.0)
+        stop = should_stop(self.agreeing) if self.agreeing is not None else bool(STOP_ASKED)
         if step >= self.next or step == self.last or stop:
             with phase("checkpoint"):
                 self.step.assign(step)

@@ -386,3 +386,17 @@ def test_at_a_time_limit_each_strategy_checkpoints_at_one_step_and_the_next_laun
     assert again.wait() == 0, again.stderr()[-3000:]
     assert f"resumed from checkpoint ckpt-{step} at step {step} " in log(again, lead)
     assert json.loads((again.run_dir / "tasks" / lead / "result.json").read_text())["steps"] == 120
+
+
+def test_a_program_of_ones_own_asked_to_stop_checkpoints_through_should_stop(runs):
+    """``ddlctl.should_stop()`` in a program of one's own: ddlctl's stop (here its own SIGTERM, as a
+    preemption gives it) turns True at the program's next step, which saves and exits."""
+    job = Job(runs, "-s", "one_device", "--grace", "5", "--", sys.executable, str(PROGRAMS / "preemptible.py"), "600")
+    job.wait_steps("worker-0", 5)
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait() == 143, job.stderr()[-3000:]
+    stopped = json.loads((job.run_dir / "tasks" / "worker-0" / "stopped.json").read_text())["step"]
+    assert stopped >= 5 and f"checkpoint at step {stopped}: stopping" in log(job, "worker-0")
+    assert stopped == job.steps("worker-0"), "at the step it was at, not killed later"
+    assert [t["exit_code"] for t in job.outcome()["tasks"]] == [143]
+    nothing_left(job)
