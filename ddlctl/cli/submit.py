@@ -68,7 +68,7 @@ def submit(
     max_requeues: Annotated[int, typer.Option(
         "--max-requeues", metavar="N", min=0,
         help="With --requeue: how many times ddlctl requeues the job at its time limit; then the run ends there, "
-             "its newest checkpoint kept (a preemption's requeues are Slurm's own).")] = 3,
+             "its newest checkpoint kept (preemptions, which Slurm requeues itself, are not counted).")] = 3,
 ) -> None:
     from ddlctl.commands.submit import SubmitOptions
     from ddlctl.commands.submit import submit as run_submit
