@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ddlctl.cli.common import (
+    _ARGV,
     DEFAULT_RESTART_ON,
     DEFAULT_RUNS_DIR,
     EXECUTION_HELP,
@@ -199,6 +203,13 @@ def launch(
     run_id: Annotated[str | None, typer.Option(
         "--run-id", metavar="NAME", help="Name of the run directory under --runs-dir (default: time, strategy "
                                          "and a random suffix).", show_default=False)] = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", metavar="RUN_DIR", help="Continue a run that ended before its training did (Ctrl-C, a host "
+        "gone, a fault past --max-restarts): in its folder, as its next attempt, with the options and command it "
+        "was launched with (give no others; an --env KEY=VALUE it had takes KEY's value from ddlctl's "
+        "environment again); its tasks resume from their newest checkpoint and the report covers every attempt.",
+        show_default=False)] = None,
+    resumed: Annotated[bool, typer.Option("--resumed", hidden=True)] = False,
 ) -> None:
     """Start a TensorFlow cluster, supervise every task, and print a summary.
 
@@ -210,7 +221,12 @@ def launch(
     """
     from ddlctl.commands.config import ClusterSource, LaunchConfig, OutputOptions, RequestOptions, WorkloadOptions
     from ddlctl.commands.launch import launch as run_launch
+    from ddlctl.commands.resume import own_options
     from ddlctl.supervise.job import SupervisorOptions
+
+    options = own_options(_ARGV or sys.argv[1:], command or ())
+    if resume is not None:
+        _exit_with(lambda: _resume(resume, options, command))
 
     config = LaunchConfig(
         cluster=ClusterSource(hosts=hosts, template=template, slurm=slurm, python=python,
@@ -230,7 +246,8 @@ def launch(
                                       rejoin_after_s=rejoin_after),
         output=OutputOptions(run_dir=runs_dir, run_id=_run_id(run_id), dry_run=dry_run,
                              json_out=json_out, profile=ctx.info_name == "profile", verbose=verbose,
-                             task_colors=task_colors, metrics=metrics_port, tensorboard=tensorboard),
+                             task_colors=task_colors, metrics=metrics_port, tensorboard=tensorboard,
+                             resumed=resumed, options=tuple(options)),
         ssh=ssh_options(ssh_key, ssh_user, connect_timeout, accept_new_host_keys),
     )
     _exit_with(lambda: run_launch(config, people_console(), error_console()))
@@ -239,6 +256,21 @@ def launch(
 # ``profile`` takes exactly launch's options: the same function, registered under a second name.
 app.command("profile", help=PROFILE_HELP, context_settings={"allow_interspersed_args": False})(launch)
 
+
+
+def _resume(run_dir: Path, options: list[str], command: list[str] | None) -> int:
+    """``--resume RUN_DIR``: the run's own launch again, from the folder it was launched in."""
+    from ddlctl.cli import run_app
+    from ddlctl.commands.resume import resume_argv
+
+    others = [o for o in options if o != "--resume" and not o.startswith("--resume=") and o != str(run_dir)]
+    if others or command:
+        raise UserError(f"--resume takes the run's own options and command: {' '.join([*others, *(command or [])])} "
+                        "given besides it", f"ddlctl launch --resume {run_dir}")
+    argv, cwd = resume_argv(run_dir.expanduser().resolve())
+    if cwd is not None:
+        os.chdir(cwd)  # (its command's relative paths)
+    return run_app(argv)
 
 
 def _run_id(name: str | None) -> str | None:

@@ -20,8 +20,9 @@ from pathlib import Path
 from ddlctl.contract import envvars
 from ddlctl.contract.rundir import ATTEMPTS_DIR, OUTCOME_FILE
 
-#: What stays in a run folder across attempts: the submission, the job's output, the checkpoints.
-KEPT = ("submit.sbatch", "submit.json", "checkpoints", ATTEMPTS_DIR)
+#: What stays in a run folder across attempts: the submission or the launch's options, the job's
+#: output, the checkpoints.
+KEPT = ("submit.sbatch", "submit.json", "launch.json", "checkpoints", ATTEMPTS_DIR)
 
 
 def _count(env: Mapping[str, str], name: str) -> int:

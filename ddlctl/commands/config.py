@@ -73,6 +73,8 @@ class OutputOptions:
     task_colors: bool = False  # let tasks' colour sequences through to the console (other controls never)
     metrics: str | None = None  # --metrics-port: [HOST:]PORT to serve Prometheus metrics on while the job runs
     tensorboard: bool = False  # --tensorboard: the run's scalars as TensorBoard event files at its end
+    resumed: bool = False  # launch --resume: the run folder (--run-id) goes on as its next attempt
+    options: tuple[str, ...] = ()  # the launch's own options, recorded in launch.json (ddlctl.commands.resume)
 
 
 @dataclass(frozen=True)

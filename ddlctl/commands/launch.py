@@ -34,6 +34,7 @@ from ddlctl.commands.request import (
     resolve_strategy,
     tf_keras_available,
 )
+from ddlctl.commands.resume import record_launch
 from ddlctl.console import closed_stdout as stdoutgone
 from ddlctl.console.collapse import CollapsingWriter
 from ddlctl.console.output import PrefixedWriter, QuietWriter
@@ -182,12 +183,13 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
     make_dir(Path(output.run_dir).expanduser())  # a bad --runs-dir is refused before any host is touched
     if output.run_id and (Path(request.run_dir) / PLAN_FILE).exists():
         job = requeued(Path(request.run_dir), os.environ) if allocation is not None else None
-        if job is None:
+        if job is None and not output.resumed:
             raise ConfigError(f"--run-id {output.run_id}: {request.run_dir} already holds a run",
-                              "choose another name, or leave --run-id out")
+                              "choose another name, leave --run-id out, or continue it: launch --resume RUN_DIR")
         attempt = next_attempt(Path(request.run_dir))  # (the last attempt's records to attempts/<n>/)
-        console.print(f"ddlctl: Slurm requeued job {job}: attempt {attempt} of run {output.run_id} goes on in "
-                      f"{request.run_dir}, its tasks from their newest checkpoint", highlight=False)
+        console.print(f"ddlctl: {f'Slurm requeued job {job}' if job else 'resumed'}: attempt {attempt} of run "
+                      f"{output.run_id} goes on in {request.run_dir}, its tasks from their newest checkpoint",
+                      highlight=False)
     connected = Connected(make_transports(cluster, config.ssh, allocation), allocation=allocation)
     fresh = not Path(request.run_dir).exists()
     try:
@@ -259,6 +261,9 @@ def _launch(config: LaunchConfig, out: Console, err: Console, server: MetricsSer
                 render_srun_commands(plan, connected.allocation, out)
         return 0
     record_run(plan, connected)
+    if not output.resumed:  # (what launch --resume gives again)
+        record_launch(Path(plan.run_dir), "profile" if output.profile else "launch", output.options,
+                      config.request.command)
     if not output.quiet:
         err.print(f"ddlctl run {plan.run_id}: {plan.strategy}, {len(plan.tasks)} task(s) "
                   f"→ {plan.run_dir}")

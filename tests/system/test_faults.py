@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 from ddlctl.testing.faults import Job, task_pid, wait_for
-from tests.conftest import PROGRAMS, only_run_dir, processes_of_run, run_ddlctl
+from tests.conftest import PROGRAMS, ddlctl_cmd, only_run_dir, processes_of_run, run_ddlctl
 
 pytestmark = pytest.mark.cluster
 BUILTIN = ("--no-telemetry", "--startup-timeout", "120", "--grace", "2")
@@ -400,3 +401,39 @@ def test_a_program_of_ones_own_asked_to_stop_checkpoints_through_should_stop(run
     assert stopped == job.steps("worker-0"), "at the step it was at, not killed later"
     assert [t["exit_code"] for t in job.outcome()["tasks"]] == [143]
     nothing_left(job)
+
+
+def test_an_interrupted_run_goes_on_with_launch_resume_from_its_checkpoint_as_its_next_attempt(runs, tmp_path):
+    """launch --resume RUN_DIR: a run Ctrl-C ended goes on in its folder as attempt 2, with its own
+    options and command (an --env value taken from ddlctl's environment again, written nowhere) and
+    from its newest checkpoint; the report covers both attempts."""
+    job = Job(runs, "-s", "mwms", "-e", "DDLCTL_TEST_SECRET=s3cret", *BUILTIN, "--", sys.executable, "-m",
+              "ddlctl.workloads", "--steps", "160", "--batch-size", "16", "--min-step-ms", "40", "--checkpoint-every",
+              "40")
+    job.wait_steps("worker-0", 50)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.wait() == 130, job.stderr()[-3000:]
+    recorded = (job.run_dir / "launch.json").read_text()
+    assert "s3cret" not in recorded and '"DDLCTL_TEST_SECRET"' in recorded
+    elsewhere = tmp_path / "elsewhere"  # (the command runs from the folder it was launched in, whatever this is)
+    elsewhere.mkdir()
+    refused = run_ddlctl("launch", "--resume", str(job.run_dir), "--steps", "5", cwd=elsewhere)
+    assert refused.returncode == 2 and "--resume takes the run's own options and command: --steps 5" in refused.stderr
+    env = {k: v for k, v in os.environ.items() if k != "DDLCTL_TEST_SECRET"}
+    missing = subprocess.run(ddlctl_cmd("launch", "--resume", str(job.run_dir)), capture_output=True, text=True,
+                             env=env, cwd=elsewhere, timeout=60)
+    assert missing.returncode == 2 and "DDLCTL_TEST_SECRET" in missing.stderr, missing.stderr
+    assert not (job.run_dir / "attempts").exists(), "refused before anything moved"
+    done = run_ddlctl("launch", "--resume", str(job.run_dir), env={"DDLCTL_TEST_SECRET": "s3cret"}, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"ddlctl: resumed: attempt 2 of run {job.run_dir.name} goes on in {job.run_dir}" in done.stderr
+    for task in ("worker-0", "worker-1"):
+        resumed = re.findall(r"resumed from checkpoint ckpt-(\d+) at step (\d+)", log(job, task))
+        assert len(resumed) == 1 and int(resumed[0][1]) >= 40, resumed
+        assert json.loads((job.run_dir / "tasks" / task / "result.json").read_text())["steps"] == 160
+    outcome = job.outcome()
+    assert (outcome["attempt"], [a["failure"] for a in outcome["attempts"]]) == (2, ["interrupted by SIGINT"])
+    rows = json.loads((job.run_dir / "summary.json").read_text())["attempts"]["attempts"]
+    assert [(r["ended_by"], r["steps"][0]) for r in rows] == [("interrupted by SIGINT", 1),
+                                                             ("completed", int(resumed[0][1]) + 1)]
+    assert (job.run_dir / "attempts" / "1" / "outcome.json").is_file() and processes_of_run(job.run_dir.name) == []
