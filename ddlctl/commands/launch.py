@@ -34,7 +34,7 @@ from ddlctl.commands.request import (
     resolve_strategy,
     tf_keras_available,
 )
-from ddlctl.commands.resume import record_launch
+from ddlctl.commands.resume import record_launch, share_checkpoint
 from ddlctl.console import closed_stdout as stdoutgone
 from ddlctl.console.collapse import CollapsingWriter
 from ddlctl.console.output import PrefixedWriter, QuietWriter
@@ -162,6 +162,8 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
     workers = sum(p.role == "worker" for p in placements)
     check_min_workers(config.supervision.min_workers, strategy, workers, config.supervision.max_restarts)
     request = fit_batch_to_workers(config.workload.batch_size, request, workers, config.supervision.min_workers)
+    if config.supervision.min_workers or os.environ.get(envvars.SIGNAL_BEFORE):  # (a worker leaving, a time limit)
+        request = dataclasses.replace(request, env={envvars.STOP_CHECKPOINTS: "1", **request.env})
     stages = request.env.get(envvars.PARTITION)
     if stages and len(stages.split(",")) != sum(p.role == "worker" for p in placements):
         raise ConfigError(f"--partition {req.partition} has {len(stages.split(','))} stage(s) but the cluster has "
@@ -219,12 +221,15 @@ def prepare(config: LaunchConfig, console: Console) -> tuple[Plan, Connected]:
         if req.bench:
             request = measure_first(connected.sessions, hosts, cluster.source, request, console)
         ports = choose_ports(cluster, request, connected.transports, chosen)
+        plan = make_plan(cluster, request, ports)
+        if output.resumed:  # (mwms workers on hosts apart each restore from their own host's folder)
+            share_checkpoint(plan, connected.sessions, lambda said: console.print(f"ddlctl: {said}", highlight=False))
     except BaseException:
         connected.close()
         if fresh:  # refused before it began: no empty run folder is left behind
             remove_unused(request.run_dir)
         raise
-    return make_plan(cluster, request, ports), connected
+    return plan, connected
 
 
 def launch(config: LaunchConfig, out: Console, err: Console) -> int:

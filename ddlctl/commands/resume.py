@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ddlctl.commands.submit import hide_env_values
+from ddlctl.contract import envvars
 from ddlctl.contract.errors import ConfigError
 from ddlctl.contract.runfolder import load_record, write_whole
+from ddlctl.contract.strategies import facts_of
+from ddlctl.planning.plan import Plan
+from ddlctl.supervise.recovery.checkpoints import sync_folder
+from ddlctl.transport.session import HostSession
 
 #: What a launch was given (in its run folder; kept there across attempts).
 LAUNCH_FILE = "launch.json"
@@ -60,8 +65,8 @@ def resume_argv(run_dir: Path) -> tuple[list[str], str | None]:
     added), and the folder it was launched from (None: gone); ConfigError when the folder holds no
     launch's record."""
     record = load_record(run_dir / LAUNCH_FILE)
-    if not record or not (run_dir / "plan.json").is_file():
-        raise ConfigError(f"{run_dir} holds no run ddlctl launched (no {LAUNCH_FILE} or plan.json)",
+    if not record:
+        raise ConfigError(f"{run_dir} holds no run ddlctl launched (no {LAUNCH_FILE})",
                           "give the run's folder, e.g. runs/20261202-120000-mwms-abc123 (a run from before "
                           "ddlctl recorded its options cannot be resumed: launch it again with --run-id)")
     if (run_dir / "submit.json").is_file():
@@ -74,3 +79,29 @@ def resume_argv(run_dir: Path) -> tuple[list[str], str | None]:
     argv = [subcommand, *options, "--runs-dir", str(run_dir.parent), "--run-id", run_dir.name, "--resumed",
             *(["--", *command] if command else [])]
     return argv, str(cwd) if isinstance(cwd, str) and Path(cwd).is_dir() else None
+
+
+def share_checkpoint(plan: Plan, sessions: Mapping[str, HostSession], say: Callable[[str], None]) -> None:
+    """Before a resumed run starts: every worker restores from its own host's checkpoint folder, so
+    worker 0's is copied to the hosts that do not share it (as before a group restart). ConfigError
+    when it cannot be (the workers would resume from different steps)."""
+    leader = next((t for t in plan.tasks if t.name == "worker:0" and t.kind == "program"), None)
+    if leader is None or not facts_of(plan.strategy).batch_split:
+        return
+    source = leader.env.get(envvars.CHECKPOINT_DIR, "")
+    done = {(leader.host.label, source)}
+    for spec in plan.tasks:
+        target = spec.env.get(envvars.CHECKPOINT_DIR, "")
+        if spec.role != "worker" or (spec.host.label, target) in done:
+            continue
+        done.add((spec.host.label, target))
+        try:
+            files, size = sync_folder(sessions[leader.host.label], source, sessions[spec.host.label], target)
+        except (OSError, KeyError) as exc:
+            raise ConfigError(f"cannot copy worker:0's checkpoint from {leader.host.label}:{source} to "
+                              f"{spec.host.label}:{target} for the resumed run: {exc}",
+                              "the hosts must be the run's (its checkpoints stay in ~/.ddlctl/runs/<run-id>/"
+                              "checkpoints on each), and reachable") from None
+        if files:
+            say(f"copied worker:0's checkpoint to {spec.host.label} ({files} file(s), {size / 2**20:.1f} MiB): "
+                f"it does not share {leader.host.label}'s file system")

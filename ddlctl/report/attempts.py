@@ -1,4 +1,4 @@
-"""A run that lived across several starts of its Slurm job (``submit --requeue``): each attempt's
+"""A run that lived across several starts (Slurm's requeues, ``launch --resume``): each attempt's
 span, what ended it, the steps it trained and how many it trained again, the time the run waited
 between attempts (Slurm's queue and its hold on a requeued job), and goodput over the whole run.
 
@@ -135,12 +135,11 @@ def _duration(seconds: float | None) -> str:
 def attempts_line(section: Mapping) -> str:
     """The diagnosis line of a run of several attempts."""
     rows = section["attempts"]
-    parts = [f"this run took {len(rows)} attempts (Slurm started its job {len(rows)} times) over "
-             f"{_duration(section.get('span_s'))}"]
+    parts = [f"this run took {len(rows)} attempts over {_duration(section.get('span_s'))}"]
     if section.get("productive_s") is not None:
         goodput = f" (goodput {section['goodput']:.0%} of the whole run)" if section.get("goodput") is not None else ""
         parts.append(f"{_duration(section['productive_s'])} training{goodput}")
-    parts.append(f"{_duration(section.get('between_s'))} between attempts (waiting for Slurm to start the job again)")
+    parts.append(f"{_duration(section.get('between_s'))} between attempts")
     redone = section.get("steps_redone") or 0
     parts.append(f"{redone} step{'s' if redone != 1 else ''} trained again")
     unknown = section.get("steps_unknown") or []
@@ -167,7 +166,7 @@ def render_attempts(section: Mapping | None, console) -> None:  # noqa: ANN001 -
         return
     from rich.table import Table
 
-    table = Table(title="attempts (Slurm requeued the job; one run)", title_justify="left")
+    table = Table(title="attempts (one run, started again: Slurm's requeue or launch --resume)", title_justify="left")
     for column in ("attempt", "waited before", "ran", "steps", "trained again", "ended by"):
         table.add_column(column, justify="left" if column in ("ended by",) else "right")
     for row in section["attempts"]:

@@ -151,9 +151,9 @@ def make_strategy(ctx: TaskContext):
     else:
         strategy = getattr(tf.distribute, name)()
     # (a checkpoint folder: SIGTERM asks for a checkpoint at the next step, then the end; on one host,
-    # and where ddlctl may stop the job at a Slurm time limit, TERMing a ps chief first)
+    # and where ddlctl says so: --min-workers, a Slurm time limit, where it TERMs a ps chief first)
     honour_sigterm(bool(os.environ.get(envvars.CHECKPOINT_DIR)) and (
-        not facts_of(ctx.strategy).multi_host or bool(os.environ.get(envvars.SIGNAL_BEFORE))))
+        not facts_of(ctx.strategy).multi_host or bool(os.environ.get(envvars.STOP_CHECKPOINTS))))
     return strategy
 
 

@@ -185,9 +185,9 @@ class Checkpointer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=2)
         self.every = args.checkpoint_every or max(1, min(100, args.steps // 4))
         self.next, self.last = self.every, args.steps  # (the last step saved too: a run resumed there is done)
-        # (a job ddlctl may stop at a Slurm time limit: the mwms workers' SIGTERMs arrive apart, and
-        # a save is every worker's: at each block's end they agree whether any was asked to stop)
-        self.agreeing = strategy if ctx.strategy == "mwms" and os.environ.get(envvars.SIGNAL_BEFORE) else None
+        # (checkpoints on SIGTERM: the mwms workers' SIGTERMs arrive apart, or one host's alone, and a
+        # save is every worker's: at each block's end they agree whether any was asked to stop)
+        self.agreeing = strategy if ctx.strategy == "mwms" and os.environ.get(envvars.STOP_CHECKPOINTS) else None
 
     def restore(self) -> int:
         """Resume from the latest checkpoint of the shared folder; the step it was taken at (0: none)."""

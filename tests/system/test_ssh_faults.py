@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -221,6 +222,38 @@ def test_min_workers_a_host_gone_for_good_leaves_mwms_trains_on_and_when_back_re
     wait_for(lambda: not processes_of_run(job.run_dir.name), 20, "every process of the run to end")
 
 
+def test_min_workers_a_reclaimed_hosts_worker_checkpoints_with_its_group_and_leaves_no_step_lost(cluster, tmp_path,
+                                                                                                  runs):
+    """A spot host reclaimed: its host agent gets SIGTERM, then the host is gone. Under --min-workers
+    the built-in workload checkpoints on SIGTERM: the worker there and its peers agree at their next
+    block's end, all three save that step and stop; the two that remain go on from it (no step
+    trained twice) and finish, without the third."""
+    hosts = cluster.hosts_file(tmp_path / "hosts.txt")
+    job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "1", "--min-workers", "2", *ELASTIC,
+              "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "200", "--batch-size", "48", "--min-step-ms",
+              PACE_MS, "--checkpoint-every", "1000", env=cluster.env)
+    wait_for(lambda: remote_steps(job, "worker-0") >= 40 or job.proc.poll() is not None, 180, "training")
+    assert job.proc.poll() is None, job.stderr()[-3000:]
+    reclaimed = cluster.hosts[2]
+    try:
+        os.kill(json.loads((job.run_dir / "pids.json").read_text())["worker:2"]["agent_pid"], signal.SIGTERM)
+        reclaimed.drop_connections(stop_listener=True)
+        assert job.wait(300) == 0, job.stderr()[-3000:]
+    finally:
+        reclaimed.start()
+    logs = [(job.run_dir / "tasks" / t / "output.log").read_text() for t in ("worker-0", "worker-1")]
+    logs.append((REMOTE_RUNS / job.run_dir.name / "tasks" / "worker-2" / "output.log").read_text())
+    saved = [re.findall(r"checkpoint at step (\d+) on SIGTERM: stopping", text) for text in logs]
+    assert all(len(found) == 1 for found in saved) and len({found[0] for found in saved}) == 1, saved
+    step = int(saved[0][0])
+    for text in logs[:2]:
+        assert re.findall(r"resumed from checkpoint ckpt-(\d+) at step (\d+)", text) == [(str(step), str(step))]
+    [left] = job.outcome()["membership"]
+    assert (left["workers"], left["left"]) == (["worker:0", "worker:1"], ["worker:2"])
+    assert json.loads((job.run_dir / "summary.json").read_text())["steps_lost"] == 0
+    assert json.loads((job.run_dir / "tasks" / "worker-0" / "result.json").read_text())["steps"] == 200
+
+
 def test_min_workers_a_ps_worker_host_gone_for_good_leaves_training_goes_on_and_it_rejoins_when_back(
         cluster, tmp_path, runs):
     # chief, ps and worker:0 on the first host; worker:1 and worker:2 on one host each
@@ -394,30 +427,45 @@ def test_three_ctrl_c_exit_at_once_and_the_agents_still_remove_every_task(cluste
     wait_for(lambda: not processes_of_run(job.run_dir.name), 3 + 10, "the agents to kill every task")
 
 
-def test_a_group_restart_copies_the_checkpoint_to_hosts_that_do_not_share_it(tmp_path_factory, tmp_path, runs):
+def test_a_group_restart_and_a_resumed_run_copy_the_checkpoint_to_hosts_that_do_not_share_it(tmp_path_factory,
+                                                                                              tmp_path, runs):
+    """mwms on two hosts with homes of their own: a killed worker's group restart copies worker:0's
+    checkpoint to the other host first; then that host's agent gets SIGTERM (a spot host reclaimed)
+    with no restart left, the run ends, and ``launch --resume`` copies the newer checkpoint there
+    again before both workers go on from the same step to the end."""
     import signal
 
     apart = SshTestCluster(tmp_path_factory.mktemp("apart"), 2, separate_homes=True)
     try:
         hosts = apart.hosts_file(tmp_path / "hosts.txt")
-        job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--steps", "120", "--max-restarts", "1",
-                  "--no-telemetry", "--grace", "2", "--startup-timeout", "120", env=apart.env)  # a checkpoint every 30
+        job = Job(runs, "--hosts", str(hosts), "-s", "mwms", "--max-restarts", "1", "--no-telemetry", "--grace", "2",
+                  "--startup-timeout", "120", "--", sys.executable, "-m", "ddlctl.workloads", "--steps", "200",
+                  "--min-step-ms", "30", "--checkpoint-every", "30", env=apart.env)
         steps = apart.host_home(apart.hosts[0]) / ".ddlctl" / "runs" / job.run_dir.name / "tasks" / "worker-0"
         wait_for(lambda: step_count(steps / "steps.jsonl") >= 40 or job.proc.poll() is not None, 180, "training")
-        pid = json.loads((job.run_dir / "pids.json").read_text())["worker:1"]["task_pid"]
-        __import__("os").kill(pid, signal.SIGKILL)
-        assert job.wait(300) == 0, job.stderr()[-3000:]
+        pids = json.loads((job.run_dir / "pids.json").read_text())
+        os.kill(pids["worker:1"]["task_pid"], signal.SIGKILL)
         label = f"{apart.hosts[1].address}:{apart.hosts[1].port}"
-        assert f"copied worker:0's checkpoint to {label}" in job.stderr()
+        wait_for(lambda: f"copied worker:0's checkpoint to {label}" in job.stderr() or job.proc.poll() is not None,
+                 120, "the group restart")
+        wait_for(lambda: step_count(steps / "steps.jsonl") >= 110 or job.proc.poll() is not None, 180, "training on")
+        os.kill(json.loads((job.run_dir / "pids.json").read_text())["worker:1"]["agent_pid"], signal.SIGTERM)
+        assert job.wait(300) != 0, job.stderr()[-3000:]
+        done = run_ddlctl("launch", "--resume", str(job.run_dir), env=apart.env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"copied worker:0's checkpoint to {label}" in done.stderr
         resumed = []
         for task in ("worker-0", "worker-1"):
             lines = [line for line in (job.run_dir / "tasks" / task / "output.log").read_text().splitlines()
                      if line.startswith("resumed from checkpoint")]
             assert len(lines) == 1, task
             resumed.append(lines[0].split(" (restart")[0])
+            assert json.loads((job.run_dir / "tasks" / task / "result.json").read_text())["steps"] == 200
         assert resumed[0] == resumed[1], "both workers resumed from the same checkpoint"
+        assert int(resumed[0].rsplit(" at step ", 1)[1]) >= 90, "from the newer checkpoint, past the restart's"
         assert not (apart.host_home(apart.hosts[1]) / ".ddlctl" / "runs" / job.run_dir.name / "checkpoints"
                     ).samefile(apart.host_home(apart.hosts[0]) / ".ddlctl" / "runs" / job.run_dir.name / "checkpoints")
+        assert processes_of_run(job.run_dir.name) == []
     finally:
         apart.stop()
 
