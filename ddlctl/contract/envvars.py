@@ -24,7 +24,8 @@ DATA_DISPATCHER = "DDLCTL_DATA_DISPATCHER"  # a data worker: its dispatcher's ho
 DATA_ADDRESS = "DDLCTL_DATA_ADDRESS"  # a dispatcher or data worker: its own host:port (binds the port)
 SIGNAL_BEFORE = "DDLCTL_SIGNAL_BEFORE"  # submit --requeue: seconds before the time limit Slurm sends SIGUSR1
 #: "1": the built-in workload checkpoints on SIGTERM, then ends (set under --min-workers and where
-#: ddlctl may stop the job at a Slurm time limit: a worker leaving, or the job stopping, loses no step)
+#: ddlctl may stop the job at a Slurm time limit: a worker leaving, or the job stopping, loses no
+#: step; ``--env DDLCTL_STOP_CHECKPOINTS=0`` turns it off)
 STOP_CHECKPOINTS = "DDLCTL_STOP_CHECKPOINTS"
 MAX_REQUEUES = "DDLCTL_MAX_REQUEUES"  # submit --requeue: the times ddlctl requeues the job at its time limit
 TOTAL_STEPS = "DDLCTL_TOTAL_STEPS"  # the steps the program declared it will run (progress bars)

@@ -153,7 +153,7 @@ def make_strategy(ctx: TaskContext):
     # (a checkpoint folder: SIGTERM asks for a checkpoint at the next step, then the end; on one host,
     # and where ddlctl says so: --min-workers, a Slurm time limit, where it TERMs a ps chief first)
     honour_sigterm(bool(os.environ.get(envvars.CHECKPOINT_DIR)) and (
-        not facts_of(ctx.strategy).multi_host or bool(os.environ.get(envvars.STOP_CHECKPOINTS))))
+        not facts_of(ctx.strategy).multi_host or os.environ.get(envvars.STOP_CHECKPOINTS) == "1"))
     return strategy
 
 

@@ -187,7 +187,8 @@ class Checkpointer:
         self.next, self.last = self.every, args.steps  # (the last step saved too: a run resumed there is done)
         # (checkpoints on SIGTERM: the mwms workers' SIGTERMs arrive apart, or one host's alone, and a
         # save is every worker's: at each block's end they agree whether any was asked to stop)
-        self.agreeing = strategy if ctx.strategy == "mwms" and os.environ.get(envvars.STOP_CHECKPOINTS) else None
+        self.agreeing = strategy if ctx.strategy == "mwms" and os.environ.get(envvars.STOP_CHECKPOINTS) == "1" \
+            else None
 
     def restore(self) -> int:
         """Resume from the latest checkpoint of the shared folder; the step it was taken at (0: none)."""
