@@ -87,6 +87,7 @@ def whole_run(rows: Sequence[dict], records: Sequence[tuple[int, int, float, int
                 and (not isinstance(until, (int, float)) or r[0] < until * 1e6)]
         row["waited_s"] = round(start - previous_end, 3) if previous_end is not None and start is not None else None
         row["steps"] = [min(r[1] for r in mine), max(r[1] + r[3] - 1 for r in mine)] if mine else None
+        row["startup_s"] = round(mine[0][0] / 1e6 - start, 3) if mine and start is not None else None
         known = mine or row.get("came_back")  # (records, or none where they came back: it trained no step)
         row["redone"] = (max(0, min(trained_to, row["steps"][1]) - row["steps"][0] + 1) if mine else 0) \
             if known and trained_to is not None else None
@@ -100,6 +101,7 @@ def whole_run(rows: Sequence[dict], records: Sequence[tuple[int, int, float, int
     waited = [r["waited_s"] for r in rows[1:] if r["waited_s"] is not None]
     return {"attempts": list(rows), "span_s": span, "between_s": round(sum(waited), 3) if waited else 0.0,
             "productive_s": productive, "goodput": productive / span if productive is not None and span else None,
+            "startup_s": round(sum(r["startup_s"] for r in rows if r["startup_s"] is not None), 3),
             "steps_redone": sum(r["redone"] for r in rows if r["redone"] is not None),
             "steps_unknown": [r["attempt"] for r in rows if r["steps"] is None and not r.get("came_back")]}
 
@@ -140,6 +142,7 @@ def attempts_line(section: Mapping) -> str:
         goodput = f" (goodput {section['goodput']:.0%} of the whole run)" if section.get("goodput") is not None else ""
         parts.append(f"{_duration(section['productive_s'])} training{goodput}")
     parts.append(f"{_duration(section.get('between_s'))} between attempts")
+    parts.append(f"{_duration(section.get('startup_s'))} starting (to each attempt's first step)")
     redone = section.get("steps_redone") or 0
     parts.append(f"{redone} step{'s' if redone != 1 else ''} trained again")
     unknown = section.get("steps_unknown") or []
@@ -152,10 +155,10 @@ def attempts_line(section: Mapping) -> str:
 
 
 def attempt_cells(row: Mapping) -> tuple[str, ...]:
-    """A row of the attempts table: attempt, waited before, ran, steps, trained again, ended by."""
+    """A row of the attempts table: attempt, waited before, ran, start-up, steps, trained again, ended by."""
     steps = row.get("steps")
     return (str(row["attempt"]), _duration(row.get("waited_s")) if row.get("waited_s") is not None else "-",
-            _duration(row.get("wall_s")),
+            _duration(row.get("wall_s")), _duration(row.get("startup_s")),
             f"{steps[0]}-{steps[1]}" if steps else "none" if row.get("came_back") else "no records",
             "-" if row.get("redone") is None else str(row["redone"]), str(row.get("ended_by", "-")))
 
@@ -167,7 +170,7 @@ def render_attempts(section: Mapping | None, console) -> None:  # noqa: ANN001 -
     from rich.table import Table
 
     table = Table(title="attempts (one run, started again: Slurm's requeue or launch --resume)", title_justify="left")
-    for column in ("attempt", "waited before", "ran", "steps", "trained again", "ended by"):
+    for column in ("attempt", "waited before", "ran", "start-up", "steps", "trained again", "ended by"):
         table.add_column(column, justify="left" if column in ("ended by",) else "right")
     for row in section["attempts"]:
         table.add_row(*attempt_cells(row))

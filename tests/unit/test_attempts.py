@@ -71,8 +71,10 @@ def test_the_report_of_a_run_of_three_attempts_gives_each_its_steps_and_the_whol
     # each step once: 20 s of steps over 100-208; the two redone records do not count
     assert section["span_s"] == 108.0 and section["between_s"] == 78.0 and section["steps_redone"] == 2
     assert section["productive_s"] == 20.0 and abs(section["goodput"] - 20 / 108) < 1e-9
-    assert attempts_line(section).startswith("this run took 3 attempts over 1m48s, "
-                                             "20.0s training (goodput 19% of the whole run), 1m18s between attempts")
+    # start-up: from each attempt's start to its first step (101, 131, 201)
+    assert [r["startup_s"] for r in section["attempts"]] == [1.0, 1.0, 1.0] and section["startup_s"] == 3.0
+    assert attempts_line(section).startswith("this run took 3 attempts over 1m48s, 20.0s training (goodput 19% of "
+                                             "the whole run), 1m18s between attempts, 3.0s starting")
     (run / "tasks" / "worker-0" / "steps.jsonl").write_text("")  # attempt 2 had trained the last step
     section = attempts_section(run, outcome)
     assert [(r["steps"], r["redone"]) for r in section["attempts"]][2] == (None, 0) and section["steps_unknown"] == []
