@@ -148,8 +148,8 @@ def attempts_line(section: Mapping) -> str:
     unknown = section.get("steps_unknown") or []
     line = ", ".join(parts)
     if unknown:
-        line += (f" (attempt{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))}: no step records came "
-                 "back, Slurm ended it before ddlctl collected them)")
+        line += (f" (attempt{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))}: no step records "
+                 "anywhere: ended before its first step, or before ddlctl collected them)")
     return (f"{line}; the earlier attempts' records are in attempts/<n>/, the other figures here are attempt "
             f"{rows[-1]['attempt']}'s")
 

@@ -81,5 +81,5 @@ def test_the_report_of_a_run_of_three_attempts_gives_each_its_steps_and_the_whol
     (two / "tasks" / "worker-0" / "steps.jsonl").unlink()  # nothing of attempts 1 and 2 anywhere
     section = attempts_section(run, outcome)
     assert section["steps_unknown"] == [1, 2] and section["attempts"][2]["redone"] is None
-    assert "(attempts 1, 2: no step records came back" in attempts_line(section)
+    assert "(attempts 1, 2: no step records anywhere" in attempts_line(section)
     assert attempts_section(run, {"started_at": 1.0}) is None, "one attempt: no section"
