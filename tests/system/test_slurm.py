@@ -482,16 +482,20 @@ def test_min_workers_a_node_taken_out_of_the_allocation_leaves_and_mwms_trains_o
     assert not processes_of_run(run_dir.name)
 
 
-def submit_requeue(idle: SlurmCluster, runs: Path, *args: str, steps: int) -> tuple[str, Path]:
+def submit_requeue(idle: SlurmCluster, runs: Path, *args: str, steps: int,
+                   follow: bool = False) -> tuple[str, Path, subprocess.Popen | None]:
     """``ddlctl submit --nodes 1 --requeue ARGS`` of the built-in workload on one device, paced at
-    100 ms a step: the job id and its run folder."""
-    done = subprocess.run(ddlctl_cmd("submit", "--nodes", "1", "--requeue", *args, "--runs-dir", str(runs), "-s",
-                                     "one_device", "--", sys.executable, "-m", "ddlctl.workloads", "--steps",
-                                     str(steps), "--batch-size", "16", "--min-step-ms", "100",
-                                     "--checkpoint-every", "40"),
-                          capture_output=True, text=True, env={**idle.env, "NO_COLOR": "1"}, cwd=ROOT, timeout=60)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.split()[0], run_dir_of(runs)
+    100 ms a step: the job id, its run folder and (``--follow``) the submit still following it."""
+    proc = subprocess.Popen(ddlctl_cmd("submit", "--nodes", "1", "--requeue", *args, *(["--follow"] if follow else []),
+                                       "--runs-dir", str(runs), "-s", "one_device", "--", sys.executable, "-m",
+                                       "ddlctl.workloads", "--steps", str(steps), "--batch-size", "16",
+                                       "--min-step-ms", "100", "--checkpoint-every", "40"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**idle.env, "NO_COLOR": "1"}, cwd=ROOT)
+    assert proc.stdout is not None
+    job = proc.stdout.readline().split()[0] if follow else proc.communicate(timeout=60)[0].split()[0]
+    assert job.isdigit() and (follow or proc.returncode == 0), job
+    return job, run_dir_of(runs), proc if follow else None
 
 
 _HELD: dict[str, float] = {}
@@ -515,8 +519,8 @@ def test_a_job_longer_than_its_time_limit_completes_across_attempts_of_one_run(i
     task checkpoints and stops, ddlctl requeues the job, and the next attempt goes on from that step in
     the same run folder; once the job has trained 10 steps it is also preempted (`scontrol requeue`,
     what PreemptMode=REQUEUE does). The run completes (exit 0) in at least three attempts."""
-    job, run_dir = submit_requeue(idle, runs, "--time", "1", "--signal-before", "40", "--max-requeues", "20",
-                                  steps=500)
+    job, run_dir, _ = submit_requeue(idle, runs, "--time", "1", "--signal-before", "40", "--max-requeues", "20",
+                                     steps=500)
     assert "#SBATCH --time=1\n" in (run_dir / "submit.sbatch").read_text()
 
     def trained(count: int) -> bool:  # (a signal may come before the first step: that attempt trains none)
@@ -553,9 +557,12 @@ def test_a_job_longer_than_its_time_limit_completes_across_attempts_of_one_run(i
 
 @needs_slurm
 def test_max_requeues_time_limits_end_the_run_saying_where_its_checkpoint_is(idle, runs):
-    """submit --requeue --max-requeues 1: the first time-limit signal (`scancel --signal=USR1
-    --batch`: what --signal=B:USR1@S sends) requeues the job, the second ends the run there."""
-    job, run_dir = submit_requeue(idle, runs, "--max-requeues", "1", "--signal-before", "60", steps=400)
+    """submit --requeue --max-requeues 1 --follow: the first time-limit signal (`scancel --signal=USR1
+    --batch`: what --signal=B:USR1@S sends) requeues the job, the second ends the run there; --follow
+    streams both attempts and exits with the run's code."""
+    job, run_dir, following = submit_requeue(idle, runs, "--max-requeues", "1", "--signal-before", "60", steps=400,
+                                             follow=True)
+    assert following is not None
     script = (run_dir / "submit.sbatch").read_text()
     assert "#SBATCH --requeue\n" in script and "#SBATCH --signal=B:USR1@60\n" in script
     assert "export DDLCTL_MAX_REQUEUES=1\n" in script
@@ -570,6 +577,8 @@ def test_max_requeues_time_limits_end_the_run_saying_where_its_checkpoint_is(idl
     steps_on(8)
     assert idle.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
     wait_for(lambda: job not in idle.jobs(), 120, "the job to end")
+    streamed, _ = following.communicate(timeout=60)
+    assert following.returncode == 143 and streamed.count(f"ddlctl run {run_dir.name}: one_device") == 2, streamed
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert (outcome["ok"], outcome["exit_code"], outcome["attempt"]) == (False, 143, 2)
     assert [(a["attempt"], a["exit_code"], a["reason"]) for a in outcome["attempts"]] == [(1, 143, "time-limit")]
