@@ -45,8 +45,10 @@ class LineSplitter:
             self.pending, self.pending_since = b"", None
         return lines
 
-    def flush_stale(self, now: float, stale_s: float = 0.5) -> list[bytes]:
-        """Release the unfinished tail if it has waited ``stale_s`` seconds."""
+    def flush_stale(self, now: float, stale_s: float = 2.0) -> list[bytes]:
+        """Release the unfinished tail if it has waited ``stale_s`` seconds. (Not much less: Python's
+        ``print('a', x)`` to an unbuffered pipe is several writes, and a task descheduled between
+        them on a loaded machine had its line shown in two at 0.5 s.)"""
         if self.pending and self.pending_since is not None and now - self.pending_since >= stale_s:
             return self.flush()
         return []

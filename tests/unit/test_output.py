@@ -34,8 +34,9 @@ def test_crlf_split_across_chunks_is_one_terminator():
 def test_stale_partial_line_is_released_and_huge_one_cut():
     s = LineSplitter(max_partial=10)
     s.feed(b"prompt> ", 1.0)
-    assert s.flush_stale(1.2) == []
-    assert s.flush_stale(1.6) == [b"prompt> "]
+    assert s.flush_stale(2.9) == []
+    assert s.feed(b"g", 2.95) == [] and s.flush_stale(2.99) == [], "held from its first byte, not the last"
+    assert s.flush_stale(3.0) == [b"prompt> g"]
     assert s.feed(b"x" * 12, 2.0) == [b"x" * 12]
 
 
