@@ -442,10 +442,12 @@ def noop_call(tf, device: str | None = None) -> Callable:  # noqa: ANN001
 
 
 def _call_overhead(tf, x, repeats: int) -> float:  # noqa: ANN001
-    """The time of a call that does next to nothing (dispatch and wait): left out of each layer's."""
+    """The time of a call that does next to nothing (dispatch and wait): left out of each layer's.
+    The fastest of several: a busy moment of the machine only adds (their median, taken in one,
+    exceeded a dense layer's Adam update under load, which then measured 0)."""
     call = tf.function(noop_call(tf))
     call(x).numpy()
-    return statistics.median(_timed(call, x) for _ in range(max(5, repeats)))
+    return min(_timed(call, x) for _ in range(max(5, repeats)))
 
 
 def _layer_step(tf, layer, variables: list, optimizer, m: int, input_grad: bool) -> Callable:  # noqa: ANN001
