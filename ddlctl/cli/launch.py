@@ -263,7 +263,8 @@ def _resume(run_dir: Path, options: list[str], command: list[str] | None) -> int
     from ddlctl.cli import run_app
     from ddlctl.commands.resume import resume_argv
 
-    others = [o for o in options if o != "--resume" and not o.startswith("--resume=") and o != str(run_dir)]
+    given = iter(options)  # (--resume and the value after it left out)
+    others = [o for o in given if not o.startswith("--resume=") and (o != "--resume" or next(given, None) is None)]
     if others or command:
         raise UserError(f"--resume takes the run's own options and command: {' '.join([*others, *(command or [])])} "
                         "given besides it", f"ddlctl launch --resume {run_dir}")

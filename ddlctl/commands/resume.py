@@ -61,9 +61,9 @@ def record_launch(run_dir: Path, subcommand: str, options: Sequence[str], comman
 
 
 def resume_argv(run_dir: Path) -> tuple[list[str], str | None]:
-    """The arguments that continue the run in ``run_dir`` (``--resume`` and the folder's own options
-    added), and the folder it was launched from (None: gone); ConfigError when the folder holds no
-    launch's record."""
+    """The arguments that continue the run in ``run_dir`` (its recorded launch, with the folder's
+    ``--runs-dir``/``--run-id`` and the hidden ``--resumed`` added), and the folder it was launched
+    from (None: gone); ConfigError when the folder holds no launch's record."""
     record = load_record(run_dir / LAUNCH_FILE)
     if not record:
         raise ConfigError(f"{run_dir} holds no run ddlctl launched (no {LAUNCH_FILE})",
