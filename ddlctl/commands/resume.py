@@ -67,8 +67,8 @@ def resume_argv(run_dir: Path) -> tuple[list[str], str | None]:
     record = load_record(run_dir / LAUNCH_FILE)
     if not record:
         raise ConfigError(f"{run_dir} holds no run ddlctl launched (no {LAUNCH_FILE})",
-                          "give the run's folder, e.g. runs/20261202-120000-mwms-abc123 (a run from before "
-                          "ddlctl recorded its options cannot be resumed: launch it again with --run-id)")
+                          "give the folder of a run this ddlctl launched, e.g. runs/20261202-120000-mwms-abc123 "
+                          "(a run from before ddlctl recorded its options cannot be resumed)")
     if (run_dir / "submit.json").is_file():
         raise ConfigError(f"{run_dir} is a Slurm batch job's run", "Slurm continues it (submit --requeue), or "
                           "submit it again")
